@@ -1,0 +1,226 @@
+//! The test binary's driver: finds the adapters to test, registers one named trial per scenario and
+//! adapter, runs them concurrently, and writes the report.
+//!
+//! Brokers are found through `RETRY_TEST_KAFKA`, `RETRY_TEST_AMQP`, `RETRY_TEST_SQS` and
+//! `RETRY_TEST_PULSAR`; the in-memory adapter always runs. An adapter that is not configured is skipped
+//! loudly — every one of its scenarios is listed as skipped, with the reason, and counted — unless
+//! `RETRY_TEST_REQUIRE` names it, in which case its absence is a failing test.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+use crate::fixture::{Fixture, MemoryFixture};
+use crate::probe::BoxFuture;
+use crate::report::{Cell, Report};
+use crate::scenarios::{self, Verdict};
+
+/// Builds a fixture for a broker URL.
+pub type MakeFixture = fn(String) -> BoxFuture<Result<Arc<dyn Fixture>, String>>;
+
+/// A broker the suite knows how to find.
+#[derive(Clone, Copy)]
+pub struct Broker {
+    /// Its name in `RETRY_TEST_REQUIRE`, test names and the report.
+    pub name: &'static str,
+    /// The env var holding its URL.
+    pub env: &'static str,
+    /// The fixture constructor, when the adapter is built into this workspace.
+    pub make: Option<MakeFixture>,
+}
+
+/// The four brokers, with the adapters compiled in so far.
+pub fn brokers() -> Vec<Broker> {
+    vec![
+        Broker {
+            name: "kafka",
+            env: "RETRY_TEST_KAFKA",
+            make: None,
+        },
+        Broker {
+            name: "rabbitmq",
+            env: "RETRY_TEST_AMQP",
+            make: None,
+        },
+        Broker {
+            name: "sqs",
+            env: "RETRY_TEST_SQS",
+            make: None,
+        },
+        Broker {
+            name: "pulsar",
+            env: "RETRY_TEST_PULSAR",
+            make: None,
+        },
+    ]
+}
+
+const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
+
+fn required() -> Result<Vec<String>, String> {
+    let text = std::env::var("RETRY_TEST_REQUIRE").unwrap_or_default();
+    let names: Vec<String> = text
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    let known: Vec<&str> = brokers().iter().map(|b| b.name).chain(["memory"]).collect();
+    match names.iter().find(|n| !known.contains(&n.as_str())) {
+        Some(bad) => Err(format!(
+            "RETRY_TEST_REQUIRE names unknown broker {bad:?}; known: {}",
+            known.join(", ")
+        )),
+        None => Ok(names),
+    }
+}
+
+/// Runs the suite and exits the process with its status.
+pub fn main() {
+    let mut args = Arguments::from_args();
+    if args.test_threads.is_none() {
+        // Scenarios mostly wait on timers and brokers; run many at once so the suite stays short.
+        args.test_threads = Some(16);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Arc::new(rt),
+        Err(e) => {
+            eprintln!("cannot start the tokio runtime: {e}");
+            std::process::exit(2);
+        }
+    };
+    let report = Arc::new(Report::default());
+    let mut trials = Vec::new();
+    let mut adapters: Vec<&'static str> = vec!["memory"];
+    let mut skipped = Vec::new();
+
+    let required = required();
+    if let Err(e) = &required {
+        let e = e.clone();
+        trials.push(Trial::test("config::retry_test_require", move || {
+            Err(Failed::from(e))
+        }));
+    }
+    let required = required.unwrap_or_default();
+
+    let memory: Arc<dyn Fixture> = Arc::new(MemoryFixture::new());
+    trials.extend(trials_for(memory, &runtime, &report));
+
+    for broker in brokers() {
+        adapters.push(broker.name);
+        let url = std::env::var(broker.env).ok().filter(|u| !u.is_empty());
+        let unavailable = match (&url, broker.make) {
+            (None, _) => Some(format!("{} is not set", broker.env)),
+            (Some(_), None) => Some(format!(
+                "the {} adapter is not built in this workspace yet",
+                broker.name
+            )),
+            (Some(url), Some(make)) => match runtime.block_on(make(url.clone())) {
+                Ok(fixture) => {
+                    trials.extend(trials_for(fixture, &runtime, &report));
+                    None
+                }
+                Err(e) => Some(format!("cannot connect to {url}: {e}")),
+            },
+        };
+        if let Some(reason) = unavailable {
+            if required.iter().any(|r| r == broker.name) {
+                let message = format!(
+                    "{} is required by RETRY_TEST_REQUIRE but unavailable: {reason}",
+                    broker.name
+                );
+                trials.push(Trial::test(
+                    format!("{}::available", broker.name),
+                    move || Err(Failed::from(message)),
+                ));
+            }
+            for s in scenarios::all() {
+                report.record(s.number, s.name, broker.name, Cell::Skip(reason.clone()));
+                skipped.push(format!(
+                    "{}::{:02}_{}: {reason}",
+                    broker.name, s.number, s.name
+                ));
+                trials.push(
+                    Trial::test(
+                        format!("{}::{:02}_{}", broker.name, s.number, s.name),
+                        || Ok(()),
+                    )
+                    .with_ignored_flag(true),
+                );
+            }
+        }
+    }
+    for line in &skipped {
+        eprintln!("SKIP {line}");
+    }
+
+    let conclusion = libtest_mimic::run(&args, trials);
+    let markdown = report.to_markdown(&adapters);
+    let path = Report::path();
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    match std::fs::write(&path, &markdown) {
+        Ok(()) => println!("\n{markdown}\nreport written to {}", path.display()),
+        Err(e) => eprintln!("could not write the report to {}: {e}", path.display()),
+    }
+    println!(
+        "conformance: {} passed, {} failed, {} skipped",
+        conclusion.num_passed, conclusion.num_failed, conclusion.num_ignored
+    );
+    conclusion.exit();
+}
+
+fn trials_for(
+    fixture: Arc<dyn Fixture>,
+    runtime: &Arc<tokio::runtime::Runtime>,
+    report: &Arc<Report>,
+) -> Vec<Trial> {
+    let caps = fixture.capabilities();
+    let fixture_caps = fixture.fixture_capabilities();
+    scenarios::all()
+        .into_iter()
+        .map(|s| {
+            let name = format!("{}::{:02}_{}", fixture.name(), s.number, s.name);
+            if let Some(reason) = (s.needs)(&caps, &fixture_caps) {
+                eprintln!("SKIP {name}: {reason}");
+                report.record(
+                    s.number,
+                    s.name,
+                    fixture.name(),
+                    Cell::Skip(reason.to_string()),
+                );
+                return Trial::test(name, || Ok(())).with_ignored_flag(true);
+            }
+            let (fixture, runtime, report) = (fixture.clone(), runtime.clone(), report.clone());
+            Trial::test(name, move || {
+                let adapter = fixture.name();
+                let outcome = runtime.block_on(async {
+                    tokio::time::timeout(SCENARIO_TIMEOUT, (s.run)(fixture)).await
+                });
+                let cell = match outcome {
+                    Ok(Ok(Verdict::Pass(note))) => Cell::Pass(note),
+                    Ok(Ok(Verdict::Skip(reason))) => Cell::Skip(reason),
+                    Ok(Err(failure)) => Cell::Fail(failure),
+                    Err(_) => Cell::Fail(format!("did not finish within {SCENARIO_TIMEOUT:?}")),
+                };
+                report.record(s.number, s.name, adapter, cell.clone());
+                match cell {
+                    Cell::Pass(Some(note)) => {
+                        println!("  {adapter}::{:02}_{}: {note}", s.number, s.name);
+                        Ok(())
+                    }
+                    Cell::Pass(None) => Ok(()),
+                    Cell::Skip(reason) => {
+                        eprintln!("SKIP {adapter}::{:02}_{}: {reason}", s.number, s.name);
+                        Ok(())
+                    }
+                    Cell::Fail(failure) => Err(Failed::from(failure)),
+                }
+            })
+        })
+        .collect()
+}

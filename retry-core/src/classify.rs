@@ -1,0 +1,444 @@
+//! Error classification: what kind of failure a handler error is, and therefore what the SDK does with it.
+//!
+//! A retry policy alone cannot tell a malformed order (retrying is pointless) from a database that is down
+//! (retrying this one event is pointless too, but so is consuming the next one) from a record that is not yet
+//! replicated (only this event must wait). The four [`ErrorKind`]s name those cases. A handler can state the
+//! kind itself ([`HandlerError::non_retryable`] and friends); for everything else a [`Classifier`] walks the
+//! error's `source()` chain, outermost first, and stops at the first error it recognises — by registered type
+//! (a downcast) or by message pattern (one database error type, many meanings) — falling back to a default.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::str::FromStr;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+/// A boxed error as handlers produce it.
+pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// What kind of failure an error is; decides between DLQ, in-place retry, pausing and deferred retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// Will fail again (bad payload, a bug): dead-letter at once.
+    NonRetryable,
+    /// Heals within seconds: retry inside the consumer a few times, then fall through to deferred.
+    Transient,
+    /// The service itself is unhealthy (a dependency is down): hold the event and pause consumption until it
+    /// heals; never dead-lettered.
+    Blocking,
+    /// Only this event cannot proceed now: schedule it through the broker's delay mechanism; DLQ when the
+    /// policy is spent.
+    Deferred,
+}
+
+impl ErrorKind {
+    /// Every kind, in a stable order.
+    pub const ALL: [ErrorKind; 4] = [
+        ErrorKind::NonRetryable,
+        ErrorKind::Transient,
+        ErrorKind::Blocking,
+        ErrorKind::Deferred,
+    ];
+
+    /// The stable lowercase name used in metadata, config files and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::NonRetryable => "non_retryable",
+            ErrorKind::Transient => "transient",
+            ErrorKind::Blocking => "blocking",
+            ErrorKind::Deferred => "deferred",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The text did not name an [`ErrorKind`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown error kind {0:?}: expected non_retryable, transient, blocking or deferred (or NRE, SLE, SBE, SNBE)"
+)]
+pub struct UnknownErrorKind(pub String);
+
+impl FromStr for ErrorKind {
+    type Err = UnknownErrorKind;
+
+    /// Parses the stable names, and the Java article's abbreviations (NRE, SLE, SBE, SNBE).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "non_retryable" | "NRE" => Ok(ErrorKind::NonRetryable),
+            "transient" | "SLE" => Ok(ErrorKind::Transient),
+            "blocking" | "SBE" => Ok(ErrorKind::Blocking),
+            "deferred" | "SNBE" => Ok(ErrorKind::Deferred),
+            other => Err(UnknownErrorKind(other.to_string())),
+        }
+    }
+}
+
+/// An error wrapped with the kind its producer states; the classifier honours it wherever it sits in a
+/// `source()` chain (so a library can mark its own errors, and a handler can re-mark a wrapped one).
+#[derive(Debug)]
+pub struct Classified {
+    kind: ErrorKind,
+    inner: BoxError,
+}
+
+impl Classified {
+    /// Wraps `error` with the stated `kind`.
+    pub fn new(kind: ErrorKind, error: impl Into<BoxError>) -> Self {
+        Self {
+            kind,
+            inner: error.into(),
+        }
+    }
+
+    /// The stated kind.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for Classified {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+impl StdError for Classified {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(self.inner.as_ref())
+    }
+}
+
+/// The error a handler returns. Any error converts into it with `?` (unclassified: the [`Classifier`]
+/// decides); the constructors state the kind explicitly.
+pub struct HandlerError {
+    error: BoxError,
+}
+
+impl HandlerError {
+    /// An error of the stated kind.
+    pub fn new(kind: ErrorKind, error: impl Into<BoxError>) -> Self {
+        Self {
+            error: Box::new(Classified::new(kind, error)),
+        }
+    }
+
+    /// Will fail again: dead-letter at once.
+    pub fn non_retryable(error: impl Into<BoxError>) -> Self {
+        Self::new(ErrorKind::NonRetryable, error)
+    }
+
+    /// Heals within seconds: retry in place first.
+    pub fn transient(error: impl Into<BoxError>) -> Self {
+        Self::new(ErrorKind::Transient, error)
+    }
+
+    /// A dependency is down: hold this event and pause consumption until it heals.
+    pub fn blocking(error: impl Into<BoxError>) -> Self {
+        Self::new(ErrorKind::Blocking, error)
+    }
+
+    /// Only this event must wait: retry later through the broker.
+    pub fn deferred(error: impl Into<BoxError>) -> Self {
+        Self::new(ErrorKind::Deferred, error)
+    }
+
+    /// An error whose kind the classifier decides.
+    pub fn unclassified(error: impl Into<BoxError>) -> Self {
+        Self {
+            error: error.into(),
+        }
+    }
+
+    /// The error, for walking its `source()` chain.
+    pub fn as_error(&self) -> &(dyn StdError + 'static) {
+        self.error.as_ref()
+    }
+
+    /// The kind the error states for itself, if any error in its chain does.
+    pub fn stated_kind(&self) -> Option<ErrorKind> {
+        chain(self.as_error()).find_map(|e| e.downcast_ref::<Classified>().map(Classified::kind))
+    }
+
+    /// The error message with its causes, `outer: inner: innermost`, skipping the wrapper that only states
+    /// a kind.
+    pub fn message(&self) -> String {
+        let mut out = String::new();
+        for e in chain(self.as_error()) {
+            if e.downcast_ref::<Classified>().is_some() {
+                continue;
+            }
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&e.to_string());
+        }
+        out
+    }
+}
+
+impl<E: Into<BoxError>> From<E> for HandlerError {
+    fn from(error: E) -> Self {
+        Self::unclassified(error)
+    }
+}
+
+impl fmt::Debug for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HandlerError")
+            .field("kind", &self.stated_kind())
+            .field("message", &self.message())
+            .finish()
+    }
+}
+
+impl fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message())
+    }
+}
+
+/// Iterates an error and its `source()` chain, outermost first.
+pub fn chain<'a>(
+    error: &'a (dyn StdError + 'static),
+) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
+    std::iter::successors(Some(error), |e: &&'a (dyn StdError + 'static)| {
+        (*e).source()
+    })
+}
+
+type TypeTest = fn(&(dyn StdError + 'static)) -> bool;
+
+fn is_type<E: StdError + 'static>(e: &(dyn StdError + 'static)) -> bool {
+    e.is::<E>()
+}
+
+#[derive(Clone)]
+struct Rule {
+    type_test: Option<(TypeTest, &'static str)>,
+    message: Option<Regex>,
+    kind: ErrorKind,
+}
+
+impl Rule {
+    fn matches(&self, e: &(dyn StdError + 'static)) -> bool {
+        let type_ok = self.type_test.is_none_or(|(test, _)| test(e));
+        type_ok
+            && self
+                .message
+                .as_ref()
+                .is_none_or(|re| re.is_match(&e.to_string()))
+    }
+}
+
+impl fmt::Debug for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rule")
+            .field("type", &self.type_test.map(|(_, name)| name))
+            .field("message", &self.message.as_ref().map(Regex::as_str))
+            .field("kind", &self.kind)
+            .finish()
+    }
+}
+
+/// A message pattern that is not a valid regular expression.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid message pattern {pattern:?}: {source}")]
+pub struct PatternError {
+    pattern: String,
+    #[source]
+    source: regex::Error,
+}
+
+/// Classifies handler errors into [`ErrorKind`]s.
+///
+/// For each error in the chain, outermost first: a kind stated with [`Classified`] wins; otherwise the rules
+/// are tried in the order they were added, and the first match decides. If nothing in the chain matches,
+/// the default applies ([`ErrorKind::Deferred`] unless set).
+#[derive(Clone, Debug)]
+pub struct Classifier {
+    rules: Vec<Rule>,
+    default: ErrorKind,
+}
+
+impl Default for Classifier {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Classifier {
+    /// A classifier with no rules and the default kind [`ErrorKind::Deferred`].
+    pub fn new() -> Self {
+        Self {
+            rules: Vec::new(),
+            default: ErrorKind::Deferred,
+        }
+    }
+
+    /// Sets the kind for errors nothing else recognises.
+    pub fn default_kind(mut self, kind: ErrorKind) -> Self {
+        self.default = kind;
+        self
+    }
+
+    /// Classifies errors of type `E` (found anywhere in the chain) as `kind`.
+    pub fn on_type<E: StdError + 'static>(mut self, kind: ErrorKind) -> Self {
+        self.rules.push(Rule {
+            type_test: Some((is_type::<E>, std::any::type_name::<E>())),
+            message: None,
+            kind,
+        });
+        self
+    }
+
+    /// Classifies errors of type `E` whose message matches `pattern` as `kind`.
+    pub fn on_type_message<E: StdError + 'static>(
+        mut self,
+        pattern: &str,
+        kind: ErrorKind,
+    ) -> Result<Self, PatternError> {
+        self.rules.push(Rule {
+            type_test: Some((is_type::<E>, std::any::type_name::<E>())),
+            message: Some(compile(pattern)?),
+            kind,
+        });
+        Ok(self)
+    }
+
+    /// Classifies errors of any type whose message matches `pattern` (a regular expression) as `kind`.
+    pub fn on_message(mut self, pattern: &str, kind: ErrorKind) -> Result<Self, PatternError> {
+        self.rules.push(Rule {
+            type_test: None,
+            message: Some(compile(pattern)?),
+            kind,
+        });
+        Ok(self)
+    }
+
+    /// The kind of a handler error.
+    pub fn classify(&self, error: &HandlerError) -> ErrorKind {
+        self.classify_error(error.as_error())
+    }
+
+    /// The kind of any error, by the rules above.
+    pub fn classify_error(&self, error: &(dyn StdError + 'static)) -> ErrorKind {
+        for e in chain(error) {
+            if let Some(c) = e.downcast_ref::<Classified>() {
+                return c.kind();
+            }
+            if let Some(rule) = self.rules.iter().find(|r| r.matches(e)) {
+                return rule.kind;
+            }
+        }
+        self.default
+    }
+}
+
+fn compile(pattern: &str) -> Result<Regex, PatternError> {
+    Regex::new(pattern).map_err(|source| PatternError {
+        pattern: pattern.to_string(),
+        source,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connection refused")]
+    struct ConnectError;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("db error: {0}")]
+    struct DbError(String);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("could not save order")]
+    struct SaveError(#[source] BoxError);
+
+    fn classifier() -> Classifier {
+        Classifier::new()
+            .on_type::<ConnectError>(ErrorKind::Blocking)
+            .on_type_message::<DbError>("statement timeout", ErrorKind::Blocking)
+            .unwrap()
+            .on_type::<DbError>(ErrorKind::NonRetryable)
+            .on_message("(?i)not yet replicated", ErrorKind::Deferred)
+            .unwrap()
+            .default_kind(ErrorKind::Transient)
+    }
+
+    #[test]
+    fn stated_kind_wins_over_rules() {
+        let e = HandlerError::deferred(ConnectError);
+        assert_eq!(e.stated_kind(), Some(ErrorKind::Deferred));
+        assert_eq!(classifier().classify(&e), ErrorKind::Deferred);
+        assert_eq!(e.message(), "connection refused");
+    }
+
+    #[test]
+    fn walks_the_source_chain_by_type() {
+        let e: HandlerError = SaveError(Box::new(ConnectError)).into();
+        assert_eq!(e.stated_kind(), None);
+        assert_eq!(classifier().classify(&e), ErrorKind::Blocking);
+        assert_eq!(e.message(), "could not save order: connection refused");
+    }
+
+    #[test]
+    fn same_type_different_messages() {
+        let c = classifier();
+        let timeout: HandlerError =
+            DbError("canceling statement due to statement timeout".into()).into();
+        let constraint: HandlerError = DbError("duplicate key".into()).into();
+        assert_eq!(c.classify(&timeout), ErrorKind::Blocking);
+        assert_eq!(c.classify(&constraint), ErrorKind::NonRetryable);
+    }
+
+    #[test]
+    fn message_pattern_and_default() {
+        let c = classifier();
+        let e = HandlerError::unclassified("row Not Yet Replicated");
+        assert_eq!(c.classify(&e), ErrorKind::Deferred);
+        let other = HandlerError::unclassified("something else");
+        assert_eq!(c.classify(&other), ErrorKind::Transient);
+        assert_eq!(
+            Classifier::new().classify(&other),
+            ErrorKind::Deferred,
+            "the default default is deferred"
+        );
+    }
+
+    #[test]
+    fn a_wrapped_classified_error_is_found_in_the_chain() {
+        let inner = Classified::new(ErrorKind::NonRetryable, DbError("bad".into()));
+        let e: HandlerError = SaveError(Box::new(inner)).into();
+        assert_eq!(classifier().classify(&e), ErrorKind::NonRetryable);
+    }
+
+    #[test]
+    fn bad_pattern_is_an_error() {
+        let err = Classifier::new()
+            .on_message("(unclosed", ErrorKind::Blocking)
+            .unwrap_err();
+        assert!(err.to_string().contains("(unclosed"));
+    }
+
+    #[test]
+    fn kinds_parse_by_name_and_abbreviation() {
+        for kind in ErrorKind::ALL {
+            assert_eq!(kind.as_str().parse::<ErrorKind>().unwrap(), kind);
+        }
+        assert_eq!("SBE".parse::<ErrorKind>().unwrap(), ErrorKind::Blocking);
+        assert_eq!("SNBE".parse::<ErrorKind>().unwrap(), ErrorKind::Deferred);
+        assert!("fatal".parse::<ErrorKind>().is_err());
+    }
+}

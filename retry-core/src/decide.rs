@@ -1,0 +1,273 @@
+//! The one pure function that decides what happens after a handler call.
+//!
+//! Policy, classification and budget rules live here and only here; adapters never decide, they carry out
+//! the [`Outcome`] with their broker's native mechanism. Keeping it pure (no clock, no I/O, the random
+//! source passed in) makes it exhaustively testable and cheap enough to run on every event.
+
+use std::time::Duration;
+
+use rand::RngCore;
+
+use crate::classify::ErrorKind;
+use crate::metadata::{DeadReason, RetryMetadata};
+use crate::policy::RetryPolicy;
+use crate::time::Timestamp;
+
+/// What to do with an event after a handler call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Success: acknowledge it.
+    Ack,
+    /// Transient failure: call the handler again inside the consumer after this pause.
+    RetryInPlace(Duration),
+    /// Retry later through the broker's delay mechanism, after this delay.
+    RetryAfter(Duration),
+    /// Blocking failure: hold the event, pause consumption, and try again after this backoff.
+    Hold(Duration),
+    /// Dead-letter it for this reason.
+    Dead(DeadReason),
+}
+
+/// The three policies an event's failures draw on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policies {
+    /// Deferred retries through the broker; when spent, the event is dead-lettered.
+    pub deferred: RetryPolicy,
+    /// In-place retries for transient errors; when spent, the event falls through to `deferred`.
+    pub in_place: RetryPolicy,
+    /// Backoff while a blocking error holds consumption; an unlimited policy never gives up. If it is
+    /// limited and spent, the event falls through to `deferred`.
+    pub blocking: RetryPolicy,
+}
+
+impl Default for Policies {
+    /// Deferred `exp(1s, 10m, 2, 10)`, in place `exp(100ms, 1s, 2, 3)`, blocking `exp(500ms, 30s, 2)`.
+    fn default() -> Self {
+        let parse = |s: &str| RetryPolicy::parse(s).unwrap_or_else(|e| unreachable!("{s}: {e}"));
+        Self {
+            deferred: parse("exp(1s, 10m, 2, 10)"),
+            in_place: parse("exp(100ms, 1s, 2, 3)"),
+            blocking: parse("exp(500ms, 30s, 2)"),
+        }
+    }
+}
+
+/// What the decision knows about the call that just ended.
+#[derive(Clone, Copy, Debug)]
+pub struct Attempt<'a> {
+    /// The event's metadata as delivered (attempts before this call, policy position, first seen).
+    pub meta: &'a RetryMetadata,
+    /// In-place retries already made in this delivery.
+    pub in_place_retries: u32,
+    /// Blocking holds already made in this delivery.
+    pub holds: u32,
+    /// The current time.
+    pub now: Timestamp,
+}
+
+/// Decides the outcome of a handler call: `result` is `Ok` on success or the error's kind.
+pub fn decide(
+    result: Result<(), ErrorKind>,
+    attempt: &Attempt<'_>,
+    policies: &Policies,
+    rng: &mut dyn RngCore,
+) -> Outcome {
+    let kind = match result {
+        Ok(()) => return Outcome::Ack,
+        Err(kind) => kind,
+    };
+    match kind {
+        ErrorKind::NonRetryable => Outcome::Dead(DeadReason::NonRetryable),
+        ErrorKind::Blocking => match policies.blocking.delay(attempt.holds, None, rng) {
+            Some(backoff) => Outcome::Hold(backoff),
+            None => deferred(attempt, policies, rng),
+        },
+        ErrorKind::Transient => {
+            match policies.in_place.delay(attempt.in_place_retries, None, rng) {
+                Some(pause) => Outcome::RetryInPlace(pause),
+                None => deferred(attempt, policies, rng),
+            }
+        }
+        ErrorKind::Deferred => deferred(attempt, policies, rng),
+    }
+}
+
+fn deferred(attempt: &Attempt<'_>, policies: &Policies, rng: &mut dyn RngCore) -> Outcome {
+    let meta = attempt.meta;
+    let Some(delay) = policies.deferred.delay(meta.retries, meta.last_delay, rng) else {
+        return Outcome::Dead(DeadReason::Exhausted);
+    };
+    if let Some(budget) = policies.deferred.max_elapsed() {
+        let first_seen = meta.first_seen.unwrap_or(attempt.now);
+        if attempt.now.add(delay).since(first_seen) > budget {
+            return Outcome::Dead(DeadReason::BudgetElapsed);
+        }
+    }
+    Outcome::RetryAfter(delay)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    fn policies(deferred: &str) -> Policies {
+        Policies {
+            deferred: RetryPolicy::parse(deferred).unwrap(),
+            in_place: RetryPolicy::parse("10ms x2").unwrap(),
+            blocking: RetryPolicy::parse("exp(100ms, 1s, 2)").unwrap(),
+        }
+    }
+
+    fn run(
+        result: Result<(), ErrorKind>,
+        meta: &RetryMetadata,
+        in_place: u32,
+        holds: u32,
+    ) -> Outcome {
+        let attempt = Attempt {
+            meta,
+            in_place_retries: in_place,
+            holds,
+            now: Timestamp::from_millis(100_000),
+        };
+        decide(
+            result,
+            &attempt,
+            &policies("5000x3,10000x5"),
+            &mut StdRng::seed_from_u64(7),
+        )
+    }
+
+    fn meta(retries: u32) -> RetryMetadata {
+        RetryMetadata {
+            retries,
+            first_seen: Some(Timestamp::from_millis(100_000)),
+            ..RetryMetadata::default()
+        }
+    }
+
+    #[test]
+    fn success_acks() {
+        assert_eq!(run(Ok(()), &meta(0), 0, 0), Outcome::Ack);
+    }
+
+    #[test]
+    fn non_retryable_dies_at_once() {
+        assert_eq!(
+            run(Err(ErrorKind::NonRetryable), &meta(0), 0, 0),
+            Outcome::Dead(DeadReason::NonRetryable)
+        );
+    }
+
+    #[test]
+    fn deferred_follows_the_policy_then_dies() {
+        let delays: Vec<_> = (0..9)
+            .map(|r| run(Err(ErrorKind::Deferred), &meta(r), 0, 0))
+            .collect();
+        let secs = |s| Outcome::RetryAfter(Duration::from_secs(s));
+        assert_eq!(
+            delays,
+            [
+                secs(5),
+                secs(5),
+                secs(5),
+                secs(10),
+                secs(10),
+                secs(10),
+                secs(10),
+                secs(10),
+                Outcome::Dead(DeadReason::Exhausted)
+            ]
+        );
+    }
+
+    #[test]
+    fn transient_retries_in_place_then_falls_through_to_deferred() {
+        let t = Err(ErrorKind::Transient);
+        assert_eq!(
+            run(t, &meta(0), 0, 0),
+            Outcome::RetryInPlace(Duration::from_millis(10))
+        );
+        assert_eq!(
+            run(t, &meta(0), 1, 0),
+            Outcome::RetryInPlace(Duration::from_millis(10))
+        );
+        assert_eq!(
+            run(t, &meta(0), 2, 0),
+            Outcome::RetryAfter(Duration::from_secs(5))
+        );
+        assert_eq!(run(t, &meta(8), 2, 0), Outcome::Dead(DeadReason::Exhausted));
+    }
+
+    #[test]
+    fn blocking_holds_with_backoff_and_never_dies() {
+        let b = Err(ErrorKind::Blocking);
+        assert_eq!(
+            run(b, &meta(0), 0, 0),
+            Outcome::Hold(Duration::from_millis(100))
+        );
+        assert_eq!(
+            run(b, &meta(0), 0, 3),
+            Outcome::Hold(Duration::from_millis(800))
+        );
+        assert_eq!(
+            run(b, &meta(99), 0, 1_000),
+            Outcome::Hold(Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn limited_blocking_falls_through_to_deferred() {
+        let mut p = policies("5000x1");
+        p.blocking = RetryPolicy::parse("10ms x1").unwrap();
+        let m = meta(0);
+        let attempt = Attempt {
+            meta: &m,
+            in_place_retries: 0,
+            holds: 1,
+            now: Timestamp::from_millis(100_000),
+        };
+        let out = decide(
+            Err(ErrorKind::Blocking),
+            &attempt,
+            &p,
+            &mut StdRng::seed_from_u64(1),
+        );
+        assert_eq!(out, Outcome::RetryAfter(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn the_time_budget_ends_retries_early() {
+        let p = policies("5000x3; max-elapsed=12s");
+        let m = RetryMetadata {
+            retries: 1,
+            first_seen: Some(Timestamp::from_millis(100_000)),
+            ..RetryMetadata::default()
+        };
+        let at = |now| Attempt {
+            meta: &m,
+            in_place_retries: 0,
+            holds: 0,
+            now: Timestamp::from_millis(now),
+        };
+        let mut rng = StdRng::seed_from_u64(1);
+        assert_eq!(
+            decide(Err(ErrorKind::Deferred), &at(105_000), &p, &mut rng),
+            Outcome::RetryAfter(Duration::from_secs(5))
+        );
+        assert_eq!(
+            decide(Err(ErrorKind::Deferred), &at(108_000), &p, &mut rng),
+            Outcome::Dead(DeadReason::BudgetElapsed)
+        );
+    }
+
+    #[test]
+    fn default_policies_parse() {
+        let p = Policies::default();
+        assert_eq!(p.deferred.max_retries(), Some(10));
+        assert_eq!(p.blocking.max_retries(), None);
+    }
+}

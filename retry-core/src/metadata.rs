@@ -1,0 +1,589 @@
+//! The SDK's metadata and its wire codec: the same names on every broker.
+//!
+//! An event moved between brokers keeps its history only if every adapter writes the same fields under the
+//! same names. The codec writes one header per field (`x-retry-attempts: 2`, ...) — Kafka headers, AMQP
+//! headers and Pulsar properties take them as they are — or packs them all into a single `x-retry` header
+//! holding a JSON object, for SQS, where a message may carry only ten attributes and the producer needs its
+//! own. Decoding accepts both. Values are UTF-8 text so an operator can read them in any broker console.
+//!
+//! Headers outside the namespace are the producer's and pass through untouched. Metadata that does not parse
+//! (an attempt count of `"abc"`, a megabyte-long header) is never reset to a default: decoding fails with a
+//! [`MetadataError`] naming the header and the problem, and the runtime dead-letters the event as poison.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::classify::ErrorKind;
+use crate::event::Headers;
+use crate::time::{Timestamp, duration_ms};
+
+/// The prefix of every metadata header name.
+pub const PREFIX: &str = "x-retry-";
+/// The name of the single header that holds all metadata in packed form.
+pub const PACKED: &str = "x-retry";
+/// The longest value accepted for one metadata header, in bytes.
+pub const MAX_VALUE_BYTES: usize = 4096;
+/// The longest packed metadata header accepted, in bytes.
+pub const MAX_PACKED_BYTES: usize = 16 * 1024;
+/// The longest last-error text kept; longer messages are cut at a character boundary.
+pub const MAX_ERROR_BYTES: usize = 1024;
+
+/// Metadata header names, identical on every broker.
+pub mod names {
+    /// Event id, used for idempotency and tracing.
+    pub const EVENT_ID: &str = "x-retry-event-id";
+    /// Handler calls that failed so far.
+    pub const ATTEMPTS: &str = "x-retry-attempts";
+    /// Retries scheduled through the broker so far.
+    pub const RETRIES: &str = "x-retry-retries";
+    /// When the SDK first saw the event (ms since the epoch).
+    pub const FIRST_SEEN: &str = "x-retry-first-seen";
+    /// When the event is due for its next attempt (ms since the epoch).
+    pub const DUE_AT: &str = "x-retry-due-at";
+    /// Topic or queue the event was first consumed from.
+    pub const ORIGIN_TOPIC: &str = "x-retry-origin-topic";
+    /// Partition of the origin, where the broker has partitions.
+    pub const ORIGIN_PARTITION: &str = "x-retry-origin-partition";
+    /// Offset of the origin, where the broker has offsets.
+    pub const ORIGIN_OFFSET: &str = "x-retry-origin-offset";
+    /// The last handler error, bounded in length.
+    pub const LAST_ERROR: &str = "x-retry-last-error";
+    /// The kind of the last handler error.
+    pub const ERROR_KIND: &str = "x-retry-error-kind";
+    /// The last delay applied, in ms (decorrelated jitter needs it).
+    pub const LAST_DELAY: &str = "x-retry-last-delay-ms";
+    /// How many times an operator replayed the event from a DLQ.
+    pub const REPLAY_COUNT: &str = "x-retry-replay-count";
+    /// Event id of the event this one is parked behind (per-key ordering).
+    pub const PARKED_BEHIND: &str = "x-retry-parked-behind";
+    /// Why the event was dead-lettered.
+    pub const DEAD_REASON: &str = "x-retry-dead-reason";
+    /// When it was dead-lettered (ms since the epoch).
+    pub const DEAD_AT: &str = "x-retry-dead-at";
+    /// Which consumer dead-lettered it.
+    pub const DEAD_CONSUMER: &str = "x-retry-dead-consumer";
+}
+
+/// Where an event was first consumed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Origin {
+    /// Topic or queue name.
+    pub topic: String,
+    /// Partition, where the broker has partitions.
+    pub partition: Option<i32>,
+    /// Offset, where the broker has offsets.
+    pub offset: Option<i64>,
+}
+
+/// Why an event was dead-lettered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeadReason {
+    /// The handler's error was non-retryable.
+    NonRetryable,
+    /// The retry policy was spent.
+    Exhausted,
+    /// The policy's total time budget (`max-elapsed`) ran out.
+    BudgetElapsed,
+    /// The message could not be decoded (malformed metadata or payload).
+    Poison,
+    /// It was parked behind an event of the same key that was dead-lettered.
+    ParkedBehindDead,
+}
+
+impl DeadReason {
+    /// Every reason, in a stable order.
+    pub const ALL: [DeadReason; 5] = [
+        DeadReason::NonRetryable,
+        DeadReason::Exhausted,
+        DeadReason::BudgetElapsed,
+        DeadReason::Poison,
+        DeadReason::ParkedBehindDead,
+    ];
+
+    /// The stable name used in metadata and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadReason::NonRetryable => "non_retryable",
+            DeadReason::Exhausted => "exhausted",
+            DeadReason::BudgetElapsed => "budget_elapsed",
+            DeadReason::Poison => "poison",
+            DeadReason::ParkedBehindDead => "parked_behind_dead",
+        }
+    }
+}
+
+impl fmt::Display for DeadReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DeadReason {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DeadReason::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| format!("unknown dead-letter reason {s:?}"))
+    }
+}
+
+/// What a DLQ entry records about its death.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadInfo {
+    /// Why.
+    pub reason: DeadReason,
+    /// When.
+    pub at: Timestamp,
+    /// Which consumer (its configured name).
+    pub consumer: String,
+}
+
+/// The SDK's bookkeeping for one event; travels with it on every hop.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RetryMetadata {
+    /// Event id (the producer's, or the broker's message id when the producer set none).
+    pub event_id: Option<String>,
+    /// Handler calls that failed so far.
+    pub attempts: u32,
+    /// Retries scheduled through the broker so far (the policy's position).
+    pub retries: u32,
+    /// When the SDK first saw the event.
+    pub first_seen: Option<Timestamp>,
+    /// When the current delivery was due (set when a retry is scheduled).
+    pub due_at: Option<Timestamp>,
+    /// Where the event was first consumed.
+    pub origin: Option<Origin>,
+    /// The last handler error, at most [`MAX_ERROR_BYTES`].
+    pub last_error: Option<String>,
+    /// The kind of the last handler error.
+    pub error_kind: Option<ErrorKind>,
+    /// The last delay applied.
+    pub last_delay: Option<Duration>,
+    /// How many times an operator replayed the event.
+    pub replay_count: u32,
+    /// The event id this event is parked behind (per-key ordering).
+    pub parked_behind: Option<String>,
+    /// Set on DLQ entries.
+    pub dead: Option<DeadInfo>,
+}
+
+impl RetryMetadata {
+    /// Records the last error, cut to [`MAX_ERROR_BYTES`] at a character boundary.
+    pub fn set_last_error(&mut self, message: &str) {
+        self.last_error = Some(truncate_utf8(message, MAX_ERROR_BYTES).to_string());
+    }
+
+    /// Resets the retry history for an operator replay: attempts and policy position restart, the replay
+    /// count goes up, the event id, first-seen time and origin stay.
+    pub fn reset_for_replay(&mut self) {
+        self.attempts = 0;
+        self.retries = 0;
+        self.due_at = None;
+        self.last_delay = None;
+        self.parked_behind = None;
+        self.dead = None;
+        self.replay_count = self.replay_count.saturating_add(1);
+    }
+}
+
+/// Metadata that could not be decoded: the event is poison.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("metadata header {header} {problem}")]
+pub struct MetadataError {
+    /// The offending header's name.
+    pub header: String,
+    /// What is wrong with it.
+    pub problem: String,
+}
+
+/// Cuts `s` to at most `max` bytes without splitting a character.
+pub fn truncate_utf8(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// How metadata is laid out in headers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Packing {
+    /// One header per field.
+    Headers,
+    /// All fields in one `x-retry` header holding a JSON object (for brokers with few attributes).
+    Single,
+}
+
+fn fields(meta: &RetryMetadata) -> Vec<(&'static str, String)> {
+    let mut out = Vec::with_capacity(8);
+    if let Some(id) = &meta.event_id {
+        out.push((names::EVENT_ID, id.clone()));
+    }
+    out.push((names::ATTEMPTS, meta.attempts.to_string()));
+    if meta.retries > 0 {
+        out.push((names::RETRIES, meta.retries.to_string()));
+    }
+    if let Some(t) = meta.first_seen {
+        out.push((names::FIRST_SEEN, t.to_string()));
+    }
+    if let Some(t) = meta.due_at {
+        out.push((names::DUE_AT, t.to_string()));
+    }
+    if let Some(o) = &meta.origin {
+        out.push((names::ORIGIN_TOPIC, o.topic.clone()));
+        if let Some(p) = o.partition {
+            out.push((names::ORIGIN_PARTITION, p.to_string()));
+        }
+        if let Some(off) = o.offset {
+            out.push((names::ORIGIN_OFFSET, off.to_string()));
+        }
+    }
+    if let Some(e) = &meta.last_error {
+        out.push((
+            names::LAST_ERROR,
+            truncate_utf8(e, MAX_ERROR_BYTES).to_string(),
+        ));
+    }
+    if let Some(k) = meta.error_kind {
+        out.push((names::ERROR_KIND, k.as_str().to_string()));
+    }
+    if let Some(d) = meta.last_delay {
+        out.push((names::LAST_DELAY, duration_ms(d).to_string()));
+    }
+    if meta.replay_count > 0 {
+        out.push((names::REPLAY_COUNT, meta.replay_count.to_string()));
+    }
+    if let Some(p) = &meta.parked_behind {
+        out.push((names::PARKED_BEHIND, p.clone()));
+    }
+    if let Some(d) = &meta.dead {
+        out.push((names::DEAD_REASON, d.reason.as_str().to_string()));
+        out.push((names::DEAD_AT, d.at.to_string()));
+        out.push((names::DEAD_CONSUMER, d.consumer.clone()));
+    }
+    out
+}
+
+/// Encodes metadata as one header per field, followed by the producer's headers in their order.
+pub fn encode(meta: &RetryMetadata, foreign: &Headers) -> Headers {
+    encode_with(meta, foreign, Packing::Headers)
+}
+
+/// Encodes metadata with the given packing, followed by the producer's headers in their order.
+pub fn encode_with(meta: &RetryMetadata, foreign: &Headers, packing: Packing) -> Headers {
+    let mut out = Headers::new();
+    match packing {
+        Packing::Headers => {
+            for (name, value) in fields(meta) {
+                out.push(name, value);
+            }
+        }
+        Packing::Single => out.push(PACKED, encode_packed(meta)),
+    }
+    for (name, value) in foreign.iter() {
+        out.push(name, value.clone());
+    }
+    out
+}
+
+/// Encodes metadata as the JSON object of the packed form.
+pub fn encode_packed(meta: &RetryMetadata) -> Bytes {
+    let map: serde_json::Map<String, serde_json::Value> = fields(meta)
+        .into_iter()
+        .map(|(name, value)| {
+            (
+                name.trim_start_matches(PREFIX).to_string(),
+                serde_json::Value::String(value),
+            )
+        })
+        .collect();
+    Bytes::from(serde_json::Value::Object(map).to_string())
+}
+
+/// Splits headers into the SDK's metadata and the producer's own headers.
+///
+/// Unknown names inside the namespace are kept as producer headers (a newer SDK's fields survive an older
+/// consumer). Fails on a value that is too long, not UTF-8, or not of its field's type.
+pub fn decode(headers: &Headers) -> Result<(RetryMetadata, Headers), MetadataError> {
+    let mut meta = RetryMetadata::default();
+    let mut foreign = Headers::new();
+    let mut dead = DeadParts::default();
+    for (name, value) in headers.iter() {
+        if name == PACKED {
+            decode_packed(value, &mut meta, &mut dead)?;
+        } else if name.starts_with(PREFIX) && is_known(name) {
+            let text = text_value(name, value, MAX_VALUE_BYTES)?;
+            apply(&mut meta, &mut dead, name, text)?;
+        } else {
+            foreign.push(name, value.clone());
+        }
+    }
+    meta.dead = dead.finish()?;
+    Ok((meta, foreign))
+}
+
+const KNOWN: [&str; 16] = [
+    names::EVENT_ID,
+    names::ATTEMPTS,
+    names::RETRIES,
+    names::FIRST_SEEN,
+    names::DUE_AT,
+    names::ORIGIN_TOPIC,
+    names::ORIGIN_PARTITION,
+    names::ORIGIN_OFFSET,
+    names::LAST_ERROR,
+    names::ERROR_KIND,
+    names::LAST_DELAY,
+    names::REPLAY_COUNT,
+    names::PARKED_BEHIND,
+    names::DEAD_REASON,
+    names::DEAD_AT,
+    names::DEAD_CONSUMER,
+];
+
+fn is_known(name: &str) -> bool {
+    KNOWN.contains(&name)
+}
+
+fn text_value<'a>(name: &str, value: &'a Bytes, max: usize) -> Result<&'a str, MetadataError> {
+    if value.len() > max {
+        return Err(MetadataError {
+            header: name.to_string(),
+            problem: format!("is {} bytes (limit {max})", value.len()),
+        });
+    }
+    std::str::from_utf8(value).map_err(|_| MetadataError {
+        header: name.to_string(),
+        problem: "is not UTF-8 text".to_string(),
+    })
+}
+
+fn decode_packed(
+    value: &Bytes,
+    meta: &mut RetryMetadata,
+    dead: &mut DeadParts,
+) -> Result<(), MetadataError> {
+    let text = text_value(PACKED, value, MAX_PACKED_BYTES)?;
+    let bad = |problem: String| MetadataError {
+        header: PACKED.to_string(),
+        problem,
+    };
+    let parsed: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| bad(format!("is not a JSON object: {e}")))?;
+    let serde_json::Value::Object(map) = parsed else {
+        return Err(bad("is not a JSON object".to_string()));
+    };
+    for (short, v) in map {
+        let name = format!("{PREFIX}{short}");
+        if !is_known(&name) {
+            continue;
+        }
+        let serde_json::Value::String(s) = v else {
+            return Err(bad(format!("field {short:?} is not a string")));
+        };
+        if s.len() > MAX_VALUE_BYTES {
+            return Err(bad(format!(
+                "field {short:?} is {} bytes (limit {MAX_VALUE_BYTES})",
+                s.len()
+            )));
+        }
+        apply(meta, dead, &name, &s)?;
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct DeadParts {
+    reason: Option<DeadReason>,
+    at: Option<Timestamp>,
+    consumer: Option<String>,
+}
+
+impl DeadParts {
+    fn finish(self) -> Result<Option<DeadInfo>, MetadataError> {
+        match (self.reason, self.at, self.consumer) {
+            (None, None, None) => Ok(None),
+            (Some(reason), at, consumer) => Ok(Some(DeadInfo {
+                reason,
+                at: at.unwrap_or_default(),
+                consumer: consumer.unwrap_or_default(),
+            })),
+            (None, _, _) => Err(MetadataError {
+                header: names::DEAD_REASON.to_string(),
+                problem: "is missing while other dead-letter fields are present".to_string(),
+            }),
+        }
+    }
+}
+
+fn number<T: FromStr>(name: &str, text: &str) -> Result<T, MetadataError> {
+    text.trim().parse().map_err(|_| MetadataError {
+        header: name.to_string(),
+        problem: format!("is not a valid number: {:?}", truncate_utf8(text, 64)),
+    })
+}
+
+fn apply(
+    meta: &mut RetryMetadata,
+    dead: &mut DeadParts,
+    name: &str,
+    text: &str,
+) -> Result<(), MetadataError> {
+    match name {
+        names::EVENT_ID => meta.event_id = Some(text.to_string()),
+        names::ATTEMPTS => meta.attempts = number(name, text)?,
+        names::RETRIES => meta.retries = number(name, text)?,
+        names::FIRST_SEEN => meta.first_seen = Some(Timestamp::from_millis(number(name, text)?)),
+        names::DUE_AT => meta.due_at = Some(Timestamp::from_millis(number(name, text)?)),
+        names::ORIGIN_TOPIC => {
+            meta.origin.get_or_insert_with(Origin::default).topic = text.to_string()
+        }
+        names::ORIGIN_PARTITION => {
+            meta.origin.get_or_insert_with(Origin::default).partition = Some(number(name, text)?)
+        }
+        names::ORIGIN_OFFSET => {
+            meta.origin.get_or_insert_with(Origin::default).offset = Some(number(name, text)?)
+        }
+        names::LAST_ERROR => meta.last_error = Some(text.to_string()),
+        names::ERROR_KIND => {
+            meta.error_kind = Some(text.parse().map_err(
+                |e: crate::classify::UnknownErrorKind| MetadataError {
+                    header: name.to_string(),
+                    problem: e.to_string(),
+                },
+            )?)
+        }
+        names::LAST_DELAY => meta.last_delay = Some(Duration::from_millis(number(name, text)?)),
+        names::REPLAY_COUNT => meta.replay_count = number(name, text)?,
+        names::PARKED_BEHIND => meta.parked_behind = Some(text.to_string()),
+        names::DEAD_REASON => {
+            dead.reason = Some(text.parse().map_err(|problem| MetadataError {
+                header: name.to_string(),
+                problem,
+            })?)
+        }
+        names::DEAD_AT => dead.at = Some(Timestamp::from_millis(number(name, text)?)),
+        names::DEAD_CONSUMER => dead.consumer = Some(text.to_string()),
+        _ => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn full() -> RetryMetadata {
+        RetryMetadata {
+            event_id: Some("evt-42".into()),
+            attempts: 3,
+            retries: 2,
+            first_seen: Some(Timestamp::from_millis(1_700_000_000_000)),
+            due_at: Some(Timestamp::from_millis(1_700_000_005_000)),
+            origin: Some(Origin {
+                topic: "orders".into(),
+                partition: Some(3),
+                offset: Some(12_345),
+            }),
+            last_error: Some("connection refused: héllo".into()),
+            error_kind: Some(ErrorKind::Deferred),
+            last_delay: Some(Duration::from_millis(5_000)),
+            replay_count: 1,
+            parked_behind: Some("evt-41".into()),
+            dead: Some(DeadInfo {
+                reason: DeadReason::Exhausted,
+                at: Timestamp::from_millis(1_700_000_009_000),
+                consumer: "orders-svc-1".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn both_packings_round_trip_and_keep_foreign_headers() {
+        let foreign = Headers::new()
+            .with("traceparent", "00-abc")
+            .with("bin", Bytes::from_static(&[0, 0xff]))
+            .with("x-retry-from-the-future", "kept");
+        for packing in [Packing::Headers, Packing::Single] {
+            let encoded = encode_with(&full(), &foreign, packing);
+            let (meta, rest) = decode(&encoded).unwrap();
+            assert_eq!(meta, full(), "{packing:?}");
+            assert_eq!(rest, foreign, "{packing:?}");
+        }
+        assert_eq!(
+            encode_with(&full(), &foreign, Packing::Single).len(),
+            1 + foreign.len()
+        );
+    }
+
+    #[test]
+    fn malformed_values_are_errors_not_resets() {
+        let h = Headers::new().with(names::ATTEMPTS, "abc");
+        let err = decode(&h).unwrap_err();
+        assert_eq!(err.header, names::ATTEMPTS);
+        assert!(err.to_string().contains("not a valid number"), "{err}");
+
+        let h = Headers::new().with(names::EVENT_ID, vec![b'a'; 1 << 20]);
+        let err = decode(&h).unwrap_err();
+        assert!(err.to_string().contains("1048576 bytes"), "{err}");
+
+        let h = Headers::new().with(names::ERROR_KIND, "fatal");
+        assert!(decode(&h).is_err());
+
+        let h = Headers::new().with(names::LAST_ERROR, Bytes::from_static(&[0xff, 0xfe]));
+        assert!(decode(&h).unwrap_err().to_string().contains("UTF-8"));
+
+        let h = Headers::new().with(PACKED, "[1,2]");
+        assert!(decode(&h).is_err());
+
+        let h = Headers::new().with(names::DEAD_AT, "5");
+        assert_eq!(decode(&h).unwrap_err().header, names::DEAD_REASON);
+    }
+
+    #[test]
+    fn last_error_is_bounded_at_a_char_boundary() {
+        let mut m = RetryMetadata::default();
+        m.set_last_error(&"é".repeat(2_000));
+        let e = m.last_error.unwrap();
+        assert!(e.len() <= MAX_ERROR_BYTES);
+        assert_eq!(e.chars().count(), MAX_ERROR_BYTES / 2);
+    }
+
+    #[test]
+    fn replay_reset_keeps_identity_and_counts_replays() {
+        let mut m = full();
+        m.reset_for_replay();
+        assert_eq!((m.attempts, m.retries, m.replay_count), (0, 0, 2));
+        assert_eq!(m.event_id.as_deref(), Some("evt-42"));
+        assert!(m.dead.is_none() && m.due_at.is_none());
+        assert!(m.origin.is_some() && m.first_seen.is_some());
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(pairs in proptest::collection::vec(
+            (prop::sample::select(KNOWN.iter().copied().chain([PACKED, "other"]).collect::<Vec<_>>()),
+             proptest::collection::vec(any::<u8>(), 0..64)), 0..8)) {
+            let headers: Headers = pairs.into_iter().map(|(n, v)| (n.to_string(), Bytes::from(v))).collect();
+            let _ = decode(&headers);
+        }
+
+        #[test]
+        fn foreign_headers_pass_byte_for_byte(pairs in proptest::collection::vec(
+            ("[a-w][a-z0-9-]{0,12}", proptest::collection::vec(any::<u8>(), 0..32)), 0..6)) {
+            let foreign: Headers = pairs.into_iter().map(|(n, v)| (n, Bytes::from(v))).collect();
+            let (_, back) = decode(&encode(&full(), &foreign)).unwrap();
+            prop_assert_eq!(back, foreign);
+        }
+    }
+}

@@ -1,0 +1,452 @@
+//! One delivery, from decoding to a settled outcome.
+//!
+//! The order of operations is the safety argument: the handler runs, the pure decision picks an outcome,
+//! and the receipt carries it out — an acknowledgement only after success, a retry or DLQ copy that the
+//! broker confirmed before the original is let go. When the broker does not accept a settle (an unwritable
+//! DLQ), the error is counted and surfaced and the delivery is released for redelivery: never dropped.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::FutureExt;
+use rand::RngCore;
+use tracing::{Instrument, debug, info_span, warn};
+
+use super::Shared;
+use super::handler::{Context, UndecodablePayload};
+use super::ordering::Verdict;
+use super::stats::bump;
+use crate::classify::{ErrorKind, HandlerError, chain};
+use crate::decide::{Attempt, Outcome, decide};
+use crate::event::Event;
+use crate::idempotency::Begin;
+use crate::lifecycle::{Input, State};
+use crate::metadata::{self, DeadInfo, DeadReason};
+use crate::telemetry;
+use crate::time::Timestamp;
+use crate::transport::{Delivery, Receipt};
+
+/// Handles one delivery to a settled (or released) end.
+pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
+    let Delivery {
+        message,
+        info,
+        mut receipt,
+    } = delivery;
+    bump(&shared.counters.received);
+    let now = Timestamp::now();
+    let mut event = match Event::from_raw(message.clone()) {
+        Ok(event) => event,
+        Err(err) => {
+            let mut poison = Event {
+                payload: message.payload,
+                key: message.key,
+                headers: message.headers,
+                meta: Default::default(),
+            };
+            poison
+                .headers
+                .retain(|name, _| !name.starts_with(metadata::PREFIX) && name != metadata::PACKED);
+            poison.meta.event_id = Some(info.message_id.clone());
+            poison.meta.origin = Some(info.origin.clone());
+            poison.meta.first_seen = Some(now);
+            poison.meta.error_kind = Some(ErrorKind::NonRetryable);
+            poison.meta.set_last_error(&format!("poison: {err}"));
+            warn!(event_id = %info.message_id, error = %err, "poison message: malformed metadata");
+            dead_letter(&shared, &mut *receipt, poison, DeadReason::Poison).await;
+            return;
+        }
+    };
+    let meta = &mut event.meta;
+    let id = meta
+        .event_id
+        .get_or_insert_with(|| info.message_id.clone())
+        .clone();
+    meta.first_seen.get_or_insert(now);
+    meta.origin.get_or_insert_with(|| info.origin.clone());
+    if let Some(counted) = info.broker_attempts {
+        meta.attempts = meta.attempts.max(counted);
+    }
+    let span = info_span!(
+        "event",
+        topic = %shared.spec.topic,
+        event_id = %id,
+        attempt = meta.attempts + 1,
+        next_delay_ms = tracing::field::Empty,
+    );
+    Handling {
+        shared: &shared,
+        receipt: &mut *receipt,
+        event,
+        id,
+        state: State::Pending,
+    }
+    .run()
+    .instrument(span)
+    .await;
+}
+
+struct Handling<'a> {
+    shared: &'a Shared,
+    receipt: &'a mut dyn Receipt,
+    event: Event,
+    id: String,
+    state: State,
+}
+
+impl Handling<'_> {
+    fn step(&mut self, input: Input) {
+        match self.state.on(input) {
+            Ok(next) => self.state = next,
+            Err(e) => warn!(error = %e, "lifecycle transition refused"),
+        }
+    }
+
+    fn ordered_key(&self) -> Option<Bytes> {
+        self.shared.parking.as_ref().and(self.event.key.clone())
+    }
+
+    async fn run(mut self) {
+        let shared = self.shared;
+        let now = Timestamp::now();
+        let lateness = self.event.meta.due_at.map(|due| now.since(due));
+        if let Some(late) = lateness {
+            telemetry::lateness(&shared.spec.topic, late);
+        }
+        let was_parked = self.event.meta.parked_behind.is_some();
+        if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
+            match parking.verdict(&key, &self.id, was_parked, now) {
+                Verdict::Run => self.event.meta.parked_behind = None,
+                Verdict::Park { head, delay } => return self.park(head, delay).await,
+                Verdict::FollowToDlq { head } => {
+                    self.event
+                        .meta
+                        .set_last_error(&format!("parked behind {head}, which was dead-lettered"));
+                    self.step(Input::Claim);
+                    self.step(Input::Die);
+                    dead_letter(
+                        shared,
+                        self.receipt,
+                        self.event,
+                        DeadReason::ParkedBehindDead,
+                    )
+                    .await;
+                    parking.resolved(&key, &self.id, true, true);
+                    return;
+                }
+            }
+        }
+        if !self.claim_idempotency().await {
+            return;
+        }
+        self.step(Input::Claim);
+        let mut in_place_retries = 0;
+        let mut holds = 0;
+        let mut pause = None;
+        loop {
+            let result = self.call_handler(lateness).await;
+            let poison = result
+                .as_ref()
+                .err()
+                .is_some_and(|e| chain(e.as_error()).any(|e| e.is::<UndecodablePayload>()));
+            let kind = result
+                .as_ref()
+                .map_err(|e| shared.classifier.classify(e))
+                .err();
+            if let Err(e) = &result {
+                self.event.meta.attempts = self.event.meta.attempts.saturating_add(1);
+                self.event.meta.set_last_error(&e.message());
+                self.event.meta.error_kind = kind;
+            }
+            let outcome = if poison {
+                Outcome::Dead(DeadReason::Poison)
+            } else {
+                let attempt = Attempt {
+                    meta: &self.event.meta,
+                    in_place_retries,
+                    holds,
+                    now: Timestamp::now(),
+                };
+                let mut rng = shared.rng.lock().unwrap_or_else(|p| p.into_inner());
+                decide(
+                    kind.map_or(Ok(()), Err),
+                    &attempt,
+                    &shared.policies,
+                    &mut *rng as &mut dyn RngCore,
+                )
+            };
+            debug!(?outcome, "decided");
+            match outcome {
+                Outcome::RetryInPlace(pause_for) => {
+                    in_place_retries += 1;
+                    bump(&shared.counters.in_place_retries);
+                    telemetry::in_place_retry(&shared.spec.topic);
+                    if !self.wait(pause_for).await {
+                        return self.release_on_shutdown().await;
+                    }
+                }
+                Outcome::Hold(backoff) => {
+                    if pause.is_none() {
+                        warn!(error = ?self.event.meta.last_error, "blocking error: pausing consumption");
+                        pause = Some(shared.pause.hold());
+                        self.step(Input::Block);
+                    }
+                    holds += 1;
+                    bump(&shared.counters.holds);
+                    telemetry::hold(&shared.spec.topic);
+                    if let Err(e) = self
+                        .receipt
+                        .keep_alive(backoff + Duration::from_secs(30))
+                        .await
+                    {
+                        shared
+                            .counters
+                            .error(&shared.counters.settle_errors, e.to_string());
+                    }
+                    if !self.wait(backoff).await {
+                        return self.release_on_shutdown().await;
+                    }
+                }
+                Outcome::Ack => {
+                    if pause.take().is_some() {
+                        self.step(Input::Unblock);
+                    }
+                    return self.ack().await;
+                }
+                Outcome::RetryAfter(delay) => {
+                    if pause.take().is_some() {
+                        self.step(Input::Unblock);
+                    }
+                    return self.retry_later(delay).await;
+                }
+                Outcome::Dead(reason) => {
+                    if pause.take().is_some() {
+                        self.step(Input::Unblock);
+                    }
+                    self.step(Input::Die);
+                    self.abandon_idempotency().await;
+                    let key = self.ordered_key();
+                    dead_letter(shared, self.receipt, self.event, reason).await;
+                    if let (Some(parking), Some(key)) = (&shared.parking, key) {
+                        parking.resolved(&key, &self.id, true, was_parked);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Claims the event id in the idempotency store; `false` when the delivery was settled as a duplicate
+    /// or released.
+    async fn claim_idempotency(&mut self) -> bool {
+        let Some(store) = &self.shared.idempotency else {
+            return true;
+        };
+        let mut waited = Duration::ZERO;
+        loop {
+            match store.begin(&self.id).await {
+                Ok(Begin::Fresh) => return true,
+                Ok(Begin::Done) => {
+                    bump(&self.shared.counters.duplicates_skipped);
+                    telemetry::duplicate_skipped(&self.shared.spec.topic);
+                    debug!("duplicate delivery skipped");
+                    self.settle_ack().await;
+                    return false;
+                }
+                Ok(Begin::InProgress) if waited < Duration::from_secs(30) => {
+                    let step = Duration::from_millis(50);
+                    if !self.wait(step).await {
+                        self.release(Duration::ZERO).await;
+                        return false;
+                    }
+                    waited += step;
+                }
+                Ok(Begin::InProgress) => {
+                    self.release(Duration::from_secs(1)).await;
+                    return false;
+                }
+                Err(e) => {
+                    self.shared
+                        .counters
+                        .error(&self.shared.counters.settle_errors, e.to_string());
+                    self.release(Duration::from_secs(1)).await;
+                    return false;
+                }
+            }
+        }
+    }
+
+    async fn abandon_idempotency(&mut self) {
+        if let Some(store) = &self.shared.idempotency
+            && let Err(e) = store.abandon(&self.id).await
+        {
+            warn!(error = %e, "idempotency store: abandon failed");
+        }
+    }
+
+    async fn call_handler(&mut self, lateness: Option<Duration>) -> Result<(), HandlerError> {
+        let meta = &self.event.meta;
+        let ctx = Context {
+            topic: self.shared.spec.topic.clone(),
+            event_id: self.id.clone(),
+            attempt: meta.attempts + 1,
+            retries: meta.retries,
+            due_at: meta.due_at,
+            lateness,
+            replay_count: meta.replay_count,
+        };
+        bump(&self.shared.counters.attempts);
+        let started = Instant::now();
+        let result = AssertUnwindSafe(self.shared.handler.handle(&self.event, &ctx))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".to_string());
+                Err(HandlerError::unclassified(format!(
+                    "handler panicked: {message}"
+                )))
+            });
+        telemetry::attempt(&self.shared.spec.topic, started.elapsed());
+        result
+    }
+
+    /// Waits `d` unless the consumer shuts down first; `false` on shutdown.
+    async fn wait(&mut self, d: Duration) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(d) => true,
+            () = self.shared.shutdown.cancelled() => false,
+        }
+    }
+
+    async fn ack(mut self) {
+        let shared = self.shared;
+        self.step(Input::Ack);
+        if self.settle_ack().await {
+            bump(&shared.counters.succeeded);
+            if self.event.meta.attempts > 0 {
+                bump(&shared.counters.succeeded_after_retry);
+                telemetry::success_after_retry(&shared.spec.topic);
+            }
+            if let Some(store) = &shared.idempotency
+                && let Err(e) = store.complete(&self.id).await
+            {
+                warn!(error = %e, "idempotency store: complete failed");
+            }
+        } else {
+            self.abandon_idempotency().await;
+        }
+        if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
+            parking.resolved(&key, &self.id, false, false);
+        }
+    }
+
+    async fn settle_ack(&mut self) -> bool {
+        match self.receipt.ack().await {
+            Ok(()) => true,
+            Err(e) => {
+                settle_failed(self.shared, self.receipt, "ack", e).await;
+                false
+            }
+        }
+    }
+
+    async fn retry_later(mut self, delay: Duration) {
+        let shared = self.shared;
+        let now = Timestamp::now();
+        let due = now.add(delay);
+        tracing::Span::current().record("next_delay_ms", crate::time::duration_ms(delay));
+        self.step(Input::Retry { available_at: due });
+        let meta = &mut self.event.meta;
+        meta.retries = meta.retries.saturating_add(1);
+        meta.due_at = Some(due);
+        meta.last_delay = Some(delay);
+        self.abandon_idempotency().await;
+        match self.receipt.retry(&self.event, delay).await {
+            Ok(()) => {
+                bump(&shared.counters.retries_scheduled);
+                telemetry::retry_scheduled(&shared.spec.topic);
+                if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
+                    parking.head_retrying(&key, &self.id, due);
+                }
+            }
+            Err(e) => settle_failed(shared, self.receipt, "retry", e).await,
+        }
+    }
+
+    async fn park(mut self, head: String, delay: Duration) {
+        let shared = self.shared;
+        debug!(%head, ?delay, "parked behind the key's retrying event");
+        self.event.meta.parked_behind = Some(head);
+        self.event.meta.due_at = Some(Timestamp::now().add(delay));
+        match self.receipt.retry(&self.event, delay).await {
+            Ok(()) => bump(&shared.counters.parked),
+            Err(e) => settle_failed(shared, self.receipt, "park", e).await,
+        }
+    }
+
+    async fn release(&mut self, after: Duration) {
+        bump(&self.shared.counters.released);
+        if let Err(e) = self.receipt.release(after).await {
+            self.shared
+                .counters
+                .error(&self.shared.counters.settle_errors, e.to_string());
+        }
+    }
+
+    async fn release_on_shutdown(mut self) {
+        self.step(Input::LeaseLost);
+        self.abandon_idempotency().await;
+        self.release(Duration::ZERO).await;
+    }
+}
+
+async fn dead_letter(
+    shared: &Shared,
+    receipt: &mut dyn Receipt,
+    mut event: Event,
+    reason: DeadReason,
+) {
+    event.meta.dead = Some(DeadInfo {
+        reason,
+        at: Timestamp::now(),
+        consumer: shared.spec.consumer.clone(),
+    });
+    event.meta.due_at = None;
+    warn!(%reason, error = ?event.meta.last_error, "dead-lettering");
+    match receipt.dead_letter(&event).await {
+        Ok(()) => {
+            bump(&shared.counters.dead_lettered);
+            telemetry::dead_letter(&shared.spec.topic, reason);
+        }
+        Err(e) => settle_failed(shared, receipt, "dead-letter", e).await,
+    }
+}
+
+/// A settle the broker did not accept: count it, surface it, and release the delivery so the broker
+/// delivers it again after the settle backoff. Nothing is acknowledged and nothing is dropped.
+async fn settle_failed(
+    shared: &Shared,
+    receipt: &mut dyn Receipt,
+    what: &str,
+    error: crate::transport::TransportError,
+) {
+    let message = format!("{what} failed: {error}");
+    tracing::error!(%message, "settle failed; the delivery is released for redelivery");
+    telemetry::settle_error(&shared.spec.topic);
+    shared
+        .counters
+        .error(&shared.counters.settle_errors, message);
+    bump(&shared.counters.released);
+    if let Err(e) = receipt.release(shared.settle_backoff).await {
+        shared.counters.error(
+            &shared.counters.settle_errors,
+            format!("release after a failed {what} failed: {e}"),
+        );
+    }
+}
