@@ -693,8 +693,8 @@ async fn dlq_replay(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// 10. Poison input (malformed or oversized metadata, undecodable payload) → DLQ with the reason; the
-/// consumer stays alive.
+/// Scenario 10: poison input (malformed or oversized metadata, undecodable payload) → DLQ with the
+/// reason; the consumer stays alive.
 async fn poison_input_to_dlq(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s10").await.map_err(|e| e.to_string())?;
     let probe = Probe::new(|e, _| match decode_json::<serde::de::IgnoredAny>(e) {

@@ -216,6 +216,28 @@ pub fn chain<'a>(
 
 type TypeTest = fn(&(dyn StdError + 'static)) -> bool;
 
+/// An error's message, rendered on first use into a buffer reused across classifications.
+struct Message<'a> {
+    buf: &'a mut String,
+    rendered: bool,
+}
+
+impl Message<'_> {
+    fn render(&mut self, e: &(dyn StdError + 'static)) -> &str {
+        if !self.rendered {
+            use std::fmt::Write as _;
+            self.buf.clear();
+            let _ = write!(self.buf, "{e}");
+            self.rendered = true;
+        }
+        self.buf
+    }
+}
+
+thread_local! {
+    static MESSAGE_BUFFER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
 fn is_type<E: StdError + 'static>(e: &(dyn StdError + 'static)) -> bool {
     e.is::<E>()
 }
@@ -228,13 +250,16 @@ struct Rule {
 }
 
 impl Rule {
-    fn matches(&self, e: &(dyn StdError + 'static)) -> bool {
-        let type_ok = self.type_test.is_none_or(|(test, _)| test(e));
-        type_ok
-            && self
-                .message
-                .as_ref()
-                .is_none_or(|re| re.is_match(&e.to_string()))
+    /// Whether the rule matches `e`; `message` holds `e`'s text once rendered, so the rules tried on one
+    /// error render it at most once (into a reused buffer).
+    fn matches(&self, e: &(dyn StdError + 'static), message: &mut Message<'_>) -> bool {
+        if self.type_test.is_some_and(|(test, _)| !test(e)) {
+            return false;
+        }
+        match &self.message {
+            None => true,
+            Some(re) => re.is_match(message.render(e)),
+        }
     }
 }
 
@@ -330,15 +355,21 @@ impl Classifier {
 
     /// The kind of any error, by the rules above.
     pub fn classify_error(&self, error: &(dyn StdError + 'static)) -> ErrorKind {
-        for e in chain(error) {
-            if let Some(c) = e.downcast_ref::<Classified>() {
-                return c.kind();
+        MESSAGE_BUFFER.with_borrow_mut(|buf| {
+            for e in chain(error) {
+                if let Some(c) = e.downcast_ref::<Classified>() {
+                    return c.kind();
+                }
+                let mut message = Message {
+                    buf: &mut *buf,
+                    rendered: false,
+                };
+                if let Some(rule) = self.rules.iter().find(|r| r.matches(e, &mut message)) {
+                    return rule.kind;
+                }
             }
-            if let Some(rule) = self.rules.iter().find(|r| r.matches(e)) {
-                return rule.kind;
-            }
-        }
-        self.default
+            self.default
+        })
     }
 }
 

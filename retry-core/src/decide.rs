@@ -99,7 +99,7 @@ fn deferred(attempt: &Attempt<'_>, policies: &Policies, rng: &mut dyn RngCore) -
     };
     if let Some(budget) = policies.deferred.max_elapsed() {
         let first_seen = meta.first_seen.unwrap_or(attempt.now);
-        if attempt.now.add(delay).since(first_seen) > budget {
+        if attempt.now.plus(delay).since(first_seen) > budget {
             return Outcome::Dead(DeadReason::BudgetElapsed);
         }
     }

@@ -4,13 +4,17 @@
 //! bookkeeping ([`RetryMetadata`]) in headers of its own namespace and leaves everything else — payload, key and
 //! the producer's headers — byte for byte as it found it, on every hop and into the DLQ.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 
 use crate::metadata::{self, MetadataError, RetryMetadata};
 
 /// Ordered message headers; names may repeat and values are arbitrary bytes.
+///
+/// Names are kept as `Cow<'static, str>` so the SDK's own (static) names cost no allocation per message.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Headers(Vec<(String, Bytes)>);
+pub struct Headers(Vec<(Cow<'static, str>, Bytes)>);
 
 impl Headers {
     /// No headers.
@@ -18,15 +22,29 @@ impl Headers {
         Self(Vec::new())
     }
 
+    /// No headers, with room for `n`.
+    pub fn with_capacity(n: usize) -> Self {
+        Self(Vec::with_capacity(n))
+    }
+
     /// Appends a header (keeping any earlier one of the same name).
-    pub fn push(&mut self, name: impl Into<String>, value: impl Into<Bytes>) {
+    pub fn push(&mut self, name: impl Into<Cow<'static, str>>, value: impl Into<Bytes>) {
         self.0.push((name.into(), value.into()));
     }
 
     /// Appends a header, builder style.
-    pub fn with(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
+    pub fn with(mut self, name: impl Into<Cow<'static, str>>, value: impl Into<Bytes>) -> Self {
         self.push(name, value);
         self
+    }
+
+    pub(crate) fn entries(&self) -> &[(Cow<'static, str>, Bytes)] {
+        &self.0
+    }
+
+    /// Every (name, value) pair in order, as owned (cheaply cloned) values.
+    pub fn iter_owned(&self) -> impl Iterator<Item = (Cow<'static, str>, Bytes)> + '_ {
+        self.0.iter().cloned()
     }
 
     /// The last value of `name`, if present.
@@ -36,7 +54,7 @@ impl Headers {
 
     /// Every (name, value) pair in order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Bytes)> {
-        self.0.iter().map(|(n, v)| (n.as_str(), v))
+        self.0.iter().map(|(n, v)| (n.as_ref(), v))
     }
 
     /// The number of headers.
@@ -57,13 +75,13 @@ impl Headers {
 
 impl FromIterator<(String, Bytes)> for Headers {
     fn from_iter<I: IntoIterator<Item = (String, Bytes)>>(iter: I) -> Self {
-        Self(iter.into_iter().collect())
+        Self(iter.into_iter().map(|(n, v)| (Cow::Owned(n), v)).collect())
     }
 }
 
 impl IntoIterator for Headers {
-    type Item = (String, Bytes);
-    type IntoIter = std::vec::IntoIter<(String, Bytes)>;
+    type Item = (Cow<'static, str>, Bytes);
+    type IntoIter = std::vec::IntoIter<(Cow<'static, str>, Bytes)>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.0.into_iter()
@@ -110,7 +128,11 @@ impl Event {
     }
 
     /// Adds a producer header.
-    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
+    pub fn with_header(
+        mut self,
+        name: impl Into<Cow<'static, str>>,
+        value: impl Into<Bytes>,
+    ) -> Self {
         self.headers.push(name, value);
         self
     }

@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+#[cfg(feature = "backoff")]
+pub mod backoff_compat;
 pub mod check;
 pub mod classify;
 pub mod config;

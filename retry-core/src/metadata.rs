@@ -222,54 +222,94 @@ pub enum Packing {
     Single,
 }
 
-fn fields(meta: &RetryMetadata) -> Vec<(&'static str, String)> {
-    let mut out = Vec::with_capacity(8);
-    if let Some(id) = &meta.event_id {
-        out.push((names::EVENT_ID, id.clone()));
+/// One field's value, borrowed from the metadata, before it is written out.
+enum Value<'a> {
+    Text(&'a str),
+    Number(u64),
+    Signed(i64),
+}
+
+impl Value<'_> {
+    fn to_text(&self) -> String {
+        match self {
+            Value::Text(s) => (*s).to_string(),
+            Value::Number(n) => n.to_string(),
+            Value::Signed(n) => n.to_string(),
+        }
     }
-    out.push((names::ATTEMPTS, meta.attempts.to_string()));
+}
+
+/// Calls `emit` for every field that is set, in a fixed order, without allocating.
+#[inline]
+fn for_each_field(meta: &RetryMetadata, mut emit: impl FnMut(&'static str, Value<'_>)) {
+    if let Some(id) = &meta.event_id {
+        emit(names::EVENT_ID, Value::Text(id));
+    }
+    emit(names::ATTEMPTS, Value::Number(meta.attempts.into()));
     if meta.retries > 0 {
-        out.push((names::RETRIES, meta.retries.to_string()));
+        emit(names::RETRIES, Value::Number(meta.retries.into()));
     }
     if let Some(t) = meta.first_seen {
-        out.push((names::FIRST_SEEN, t.to_string()));
+        emit(names::FIRST_SEEN, Value::Number(t.as_millis()));
     }
     if let Some(t) = meta.due_at {
-        out.push((names::DUE_AT, t.to_string()));
+        emit(names::DUE_AT, Value::Number(t.as_millis()));
     }
     if let Some(o) = &meta.origin {
-        out.push((names::ORIGIN_TOPIC, o.topic.clone()));
+        emit(names::ORIGIN_TOPIC, Value::Text(&o.topic));
         if let Some(p) = o.partition {
-            out.push((names::ORIGIN_PARTITION, p.to_string()));
+            emit(names::ORIGIN_PARTITION, Value::Signed(p.into()));
         }
         if let Some(off) = o.offset {
-            out.push((names::ORIGIN_OFFSET, off.to_string()));
+            emit(names::ORIGIN_OFFSET, Value::Signed(off));
         }
     }
     if let Some(e) = &meta.last_error {
-        out.push((
+        emit(
             names::LAST_ERROR,
-            truncate_utf8(e, MAX_ERROR_BYTES).to_string(),
-        ));
+            Value::Text(truncate_utf8(e, MAX_ERROR_BYTES)),
+        );
     }
     if let Some(k) = meta.error_kind {
-        out.push((names::ERROR_KIND, k.as_str().to_string()));
+        emit(names::ERROR_KIND, Value::Text(k.as_str()));
     }
     if let Some(d) = meta.last_delay {
-        out.push((names::LAST_DELAY, duration_ms(d).to_string()));
+        emit(names::LAST_DELAY, Value::Number(duration_ms(d)));
     }
     if meta.replay_count > 0 {
-        out.push((names::REPLAY_COUNT, meta.replay_count.to_string()));
+        emit(names::REPLAY_COUNT, Value::Number(meta.replay_count.into()));
     }
     if let Some(p) = &meta.parked_behind {
-        out.push((names::PARKED_BEHIND, p.clone()));
+        emit(names::PARKED_BEHIND, Value::Text(p));
     }
     if let Some(d) = &meta.dead {
-        out.push((names::DEAD_REASON, d.reason.as_str().to_string()));
-        out.push((names::DEAD_AT, d.at.to_string()));
-        out.push((names::DEAD_CONSUMER, d.consumer.clone()));
+        emit(names::DEAD_REASON, Value::Text(d.reason.as_str()));
+        emit(names::DEAD_AT, Value::Number(d.at.as_millis()));
+        emit(names::DEAD_CONSUMER, Value::Text(&d.consumer));
     }
-    out
+}
+
+/// Receives encoded metadata fields one by one — typically a broker client's header builder, so an
+/// adapter writes metadata straight into its native headers with no intermediate copies.
+pub trait HeaderSink {
+    /// One header: a metadata name and its value's bytes (UTF-8 text).
+    fn header(&mut self, name: &'static str, value: &[u8]);
+}
+
+impl HeaderSink for Headers {
+    fn header(&mut self, name: &'static str, value: &[u8]) {
+        self.push(name, Bytes::copy_from_slice(value));
+    }
+}
+
+/// Writes every set metadata field into `sink`, one header per field, in a fixed order; allocates
+/// nothing itself.
+pub fn encode_into<S: HeaderSink + ?Sized>(meta: &RetryMetadata, sink: &mut S) {
+    for_each_field(meta, |name, value| match value {
+        Value::Text(s) => sink.header(name, s.as_bytes()),
+        Value::Number(n) => sink.header(name, itoa::Buffer::new().format(n).as_bytes()),
+        Value::Signed(n) => sink.header(name, itoa::Buffer::new().format(n).as_bytes()),
+    });
 }
 
 /// Encodes metadata as one header per field, followed by the producer's headers in their order.
@@ -279,32 +319,26 @@ pub fn encode(meta: &RetryMetadata, foreign: &Headers) -> Headers {
 
 /// Encodes metadata with the given packing, followed by the producer's headers in their order.
 pub fn encode_with(meta: &RetryMetadata, foreign: &Headers, packing: Packing) -> Headers {
-    let mut out = Headers::new();
+    let mut out = Headers::with_capacity(16 + foreign.len());
     match packing {
-        Packing::Headers => {
-            for (name, value) in fields(meta) {
-                out.push(name, value);
-            }
-        }
+        Packing::Headers => encode_into(meta, &mut out),
         Packing::Single => out.push(PACKED, encode_packed(meta)),
     }
-    for (name, value) in foreign.iter() {
-        out.push(name, value.clone());
+    for (name, value) in foreign.iter_owned() {
+        out.push(name, value);
     }
     out
 }
 
 /// Encodes metadata as the JSON object of the packed form.
 pub fn encode_packed(meta: &RetryMetadata) -> Bytes {
-    let map: serde_json::Map<String, serde_json::Value> = fields(meta)
-        .into_iter()
-        .map(|(name, value)| {
-            (
-                name.trim_start_matches(PREFIX).to_string(),
-                serde_json::Value::String(value),
-            )
-        })
-        .collect();
+    let mut map = serde_json::Map::new();
+    for_each_field(meta, |name, value| {
+        map.insert(
+            name.trim_start_matches(PREFIX).to_string(),
+            serde_json::Value::String(value.to_text()),
+        );
+    });
     Bytes::from(serde_json::Value::Object(map).to_string())
 }
 
@@ -316,54 +350,77 @@ pub fn decode(headers: &Headers) -> Result<(RetryMetadata, Headers), MetadataErr
     let mut meta = RetryMetadata::default();
     let mut foreign = Headers::new();
     let mut dead = DeadParts::default();
-    for (name, value) in headers.iter() {
+    for (owned_name, value) in headers.entries() {
+        let name = owned_name.as_ref();
         if name == PACKED {
             decode_packed(value, &mut meta, &mut dead)?;
-        } else if name.starts_with(PREFIX) && is_known(name) {
-            let text = text_value(name, value, MAX_VALUE_BYTES)?;
-            apply(&mut meta, &mut dead, name, text)?;
+        } else if name.starts_with(PREFIX) && apply(&mut meta, &mut dead, name, value)? {
+            // a metadata field, applied
         } else {
-            foreign.push(name, value.clone());
+            foreign.push(owned_name.clone(), value.clone());
         }
     }
     meta.dead = dead.finish()?;
     Ok((meta, foreign))
 }
 
-const KNOWN: [&str; 16] = [
-    names::EVENT_ID,
-    names::ATTEMPTS,
-    names::RETRIES,
-    names::FIRST_SEEN,
-    names::DUE_AT,
-    names::ORIGIN_TOPIC,
-    names::ORIGIN_PARTITION,
-    names::ORIGIN_OFFSET,
-    names::LAST_ERROR,
-    names::ERROR_KIND,
-    names::LAST_DELAY,
-    names::REPLAY_COUNT,
-    names::PARKED_BEHIND,
-    names::DEAD_REASON,
-    names::DEAD_AT,
-    names::DEAD_CONSUMER,
-];
-
-fn is_known(name: &str) -> bool {
-    KNOWN.contains(&name)
+/// The metadata fields, for decoding by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Field {
+    EventId,
+    Attempts,
+    Retries,
+    FirstSeen,
+    DueAt,
+    OriginTopic,
+    OriginPartition,
+    OriginOffset,
+    LastError,
+    ErrorKind,
+    LastDelay,
+    ReplayCount,
+    ParkedBehind,
+    DeadReason,
+    DeadAt,
+    DeadConsumer,
 }
 
-fn text_value<'a>(name: &str, value: &'a Bytes, max: usize) -> Result<&'a str, MetadataError> {
+const FIELDS: [(&str, Field); 16] = [
+    (names::EVENT_ID, Field::EventId),
+    (names::ATTEMPTS, Field::Attempts),
+    (names::RETRIES, Field::Retries),
+    (names::FIRST_SEEN, Field::FirstSeen),
+    (names::DUE_AT, Field::DueAt),
+    (names::ORIGIN_TOPIC, Field::OriginTopic),
+    (names::ORIGIN_PARTITION, Field::OriginPartition),
+    (names::ORIGIN_OFFSET, Field::OriginOffset),
+    (names::LAST_ERROR, Field::LastError),
+    (names::ERROR_KIND, Field::ErrorKind),
+    (names::LAST_DELAY, Field::LastDelay),
+    (names::REPLAY_COUNT, Field::ReplayCount),
+    (names::PARKED_BEHIND, Field::ParkedBehind),
+    (names::DEAD_REASON, Field::DeadReason),
+    (names::DEAD_AT, Field::DeadAt),
+    (names::DEAD_CONSUMER, Field::DeadConsumer),
+];
+
+/// The field a header name denotes; only names of equal length are compared byte by byte.
+fn field_of(name: &str) -> Option<Field> {
+    let len = name.len();
+    FIELDS
+        .iter()
+        .find(|(n, _)| n.len() == len && *n == name)
+        .map(|&(_, f)| f)
+}
+
+fn check_length(name: &str, value: &[u8], max: usize) -> Result<(), MetadataError> {
     if value.len() > max {
         return Err(MetadataError {
             header: name.to_string(),
             problem: format!("is {} bytes (limit {max})", value.len()),
         });
     }
-    std::str::from_utf8(value).map_err(|_| MetadataError {
-        header: name.to_string(),
-        problem: "is not UTF-8 text".to_string(),
-    })
+    Ok(())
 }
 
 fn decode_packed(
@@ -371,7 +428,8 @@ fn decode_packed(
     meta: &mut RetryMetadata,
     dead: &mut DeadParts,
 ) -> Result<(), MetadataError> {
-    let text = text_value(PACKED, value, MAX_PACKED_BYTES)?;
+    check_length(PACKED, value, MAX_PACKED_BYTES)?;
+    let text = text(PACKED, value)?;
     let bad = |problem: String| MetadataError {
         header: PACKED.to_string(),
         problem,
@@ -383,7 +441,7 @@ fn decode_packed(
     };
     for (short, v) in map {
         let name = format!("{PREFIX}{short}");
-        if !is_known(&name) {
+        if field_of(&name).is_none() {
             continue;
         }
         let serde_json::Value::String(s) = v else {
@@ -395,7 +453,7 @@ fn decode_packed(
                 s.len()
             )));
         }
-        apply(meta, dead, &name, &s)?;
+        apply(meta, dead, &name, s.as_bytes())?;
     }
     Ok(())
 }
@@ -424,57 +482,101 @@ impl DeadParts {
     }
 }
 
-fn number<T: FromStr>(name: &str, text: &str) -> Result<T, MetadataError> {
-    text.trim().parse().map_err(|_| MetadataError {
-        header: name.to_string(),
-        problem: format!("is not a valid number: {:?}", truncate_utf8(text, 64)),
+fn digits(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() {
+        return None;
+    }
+    bytes.iter().try_fold(0u64, |acc, &b| {
+        b.is_ascii_digit()
+            .then_some(())
+            .and_then(|()| acc.checked_mul(10)?.checked_add(u64::from(b - b'0')))
     })
 }
 
+fn not_a_number(name: &str, bytes: &[u8]) -> MetadataError {
+    MetadataError {
+        header: name.to_string(),
+        problem: format!(
+            "is not a valid number: {:?}",
+            truncate_utf8(&String::from_utf8_lossy(bytes), 64)
+        ),
+    }
+}
+
+/// Parses an unsigned decimal straight from the header bytes (no UTF-8 pass, no allocation).
+fn number<T: TryFrom<u64>>(name: &str, bytes: &[u8]) -> Result<T, MetadataError> {
+    digits(bytes)
+        .and_then(|n| T::try_from(n).ok())
+        .ok_or_else(|| not_a_number(name, bytes))
+}
+
+/// Parses a signed decimal straight from the header bytes.
+fn signed<T: TryFrom<i64>>(name: &str, bytes: &[u8]) -> Result<T, MetadataError> {
+    let value = match bytes.split_first() {
+        Some((b'-', rest)) => digits(rest).and_then(|n| i64::try_from(n).ok()).map(|n| -n),
+        _ => digits(bytes).and_then(|n| i64::try_from(n).ok()),
+    };
+    value
+        .and_then(|n| T::try_from(n).ok())
+        .ok_or_else(|| not_a_number(name, bytes))
+}
+
+fn text<'a>(name: &str, bytes: &'a [u8]) -> Result<&'a str, MetadataError> {
+    std::str::from_utf8(bytes).map_err(|_| MetadataError {
+        header: name.to_string(),
+        problem: "is not UTF-8 text".to_string(),
+    })
+}
+
+/// Applies one header to the metadata; `Ok(false)` when the name is not a metadata field.
 fn apply(
     meta: &mut RetryMetadata,
     dead: &mut DeadParts,
     name: &str,
-    text: &str,
-) -> Result<(), MetadataError> {
-    match name {
-        names::EVENT_ID => meta.event_id = Some(text.to_string()),
-        names::ATTEMPTS => meta.attempts = number(name, text)?,
-        names::RETRIES => meta.retries = number(name, text)?,
-        names::FIRST_SEEN => meta.first_seen = Some(Timestamp::from_millis(number(name, text)?)),
-        names::DUE_AT => meta.due_at = Some(Timestamp::from_millis(number(name, text)?)),
-        names::ORIGIN_TOPIC => {
-            meta.origin.get_or_insert_with(Origin::default).topic = text.to_string()
+    value: &[u8],
+) -> Result<bool, MetadataError> {
+    let Some(field) = field_of(name) else {
+        return Ok(false);
+    };
+    check_length(name, value, MAX_VALUE_BYTES)?;
+    let text = |v| text(name, v);
+    match field {
+        Field::EventId => meta.event_id = Some(text(value)?.to_string()),
+        Field::Attempts => meta.attempts = number(name, value)?,
+        Field::Retries => meta.retries = number(name, value)?,
+        Field::FirstSeen => meta.first_seen = Some(Timestamp::from_millis(number(name, value)?)),
+        Field::DueAt => meta.due_at = Some(Timestamp::from_millis(number(name, value)?)),
+        Field::OriginTopic => {
+            meta.origin.get_or_insert_with(Origin::default).topic = text(value)?.to_string()
         }
-        names::ORIGIN_PARTITION => {
-            meta.origin.get_or_insert_with(Origin::default).partition = Some(number(name, text)?)
+        Field::OriginPartition => {
+            meta.origin.get_or_insert_with(Origin::default).partition = Some(signed(name, value)?)
         }
-        names::ORIGIN_OFFSET => {
-            meta.origin.get_or_insert_with(Origin::default).offset = Some(number(name, text)?)
+        Field::OriginOffset => {
+            meta.origin.get_or_insert_with(Origin::default).offset = Some(signed(name, value)?)
         }
-        names::LAST_ERROR => meta.last_error = Some(text.to_string()),
-        names::ERROR_KIND => {
-            meta.error_kind = Some(text.parse().map_err(
+        Field::LastError => meta.last_error = Some(text(value)?.to_string()),
+        Field::ErrorKind => {
+            meta.error_kind = Some(text(value)?.parse().map_err(
                 |e: crate::classify::UnknownErrorKind| MetadataError {
                     header: name.to_string(),
                     problem: e.to_string(),
                 },
             )?)
         }
-        names::LAST_DELAY => meta.last_delay = Some(Duration::from_millis(number(name, text)?)),
-        names::REPLAY_COUNT => meta.replay_count = number(name, text)?,
-        names::PARKED_BEHIND => meta.parked_behind = Some(text.to_string()),
-        names::DEAD_REASON => {
-            dead.reason = Some(text.parse().map_err(|problem| MetadataError {
+        Field::LastDelay => meta.last_delay = Some(Duration::from_millis(number(name, value)?)),
+        Field::ReplayCount => meta.replay_count = number(name, value)?,
+        Field::ParkedBehind => meta.parked_behind = Some(text(value)?.to_string()),
+        Field::DeadReason => {
+            dead.reason = Some(text(value)?.parse().map_err(|problem| MetadataError {
                 header: name.to_string(),
                 problem,
             })?)
         }
-        names::DEAD_AT => dead.at = Some(Timestamp::from_millis(number(name, text)?)),
-        names::DEAD_CONSUMER => dead.consumer = Some(text.to_string()),
-        _ => {}
+        Field::DeadAt => dead.at = Some(Timestamp::from_millis(number(name, value)?)),
+        Field::DeadConsumer => dead.consumer = Some(text(value)?.to_string()),
     }
-    Ok(())
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -572,7 +674,7 @@ mod tests {
     proptest! {
         #[test]
         fn decode_never_panics(pairs in proptest::collection::vec(
-            (prop::sample::select(KNOWN.iter().copied().chain([PACKED, "other"]).collect::<Vec<_>>()),
+            (prop::sample::select(FIELDS.iter().map(|(n, _)| *n).chain([PACKED, "other"]).collect::<Vec<_>>()),
              proptest::collection::vec(any::<u8>(), 0..64)), 0..8)) {
             let headers: Headers = pairs.into_iter().map(|(n, v)| (n.to_string(), Bytes::from(v))).collect();
             let _ = decode(&headers);

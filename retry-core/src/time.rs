@@ -38,7 +38,7 @@ impl Timestamp {
     }
 
     /// This time plus `d`, saturating.
-    pub fn add(self, d: Duration) -> Self {
+    pub fn plus(self, d: Duration) -> Self {
         Self(self.0.saturating_add(duration_ms(d)))
     }
 
@@ -72,7 +72,7 @@ mod tests {
     #[test]
     fn arithmetic_saturates() {
         let t = Timestamp::from_millis(1_000);
-        assert_eq!(t.add(Duration::from_millis(500)).as_millis(), 1_500);
+        assert_eq!(t.plus(Duration::from_millis(500)).as_millis(), 1_500);
         assert_eq!(
             t.since(Timestamp::from_millis(400)),
             Duration::from_millis(600)
@@ -80,7 +80,7 @@ mod tests {
         assert_eq!(t.since(Timestamp::from_millis(4_000)), Duration::ZERO);
         assert_eq!(
             Timestamp::from_millis(u64::MAX)
-                .add(Duration::MAX)
+                .plus(Duration::MAX)
                 .as_millis(),
             u64::MAX
         );

@@ -150,7 +150,7 @@ impl DelayCapability {
         }
         let g = self.granularity.as_millis().max(1);
         let ms = delay.as_millis();
-        if ms % g == 0 {
+        if ms.is_multiple_of(g) {
             Honour::Exact
         } else {
             let up = ms.div_ceil(g) * g;

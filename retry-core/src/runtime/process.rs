@@ -359,7 +359,7 @@ impl Handling<'_> {
     async fn retry_later(mut self, delay: Duration) {
         let shared = self.shared;
         let now = Timestamp::now();
-        let due = now.add(delay);
+        let due = now.plus(delay);
         tracing::Span::current().record("next_delay_ms", crate::time::duration_ms(delay));
         self.step(Input::Retry { available_at: due });
         let meta = &mut self.event.meta;
@@ -383,7 +383,7 @@ impl Handling<'_> {
         let shared = self.shared;
         debug!(%head, ?delay, "parked behind the key's retrying event");
         self.event.meta.parked_behind = Some(head);
-        self.event.meta.due_at = Some(Timestamp::now().add(delay));
+        self.event.meta.due_at = Some(Timestamp::now().plus(delay));
         match self.receipt.retry(&self.event, delay).await {
             Ok(()) => bump(&shared.counters.parked),
             Err(e) => settle_failed(shared, self.receipt, "park", e).await,

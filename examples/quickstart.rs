@@ -1,0 +1,126 @@
+//! Quickstart: a flaky order handler on the in-memory broker — no broker to install.
+//!
+//! Run it with `cargo run --example quickstart`. Five orders arrive; the handler fails some of them in
+//! different ways, and the timeline shows what the SDK does with each failure: in-place retries for a
+//! transient blip, deferred retries through the broker for an order whose stock is not replicated yet,
+//! the DLQ at once for a malformed order, and the DLQ after the policy is spent for one that never heals.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use event_retry::prelude::*;
+
+#[derive(Debug, thiserror::Error)]
+#[error("payment gateway timed out")]
+struct GatewayTimeout;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let broker = event_retry::connect("memory://").await?;
+    let started = Instant::now();
+    let stock_checks = Arc::new(AtomicU32::new(0));
+
+    // Classify a library error by type: a gateway timeout heals within seconds, so retry it in place.
+    let classifier = Classifier::new().on_type::<GatewayTimeout>(ErrorKind::Transient);
+    let consumer = Consumer::builder(broker.clone(), "orders")
+        .name("quickstart")
+        .policy(RetryPolicy::parse("200ms x2, 400ms")?)
+        .in_place(RetryPolicy::parse("50ms x2")?)
+        .classifier(classifier)
+        .concurrency(4)
+        .build()?;
+    println!("retry policy: {}", consumer.delay_report().policy);
+    print!("{}", consumer.delay_report());
+    println!("\ntimeline:");
+
+    let checks = stock_checks.clone();
+    let handle = consumer
+        .start(handler_fn(move |event: Event, ctx: Context| {
+            let checks = checks.clone();
+            async move {
+                let order = String::from_utf8_lossy(&event.payload).into_owned();
+                let at = started.elapsed().as_secs_f64();
+                let result = match order.as_str() {
+                    "order-1 book" => Ok(()),
+                    "order-2 lamp" if ctx.attempt == 1 => {
+                        Err(HandlerError::unclassified(GatewayTimeout))
+                    }
+                    "order-3 desk" if checks.fetch_add(1, Ordering::SeqCst) < 2 => {
+                        Err(HandlerError::deferred("stock not replicated yet"))
+                    }
+                    "order-4 quantity=-1" => Err(HandlerError::non_retryable("negative quantity")),
+                    "order-5 chair" => Err(HandlerError::deferred("warehouse says no")),
+                    _ => Ok(()),
+                };
+                let late = ctx.lateness.map_or(String::new(), |l| {
+                    format!(" ({} ms after due)", l.as_millis())
+                });
+                match &result {
+                    Ok(()) => println!("[{at:6.3}s] {order:<20} attempt {}{late}: ok", ctx.attempt),
+                    Err(e) => println!(
+                        "[{at:6.3}s] {order:<20} attempt {}{late}: failed: {e}",
+                        ctx.attempt
+                    ),
+                }
+                result
+            }
+        }))
+        .await?;
+
+    for order in [
+        "order-1 book",
+        "order-2 lamp",
+        "order-3 desk",
+        "order-4 quantity=-1",
+        "order-5 chair",
+    ] {
+        broker
+            .publish(
+                "orders",
+                &Event::new(order).with_id(order.split(' ').next().unwrap_or(order)),
+            )
+            .await?;
+    }
+
+    // Three orders succeed and two are dead-lettered; wait for that (with a safety limit).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while handle.stats().succeeded + handle.stats().dead_lettered < 5 {
+        if Instant::now() > deadline {
+            return Err("the quickstart did not settle within 20 s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = handle.stats();
+    handle.shutdown().await?;
+
+    println!(
+        "\n{} succeeded ({} after a retry), {} retries scheduled, {} in-place retries, {} dead-lettered",
+        stats.succeeded,
+        stats.succeeded_after_retry,
+        stats.retries_scheduled,
+        stats.in_place_retries,
+        stats.dead_lettered
+    );
+    println!("\ndead letter queue of 'orders':");
+    for entry in broker
+        .dead_letters()
+        .list("orders", &DlqFilter::all())
+        .await?
+    {
+        let m = &entry.event.meta;
+        let dead = m
+            .dead
+            .as_ref()
+            .ok_or("a DLQ entry without dead-letter metadata")?;
+        println!(
+            "  {:<8} reason={:<14} attempts={} error={:?} payload={:?}",
+            m.event_id.as_deref().unwrap_or("?"),
+            dead.reason.to_string(),
+            m.attempts,
+            m.last_error.as_deref().unwrap_or(""),
+            String::from_utf8_lossy(&entry.event.payload)
+        );
+    }
+    Ok(())
+}
