@@ -112,22 +112,28 @@ pub fn main() {
     for broker in brokers() {
         adapters.push(broker.name);
         let url = std::env::var(broker.env).ok().filter(|u| !u.is_empty());
+        // (why the broker's scenarios cannot run, whether that is because the broker is missing)
         let unavailable = match (&url, broker.make) {
-            (None, _) => Some(format!("{} is not set", broker.env)),
-            (Some(_), None) => Some(format!(
-                "the {} adapter is not built in this workspace yet",
-                broker.name
+            (None, _) => Some((format!("{} is not set", broker.env), true)),
+            // The broker is there (its smoke test proves it) but no adapter exists yet: a build gap, not a
+            // missing broker, so RETRY_TEST_REQUIRE does not turn it into a failure.
+            (Some(_), None) => Some((
+                format!(
+                    "{} is set, but the {} adapter is not built yet",
+                    broker.env, broker.name
+                ),
+                false,
             )),
             (Some(url), Some(make)) => match runtime.block_on(make(url.clone())) {
                 Ok(fixture) => {
                     trials.extend(trials_for(fixture, &runtime, &report));
                     None
                 }
-                Err(e) => Some(format!("cannot connect to {url}: {e}")),
+                Err(e) => Some((format!("cannot connect to {url}: {e}"), true)),
             },
         };
-        if let Some(reason) = unavailable {
-            if required.iter().any(|r| r == broker.name) {
+        if let Some((reason, broker_missing)) = unavailable {
+            if broker_missing && required.iter().any(|r| r == broker.name) {
                 let message = format!(
                     "{} is required by RETRY_TEST_REQUIRE but unavailable: {reason}",
                     broker.name

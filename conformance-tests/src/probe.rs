@@ -30,6 +30,8 @@ pub struct Call {
     pub replay_count: u32,
     /// When the call started (monotonic).
     pub at: Instant,
+    /// When the call returned (monotonic), once it has.
+    pub ended: Option<Instant>,
     /// When the retry was due, for retries.
     pub due_at: Option<Timestamp>,
     /// The delay that was applied before this retry.
@@ -135,7 +137,7 @@ pub struct ProbeHandler(Arc<Probe>);
 impl Handler for ProbeHandler {
     async fn handle(&self, event: &Event, ctx: &Context) -> Result<(), HandlerError> {
         let probe = &self.0;
-        let nth = {
+        let (index, nth) = {
             let mut calls = lock(&probe.calls);
             calls.push(Call {
                 id: ctx.event_id.clone(),
@@ -145,20 +147,29 @@ impl Handler for ProbeHandler {
                 attempt: ctx.attempt,
                 replay_count: ctx.replay_count,
                 at: Instant::now(),
+                ended: None,
                 due_at: ctx.due_at,
                 last_delay: event.meta.last_delay,
                 wall: Timestamp::now(),
             });
-            calls.iter().filter(|c| c.id == ctx.event_id).count() - 1
+            let nth = calls.iter().filter(|c| c.id == ctx.event_id).count() - 1;
+            (calls.len() - 1, nth)
         };
-        match (probe.script)(event, nth) {
-            Act::Ok => {}
-            Act::Fail(e) => return Err(e),
-            Act::SleepThenOk(d) => tokio::time::sleep(d).await,
-            Act::Hang => std::future::pending::<()>().await,
+        let result = match (probe.script)(event, nth) {
+            Act::Ok => Ok(()),
+            Act::Fail(e) => Err(e),
+            Act::SleepThenOk(d) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
+            Act::Hang => std::future::pending::<Result<(), HandlerError>>().await,
+        };
+        let now = Instant::now();
+        lock(&probe.calls)[index].ended = Some(now);
+        if result.is_ok() {
+            lock(&probe.successes).push((ctx.event_id.clone(), now));
         }
-        lock(&probe.successes).push((ctx.event_id.clone(), Instant::now()));
-        Ok(())
+        result
     }
 }
 

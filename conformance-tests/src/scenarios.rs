@@ -270,16 +270,19 @@ fn lateness_note(late: &mut [Duration]) -> String {
     )
 }
 
-/// Checks every retry call of `calls` started no earlier than its delay after the previous call, and
-/// returns how late each was.
+/// Checks that every retry call of `calls` started no earlier than its delay after the previous call
+/// returned (monotonic clock), and not before its recorded due time (wall clock); returns how late each was.
 fn check_never_early(calls: &[crate::probe::Call]) -> Result<Vec<Duration>, String> {
     let mut late = Vec::new();
     for pair in calls.windows(2) {
         let (prev, next) = (&pair[0], &pair[1]);
-        let Some(delay) = next.last_delay else {
+        // Only a new delivery scheduled through the broker has a delay to honour (an in-place retry keeps
+        // the delivery's due time).
+        let Some(delay) = next.last_delay.filter(|_| next.due_at != prev.due_at) else {
             continue;
         };
-        let gap = next.at.duration_since(prev.at);
+        let failed_at = prev.ended.unwrap_or(prev.at);
+        let gap = next.at.saturating_duration_since(failed_at);
         ensure(gap >= delay, || {
             format!(
                 "retry of {} ran {} ms after the failure, before its delay of {} ms",
@@ -288,6 +291,14 @@ fn check_never_early(calls: &[crate::probe::Call]) -> Result<Vec<Duration>, Stri
                 ms(delay)
             )
         })?;
+        if let Some(due) = next.due_at {
+            ensure(next.wall >= due, || {
+                format!(
+                    "retry of {} ran at {} before its due time {}",
+                    next.id, next.wall, due
+                )
+            })?;
+        }
         late.push(gap - delay);
     }
     Ok(late)
@@ -295,7 +306,7 @@ fn check_never_early(calls: &[crate::probe::Call]) -> Result<Vec<Duration>, Stri
 
 // ---- scenarios ----------------------------------------------------------------------------------------
 
-/// 1. Success is acked once; nothing lands in retry or DLQ.
+/// Scenario 1: Success is acked once; nothing lands in retry or DLQ.
 async fn success_acked_once(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s01").await.map_err(|e| e.to_string())?;
     let probe = Probe::ok();
@@ -327,23 +338,23 @@ async fn success_acked_once(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// 2. Transient failures then success: attempts counted; every retry waits at least its delay.
+/// Scenario 2: Transient failures then success: attempts counted; every retry waits at least its delay.
 async fn transient_then_success(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s02").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
-    let probe = Probe::new(|_, nth| {
-        if nth < 2 {
-            deferred("not yet")
-        } else {
-            Act::Ok
-        }
+    // t1–t3 fail twice with a deferred error; blip fails twice with a transient one: an in-place retry
+    // first, then (in-place budget spent) a deferred retry.
+    let probe = Probe::new(|e, nth| match (e.payload.as_ref(), nth) {
+        (_, 2..) => Act::Ok,
+        (b"blip", _) => Act::Fail(HandlerError::transient("connection reset")),
+        _ => deferred("not yet"),
     });
     let b = builder(&f, &topic, "c1").policy(policy(&format!("{}ms x3", ms(u * 2))));
     let c = start(b, &probe).await?;
-    let ids = ["t1", "t2", "t3"];
+    let ids = ["t1", "t2", "t3", "blip"];
     publish_ids(&f, &topic, &ids).await?;
-    wait_for("3 successes", patience(&f, 20), || {
-        probe.successes().len() >= 3
+    wait_for("4 successes", patience(&f, 20), || {
+        probe.successes().len() >= 4
     })
     .await?;
     let mut late = Vec::new();
@@ -355,10 +366,14 @@ async fn transient_then_success(f: Arc<dyn Fixture>) -> ScenarioResult {
         })?;
         late.extend(check_never_early(&calls)?);
     }
+    ensure(late.len() == 7, || {
+        format!("{} deferred retries measured, want 7", late.len())
+    })?;
     let stats = c.stats();
     ensure(
-        stats.succeeded_after_retry == 3
-            && stats.retries_scheduled == 6
+        stats.succeeded_after_retry == 4
+            && stats.retries_scheduled == 7
+            && stats.in_place_retries == 1
             && stats.dead_lettered == 0,
         || format!("{stats:?}"),
     )?;
@@ -367,7 +382,7 @@ async fn transient_then_success(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(Some(lateness_note(&mut late))))
 }
 
-/// 3. Policy spent → DLQ with complete metadata; the handler ran exactly 1 + retries times.
+/// Scenario 3: Policy spent → DLQ with complete metadata; the handler ran exactly 1 + retries times.
 async fn policy_spent_to_dlq(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s03").await.map_err(|e| e.to_string())?;
     let probe = Probe::new(|_, _| deferred("inventory service says no"));
@@ -438,7 +453,7 @@ async fn policy_spent_to_dlq(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// 4. Non-retryable → DLQ after one call.
+/// Scenario 4: Non-retryable → DLQ after one call.
 async fn non_retryable_to_dlq(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s04").await.map_err(|e| e.to_string())?;
     let probe = Probe::new(|_, _| Act::Fail(HandlerError::non_retryable("negative quantity")));
@@ -465,7 +480,7 @@ async fn non_retryable_to_dlq(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// 5. Non-blocking isolation: events behind a retrying one finish before its retry fires.
+/// Scenario 5: Non-blocking isolation: events behind a retrying one finish before its retry fires.
 async fn non_blocking_isolation(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s05").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
@@ -504,7 +519,7 @@ async fn non_blocking_isolation(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// 6. Blocking kind pauses consumption and keeps order until the dependency heals.
+/// Scenario 6: Blocking kind pauses consumption and keeps order until the dependency heals.
 async fn blocking_pauses_in_order(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s06").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
@@ -517,45 +532,57 @@ async fn blocking_pauses_in_order(f: Arc<dyn Fixture>) -> ScenarioResult {
             Act::Ok
         }
     });
-    let c = start(builder(&f, &topic, "c1").concurrency(1), &probe).await?;
-    let ids = ["e1", "e2", "e3", "e4", "e5"];
-    publish_ids(&f, &topic, &ids).await?;
-    wait_for("e2 held several times", patience(&f, 20), || {
-        probe.calls_of("e2").len() >= 3
+    // Free slots: only the pause, not a lack of concurrency, may keep the later events waiting.
+    let c = start(builder(&f, &topic, "c1").concurrency(4), &probe).await?;
+    publish_ids(&f, &topic, &["e1", "e2"]).await?;
+    wait_for("e2 held", patience(&f, 20), || {
+        probe.calls_of("e2").len() >= 2
     })
     .await?;
+    let later = ["e3", "e4", "e5"];
+    publish_ids(&f, &topic, &later).await?;
+    tokio::time::sleep(u * 6).await;
     let during: Vec<String> = probe.calls().iter().map(|c| c.id.clone()).collect();
     ensure(during.iter().all(|id| id == "e1" || id == "e2"), || {
         format!("consumption went on while blocked: {during:?}")
+    })?;
+    ensure(probe.calls_of("e2").len() >= 3, || {
+        "the held event was not retried while blocked".into()
     })?;
     down.store(false, Ordering::SeqCst);
     wait_for("all successes", patience(&f, 20), || {
         probe.successes().len() >= 5
     })
     .await?;
-    ensure(probe.successes() == ids, || {
-        format!("order {:?}", probe.successes())
-    })?;
+    let healed = probe.success_time("e2").ok_or("e2 never succeeded")?;
+    for id in later {
+        let first = probe
+            .calls_of(id)
+            .first()
+            .map(|c| c.at)
+            .ok_or_else(|| format!("{id} never ran"))?;
+        ensure(first > healed, || {
+            format!("{id} ran before the blocked event healed")
+        })?;
+    }
     let stats = c.stats();
     ensure(
         stats.holds >= 2 && stats.dead_lettered == 0 && stats.retries_scheduled == 0,
         || format!("{stats:?}"),
     )?;
-    let _ = u;
     finish(&f, &topic, vec![c]).await?;
     Ok(Verdict::Pass(None))
 }
 
-/// 7. Per-key ordering: later events of a retrying key wait behind it; other keys go on.
+/// Scenario 7: Per-key ordering: later events of a retrying key wait behind it and run in order; other keys go
+/// on; when a key's head is dead-lettered, the events parked behind it follow it to the DLQ.
 async fn per_key_ordering(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s07").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
-    let probe = Probe::new(|e, nth| {
-        if e.payload.as_ref() == b"a1" && nth < 2 {
-            deferred("not yet")
-        } else {
-            Act::Ok
-        }
+    let probe = Probe::new(|e, nth| match (e.payload.as_ref(), nth) {
+        (b"a1", 0 | 1) => deferred("not yet"),
+        (b"c1", _) => deferred("never"),
+        _ => Act::Ok,
     });
     let b = builder(&f, &topic, "c1")
         .policy(policy(&format!("{}ms x3", ms(u * 4))))
@@ -564,14 +591,16 @@ async fn per_key_ordering(f: Arc<dyn Fixture>) -> ScenarioResult {
     let c = start(b, &probe).await?;
     for (id, key) in [
         ("a1", "A"),
+        ("c1", "C"),
         ("a2", "A"),
         ("b1", "B"),
+        ("c2", "C"),
         ("a3", "A"),
         ("b2", "B"),
     ] {
         publish(&f, &topic, Event::new(id).with_id(id).with_key(key)).await?;
     }
-    wait_for("all successes", patience(&f, 40), || {
+    wait_for("keys A and B done", patience(&f, 40), || {
         probe.successes().len() >= 5
     })
     .await?;
@@ -599,12 +628,28 @@ async fn per_key_ordering(f: Arc<dyn Fixture>) -> ScenarioResult {
         probe.calls_of("a2").len() == 1 && probe.calls_of("a3").len() == 1,
         || "parked events reached the handler early".into(),
     )?;
-    ensure(c.stats().parked >= 2, || format!("{:?}", c.stats()))?;
+    let entries = wait_dlq(&f, &topic, 2, patience(&f, 40)).await?;
+    let reason_of = |id: &str| {
+        entries
+            .iter()
+            .find(|e| e.event.meta.event_id.as_deref() == Some(id))
+            .and_then(|e| e.event.meta.dead.as_ref().map(|d| d.reason))
+    };
+    ensure(reason_of("c1") == Some(DeadReason::Exhausted), || {
+        format!("c1: {:?}", reason_of("c1"))
+    })?;
+    ensure(
+        reason_of("c2") == Some(DeadReason::ParkedBehindDead),
+        || format!("c2: {:?}", reason_of("c2")),
+    )?;
+    ensure(probe.calls_of("c2").is_empty(), || {
+        "c2 reached the handler while its key's head was failing".into()
+    })?;
     finish(&f, &topic, vec![c]).await?;
     Ok(Verdict::Pass(None))
 }
 
-/// 8. Crash mid-handle: the consumer dies without settling; a new consumer gets everything.
+/// Scenario 8: Crash mid-handle: the consumer dies without settling; a new consumer gets everything.
 async fn crash_mid_handle_redelivered(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s08").await.map_err(|e| e.to_string())?;
     let hanging = Probe::new(|_, _| Act::Hang);
@@ -631,7 +676,7 @@ async fn crash_mid_handle_redelivered(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// 9. DLQ replay → processed, DLQ emptied, replay count recorded, attempts restarted.
+/// Scenario 9: DLQ replay → processed, DLQ emptied, replay count recorded, attempts restarted.
 async fn dlq_replay(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s09").await.map_err(|e| e.to_string())?;
     let broken = Arc::new(AtomicBool::new(true));
@@ -757,7 +802,7 @@ async fn poison_input_to_dlq(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// 11. Duplicate delivery with the idempotency store → one side effect.
+/// Scenario 11: Duplicate delivery with the idempotency store → one side effect.
 async fn duplicate_delivery_idempotent(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s11").await.map_err(|e| e.to_string())?;
     let probe = Probe::ok();
@@ -782,7 +827,7 @@ async fn duplicate_delivery_idempotent(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// 12. Payload, key and custom headers preserved byte for byte through every hop and into the DLQ.
+/// Scenario 12: Payload, key and custom headers preserved byte for byte through every hop and into the DLQ.
 async fn bytes_preserved_every_hop(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s12").await.map_err(|e| e.to_string())?;
     let payload = Bytes::from((0..=255u8).rev().chain(0..=255u8).collect::<Vec<u8>>());
@@ -831,7 +876,7 @@ async fn bytes_preserved_every_hop(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// 13. Delay precision: many retries with random delays; never early; lateness recorded.
+/// Scenario 13: Delay precision: many retries with random delays; never early; lateness recorded.
 async fn delay_precision(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s13").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
@@ -868,7 +913,7 @@ async fn delay_precision(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(Some(note)))
 }
 
-/// 14. Two consumers in one group, a rebalance during retries: exact counts, nothing lost.
+/// Scenario 14: Two consumers in one group, a rebalance during retries: exact counts, nothing lost.
 async fn rebalance_during_retries(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s14").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
@@ -933,7 +978,7 @@ async fn rebalance_during_retries(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// 15. DLQ unwritable → the original is not acked, the error surfaces, nothing is lost.
+/// Scenario 15: DLQ unwritable → the original is not acked, the error surfaces, nothing is lost.
 async fn dlq_unwritable_not_acked(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s15").await.map_err(|e| e.to_string())?;
     f.set_dlq_writable(&topic, false)
@@ -975,7 +1020,7 @@ async fn dlq_unwritable_not_acked(f: Arc<dyn Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// 16. Graceful shutdown: in-flight work finishes or is released; nothing lost.
+/// Scenario 16: Graceful shutdown: in-flight work finishes or is released; nothing lost.
 async fn graceful_shutdown(f: Arc<dyn Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s16").await.map_err(|e| e.to_string())?;
     let u = unit(&f);

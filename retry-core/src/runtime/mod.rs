@@ -151,9 +151,9 @@ impl ConsumerBuilder {
         Ok(self)
     }
 
-    /// Handles at most `n` events at once (default 16).
+    /// Handles at most `n` events at once (default 16; at least 1, at most 100 000).
     pub fn concurrency(mut self, n: usize) -> Self {
-        self.spec.max_in_flight = n.max(1);
+        self.spec.max_in_flight = n.clamp(1, 100_000);
         self
     }
 
@@ -272,9 +272,13 @@ impl Consumer {
             policies: b.policies,
             classifier: b.classifier,
             idempotency: b.idempotency,
-            parking: b
-                .ordering
-                .map(|o| Parking::new(o.follow_to_dlq, Duration::from_millis(50))),
+            parking: b.ordering.map(|o| {
+                Parking::new(
+                    o.follow_to_dlq,
+                    Duration::from_millis(50),
+                    Duration::from_secs(300),
+                )
+            }),
             handler: Arc::new(handler),
             counters: counters.clone(),
             pause: PauseGate { holds: pause_tx },
@@ -388,23 +392,29 @@ impl ReceiveLoop {
         let shutdown = self.shared.shutdown.clone();
         let mut receive_backoff = Duration::from_millis(100);
         loop {
-            while self.tasks.try_join_next().is_some() {}
+            self.reap_finished_tasks();
+            if shutdown.is_cancelled() {
+                break;
+            }
             if *self.pause.borrow_and_update() > 0 {
-                self.hold_consumption().await?;
+                self.hold_consumption().await;
                 continue;
             }
+            // `biased`: once shutdown is asked for, no new delivery is taken.
             let permit = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                _ = self.pause.changed() => continue,
                 permit = self.slots.clone().acquire_owned() => match permit {
                     Ok(p) => p,
                     Err(_) => break,
                 },
-                _ = self.pause.changed() => continue,
-                () = shutdown.cancelled() => break,
             };
             let next = tokio::select! {
-                next = self.subscription.next() => next,
-                _ = self.pause.changed() => continue,
+                biased;
                 () = shutdown.cancelled() => break,
+                _ = self.pause.changed() => continue,
+                next = self.subscription.next() => next,
             };
             match next {
                 Ok(Some(delivery)) => {
@@ -429,9 +439,27 @@ impl ReceiveLoop {
         self.drain().await
     }
 
-    /// Pauses the subscription until no blocking hold is active (or shutdown).
-    async fn hold_consumption(&mut self) -> Result<(), ConsumerError> {
-        self.subscription.pause().await?;
+    /// Logs tasks that ended by panicking (a panicking handler is caught in `process`; this catches the
+    /// rest, e.g. a panicking idempotency store).
+    fn reap_finished_tasks(&mut self) {
+        while let Some(result) = self.tasks.try_join_next() {
+            if let Err(e) = result
+                && e.is_panic()
+            {
+                tracing::error!(error = %e, "a delivery task panicked; its delivery was released");
+            }
+        }
+    }
+
+    /// Pauses the subscription until no blocking hold is active (or shutdown). A broker error pausing or
+    /// resuming is counted and logged; consumption stays held by the loop either way.
+    async fn hold_consumption(&mut self) {
+        if let Err(e) = self.subscription.pause().await {
+            warn!(error = %e, "pausing the subscription failed");
+            self.shared
+                .counters
+                .error(&self.shared.counters.receive_errors, e.to_string());
+        }
         loop {
             tokio::select! {
                 changed = self.pause.changed() => {
@@ -442,8 +470,12 @@ impl ReceiveLoop {
                 () = self.shared.shutdown.cancelled() => break,
             }
         }
-        self.subscription.resume().await?;
-        Ok(())
+        if let Err(e) = self.subscription.resume().await {
+            warn!(error = %e, "resuming the subscription failed");
+            self.shared
+                .counters
+                .error(&self.shared.counters.receive_errors, e.to_string());
+        }
     }
 
     fn dispatch(&mut self, delivery: Delivery, permit: tokio::sync::OwnedSemaphorePermit) {
@@ -462,6 +494,8 @@ impl ReceiveLoop {
                 };
                 let keys = self.keys.clone();
                 self.tasks.spawn(async move {
+                    // Frees the key (releasing whatever queued behind it) even if processing panics.
+                    let _key_guard = ordering::KeyGuard::new(keys.clone(), key.clone());
                     loop {
                         let (delivery, permit) = current;
                         if shared.shutdown.is_cancelled() {
@@ -483,7 +517,13 @@ impl ReceiveLoop {
     /// Waits for in-flight work within the grace period, then releases what is left and leaves.
     async fn drain(mut self) -> Result<(), ConsumerError> {
         let finished = tokio::time::timeout(self.grace, async {
-            while self.tasks.join_next().await.is_some() {}
+            while let Some(result) = self.tasks.join_next().await {
+                if let Err(e) = result
+                    && e.is_panic()
+                {
+                    tracing::error!(error = %e, "a delivery task panicked; its delivery was released");
+                }
+            }
         })
         .await;
         if finished.is_err() {

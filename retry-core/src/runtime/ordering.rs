@@ -60,6 +60,26 @@ impl KeyQueues {
     }
 }
 
+/// Frees a key when the task that holds it ends, even by panicking: queued deliveries of the key are
+/// dropped, which releases them to the broker.
+pub(crate) struct KeyGuard {
+    keys: std::sync::Arc<KeyQueues>,
+    key: Bytes,
+}
+
+impl KeyGuard {
+    pub(crate) fn new(keys: std::sync::Arc<KeyQueues>, key: Bytes) -> Self {
+        Self { keys, key }
+    }
+}
+
+impl Drop for KeyGuard {
+    fn drop(&mut self) {
+        let mut busy = self.keys.busy.lock().unwrap_or_else(|p| p.into_inner());
+        busy.remove(&self.key);
+    }
+}
+
 /// What the parking table says about an event of a key.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
@@ -75,99 +95,133 @@ pub(crate) enum Verdict {
 struct Head {
     id: String,
     due: Timestamp,
-    dead: bool,
-    parked: usize,
 }
 
-/// The heads of keys waiting in retry, and how many events are parked behind each.
+/// One key's retry state: the event waiting in retry, and the events parked behind it, in order.
+#[derive(Debug)]
+struct KeyState {
+    head: Option<Head>,
+    /// The head that was dead-lettered while events were parked behind it (they follow it).
+    dead_head: Option<String>,
+    parked: VecDeque<String>,
+    /// When the key last made progress; a key stuck longer than the stale limit is unblocked.
+    touched: Timestamp,
+}
+
+/// Per-key parking: the head of each key waiting in retry, and the events parked behind it in arrival
+/// order. Parked events run strictly in that order once the head resolves.
 #[derive(Debug)]
 pub(crate) struct Parking {
-    heads: Mutex<HashMap<Bytes, Head>>,
+    keys: Mutex<HashMap<Bytes, KeyState>>,
     follow_to_dlq: bool,
     min_park: Duration,
+    stale_after: Duration,
 }
 
 impl Parking {
-    pub(crate) fn new(follow_to_dlq: bool, min_park: Duration) -> Self {
+    pub(crate) fn new(follow_to_dlq: bool, min_park: Duration, stale_after: Duration) -> Self {
         Self {
-            heads: Mutex::new(HashMap::new()),
+            keys: Mutex::new(HashMap::new()),
             follow_to_dlq,
             min_park,
+            stale_after,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Bytes, Head>> {
-        self.heads.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Bytes, KeyState>> {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Decides for event `id` of `key`; `was_parked` when its metadata says it is a parked event.
-    pub(crate) fn verdict(
-        &self,
-        key: &Bytes,
-        id: &str,
-        was_parked: bool,
-        now: Timestamp,
-    ) -> Verdict {
-        let mut heads = self.lock();
-        let Some(head) = heads.get_mut(key) else {
+    /// Decides for event `id` of `key` at `now`.
+    pub(crate) fn verdict(&self, key: &Bytes, id: &str, now: Timestamp) -> Verdict {
+        let mut keys = self.lock();
+        let Some(state) = keys.get_mut(key) else {
             return Verdict::Run;
         };
-        if head.id == id {
+        // A head or a parked event that never comes back (consumed elsewhere, lost to a restart) must not
+        // block its key for ever: give up on a head long past its due time, or a queue that stopped moving.
+        let last_progress = state
+            .head
+            .as_ref()
+            .map_or(state.touched, |h| h.due.max(state.touched));
+        if now.since(last_progress) > self.stale_after {
+            tracing::warn!(head = ?state.head.as_ref().map(|h| &h.id), parked = state.parked.len(), "per-key ordering: giving up on a stale key");
+            keys.remove(key);
             return Verdict::Run;
         }
-        if head.dead {
-            return Verdict::FollowToDlq {
+        if let Some(head) = &state.head {
+            if head.id == id {
+                return Verdict::Run;
+            }
+            if !state.parked.iter().any(|p| p == id) {
+                state.parked.push_back(id.to_string());
+            }
+            return Verdict::Park {
                 head: head.id.clone(),
+                delay: head.due.since(now).max(self.min_park),
             };
         }
-        if !was_parked {
-            head.parked += 1;
-        }
-        Verdict::Park {
-            head: head.id.clone(),
-            delay: head.due.since(now).max(self.min_park),
+        match state.parked.front() {
+            None => {
+                keys.remove(key);
+                Verdict::Run
+            }
+            Some(front) if front == id => {
+                state.parked.pop_front();
+                state.touched = now;
+                let verdict = match &state.dead_head {
+                    Some(dead) => Verdict::FollowToDlq { head: dead.clone() },
+                    None => Verdict::Run,
+                };
+                if state.parked.is_empty() && state.head.is_none() {
+                    keys.remove(key);
+                }
+                verdict
+            }
+            Some(front) => {
+                let front = front.clone();
+                if !state.parked.iter().any(|p| p == id) {
+                    state.parked.push_back(id.to_string());
+                }
+                Verdict::Park {
+                    head: front,
+                    delay: self.min_park,
+                }
+            }
         }
     }
 
     /// Event `id` of `key` was scheduled for retry at `due`: it is (or stays) the key's head.
-    pub(crate) fn head_retrying(&self, key: &Bytes, id: &str, due: Timestamp) {
-        let mut heads = self.lock();
-        let head = heads.entry(key.clone()).or_insert_with(|| Head {
+    pub(crate) fn head_retrying(&self, key: &Bytes, id: &str, due: Timestamp, now: Timestamp) {
+        let mut keys = self.lock();
+        let state = keys.entry(key.clone()).or_insert_with(|| KeyState {
+            head: None,
+            dead_head: None,
+            parked: VecDeque::new(),
+            touched: now,
+        });
+        state.parked.retain(|p| p != id);
+        state.head = Some(Head {
             id: id.to_string(),
             due,
-            dead: false,
-            parked: 0,
         });
-        if head.id == id {
-            head.due = due;
-        } else if !head.dead {
-            // A parked event that ran after its head resolved and now retries itself: it becomes the head,
-            // and the events still parked behind the old head re-park behind it.
-            head.id = id.to_string();
-            head.due = due;
-        }
+        state.dead_head = None;
+        state.touched = now;
     }
 
-    /// Event `id` of `key` reached a final outcome; `dead` when it went to the DLQ, `was_parked` when it
-    /// had been parked.
-    pub(crate) fn resolved(&self, key: &Bytes, id: &str, dead: bool, was_parked: bool) {
-        let mut heads = self.lock();
-        let Some(head) = heads.get_mut(key) else {
+    /// Event `id` of `key` reached a final outcome the broker accepted; `dead` when it went to the DLQ.
+    pub(crate) fn resolved(&self, key: &Bytes, id: &str, dead: bool, now: Timestamp) {
+        let mut keys = self.lock();
+        let Some(state) = keys.get_mut(key) else {
             return;
         };
-        if was_parked && head.id != id {
-            head.parked = head.parked.saturating_sub(1);
+        if state.head.as_ref().is_some_and(|h| h.id == id) {
+            state.head = None;
+            state.dead_head = (dead && self.follow_to_dlq).then(|| id.to_string());
+            state.touched = now;
         }
-        if head.id == id {
-            if dead && self.follow_to_dlq && head.parked > 0 {
-                head.dead = true;
-            } else {
-                heads.remove(key);
-                return;
-            }
-        }
-        if head.dead && head.parked == 0 {
-            heads.remove(key);
+        if state.head.is_none() && state.parked.is_empty() {
+            keys.remove(key);
         }
     }
 }
@@ -177,73 +231,105 @@ mod tests {
     use super::*;
 
     const NOW: Timestamp = Timestamp::from_millis(1_000);
+    const STALE: Duration = Duration::from_secs(60);
 
     fn key() -> Bytes {
         Bytes::from_static(b"k")
     }
 
+    fn at(ms: u64) -> Timestamp {
+        Timestamp::from_millis(ms)
+    }
+
     #[test]
-    fn later_events_park_behind_a_retrying_head_until_it_resolves() {
-        let p = Parking::new(true, Duration::from_millis(10));
-        assert_eq!(p.verdict(&key(), "e1", false, NOW), Verdict::Run);
-        p.head_retrying(&key(), "e1", Timestamp::from_millis(1_500));
+    fn later_events_park_behind_a_retrying_head_and_run_in_order() {
+        let p = Parking::new(true, Duration::from_millis(10), STALE);
+        assert_eq!(p.verdict(&key(), "e1", NOW), Verdict::Run);
+        p.head_retrying(&key(), "e1", at(1_500), NOW);
         assert_eq!(
-            p.verdict(&key(), "e2", false, NOW),
+            p.verdict(&key(), "e2", NOW),
             Verdict::Park {
                 head: "e1".into(),
                 delay: Duration::from_millis(500)
             }
         );
+        assert!(matches!(p.verdict(&key(), "e3", NOW), Verdict::Park { .. }));
+        assert_eq!(p.verdict(&key(), "e1", at(1_500)), Verdict::Run);
+        p.resolved(&key(), "e1", false, at(1_500));
+        // e3 comes back before e2: it must wait; a brand-new e4 queues behind both.
+        assert!(matches!(
+            p.verdict(&key(), "e3", at(1_501)),
+            Verdict::Park { .. }
+        ));
+        assert!(matches!(
+            p.verdict(&key(), "e4", at(1_501)),
+            Verdict::Park { .. }
+        ));
+        assert_eq!(p.verdict(&key(), "e2", at(1_502)), Verdict::Run);
+        assert_eq!(p.verdict(&key(), "e3", at(1_503)), Verdict::Run);
+        assert_eq!(p.verdict(&key(), "e4", at(1_504)), Verdict::Run);
         assert_eq!(
-            p.verdict(&key(), "e1", false, Timestamp::from_millis(1_500)),
-            Verdict::Run
+            p.verdict(&key(), "e5", at(1_505)),
+            Verdict::Run,
+            "the key is free again"
         );
-        p.resolved(&key(), "e1", false, false);
+    }
+
+    #[test]
+    fn a_parked_event_that_fails_becomes_the_head() {
+        let p = Parking::new(true, Duration::from_millis(10), STALE);
+        p.head_retrying(&key(), "e1", NOW, NOW);
+        assert!(matches!(p.verdict(&key(), "e2", NOW), Verdict::Park { .. }));
+        assert!(matches!(p.verdict(&key(), "e3", NOW), Verdict::Park { .. }));
+        p.resolved(&key(), "e1", false, NOW);
+        assert_eq!(p.verdict(&key(), "e2", NOW), Verdict::Run);
+        p.head_retrying(&key(), "e2", at(2_000), NOW);
         assert_eq!(
-            p.verdict(&key(), "e2", true, Timestamp::from_millis(1_600)),
-            Verdict::Run
+            p.verdict(&key(), "e3", NOW),
+            Verdict::Park {
+                head: "e2".into(),
+                delay: Duration::from_millis(1_000)
+            }
         );
     }
 
     #[test]
     fn parked_events_follow_a_dead_head_then_the_key_clears() {
-        let p = Parking::new(true, Duration::from_millis(10));
-        p.head_retrying(&key(), "e1", NOW);
-        assert!(matches!(
-            p.verdict(&key(), "e2", false, NOW),
-            Verdict::Park { .. }
-        ));
-        p.resolved(&key(), "e1", true, false);
+        let p = Parking::new(true, Duration::from_millis(10), STALE);
+        p.head_retrying(&key(), "e1", NOW, NOW);
+        assert!(matches!(p.verdict(&key(), "e2", NOW), Verdict::Park { .. }));
+        p.resolved(&key(), "e1", true, NOW);
         assert_eq!(
-            p.verdict(&key(), "e2", true, NOW),
+            p.verdict(&key(), "e2", NOW),
             Verdict::FollowToDlq { head: "e1".into() }
         );
-        p.resolved(&key(), "e2", true, true);
-        assert_eq!(p.verdict(&key(), "e3", false, NOW), Verdict::Run);
+        assert_eq!(p.verdict(&key(), "e3", NOW), Verdict::Run);
     }
 
     #[test]
-    fn without_follow_a_dead_head_frees_the_key() {
-        let p = Parking::new(false, Duration::from_millis(10));
-        p.head_retrying(&key(), "e1", NOW);
-        assert!(matches!(
-            p.verdict(&key(), "e2", false, NOW),
-            Verdict::Park { .. }
-        ));
-        p.resolved(&key(), "e1", true, false);
-        assert_eq!(p.verdict(&key(), "e2", true, NOW), Verdict::Run);
+    fn without_follow_a_dead_head_frees_its_followers() {
+        let p = Parking::new(false, Duration::from_millis(10), STALE);
+        p.head_retrying(&key(), "e1", NOW, NOW);
+        assert!(matches!(p.verdict(&key(), "e2", NOW), Verdict::Park { .. }));
+        p.resolved(&key(), "e1", true, NOW);
+        assert_eq!(p.verdict(&key(), "e2", NOW), Verdict::Run);
     }
 
     #[test]
-    fn park_delay_has_a_floor() {
-        let p = Parking::new(true, Duration::from_millis(50));
-        p.head_retrying(&key(), "e1", NOW);
+    fn park_delay_has_a_floor_and_stale_keys_are_unblocked() {
+        let p = Parking::new(true, Duration::from_millis(50), STALE);
+        p.head_retrying(&key(), "e1", NOW, NOW);
         assert_eq!(
-            p.verdict(&key(), "e2", false, Timestamp::from_millis(5_000)),
+            p.verdict(&key(), "e2", at(5_000)),
             Verdict::Park {
                 head: "e1".into(),
                 delay: Duration::from_millis(50)
             }
+        );
+        assert_eq!(
+            p.verdict(&key(), "e2", at(1_000 + 61_000)),
+            Verdict::Run,
+            "the head never came back"
         );
     }
 }

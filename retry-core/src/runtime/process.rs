@@ -73,7 +73,7 @@ pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
         "event",
         topic = %shared.spec.topic,
         event_id = %id,
-        attempt = meta.attempts + 1,
+        attempt = meta.attempts.saturating_add(1),
         next_delay_ms = tracing::field::Empty,
     );
     Handling {
@@ -111,13 +111,16 @@ impl Handling<'_> {
     async fn run(mut self) {
         let shared = self.shared;
         let now = Timestamp::now();
-        let lateness = self.event.meta.due_at.map(|due| now.since(due));
+        // Lateness is a property of retries; a parked event coming back is not one.
+        let lateness = match self.event.meta.parked_behind {
+            None => self.event.meta.due_at.map(|due| now.since(due)),
+            Some(_) => None,
+        };
         if let Some(late) = lateness {
             telemetry::lateness(&shared.spec.topic, late);
         }
-        let was_parked = self.event.meta.parked_behind.is_some();
         if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
-            match parking.verdict(&key, &self.id, was_parked, now) {
+            match parking.verdict(&key, &self.id, now) {
                 Verdict::Run => self.event.meta.parked_behind = None,
                 Verdict::Park { head, delay } => return self.park(head, delay).await,
                 Verdict::FollowToDlq { head } => {
@@ -133,7 +136,6 @@ impl Handling<'_> {
                         DeadReason::ParkedBehindDead,
                     )
                     .await;
-                    parking.resolved(&key, &self.id, true, true);
                     return;
                 }
             }
@@ -228,9 +230,9 @@ impl Handling<'_> {
                     self.step(Input::Die);
                     self.abandon_idempotency().await;
                     let key = self.ordered_key();
-                    dead_letter(shared, self.receipt, self.event, reason).await;
-                    if let (Some(parking), Some(key)) = (&shared.parking, key) {
-                        parking.resolved(&key, &self.id, true, was_parked);
+                    let accepted = dead_letter(shared, self.receipt, self.event, reason).await;
+                    if let (true, Some(parking), Some(key)) = (accepted, &shared.parking, key) {
+                        parking.resolved(&key, &self.id, true, Timestamp::now());
                     }
                     return;
                 }
@@ -291,7 +293,7 @@ impl Handling<'_> {
         let ctx = Context {
             topic: self.shared.spec.topic.clone(),
             event_id: self.id.clone(),
-            attempt: meta.attempts + 1,
+            attempt: meta.attempts.saturating_add(1),
             retries: meta.retries,
             due_at: meta.due_at,
             lateness,
@@ -326,23 +328,24 @@ impl Handling<'_> {
 
     async fn ack(mut self) {
         let shared = self.shared;
+        // The handler succeeded: record it before acknowledging, so a redelivery after a failed ack (or a
+        // crash in between) is skipped as a duplicate instead of repeating the side effects.
+        if let Some(store) = &shared.idempotency
+            && let Err(e) = store.complete(&self.id).await
+        {
+            warn!(error = %e, "idempotency store: complete failed");
+        }
+        if !self.settle_ack().await {
+            return;
+        }
         self.step(Input::Ack);
-        if self.settle_ack().await {
-            bump(&shared.counters.succeeded);
-            if self.event.meta.attempts > 0 {
-                bump(&shared.counters.succeeded_after_retry);
-                telemetry::success_after_retry(&shared.spec.topic);
-            }
-            if let Some(store) = &shared.idempotency
-                && let Err(e) = store.complete(&self.id).await
-            {
-                warn!(error = %e, "idempotency store: complete failed");
-            }
-        } else {
-            self.abandon_idempotency().await;
+        bump(&shared.counters.succeeded);
+        if self.event.meta.attempts > 0 {
+            bump(&shared.counters.succeeded_after_retry);
+            telemetry::success_after_retry(&shared.spec.topic);
         }
         if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
-            parking.resolved(&key, &self.id, false, false);
+            parking.resolved(&key, &self.id, false, Timestamp::now());
         }
     }
 
@@ -372,7 +375,7 @@ impl Handling<'_> {
                 bump(&shared.counters.retries_scheduled);
                 telemetry::retry_scheduled(&shared.spec.topic);
                 if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
-                    parking.head_retrying(&key, &self.id, due);
+                    parking.head_retrying(&key, &self.id, due, Timestamp::now());
                 }
             }
             Err(e) => settle_failed(shared, self.receipt, "retry", e).await,
@@ -406,12 +409,13 @@ impl Handling<'_> {
     }
 }
 
+/// Dead-letters the event; `true` once the broker accepted the DLQ copy.
 async fn dead_letter(
     shared: &Shared,
     receipt: &mut dyn Receipt,
     mut event: Event,
     reason: DeadReason,
-) {
+) -> bool {
     event.meta.dead = Some(DeadInfo {
         reason,
         at: Timestamp::now(),
@@ -423,8 +427,12 @@ async fn dead_letter(
         Ok(()) => {
             bump(&shared.counters.dead_lettered);
             telemetry::dead_letter(&shared.spec.topic, reason);
+            true
         }
-        Err(e) => settle_failed(shared, receipt, "dead-letter", e).await,
+        Err(e) => {
+            settle_failed(shared, receipt, "dead-letter", e).await;
+            false
+        }
     }
 }
 

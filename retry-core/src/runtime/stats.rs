@@ -22,7 +22,7 @@ pub struct Stats {
     pub holds: u64,
     /// Events dead-lettered.
     pub dead_lettered: u64,
-    /// Events parked behind an earlier event of the same key.
+    /// Parkings behind an earlier event of the same key (an event parked again counts again).
     pub parked: u64,
     /// Duplicates skipped through the idempotency store.
     pub duplicates_skipped: u64,

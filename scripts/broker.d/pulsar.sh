@@ -1,0 +1,143 @@
+# Apache Pulsar 4.0 standalone for scripts/brokers: one JVM running the broker, an in-process BookKeeper
+# bookie and RocksDB metadata (no ZooKeeper), from Maven Central jars (scripts/broker.d/pulsar/pom.xml).
+# Sourced by scripts/brokers after common.sh; defines pulsar_install, pulsar_start, pulsar_status and
+# pulsar_stop. State, config and log live in $STATE/pulsar/; the data folder is wiped at every start.
+
+# The Maven project, config template and log4j2 config next to this file.
+pulsar_home() { printf '%s' "$ROOT/scripts/broker.d/pulsar"; }
+
+# pulsar_install — makes sure curl (for the readiness and admin calls) and the jars are there. Idempotent:
+# a second call only reads the cached classpath.
+pulsar_install() {
+  apt_install curl
+  maven_classpath pulsar "$(pulsar_home)" >/dev/null
+}
+
+# pulsar_admin_url WEB_PORT PATH — the admin REST URL of PATH (e.g. /admin/v2/brokers/health).
+pulsar_admin_url() { printf 'http://127.0.0.1:%s%s' "$1" "$2"; }
+
+# pulsar_healthy WEB_PORT — true when the broker's deep health check (it writes and reads a message through
+# the bookie) answers "ok".
+pulsar_healthy() {
+  [ "$(curl -sf --max-time 15 "$(pulsar_admin_url "$1" /admin/v2/brokers/health)" 2>/dev/null)" = ok ]
+}
+
+# pulsar_status — prints pulsar://127.0.0.1:PORT when our JVM is alive and healthy; else prints nothing and
+# fails.
+pulsar_status() {
+  local d="$STATE/pulsar"
+  cmdline_has "$d/pid" PulsarStandaloneStarter && [ -s "$d/port" ] && [ -s "$d/web-port" ] || return 1
+  pulsar_healthy "$(cat "$d/web-port")" || return 1
+  printf 'pulsar://127.0.0.1:%s\n' "$(cat "$d/port")"
+}
+
+# pulsar_strays DIR — pids of standalone JVMs started with DIR's config but no longer in the pid file (e.g.
+# after the pid file was deleted). Matches only our own config path, never another agent's broker.
+pulsar_strays() {
+  local p
+  for p in $(pgrep -f -- "PulsarStandaloneStarter --config $1/standalone.conf" || true); do
+    [ -s "$1/pid" ] && [ "$p" = "$(cat "$1/pid")" ] && continue
+    printf '%s\n' "$p"
+  done
+}
+
+# pulsar_stop — stops our standalone by its pid (SIGTERM; SIGKILL after 60 s), plus any stray JVM of this
+# state folder, so no Pulsar of ours is left behind. Leaves other processes alone.
+pulsar_stop() {
+  local d; d=$(dir pulsar)
+  if [ -s "$d/pid" ] && ! cmdline_has "$d/pid" PulsarStandaloneStarter; then rm -f "$d/pid"; fi
+  stop_pid pulsar "$d/pid" 60
+  local p
+  for p in $(pulsar_strays "$d"); do
+    log "pulsar: stopping stray standalone pid $p of $d"
+    echo "$p" > "$d/stray.pid"
+    stop_pid pulsar "$d/stray.pid" 60
+  done
+}
+
+# pulsar_wipe DIR — removes the data and temp files of an earlier run. A leftover data/standalone/zookeeper
+# would switch the standalone to ZooKeeper mode, and stale bookie cookies can refuse a new port.
+pulsar_wipe() {
+  rm -rf "$1/data" "$1/tmp" "$1/standalone.conf" "$1/java.args"
+  mkdir -p "$1/data" "$1/tmp"
+}
+
+# pulsar_write_config DIR BROKER_PORT WEB_PORT BOOKIE_PORT — fills the template into DIR/standalone.conf.
+pulsar_write_config() {
+  sed -e "s|@BROKER_PORT@|$2|g" -e "s|@WEB_PORT@|$3|g" -e "s|@BOOKIE_PORT@|$4|g" \
+    "$(pulsar_home)/standalone.conf.in" > "$1/standalone.conf"
+}
+
+# pulsar_jvm_args DIR CLASSPATH — writes DIR/java.args, a java @argfile holding the classpath and JVM flags
+# (keeps the ~25 kB classpath out of `ps`). The flags follow upstream bin/pulsar for Java 17: the
+# --add-opens for Netty and Pulsar's stats, and the BookKeeper metadata drivers backed by Pulsar's store.
+pulsar_jvm_args() {
+  cat > "$1/java.args" <<EOF
+-cp "$2"
+-Xms256m
+-Xmx768m
+-XX:MaxDirectMemorySize=512m
+-XX:+ExitOnOutOfMemoryError
+--add-opens=java.base/java.io=ALL-UNNAMED
+--add-opens=java.base/java.util.zip=ALL-UNNAMED
+--add-opens=java.base/java.nio=ALL-UNNAMED
+--add-opens=java.base/jdk.internal.misc=ALL-UNNAMED
+--add-opens=java.base/sun.net=ALL-UNNAMED
+--add-opens=java.management/sun.management=ALL-UNNAMED
+-Dio.netty.tryReflectionSetAccessible=true
+-Dio.netty.leakDetectionLevel=disabled
+-Djava.net.preferIPv4Stack=true
+-Dbookkeeper.metadata.bookie.drivers=org.apache.pulsar.metadata.bookkeeper.PulsarMetadataBookieDriver
+-Dbookkeeper.metadata.client.drivers=org.apache.pulsar.metadata.bookkeeper.PulsarMetadataClientDriver
+-Dlog4j.configurationFile="$(pulsar_home)/log4j2.xml"
+-Djava.io.tmpdir="$1/tmp"
+EOF
+}
+
+# pulsar_launch DIR BOOKIE_PORT — starts the standalone detached, in DIR so its relative default paths land
+# there, without PULSAR_STANDALONE_USE_ZOOKEEPER (it would switch the standalone to ZooKeeper mode).
+pulsar_launch() {
+  local d=$1 bk=$2 java; java=$(java_bin)
+  launch_detached pulsar "$d" "$d/pulsar.log" \
+    env -u PULSAR_STANDALONE_USE_ZOOKEEPER "$java" "@$d/java.args" org.apache.pulsar.PulsarStandaloneStarter \
+    --config "$d/standalone.conf" --no-functions-worker --no-stream-storage --wipe-data \
+    --metadata-dir "$d/data/metadata" --bookkeeper-dir "$d/data/bookkeeper" --bookkeeper-port "$bk" \
+    --advertised-address 127.0.0.1
+}
+
+# pulsar_ensure_namespace WEB_PORT — makes sure public/default exists, so clients can use
+# persistent://public/default/<topic>. The standalone creates it just after its web service answers, so
+# wait for it a little, then create the tenant and namespace through the admin API (409 = already there).
+pulsar_ensure_namespace() {
+  local web=$1 ns
+  ns=$(pulsar_admin_url "$web" /admin/v2/namespaces/public/default)
+  for _ in $(seq 20); do curl -sf --max-time 10 -o /dev/null "$ns" && return 0; sleep 0.5; done
+  log "pulsar: creating tenant public and namespace public/default"
+  curl -s --max-time 10 -o /dev/null -X PUT -H 'Content-Type: application/json' \
+    -d '{"adminRoles":[],"allowedClusters":["standalone"]}' "$(pulsar_admin_url "$web" /admin/v2/tenants/public)"
+  curl -s --max-time 10 -o /dev/null -X PUT "$ns"
+  curl -sf --max-time 10 -o /dev/null "$ns" || die "pulsar: namespace public/default could not be created"
+}
+
+# pulsar_start — starts a fresh standalone (wiped data, free ports written to DIR/port and DIR/web-port),
+# waits until it really serves (health check through the bookie), then makes sure public/default exists.
+pulsar_start() {
+  local d; d=$(dir pulsar)
+  local cp; cp=$(maven_classpath pulsar "$(pulsar_home)")
+  pulsar_stop   # a half-alive JVM of ours (alive, not healthy) would hold the ports and the data folder
+  pulsar_wipe "$d"
+  local port web bk
+  port=$(pick_port pulsar 6650 16650 26650)
+  web=$(pick_port pulsar 8080 18080 28080)
+  bk=$(pick_port pulsar 3181 13181 23181)
+  printf '%s\n' "$port" > "$d/port"
+  printf '%s\n' "$web" > "$d/web-port"
+  printf '%s\n' "$bk" > "$d/bookie-port"
+  pulsar_write_config "$d" "$port" "$web" "$bk"
+  pulsar_jvm_args "$d" "$cp"
+  log "pulsar: starting (broker $port, web $web, bookie $bk; log $d/pulsar.log)"
+  pulsar_launch "$d" "$bk"
+  wait_ready pulsar 240 "$d/pid" "$d/pulsar.log" pulsar_healthy "$web"
+  pulsar_ensure_namespace "$web"
+  log "pulsar: up at pulsar://127.0.0.1:$port (admin http://127.0.0.1:$web)"
+}

@@ -1,0 +1,63 @@
+# ElasticMQ (the SQS API) from Maven Central jars (the Maven project in broker.d/sqs/), the local stand-in
+# for Amazon SQS. State under $STATE/sqs/: elasticmq.conf, pid, port, sqs.log. It keeps queues in memory,
+# so every start is fresh.
+
+SQS_POM_DIR="$ROOT/scripts/broker.d/sqs"
+
+# sqs_install — the server's classpath (resolved once, then cached) and curl for the checks.
+sqs_install() {
+  apt_install curl
+  maven_classpath sqs "$SQS_POM_DIR" >/dev/null
+}
+
+# sqs_list_queues PORT — one real API round trip (ListQueues over the query protocol).
+sqs_list_queues() {
+  curl -sf -m 5 "http://127.0.0.1:$1/?Action=ListQueues" >/dev/null
+}
+
+# sqs_roundtrip PORT — creates a queue, sends a message, receives it back: a client can really use it.
+sqs_roundtrip() {
+  local base="http://127.0.0.1:$1" q="brokers-selfcheck" token="ping-$$-$RANDOM"
+  curl -sf -m 5 "$base/?Action=CreateQueue&QueueName=$q" >/dev/null || return 1
+  curl -sf -m 5 "$base/000000000000/$q?Action=SendMessage&MessageBody=$token" >/dev/null || return 1
+  curl -sf -m 10 "$base/000000000000/$q?Action=ReceiveMessage&WaitTimeSeconds=2" | grep -q "$token"
+}
+
+# sqs_start — config with a free port, launch, wait until ListQueues answers, then a send/receive.
+sqs_start() {
+  local d; d=$(dir sqs)
+  local cp java port
+  cmdline_has "$d/pid" org.elasticmq.server.Main && sqs_stop
+  cp=$(maven_classpath sqs "$SQS_POM_DIR")
+  java=$(java_bin)
+  port=$(pick_port sqs 9324 19324 29324)
+  sed "s/@PORT@/$port/g" "$SQS_POM_DIR/elasticmq.conf.in" > "$d/elasticmq.conf"
+  printf '%s\n' "$port" > "$d/port"
+  log "sqs: starting ElasticMQ on 127.0.0.1:$port"
+  launch_detached sqs "$d" "$d/sqs.log" \
+    "$java" -Xms64m -Xmx256m -Dconfig.file="$d/elasticmq.conf" -cp "$cp" org.elasticmq.server.Main
+  if ! (wait_ready sqs 60 "$d/pid" "$d/sqs.log" sqs_list_queues "$port"); then
+    sqs_stop; exit 1
+  fi
+  if ! sqs_roundtrip "$port"; then
+    tail_log sqs "$d/sqs.log"; sqs_stop
+    die "sqs: ListQueues answers but a send/receive round trip on 127.0.0.1:$port failed"
+  fi
+  log "sqs: up at http://127.0.0.1:$port (pid $(cat "$d/pid"), round trip ok)"
+}
+
+# sqs_status — prints the endpoint URL if our ElasticMQ is alive and answers; else 1, silent.
+sqs_status() {
+  local d="$STATE/sqs" port
+  cmdline_has "$d/pid" org.elasticmq.server.Main && [ -s "$d/port" ] || return 1
+  port=$(cat "$d/port")
+  sqs_list_queues "$port" || return 1
+  printf 'http://127.0.0.1:%s\n' "$port"
+}
+
+# sqs_stop — SIGTERM, SIGKILL after 30 s; only our own pid.
+sqs_stop() {
+  local pidfile="$STATE/sqs/pid"
+  if [ -e "$pidfile" ] && ! cmdline_has "$pidfile" org.elasticmq.server.Main; then rm -f "$pidfile"; return 0; fi
+  stop_pid sqs "$pidfile" 30
+}
