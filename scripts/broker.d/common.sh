@@ -107,7 +107,10 @@ stop_pid() {
 # apt_install PACKAGE... — installs the Debian packages that are missing (as root, or through sudo).
 apt_install() {
   local missing=() p
-  for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  # Installed means "install ok installed": a removed package keeps its config files and a dpkg record.
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
   [ ${#missing[@]} -eq 0 ] && return 0
   local sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
   log "installing ${missing[*]} (apt)"
