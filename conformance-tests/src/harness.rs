@@ -112,6 +112,23 @@ pub fn main() {
     for broker in brokers() {
         adapters.push(broker.name);
         let url = std::env::var(broker.env).ok().filter(|u| !u.is_empty());
+        #[cfg(feature = "testcontainers")]
+        let url = match url {
+            Some(url) => Some(url),
+            None => match runtime.block_on(crate::containers::start(broker.name)) {
+                Ok(url) => {
+                    eprintln!("{}: started a container at {url}", broker.name);
+                    Some(url)
+                }
+                Err(e) => {
+                    eprintln!(
+                        "{}: {} is not set and no container could be started: {e}",
+                        broker.name, broker.env
+                    );
+                    None
+                }
+            },
+        };
         // (why the broker's scenarios cannot run, whether that is because the broker is missing)
         let unavailable = match (&url, broker.make) {
             (None, _) => Some((format!("{} is not set", broker.env), true)),

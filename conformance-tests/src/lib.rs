@@ -5,6 +5,8 @@
 //! the `RETRY_TEST_*` env vars, and writes a Markdown report (see [`report`]). A third-party adapter can
 //! run the same checks by implementing the fixture and calling [`harness`]-style code of its own.
 
+#[cfg(feature = "testcontainers")]
+pub mod containers;
 pub mod fixture;
 pub mod harness;
 pub mod probe;

@@ -205,13 +205,15 @@ impl fmt::Display for HandlerError {
     }
 }
 
-/// Iterates an error and its `source()` chain, outermost first.
+/// Iterates an error and its `source()` chain, outermost first (at most 64 levels, so a cyclic chain
+/// cannot loop for ever).
 pub fn chain<'a>(
     error: &'a (dyn StdError + 'static),
 ) -> impl Iterator<Item = &'a (dyn StdError + 'static)> {
     std::iter::successors(Some(error), |e: &&'a (dyn StdError + 'static)| {
         (*e).source()
     })
+    .take(64)
 }
 
 type TypeTest = fn(&(dyn StdError + 'static)) -> bool;

@@ -50,8 +50,17 @@ enum Entry {
 pub struct InMemoryIdempotencyStore {
     ttl: Duration,
     claim_ttl: Duration,
-    entries: Mutex<HashMap<String, Entry>>,
+    entries: Mutex<Entries>,
 }
+
+/// The remembered ids, and the size at which expired ones are next swept out.
+#[derive(Debug)]
+struct Entries {
+    map: HashMap<String, Entry>,
+    sweep_at: usize,
+}
+
+const FIRST_SWEEP: usize = 1024;
 
 impl InMemoryIdempotencyStore {
     /// A store that remembers handled ids for `ttl`.
@@ -59,7 +68,10 @@ impl InMemoryIdempotencyStore {
         Self {
             ttl,
             claim_ttl: Duration::from_secs(300),
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Entries {
+                map: HashMap::new(),
+                sweep_at: FIRST_SWEEP,
+            }),
         }
     }
 
@@ -71,7 +83,7 @@ impl InMemoryIdempotencyStore {
 
     /// How many ids it currently remembers.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().map.len()
     }
 
     /// Whether it remembers none.
@@ -79,7 +91,7 @@ impl InMemoryIdempotencyStore {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -88,13 +100,16 @@ impl InMemoryIdempotencyStore {
 impl IdempotencyStore for InMemoryIdempotencyStore {
     async fn begin(&self, id: &str) -> Result<Begin, StoreError> {
         let now = Instant::now();
-        let mut entries = self.lock();
-        // Amortised expiry: sweep when the map has grown, so memory stays bounded by the ttl window.
-        if entries.len() >= 1024 && entries.len().is_power_of_two() {
-            entries.retain(|_, e| match e {
+        let mut guard = self.lock();
+        // Amortised expiry: sweep each time the map doubles past the last sweep, so memory stays bounded
+        // by the ttl window and a sweep costs O(1) per insert on average.
+        if guard.map.len() >= guard.sweep_at {
+            guard.map.retain(|_, e| match e {
                 Entry::InProgress { until } | Entry::Done { until } => *until > now,
             });
+            guard.sweep_at = (guard.map.len() * 2).max(FIRST_SWEEP);
         }
+        let entries = &mut guard.map;
         let answer = match entries.get(id) {
             Some(Entry::Done { until }) if *until > now => Begin::Done,
             Some(Entry::InProgress { until }) if *until > now => Begin::InProgress,
@@ -113,14 +128,16 @@ impl IdempotencyStore for InMemoryIdempotencyStore {
 
     async fn complete(&self, id: &str) -> Result<(), StoreError> {
         let until = Instant::now() + self.ttl;
-        self.lock().insert(id.to_string(), Entry::Done { until });
+        self.lock()
+            .map
+            .insert(id.to_string(), Entry::Done { until });
         Ok(())
     }
 
     async fn abandon(&self, id: &str) -> Result<(), StoreError> {
-        let mut entries = self.lock();
-        if matches!(entries.get(id), Some(Entry::InProgress { .. })) {
-            entries.remove(id);
+        let mut guard = self.lock();
+        if matches!(guard.map.get(id), Some(Entry::InProgress { .. })) {
+            guard.map.remove(id);
         }
         Ok(())
     }

@@ -177,9 +177,10 @@ impl ConsumerBuilder {
         self
     }
 
-    /// How long a delivery whose settle failed waits before the broker delivers it again (default 1 s).
+    /// How long a delivery whose settle failed waits before the broker delivers it again (default 1 s, at
+    /// least 10 ms so an unwritable DLQ cannot spin the handler).
     pub fn settle_backoff(mut self, backoff: Duration) -> Self {
-        self.settle_backoff = backoff;
+        self.settle_backoff = backoff.max(Duration::from_millis(10));
         self
     }
 
