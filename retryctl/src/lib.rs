@@ -454,38 +454,21 @@ mod tests {
         .unwrap();
         assert_eq!(t.pending("orders"), 1, "replayed to the origin");
 
-        let unconfirmed = dlq(
-            &t,
-            "orders",
-            DlqCommand::Purge {
-                selection: Selection {
-                    all: true,
-                    ..Selection::default()
-                },
-                yes: false,
+        let purge_all = |yes| DlqCommand::Purge {
+            selection: Selection {
+                all: true,
+                ..Selection::default()
             },
-            &mut o,
-        )
-        .await
-        .unwrap_err();
+            yes,
+        };
+        let unconfirmed = dlq(&t, "orders", purge_all(false), &mut o)
+            .await
+            .unwrap_err();
         assert!(
             unconfirmed.to_string().contains("would remove 2"),
             "{unconfirmed}"
         );
-        dlq(
-            &t,
-            "orders",
-            DlqCommand::Purge {
-                selection: Selection {
-                    all: true,
-                    ..Selection::default()
-                },
-                yes: true,
-            },
-            &mut o,
-        )
-        .await
-        .unwrap();
+        dlq(&t, "orders", purge_all(true), &mut o).await.unwrap();
         assert!(
             list(Selection::default())
                 .await

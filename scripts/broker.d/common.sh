@@ -87,6 +87,26 @@ wait_ready() {
   die "$name: not ready after ${timeout} s"
 }
 
+# serve_or_stop NAME STOP_FN TIMEOUT CHECK... — waits (wait_ready, on $STATE/NAME/pid and NAME.log) until
+# CHECK answers; if it never does, stops the half-started broker with STOP_FN and fails.
+serve_or_stop() {
+  local name=$1 stop_fn=$2 limit=$3; shift 3
+  # In a subshell, so wait_ready's exit on a timeout still lets us stop what we started.
+  if ! (wait_ready "$name" "$limit" "$STATE/$name/pid" "$STATE/$name/$name.log" "$@"); then
+    "$stop_fn"; exit 1
+  fi
+}
+
+# roundtrip_or_stop NAME STOP_FN WHAT CHECK... — runs the client round trip CHECK; if it fails, prints the
+# log tail, stops the broker with STOP_FN and fails saying WHAT failed.
+roundtrip_or_stop() {
+  local name=$1 stop_fn=$2 what=$3; shift 3
+  if ! "$@"; then
+    tail_log "$name" "$STATE/$name/$name.log"; "$stop_fn"
+    die "$name: $what"
+  fi
+}
+
 # stop_pid NAME PIDFILE [GRACE_SECONDS] — SIGTERM, wait, then SIGKILL; only the pid in PIDFILE (modules
 # write the broker process's own pid there, not a wrapper's).
 stop_pid() {

@@ -100,14 +100,9 @@ kafka_start() {
   printf '%s\n' "$port" > "$d/port"
   launch_detached kafka "$d" "$d/kafka.log" \
     "$java" -Xms128m -Xmx512m -XX:+UseG1GC -cp "$cp" kafka.Kafka "$d/server.properties"
-  # In a subshell, so a timeout (wait_ready dies) still lets us stop the half-started broker.
-  if ! (wait_ready kafka 120 "$d/pid" "$d/kafka.log" kcat -b "127.0.0.1:$port" -L -m 5); then
-    kafka_stop; exit 1
-  fi
-  if ! kafka_roundtrip "$port"; then
-    tail_log kafka "$d/kafka.log"; kafka_stop
-    die "kafka: metadata answers but a produce/consume round trip on 127.0.0.1:$port failed"
-  fi
+  serve_or_stop kafka kafka_stop 120 kcat -b "127.0.0.1:$port" -L -m 5
+  roundtrip_or_stop kafka kafka_stop "metadata answers but a produce/consume round trip on 127.0.0.1:$port failed" \
+    kafka_roundtrip "$port"
   log "kafka: up at kafka://127.0.0.1:$port (pid $(cat "$d/pid"), round trip ok)"
 }
 

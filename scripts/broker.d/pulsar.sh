@@ -137,7 +137,7 @@ pulsar_start() {
   pulsar_jvm_args "$d" "$cp"
   log "pulsar: starting (broker $port, web $web, bookie $bk; log $d/pulsar.log)"
   pulsar_launch "$d" "$bk"
-  wait_ready pulsar 240 "$d/pid" "$d/pulsar.log" pulsar_healthy "$web"
+  serve_or_stop pulsar pulsar_stop 240 pulsar_healthy "$web"
   pulsar_ensure_namespace "$web"
   log "pulsar: up at pulsar://127.0.0.1:$port (admin http://127.0.0.1:$web)"
 }

@@ -36,13 +36,9 @@ sqs_start() {
   log "sqs: starting ElasticMQ on 127.0.0.1:$port"
   launch_detached sqs "$d" "$d/sqs.log" \
     "$java" -Xms64m -Xmx256m -Dconfig.file="$d/elasticmq.conf" -cp "$cp" org.elasticmq.server.Main
-  if ! (wait_ready sqs 60 "$d/pid" "$d/sqs.log" sqs_list_queues "$port"); then
-    sqs_stop; exit 1
-  fi
-  if ! sqs_roundtrip "$port"; then
-    tail_log sqs "$d/sqs.log"; sqs_stop
-    die "sqs: ListQueues answers but a send/receive round trip on 127.0.0.1:$port failed"
-  fi
+  serve_or_stop sqs sqs_stop 60 sqs_list_queues "$port"
+  roundtrip_or_stop sqs sqs_stop "ListQueues answers but a send/receive round trip on 127.0.0.1:$port failed" \
+    sqs_roundtrip "$port"
   log "sqs: up at http://127.0.0.1:$port (pid $(cat "$d/pid"), round trip ok)"
 }
 
