@@ -183,6 +183,7 @@ impl MemorySubscription {
                             offset: Some(stored.offset),
                         },
                         broker_attempts: None,
+                        broker_retries: None,
                     },
                     receipt: Box::new(MemoryReceipt {
                         broker: self.broker.clone(),

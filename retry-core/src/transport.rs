@@ -184,9 +184,15 @@ pub struct DeliveryInfo {
     pub message_id: String,
     /// Where it was consumed (topic, and partition/offset where the broker has them).
     pub origin: Origin,
-    /// Failed attempts as the broker counts them, for brokers that retry in place without a copy (SQS
-    /// `ApproximateReceiveCount - 1`); the runtime takes the larger of this and the metadata's count.
+    /// Failed attempts as the broker counts them, for brokers where a retry is the same message coming
+    /// back rather than a copy carrying new metadata (SQS: `ApproximateReceiveCount - 1`); the runtime
+    /// takes the larger of this and the metadata's count. Such a broker also counts a release (shutdown)
+    /// or a crash as a receive, so there they count as attempts.
     pub broker_attempts: Option<u32>,
+    /// Retries scheduled through the broker, as the broker counts them, for the same brokers (SQS:
+    /// `ApproximateReceiveCount - 1`); the runtime takes the larger of this and the metadata's count, so
+    /// the policy advances even though the message's metadata could not be rewritten.
+    pub broker_retries: Option<u32>,
 }
 
 /// One message handed to the runtime, with the means to settle it.

@@ -69,6 +69,9 @@ pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
     if let Some(counted) = info.broker_attempts {
         meta.attempts = meta.attempts.max(counted);
     }
+    if let Some(counted) = info.broker_retries {
+        meta.retries = meta.retries.max(counted);
+    }
     let span = info_span!(
         "event",
         topic = %shared.spec.topic,

@@ -1,0 +1,139 @@
+//! The contract fits a broker where a retry is *not* a copy: the received message itself is hidden and
+//! comes back (SQS's visibility timeout). Such a transport cannot rewrite the message's metadata, so it
+//! reports the counts it keeps (`ApproximateReceiveCount`) in `DeliveryInfo`, and the policy still
+//! advances and ends in the DLQ.
+//!
+//! The transport here wraps the in-memory one: `retry` releases the original for `delay` (no copy, old
+//! metadata), and every delivery reports how often its message was received before.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use retry_core::dlq::{DeadLetterQueue, DlqFilter};
+use retry_core::metadata::DeadReason;
+use retry_core::prelude::*;
+use retry_core::transport::{Delivery, Receipt, Subscription, SubscriptionSpec, TransportError};
+
+#[derive(Clone, Default)]
+struct VisibilityTransport {
+    inner: MemoryTransport,
+    receives: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+struct VisibilitySubscription {
+    inner: Box<dyn Subscription>,
+    receives: Arc<Mutex<HashMap<String, u32>>>,
+}
+
+/// Retrying hides the same message for `delay`: the metadata it carries stays as it was.
+struct VisibilityReceipt(Box<dyn Receipt>);
+
+#[async_trait]
+impl Receipt for VisibilityReceipt {
+    async fn ack(&mut self) -> Result<(), TransportError> {
+        self.0.ack().await
+    }
+    async fn retry(&mut self, _event: &Event, delay: Duration) -> Result<(), TransportError> {
+        self.0.release(delay).await
+    }
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
+        self.0.dead_letter(event).await
+    }
+    async fn release(&mut self, after: Duration) -> Result<(), TransportError> {
+        self.0.release(after).await
+    }
+}
+
+#[async_trait]
+impl Subscription for VisibilitySubscription {
+    async fn next(&mut self) -> Result<Option<Delivery>, TransportError> {
+        let Some(mut d) = self.inner.next().await? else {
+            return Ok(None);
+        };
+        let earlier = {
+            let mut receives = self.receives.lock().unwrap_or_else(|p| p.into_inner());
+            let n = receives.entry(d.info.message_id.clone()).or_insert(0);
+            *n += 1;
+            *n - 1
+        };
+        d.info.broker_attempts = Some(earlier);
+        d.info.broker_retries = Some(earlier);
+        d.receipt = Box::new(VisibilityReceipt(d.receipt));
+        Ok(Some(d))
+    }
+}
+
+#[async_trait]
+impl Transport for VisibilityTransport {
+    fn name(&self) -> &'static str {
+        "visibility"
+    }
+    fn capabilities(&self) -> Capabilities {
+        MemoryTransport::CAPABILITIES
+    }
+    async fn publish(&self, topic: &str, event: &Event) -> Result<(), TransportError> {
+        self.inner.publish(topic, event).await
+    }
+    async fn subscribe(
+        &self,
+        spec: &SubscriptionSpec,
+    ) -> Result<Box<dyn Subscription>, TransportError> {
+        Ok(Box::new(VisibilitySubscription {
+            inner: self.inner.subscribe(spec).await?,
+            receives: self.receives.clone(),
+        }))
+    }
+    fn dead_letters(&self) -> Arc<dyn DeadLetterQueue> {
+        self.inner.dead_letters()
+    }
+}
+
+#[tokio::test]
+async fn the_policy_advances_without_rewritten_metadata() -> Result<(), Box<dyn std::error::Error>>
+{
+    let transport = Arc::new(VisibilityTransport::default());
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let seen = calls.clone();
+    let handle = Consumer::builder(transport.clone(), "in-place")
+        .policy(RetryPolicy::parse("30ms x2")?)
+        .build()?
+        .start(handler_fn(move |_event: Event, ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((ctx.attempt, ctx.retries));
+                Err(HandlerError::deferred("still failing"))
+            }
+        }))
+        .await?;
+    transport
+        .publish("in-place", &Event::new("x").with_id("x"))
+        .await?;
+    let dlq = transport.dead_letters();
+    let mut entries = Vec::new();
+    for _ in 0..200 {
+        entries = dlq.list("in-place", &DlqFilter::all()).await?;
+        if !entries.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    handle.shutdown().await?;
+    let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(
+        calls,
+        [(1, 0), (2, 1), (3, 2)],
+        "attempt and policy position from the broker's counts"
+    );
+    assert_eq!(entries.len(), 1, "the spent event reached the DLQ");
+    let meta = &entries[0].event.meta;
+    assert_eq!(
+        meta.dead.as_ref().map(|d| d.reason),
+        Some(DeadReason::Exhausted)
+    );
+    assert_eq!((meta.attempts, meta.retries), (3, 2));
+    Ok(())
+}
