@@ -296,6 +296,7 @@ impl Consumer {
             pause: pause_rx,
             tasks: JoinSet::new(),
             slots: Arc::new(Semaphore::new(b.spec.max_in_flight)),
+            queue_slots: Arc::new(Semaphore::new(b.spec.max_in_flight.saturating_mul(4))),
             keys: Arc::new(KeyQueues::default()),
             grace: b.shutdown_grace,
         };
@@ -384,6 +385,9 @@ struct ReceiveLoop {
     pause: watch::Receiver<usize>,
     tasks: JoinSet<()>,
     slots: Arc<Semaphore>,
+    /// Deliveries waiting behind their key (per-key ordering) hold one of these instead of a work permit,
+    /// so one busy key cannot take every slot from the others; 4 × concurrency of them.
+    queue_slots: Arc<Semaphore>,
     keys: Arc<KeyQueues>,
     grace: Duration,
 }
@@ -490,23 +494,28 @@ impl ReceiveLoop {
                 });
             }
             Some(key) => {
-                let Some(mut current) = self.keys.claim_or_queue(&key, delivery, permit) else {
+                let queue_slots = self.queue_slots.clone();
+                let claimed = self.keys.claim_or_queue(&key, delivery, permit, || {
+                    queue_slots.try_acquire_owned().ok()
+                });
+                let Some((mut delivery, task_permit)) = claimed else {
                     return;
                 };
                 let keys = self.keys.clone();
                 self.tasks.spawn(async move {
                     // Frees the key (releasing whatever queued behind it) even if processing panics.
                     let _key_guard = ordering::KeyGuard::new(keys.clone(), key.clone());
+                    // The task holds one work permit for its whole life: one key, one event at a time.
+                    let _task_permit = task_permit;
                     loop {
-                        let (delivery, permit) = current;
                         if shared.shutdown.is_cancelled() {
                             drop(delivery); // released to the broker unsettled
                         } else {
                             process::process(shared.clone(), delivery).await;
                         }
-                        drop(permit);
                         match keys.next_or_release(&key) {
-                            Some(next) => current = next,
+                            // The queued delivery's own permit (a queue slot) is no longer needed.
+                            Some((next, _queued_permit)) => delivery = next,
                             None => break,
                         }
                     }

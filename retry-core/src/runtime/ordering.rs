@@ -29,22 +29,26 @@ pub(crate) struct KeyQueues {
 }
 
 impl KeyQueues {
-    /// Claims `key` for the caller, or queues the delivery behind the key's current holder.
+    /// Claims `key` for the caller (giving the delivery back), or queues the delivery behind the key's
+    /// current holder. A queued delivery holds a queue slot from `queue_slot` if one is free (its work
+    /// permit is then given back, so other keys go on), else it keeps the work permit (back-pressure).
     pub(crate) fn claim_or_queue(
         &self,
         key: &Bytes,
         delivery: Delivery,
-        permit: OwnedSemaphorePermit,
+        work: OwnedSemaphorePermit,
+        queue_slot: impl FnOnce() -> Option<OwnedSemaphorePermit>,
     ) -> Option<(Delivery, OwnedSemaphorePermit)> {
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         match busy.get_mut(key) {
             Some(queue) => {
+                let permit = queue_slot().unwrap_or(work);
                 queue.push_back((delivery, permit));
                 None
             }
             None => {
                 busy.insert(key.clone(), VecDeque::new());
-                Some((delivery, permit))
+                Some((delivery, work))
             }
         }
     }
