@@ -750,7 +750,9 @@ async fn poison_input_to_dlq(f: Arc<dyn Fixture>) -> ScenarioResult {
     publish(
         &f,
         &topic,
-        Event::new("{}").with_header(names::ATTEMPTS, "abc"),
+        Event::new("{}")
+            .with_id("poison-1")
+            .with_header(names::ATTEMPTS, "abc"),
     )
     .await?;
     publish(
@@ -796,6 +798,19 @@ async fn poison_input_to_dlq(f: Arc<dyn Fixture>) -> ScenarioResult {
     ensure(
         reasons.iter().any(|r| r.contains("undecodable payload")),
         || format!("{reasons:?}"),
+    )?;
+    let salvaged = entries
+        .iter()
+        .find(|e| e.event.meta.event_id.as_deref() == Some("poison-1"));
+    ensure(
+        salvaged.is_some_and(|e| {
+            e.event
+                .meta
+                .last_error
+                .as_deref()
+                .is_some_and(|r| r.contains(names::ATTEMPTS))
+        }),
+        || "the poison entry lost the event id that did parse".into(),
     )?;
     ensure(!c.is_finished(), || "the consumer died".into())?;
     finish(&f, &topic, vec![c]).await?;
@@ -1059,5 +1074,34 @@ async fn graceful_shutdown(f: Arc<dyn Fixture>) -> ScenarioResult {
         format!("successes {counts:?}")
     })?;
     finish(&f, &topic, vec![c2]).await?;
+
+    // A handler that outlives the grace period: shutdown returns within it and releases the event,
+    // which the next consumer handles; nothing is lost, and nothing is acknowledged unhandled.
+    let topic = f
+        .fresh_topic("s16-grace")
+        .await
+        .map_err(|e| e.to_string())?;
+    let slow = Probe::new(move |_, nth| if nth == 0 { Act::Hang } else { Act::Ok });
+    let c3 = start(builder(&f, &topic, "c3").shutdown_grace(u * 2), &slow).await?;
+    publish_ids(&f, &topic, &["stuck"]).await?;
+    wait_for("the slow call", patience(&f, 10), || slow.call_count() >= 1).await?;
+    let asked = std::time::Instant::now();
+    c3.shutdown().await.map_err(|e| format!("shutdown: {e}"))?;
+    let took = asked.elapsed();
+    ensure(took < u * 2 + Duration::from_secs(10), || {
+        format!("shutdown took {took:?} with a grace of {:?}", u * 2)
+    })?;
+    ensure(slow.successes().is_empty(), || {
+        "the cut call counted as a success".into()
+    })?;
+    let c4 = start(builder(&f, &topic, "c4"), &slow).await?;
+    wait_for(
+        "the released event on the next consumer",
+        patience(&f, 60),
+        || slow.success_counts().get("stuck") == Some(&1),
+    )
+    .await?;
+    ensure(dlq(&f, &topic).await?.is_empty(), || "DLQ not empty".into())?;
+    finish(&f, &topic, vec![c4]).await?;
     Ok(Verdict::Pass(None))
 }

@@ -347,21 +347,63 @@ pub fn encode_packed(meta: &RetryMetadata) -> Bytes {
 /// Unknown names inside the namespace are kept as producer headers (a newer SDK's fields survive an older
 /// consumer). Fails on a value that is too long, not UTF-8, or not of its field's type.
 pub fn decode(headers: &Headers) -> Result<(RetryMetadata, Headers), MetadataError> {
+    let mut first_error = None;
+    let decoded = decode_with(headers, |e| {
+        first_error.get_or_insert(e);
+        false
+    });
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(decoded),
+    }
+}
+
+/// Decodes what can be decoded: a malformed field is skipped (and its header dropped) instead of failing
+/// the whole, and every problem is returned. For poison events, so their DLQ entry keeps the event id,
+/// origin and history that did parse.
+pub fn decode_lenient(headers: &Headers) -> (RetryMetadata, Headers, Vec<MetadataError>) {
+    let mut errors = Vec::new();
+    let (meta, foreign) = decode_with(headers, |e| {
+        errors.push(e);
+        true
+    });
+    (meta, foreign, errors)
+}
+
+/// The decoding loop; `on_error` records a problem and says whether to go on.
+fn decode_with(
+    headers: &Headers,
+    mut on_error: impl FnMut(MetadataError) -> bool,
+) -> (RetryMetadata, Headers) {
     let mut meta = RetryMetadata::default();
     let mut foreign = Headers::new();
     let mut dead = DeadParts::default();
     for (owned_name, value) in headers.entries() {
         let name = owned_name.as_ref();
-        if name == PACKED {
-            decode_packed(value, &mut meta, &mut dead)?;
-        } else if name.starts_with(PREFIX) && apply(&mut meta, &mut dead, name, value)? {
-            // a metadata field, applied
+        let applied = if name == PACKED {
+            decode_packed(value, &mut meta, &mut dead).map(|()| true)
+        } else if name.starts_with(PREFIX) {
+            apply(&mut meta, &mut dead, name, value)
         } else {
-            foreign.push(owned_name.clone(), value.clone());
+            Ok(false)
+        };
+        match applied {
+            Ok(true) => {}
+            Ok(false) => foreign.push(owned_name.clone(), value.clone()),
+            Err(e) => {
+                if !on_error(e) {
+                    return (meta, foreign);
+                }
+            }
         }
     }
-    meta.dead = dead.finish()?;
-    Ok((meta, foreign))
+    match dead.finish() {
+        Ok(info) => meta.dead = info,
+        Err(e) => {
+            on_error(e);
+        }
+    }
+    (meta, foreign)
 }
 
 /// The metadata fields, for decoding by name.
@@ -650,6 +692,30 @@ mod tests {
 
         let h = Headers::new().with(names::DEAD_AT, "5");
         assert_eq!(decode(&h).unwrap_err().header, names::DEAD_REASON);
+    }
+
+    #[test]
+    fn lenient_decoding_keeps_what_parses() {
+        let h = Headers::new()
+            .with(names::EVENT_ID, "evt-9")
+            .with(names::ATTEMPTS, "abc")
+            .with(names::ORIGIN_TOPIC, "orders")
+            .with(names::RETRIES, vec![b'1'; 5000])
+            .with("x-retry-from-the-future", "kept")
+            .with("trace", "t");
+        let (meta, foreign, errors) = decode_lenient(&h);
+        assert_eq!(meta.event_id.as_deref(), Some("evt-9"));
+        assert_eq!(meta.origin.map(|o| o.topic).as_deref(), Some("orders"));
+        assert_eq!((meta.attempts, meta.retries), (0, 0));
+        let names: Vec<&str> = foreign.iter().map(|(n, _)| n).collect();
+        assert_eq!(
+            names,
+            ["x-retry-from-the-future", "trace"],
+            "bad fields dropped, others kept"
+        );
+        let headers: Vec<&str> = errors.iter().map(|e| e.header.as_str()).collect();
+        assert_eq!(headers, [names::ATTEMPTS, names::RETRIES]);
+        assert!(decode(&h).is_err(), "strict decoding still refuses it");
     }
 
     #[test]

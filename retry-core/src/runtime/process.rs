@@ -40,20 +40,31 @@ pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
     let mut event = match Event::from_raw(message.clone()) {
         Ok(event) => event,
         Err(err) => {
+            // Keep what did parse (event id, origin, history) for whoever triages the DLQ entry.
+            let (meta, headers, problems) = metadata::decode_lenient(&message.headers);
             let mut poison = Event {
                 payload: message.payload,
                 key: message.key,
-                headers: message.headers,
-                meta: Default::default(),
+                headers,
+                meta,
             };
             poison
-                .headers
-                .retain(|name, _| !name.starts_with(metadata::PREFIX) && name != metadata::PACKED);
-            poison.meta.event_id = Some(info.message_id.clone());
-            poison.meta.origin = Some(info.origin.clone());
-            poison.meta.first_seen = Some(now);
+                .meta
+                .event_id
+                .get_or_insert_with(|| info.message_id.clone());
+            poison
+                .meta
+                .origin
+                .get_or_insert_with(|| info.origin.clone());
+            poison.meta.first_seen.get_or_insert(now);
             poison.meta.error_kind = Some(ErrorKind::NonRetryable);
-            poison.meta.set_last_error(&format!("poison: {err}"));
+            let reasons: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            let reasons = if reasons.is_empty() {
+                err.to_string()
+            } else {
+                reasons.join("; ")
+            };
+            poison.meta.set_last_error(&format!("poison: {reasons}"));
             warn!(event_id = %info.message_id, error = %err, "poison message: malformed metadata");
             dead_letter(&shared, &mut *receipt, poison, DeadReason::Poison).await;
             return;
