@@ -4,9 +4,11 @@
 # and is stopped only through the pid it wrote. Downloads (apt packages, Maven artifacts) are cached
 # outside the work tree: apt's cache and ~/.m2, plus resolved classpaths under $CACHE.
 
-ROOT=${ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 STATE=${RETRY_BROKERS_STATE:-$ROOT/target/brokers}
-CACHE=${RETRY_BROKERS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/event-retry/brokers}
+CACHE=${RETRY_BROKERS_CACHE:-${XDG_CACHE_HOME:-${HOME:-$(getent passwd "$(id -u)" | cut -d: -f6)}/.cache}/event-retry/brokers}
+# Debian's broker and package tools live in the sbin folders, which a CI PATH may lack.
+PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 
 log() { printf '[brokers] %s\n' "$*" >&2; }
 die() { printf '[brokers] error: %s\n' "$*" >&2; exit 1; }
@@ -124,7 +126,9 @@ stop_pid() {
   log "$name: stopped"
 }
 
-# apt_install PACKAGE... — installs the Debian packages that are missing (as root, or through sudo).
+# apt_install PACKAGE... — installs the Debian packages that are missing (as root, or through sudo). Waits
+# for a dpkg lock held by a boot-time upgrade instead of failing, and refreshes the package lists (once,
+# tolerating an unreachable extra source) when the first try finds nothing.
 apt_install() {
   local missing=() p
   # Installed means "install ok installed": a removed package keeps its config files and a dpkg record.
@@ -133,10 +137,11 @@ apt_install() {
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   local sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  local apt=($sudo env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -y -q)
   log "installing ${missing[*]} (apt)"
-  if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; then
-    $sudo apt-get update -q >/dev/null
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null \
+  if ! "${apt[@]}" install --no-install-recommends "${missing[@]}" >/dev/null; then
+    "${apt[@]}" update >/dev/null || log "apt-get update reported errors; trying the install anyway"
+    "${apt[@]}" install --no-install-recommends "${missing[@]}" >/dev/null \
       || die "apt-get install ${missing[*]} failed"
   fi
 }
@@ -148,11 +153,11 @@ maven_classpath() {
   command -v mvn >/dev/null || apt_install maven
   local hash; hash=$(sha256sum "$pomdir/pom.xml" | cut -c1-16)
   local out="$CACHE/$name/classpath-$hash.txt"
-  # The cached classpath is reused while its first jars are still in the local Maven repository.
-  if [ ! -s "$out" ] || ! cut -d: -f1-3 "$out" | tr ':' '\n' | xargs -r ls >/dev/null 2>&1; then
+  # The cached classpath is reused while every jar it names is still in the local Maven repository.
+  if [ ! -s "$out" ] || ! tr ':' '\n' < "$out" | xargs -r ls >/dev/null 2>&1; then
     mkdir -p "$CACHE/$name"
     log "$name: resolving the Maven classpath (first run downloads from Maven Central)"
-    mvn -B -q -f "$pomdir/pom.xml" dependency:build-classpath -Dmdep.outputFile="$out.tmp" \
+    timeout 1200 mvn -B -q -f "$pomdir/pom.xml" dependency:build-classpath -Dmdep.outputFile="$out.tmp" \
       > "$CACHE/$name/mvn.log" 2>&1 || { tail -n 30 "$CACHE/$name/mvn.log" >&2; die "$name: Maven could not resolve $pomdir/pom.xml"; }
     mv "$out.tmp" "$out"
   fi

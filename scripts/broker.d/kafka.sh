@@ -61,7 +61,7 @@ EOF
 # quorum in server.properties means no --standalone is needed).
 kafka_format() {
   local java=$1 cp=$2 d=$3
-  if ! "$java" -Xmx256m -cp "$cp" kafka.tools.StorageTool format -t "$(kafka_cluster_id)" \
+  if ! timeout 120 "$java" -Xmx256m -cp "$cp" kafka.tools.StorageTool format -t "$(kafka_cluster_id)" \
       -c "$d/server.properties" --ignore-formatted > "$d/format.log" 2>&1; then
     tail_log kafka "$d/format.log"
     die "kafka: formatting the storage failed"
