@@ -16,6 +16,13 @@ die() { printf '[brokers] error: %s\n' "$*" >&2; exit 1; }
 # dir NAME — the state folder of a broker (created).
 dir() { mkdir -p "$STATE/$1" && printf '%s' "$STATE/$1"; }
 
+# keep_data — true during `scripts/brokers restart`: a broker starts on the data it had (and, where the
+# data remembers them, the ports it had), to test that nothing is lost across a broker restart.
+keep_data() { [ "${RETRY_BROKERS_KEEP_DATA:-}" = 1 ]; }
+
+# recorded_port FILE — the port recorded in FILE when keeping data (printed first among the candidates).
+recorded_port() { if keep_data && [ -s "$1" ]; then cat "$1"; fi; }
+
 # port_in_use PORT — true if something listens on 127.0.0.1:PORT.
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 

@@ -1,6 +1,7 @@
 # Apache Kafka 4.x, one KRaft node in combined broker+controller mode, run from Maven Central jars (the
 # Maven project in broker.d/kafka/). Sourced by scripts/brokers after common.sh. State under $STATE/kafka/:
-# server.properties, data/ (wiped on every start), pid, port (the client port), kafka.log, format.log.
+# server.properties, data/ (wiped on every start but a restart), pid, port (the client port),
+# controller-port, kafka.log, format.log.
 # Readiness and the self-check use Debian's kcat, so nothing else has to run on the JVM.
 
 KAFKA_POM_DIR="$ROOT/scripts/broker.d/kafka"
@@ -91,12 +92,16 @@ kafka_start() {
   cmdline_has "$d/pid" kafka.Kafka && kafka_stop
   cp=$(maven_classpath kafka "$KAFKA_POM_DIR")
   java=$(java_bin)
-  port=$(pick_port kafka 19092 29092 39092)
-  cport=$(pick_port kafka 19093 29093 39093)
+  port=$(pick_port kafka $(recorded_port "$d/port") 19092 29092 39092)
+  cport=$(pick_port kafka $(recorded_port "$d/controller-port") 19093 29093 39093)
   log "kafka: starting on 127.0.0.1:$port (controller 127.0.0.1:$cport)"
-  rm -rf "$d/data"
+  keep_data || rm -rf "$d/data"
+  printf '%s\n' "$cport" > "$d/controller-port"
   kafka_write_config "$d" "$port" "$cport"
-  kafka_format "$java" "$cp" "$d"
+  # A restart keeps the formatted storage (formatting again would need the same cluster id).
+  if ! keep_data || [ ! -s "$d/data/meta.properties" ]; then
+    kafka_format "$java" "$cp" "$d"
+  fi
   printf '%s\n' "$port" > "$d/port"
   launch_detached kafka "$d" "$d/kafka.log" \
     "$java" -Xms128m -Xmx512m -XX:+UseG1GC -cp "$cp" kafka.Kafka "$d/server.properties"

@@ -1,7 +1,8 @@
 # Apache Pulsar 4.0 standalone for scripts/brokers: one JVM running the broker, an in-process BookKeeper
 # bookie and RocksDB metadata (no ZooKeeper), from Maven Central jars (scripts/broker.d/pulsar/pom.xml).
 # Sourced by scripts/brokers after common.sh; defines pulsar_install, pulsar_start, pulsar_status and
-# pulsar_stop. State, config and log live in $STATE/pulsar/; the data folder is wiped at every start.
+# pulsar_stop. State, config and log live in $STATE/pulsar/; the data folder is wiped at every start but
+# a restart.
 
 # The Maven project, config template and log4j2 config next to this file.
 pulsar_home() { printf '%s' "$ROOT/scripts/broker.d/pulsar"; }
@@ -58,7 +59,8 @@ pulsar_stop() {
 # pulsar_wipe DIR — removes the data and temp files of an earlier run. A leftover data/standalone/zookeeper
 # would switch the standalone to ZooKeeper mode, and stale bookie cookies can refuse a new port.
 pulsar_wipe() {
-  rm -rf "$1/data" "$1/tmp" "$1/standalone.conf" "$1/java.args"
+  keep_data || rm -rf "$1/data"
+  rm -rf "$1/tmp" "$1/standalone.conf" "$1/java.args"
   mkdir -p "$1/data" "$1/tmp"
 }
 
@@ -100,7 +102,7 @@ pulsar_launch() {
   local d=$1 bk=$2 java; java=$(java_bin)
   launch_detached pulsar "$d" "$d/pulsar.log" \
     env -u PULSAR_STANDALONE_USE_ZOOKEEPER "$java" "@$d/java.args" org.apache.pulsar.PulsarStandaloneStarter \
-    --config "$d/standalone.conf" --no-functions-worker --no-stream-storage --wipe-data \
+    --config "$d/standalone.conf" --no-functions-worker --no-stream-storage $(keep_data || echo --wipe-data) \
     --metadata-dir "$d/data/metadata" --bookkeeper-dir "$d/data/bookkeeper" --bookkeeper-port "$bk" \
     --advertised-address 127.0.0.1
 }
@@ -127,9 +129,10 @@ pulsar_start() {
   pulsar_stop   # a half-alive JVM of ours (alive, not healthy) would hold the ports and the data folder
   pulsar_wipe "$d"
   local port web bk
-  port=$(pick_port pulsar 6650 16650 26650)
-  web=$(pick_port pulsar 8080 18080 28080)
-  bk=$(pick_port pulsar 3181 13181 23181)
+  # On a restart the bookie's stored cookie names its port: keep the ports the data was written with.
+  port=$(pick_port pulsar $(recorded_port "$d/port") 6650 16650 26650)
+  web=$(pick_port pulsar $(recorded_port "$d/web-port") 8080 18080 28080)
+  bk=$(pick_port pulsar $(recorded_port "$d/bookie-port") 3181 13181 23181)
   printf '%s\n' "$port" > "$d/port"
   printf '%s\n' "$web" > "$d/web-port"
   printf '%s\n' "$bk" > "$d/bookie-port"

@@ -52,8 +52,9 @@ rabbitmq_start() {
   port=$(pick_port rabbitmq 5672 5673 35672)
   dist=$(pick_port rabbitmq-dist 25673 45673 55673)
   printf '%s' "$port" > "$d/port"
-  # A stale node from an earlier run must not be reused: fresh data and logs every start.
-  rm -rf "$n/mnesia" "$n/rabbitmq.log" "$n/pid" "$d/server.pid"
+  # A stale node from an earlier run must not be reused: fresh data and logs every start (but a restart).
+  keep_data || rm -rf "$n/mnesia"
+  rm -rf "$n/rabbitmq.log" "$n/pid" "$d/server.pid"
   mkdir -p "$n/mnesia"
   touch "$n/rabbitmq.log"
   chown -R rabbitmq:rabbitmq "$n" || die "rabbitmq: cannot give $n to user rabbitmq"
