@@ -89,7 +89,7 @@ rabbitmq_status() {
 rabbitmq_stop() {
   local d="$STATE/rabbitmq" pid
   if pid=$(rabbitmq_server_pid); then
-    timeout 60 rabbitmqctl -q -n "$(rabbitmq_node)" stop >/dev/null 2>&1 || true
+    bounded 60 rabbitmq_ctl stop >/dev/null 2>&1 || true
     echo "$pid" > "$d/server.pid"
     stop_pid rabbitmq "$d/server.pid" 30
   fi

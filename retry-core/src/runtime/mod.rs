@@ -501,10 +501,9 @@ impl ReceiveLoop {
                 let Some((mut delivery, task_permit)) = claimed else {
                     return;
                 };
-                let keys = self.keys.clone();
+                // Frees the key (releasing whatever queued behind it) even if processing panics.
+                let mut key_guard = ordering::KeyGuard::new(self.keys.clone(), key);
                 self.tasks.spawn(async move {
-                    // Frees the key (releasing whatever queued behind it) even if processing panics.
-                    let _key_guard = ordering::KeyGuard::new(keys.clone(), key.clone());
                     // The task holds one work permit for its whole life: one key, one event at a time.
                     let _task_permit = task_permit;
                     loop {
@@ -513,7 +512,7 @@ impl ReceiveLoop {
                         } else {
                             process::process(shared.clone(), delivery).await;
                         }
-                        match keys.next_or_release(&key) {
+                        match key_guard.next() {
                             // The queued delivery's own permit (a queue slot) is no longer needed.
                             Some((next, _queued_permit)) => delivery = next,
                             None => break,

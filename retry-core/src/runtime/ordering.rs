@@ -64,23 +64,39 @@ impl KeyQueues {
     }
 }
 
-/// Frees a key when the task that holds it ends, even by panicking: queued deliveries of the key are
-/// dropped, which releases them to the broker.
+/// The claim a task holds on a key: it hands out the deliveries queued behind the key and frees the key
+/// when none is left. If the task ends early (it panicked or was aborted) the drop frees the key, and the
+/// deliveries still queued are dropped, which releases them to the broker. Once the key was freed in the
+/// normal way the drop does nothing, so it never removes a later task's fresh claim.
 pub(crate) struct KeyGuard {
     keys: std::sync::Arc<KeyQueues>,
     key: Bytes,
+    held: bool,
 }
 
 impl KeyGuard {
     pub(crate) fn new(keys: std::sync::Arc<KeyQueues>, key: Bytes) -> Self {
-        Self { keys, key }
+        Self {
+            keys,
+            key,
+            held: true,
+        }
+    }
+
+    /// The next delivery queued behind the key, or `None` after freeing the key.
+    pub(crate) fn next(&mut self) -> Option<(Delivery, OwnedSemaphorePermit)> {
+        let next = self.keys.next_or_release(&self.key);
+        self.held = next.is_some();
+        next
     }
 }
 
 impl Drop for KeyGuard {
     fn drop(&mut self) {
-        let mut busy = self.keys.busy.lock().unwrap_or_else(|p| p.into_inner());
-        busy.remove(&self.key);
+        if self.held {
+            let mut busy = self.keys.busy.lock().unwrap_or_else(|p| p.into_inner());
+            busy.remove(&self.key);
+        }
     }
 }
 
@@ -233,6 +249,72 @@ impl Parking {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use tokio::sync::Semaphore;
+
+    struct NoReceipt;
+
+    #[async_trait::async_trait]
+    impl crate::transport::Receipt for NoReceipt {
+        async fn ack(&mut self) -> Result<(), crate::transport::TransportError> {
+            Ok(())
+        }
+        async fn retry(
+            &mut self,
+            _: &crate::event::Event,
+            _: Duration,
+        ) -> Result<(), crate::transport::TransportError> {
+            Ok(())
+        }
+        async fn dead_letter(
+            &mut self,
+            _: &crate::event::Event,
+        ) -> Result<(), crate::transport::TransportError> {
+            Ok(())
+        }
+        async fn release(&mut self, _: Duration) -> Result<(), crate::transport::TransportError> {
+            Ok(())
+        }
+    }
+
+    fn delivery() -> Delivery {
+        Delivery {
+            message: Default::default(),
+            info: Default::default(),
+            receipt: Box::new(NoReceipt),
+        }
+    }
+
+    #[test]
+    fn a_freed_guard_never_removes_a_later_claim() {
+        let permits = Arc::new(Semaphore::new(8));
+        let permit = || permits.clone().try_acquire_owned().ok();
+        let keys = Arc::new(KeyQueues::default());
+        let k = key();
+        let first = permit().and_then(|p| keys.claim_or_queue(&k, delivery(), p, || None));
+        assert!(first.is_some(), "the first delivery claims the key");
+        let mut old_guard = KeyGuard::new(keys.clone(), k.clone());
+        assert!(
+            old_guard.next().is_none(),
+            "nothing queued: the key is freed"
+        );
+        let second = permit().and_then(|p| keys.claim_or_queue(&k, delivery(), p, || None));
+        assert!(second.is_some(), "a new task claims the freed key");
+        drop(old_guard);
+        let third = permit().and_then(|p| keys.claim_or_queue(&k, delivery(), p, || None));
+        assert!(
+            third.is_none(),
+            "the new claim survived the old guard: the third delivery queues"
+        );
+        let mut new_guard = KeyGuard::new(keys.clone(), k.clone());
+        assert!(new_guard.next().is_some());
+        drop(new_guard);
+        let after_panic = permit().and_then(|p| keys.claim_or_queue(&k, delivery(), p, || None));
+        assert!(
+            after_panic.is_some(),
+            "a guard dropped while holding the key frees it"
+        );
+    }
 
     const NOW: Timestamp = Timestamp::from_millis(1_000);
     const STALE: Duration = Duration::from_secs(60);
