@@ -41,7 +41,7 @@ pub fn brokers() -> Vec<Broker> {
         Broker {
             name: "rabbitmq",
             env: "RETRY_TEST_AMQP",
-            make: None,
+            make: Some(crate::rabbitmq::RabbitFixture::make),
         },
         Broker {
             name: "sqs",

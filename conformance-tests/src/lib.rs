@@ -10,5 +10,6 @@ pub mod containers;
 pub mod fixture;
 pub mod harness;
 pub mod probe;
+pub mod rabbitmq;
 pub mod report;
 pub mod scenarios;

@@ -1,0 +1,148 @@
+//! How the adapter lays out its queues: granularity and depth of the delay ladder, queue type, names.
+//!
+//! The defaults suit most services: delays exact to 100 ms up to 19 days, classic durable queues, topology
+//! declared on first use. Everything the broker stores is named from these settings, so two services with
+//! the same settings share one ladder and a service with different ones gets its own.
+
+use std::time::Duration;
+
+use retry_core::transport::TransportError;
+
+/// The queue type for every queue the adapter declares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QueueType {
+    /// Classic durable queues (the default).
+    #[default]
+    Classic,
+    /// Quorum queues: replicated; delay levels dead-letter at least once (`x-dead-letter-strategy`), and
+    /// work queues carry an explicit `x-delivery-limit` whose overflow goes to the DLQ, never dropped.
+    Quorum,
+}
+
+impl QueueType {
+    /// The name used in queue names and `x-queue-type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+        }
+    }
+}
+
+/// The adapter's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RabbitConfig {
+    /// The ladder's step: every delay is rounded up to a multiple of it (never early). Default 100 ms.
+    pub granularity: Duration,
+    /// How many binary delay levels (queues with TTL granularity × 2ᵏ, k < levels); the longest delay is
+    /// granularity × (2^levels − 1). Default 24 (19.4 days at 100 ms).
+    pub levels: u32,
+    /// Queue type of the work queues, DLQs and delay levels. Default classic.
+    pub queue_type: QueueType,
+    /// `x-delivery-limit` of quorum work queues: deliveries (handler crashes, releases) after which the
+    /// broker moves a message to the DLQ. Default 1,000: far above any retry policy's attempts, because a
+    /// retry is a new copy and does not count.
+    pub delivery_limit: u32,
+    /// Prefix of the shared ladder's exchanges and queues. Default `event-retry`.
+    pub prefix: String,
+    /// Suffix of a topic's DLQ queue name. Default `.dlq`.
+    pub dlq_suffix: String,
+    /// Declare missing queues, exchanges and bindings (idempotently) on first use. Default true; when
+    /// false, a missing queue is an error naming it.
+    pub declare: bool,
+}
+
+impl Default for RabbitConfig {
+    fn default() -> Self {
+        Self {
+            granularity: Duration::from_millis(100),
+            levels: 24,
+            queue_type: QueueType::Classic,
+            delivery_limit: 1_000,
+            prefix: "event-retry".to_string(),
+            dlq_suffix: ".dlq".to_string(),
+            declare: true,
+        }
+    }
+}
+
+/// RabbitMQ refuses a TTL above 2³² − 1 ms.
+const MAX_TTL_MS: u128 = u32::MAX as u128;
+
+impl RabbitConfig {
+    /// The longest delay the ladder carries: granularity × (2^levels − 1).
+    pub fn max_delay(&self) -> Duration {
+        let units = (1u64 << self.levels.min(63)) - 1;
+        self.granularity
+            .checked_mul(u32::try_from(units).unwrap_or(u32::MAX))
+            .unwrap_or(Duration::MAX)
+    }
+
+    /// Checks the settings, with the reason when they cannot work.
+    pub fn validate(&self) -> Result<(), TransportError> {
+        let g = self.granularity.as_millis();
+        if g == 0 || !self.granularity.as_nanos().is_multiple_of(1_000_000) {
+            return Err(TransportError::Config(format!(
+                "granularity must be a whole number of milliseconds ≥ 1 ms, got {:?}",
+                self.granularity
+            )));
+        }
+        if !(1..=32).contains(&self.levels) {
+            return Err(TransportError::Config(format!(
+                "levels must be between 1 and 32, got {}",
+                self.levels
+            )));
+        }
+        let top = g << (self.levels - 1);
+        if top > MAX_TTL_MS {
+            return Err(TransportError::Config(format!(
+                "the top delay level would need a TTL of {top} ms, above RabbitMQ's limit of {MAX_TTL_MS} ms: \
+                 lower levels or granularity"
+            )));
+        }
+        if self.prefix.is_empty() || self.dlq_suffix.is_empty() {
+            return Err(TransportError::Config(
+                "prefix and dlq_suffix must not be empty".to_string(),
+            ));
+        }
+        if self.queue_type == QueueType::Quorum && self.delivery_limit == 0 {
+            return Err(TransportError::Config(
+                "a quorum work queue needs a delivery limit ≥ 1".to_string(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_reach_19_days() {
+        let c = RabbitConfig::default();
+        assert!(c.validate().is_ok());
+        assert_eq!(c.max_delay(), Duration::from_millis(100 * ((1 << 24) - 1)));
+    }
+
+    #[test]
+    fn bad_settings_say_why() {
+        let too_deep = RabbitConfig {
+            granularity: Duration::from_secs(1),
+            levels: 32,
+            ..RabbitConfig::default()
+        };
+        let err = too_deep.validate().err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("RabbitMQ's limit")));
+        let fractional = RabbitConfig {
+            granularity: Duration::from_micros(1_500),
+            ..RabbitConfig::default()
+        };
+        assert!(fractional.validate().is_err());
+        let no_levels = RabbitConfig {
+            levels: 0,
+            ..RabbitConfig::default()
+        };
+        assert!(no_levels.validate().is_err());
+    }
+}

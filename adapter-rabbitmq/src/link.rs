@@ -1,0 +1,232 @@
+//! The connection to the broker: reconnects when it broke, a confirm-mode publisher channel, and the
+//! topology declared once per topic.
+//!
+//! Every publish is `mandatory` and waits for the broker's confirm: an unroutable copy comes back as a
+//! return and is an error, never a loss. A broken connection or channel is replaced on the next use, so a
+//! broker restart costs the callers one error each (the runtime backs off and tries again).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lapin::Confirmation;
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties};
+use retry_core::event::RawMessage;
+use retry_core::transport::TransportError;
+use tokio::sync::Mutex;
+
+use crate::codec;
+use crate::config::RabbitConfig;
+use crate::topology::{self, Names};
+
+/// How long a connect, declare or publish confirm may take before it is an error.
+const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The shared connection state of one transport.
+pub(crate) struct Link {
+    url: String,
+    pub(crate) config: RabbitConfig,
+    pub(crate) names: Names,
+    connection: Mutex<Option<Arc<Connection>>>,
+    publisher: Mutex<Option<Channel>>,
+    declared: std::sync::Mutex<HashSet<String>>,
+}
+
+pub(crate) fn connection_error(what: &str) -> impl FnOnce(lapin::Error) -> TransportError + '_ {
+    move |e| TransportError::Connection(format!("{what}: {e}"))
+}
+
+async fn bounded<T>(
+    what: &str,
+    fut: impl Future<Output = Result<T, TransportError>>,
+) -> Result<T, TransportError> {
+    tokio::time::timeout(BROKER_TIMEOUT, fut)
+        .await
+        .map_err(|_| {
+            TransportError::Connection(format!("{what}: no answer within {BROKER_TIMEOUT:?}"))
+        })?
+}
+
+impl Link {
+    pub(crate) fn new(url: String, config: RabbitConfig) -> Result<Self, TransportError> {
+        config.validate()?;
+        Ok(Self {
+            url,
+            names: Names::new(&config),
+            config,
+            connection: Mutex::new(None),
+            publisher: Mutex::new(None),
+            declared: std::sync::Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// A live connection: the current one, or a new one when it broke.
+    pub(crate) async fn connection(&self) -> Result<Arc<Connection>, TransportError> {
+        let mut slot = self.connection.lock().await;
+        if let Some(conn) = slot.as_ref()
+            && conn.status().connected()
+        {
+            return Ok(conn.clone());
+        }
+        let conn = bounded("connect", async {
+            Connection::connect(&self.url, ConnectionProperties::default())
+                .await
+                .map_err(|e| TransportError::Connection(format!("connect to RabbitMQ: {e}")))
+        })
+        .await?;
+        let conn = Arc::new(conn);
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// A new channel on the live connection.
+    pub(crate) async fn channel(&self) -> Result<Channel, TransportError> {
+        let conn = self.connection().await?;
+        bounded("open a channel", async {
+            conn.create_channel()
+                .await
+                .map_err(connection_error("open a channel"))
+        })
+        .await
+    }
+
+    async fn publisher(&self) -> Result<Channel, TransportError> {
+        let mut slot = self.publisher.lock().await;
+        if let Some(ch) = slot.as_ref()
+            && ch.status().connected()
+        {
+            return Ok(ch.clone());
+        }
+        let ch = self.channel().await?;
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(connection_error("enable publisher confirms"))?;
+        *slot = Some(ch.clone());
+        Ok(ch)
+    }
+
+    /// Publishes `raw` and waits for the broker's confirm; a return (no queue bound) or a nack is an
+    /// error for `operation`.
+    pub(crate) async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        raw: &RawMessage,
+        message_id: &str,
+        operation: &str,
+    ) -> Result<(), TransportError> {
+        let ch = self.publisher().await?;
+        let props = codec::properties(raw, message_id);
+        let confirmation = bounded(operation, async {
+            ch.basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    immediate: false,
+                },
+                &raw.payload,
+                props,
+            )
+            .await
+            .map_err(connection_error(operation))?
+            .await
+            .map_err(connection_error(operation))
+        })
+        .await?;
+        let rejected = |reason: String| TransportError::Rejected {
+            operation: operation.to_string(),
+            reason,
+        };
+        match confirmation {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(returned)) | Confirmation::Nack(Some(returned)) => {
+                Err(rejected(format!(
+                    "unroutable: no queue is bound for routing key {routing_key:?} on exchange {exchange:?} ({} {})",
+                    returned.reply_code, returned.reply_text
+                )))
+            }
+            Confirmation::Nack(None) => {
+                Err(rejected("the broker refused the message (nack)".into()))
+            }
+            Confirmation::NotRequested => Err(rejected("publisher confirms are off".into())),
+        }
+    }
+
+    /// Declares (or, with `declare` off, checks) the ladder and `topic`'s queues, once per transport.
+    pub(crate) async fn ensure_topic(&self, topic: &str) -> Result<(), TransportError> {
+        topology::check_topic(&self.names, topic)?;
+        if self.is_declared(topic) {
+            return Ok(());
+        }
+        // A failed declaration closes its channel, so each gets a channel of its own.
+        let ch = self.channel().await?;
+        let result = bounded("declare the topology", async {
+            if self.config.declare {
+                if !self.is_declared("") {
+                    topology::declare_ladder(&ch, &self.names, &self.config).await?;
+                    self.mark_declared("");
+                }
+                topology::declare_topic(&ch, &self.names, &self.config, topic).await
+            } else {
+                for queue in [topic.to_string(), self.names.dlq(topic), self.names.entry()] {
+                    ch.queue_declare(
+                        queue.as_str().into(),
+                        QueueDeclareOptions {
+                            passive: true,
+                            ..QueueDeclareOptions::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await
+                    .map_err(|e| {
+                        TransportError::Config(format!(
+                            "queue {queue} is missing and declaring is off: {e}"
+                        ))
+                    })?;
+                }
+                Ok(())
+            }
+        })
+        .await;
+        let _ = ch.close(200, "declared".into()).await;
+        result?;
+        self.mark_declared(topic);
+        Ok(())
+    }
+
+    /// Forgets that `topic` was declared (after a fixture deleted its queues).
+    pub(crate) fn forget(&self, topic: &str) {
+        self.lock_declared().remove(topic);
+    }
+
+    fn is_declared(&self, name: &str) -> bool {
+        self.lock_declared().contains(name)
+    }
+
+    fn mark_declared(&self, name: &str) {
+        self.lock_declared().insert(name.to_string());
+    }
+
+    fn lock_declared(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.declared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Closes the connection (best effort).
+    pub(crate) async fn close(&self) {
+        if let Some(conn) = self.connection.lock().await.take() {
+            let _ = conn.close(200, "bye".into()).await;
+        }
+    }
+}
+
+/// Whether `error` is the broker's soft error `kind` (e.g. NOT_FOUND, ACCESS_REFUSED).
+pub(crate) fn is_soft_error(error: &lapin::Error, kind: lapin::protocol::AMQPSoftError) -> bool {
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::ProtocolError(e)
+            if *e.kind() == lapin::protocol::AMQPErrorKind::Soft(kind)
+    )
+}

@@ -1,0 +1,349 @@
+//! Consuming a work queue: manual acks, prefetch bound to the runtime's concurrency, and receipts that
+//! settle a delivery only after its retry or DLQ copy was confirmed.
+//!
+//! A blocking pause cancels the consumer (the broker stops sending) and hands out what was already
+//! prefetched after the resume, in order. An ordered subscription consumes exclusively, so one consumer
+//! at a time sees a queue and per-key order holds; a second one stands by until the queue is free. A
+//! broken channel or connection ends the current consumer: `next` reports it once, and the following call
+//! consumes again on a new channel (the broker has already requeued what was unacknowledged).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use lapin::Acker;
+use lapin::message::Delivery as AmqpDelivery;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+};
+use lapin::protocol::AMQPSoftError;
+use lapin::types::FieldTable;
+use lapin::{Channel, Consumer};
+use retry_core::event::{Event, RawMessage};
+use retry_core::metadata::Origin;
+use retry_core::transport::{
+    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, TransportError,
+};
+use tracing::debug;
+
+use crate::codec;
+use crate::link::{Link, connection_error, is_soft_error};
+
+/// How often a standby (ordered) consumer asks again for the queue.
+const STANDBY_INTERVAL: Duration = Duration::from_millis(500);
+
+/// One consumer of a work queue.
+pub(crate) struct RabbitSubscription {
+    link: Arc<Link>,
+    spec: SubscriptionSpec,
+    channel: Option<Channel>,
+    consumer: Option<Consumer>,
+    /// A consumer cancelled by `pause`, still handing out what it had prefetched.
+    draining: Option<Consumer>,
+    paused: bool,
+    generation: u64,
+}
+
+impl RabbitSubscription {
+    pub(crate) fn new(link: Arc<Link>, spec: SubscriptionSpec) -> Self {
+        Self {
+            link,
+            spec,
+            channel: None,
+            consumer: None,
+            draining: None,
+            paused: false,
+            generation: 0,
+        }
+    }
+
+    /// Consumes the queue on a new channel (after closing a half-started one).
+    async fn start(&mut self) -> Result<(), TransportError> {
+        loop {
+            if let Some(old) = self.channel.take() {
+                let _ = old.close(200, "restart".into()).await;
+            }
+            self.link.ensure_topic(&self.spec.topic).await?;
+            let channel = self.link.channel().await?;
+            self.channel = Some(channel.clone());
+            let prefetch = u16::try_from(self.spec.max_in_flight.max(1)).unwrap_or(u16::MAX);
+            channel
+                .basic_qos(prefetch, BasicQosOptions::default())
+                .await
+                .map_err(connection_error("set the prefetch"))?;
+            self.generation += 1;
+            let tag = format!(
+                "{}-{}-{}",
+                self.spec.consumer,
+                uuid::Uuid::new_v4().simple(),
+                self.generation
+            );
+            let consumed = channel
+                .basic_consume(
+                    self.spec.topic.as_str().into(),
+                    tag.into(),
+                    BasicConsumeOptions {
+                        exclusive: self.spec.ordered,
+                        ..BasicConsumeOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await;
+            match consumed {
+                Ok(consumer) => {
+                    self.consumer = Some(consumer);
+                    return Ok(());
+                }
+                Err(e) if self.spec.ordered && is_soft_error(&e, AMQPSoftError::ACCESSREFUSED) => {
+                    debug!(topic = %self.spec.topic, "another ordered consumer holds the queue; standing by");
+                    self.channel = None;
+                    tokio::time::sleep(STANDBY_INTERVAL).await;
+                }
+                Err(e) => {
+                    return Err(TransportError::Connection(format!(
+                        "consume {}: {e}",
+                        self.spec.topic
+                    )));
+                }
+            }
+        }
+    }
+
+    fn deliver(&self, d: AmqpDelivery) -> Delivery {
+        let channel = self.channel.clone();
+        let message = codec::raw_message(&d.data, &d.properties);
+        let message_id = d
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.to_string())
+            .unwrap_or_else(|| format!("{}/{}", self.spec.topic, d.delivery_tag));
+        Delivery {
+            info: DeliveryInfo {
+                message_id: message_id.clone(),
+                origin: Origin {
+                    topic: self.spec.topic.clone(),
+                    partition: None,
+                    offset: None,
+                },
+                broker_attempts: None,
+                broker_retries: None,
+            },
+            receipt: Box::new(RabbitReceipt {
+                link: self.link.clone(),
+                _channel: channel,
+                acker: Some(d.acker),
+                topic: self.spec.topic.clone(),
+                original: message.clone(),
+                message_id,
+            }),
+            message,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.consumer = None;
+        self.channel = None;
+    }
+}
+
+#[async_trait]
+impl Subscription for RabbitSubscription {
+    async fn next(&mut self) -> Result<Option<Delivery>, TransportError> {
+        loop {
+            if let Some(draining) = self.draining.as_mut() {
+                match draining.next().await {
+                    Some(Ok(d)) => return Ok(Some(self.deliver(d))),
+                    _ => self.draining = None,
+                }
+                continue;
+            }
+            if self.paused {
+                return std::future::pending().await;
+            }
+            if self.consumer.is_none() {
+                self.start().await?;
+            }
+            let Some(consumer) = self.consumer.as_mut() else {
+                continue;
+            };
+            match consumer.next().await {
+                Some(Ok(d)) => return Ok(Some(self.deliver(d))),
+                Some(Err(e)) => {
+                    self.reset();
+                    return Err(TransportError::Connection(format!(
+                        "consuming {}: {e}",
+                        self.spec.topic
+                    )));
+                }
+                None => {
+                    self.reset();
+                    return Err(TransportError::Connection(format!(
+                        "the broker ended the consumer of {} (queue deleted or channel closed)",
+                        self.spec.topic
+                    )));
+                }
+            }
+        }
+    }
+
+    async fn pause(&mut self) -> Result<(), TransportError> {
+        self.paused = true;
+        if let (Some(consumer), Some(channel)) = (self.consumer.take(), self.channel.as_ref()) {
+            let tag = consumer.tag();
+            // What the cancelled consumer already holds is handed out after the resume, in order.
+            self.draining = Some(consumer);
+            channel
+                .basic_cancel(tag, BasicCancelOptions::default())
+                .await
+                .map_err(connection_error("pause (cancel the consumer)"))?;
+        }
+        Ok(())
+    }
+
+    async fn resume(&mut self) -> Result<(), TransportError> {
+        self.paused = false;
+        Ok(())
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<(), TransportError> {
+        if let (Some(consumer), Some(channel)) = (self.consumer.take(), self.channel.as_ref()) {
+            let _ = channel
+                .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+                .await;
+        }
+        Ok(())
+    }
+}
+
+/// Settles one delivery. Dropping it unsettled gives the message back to the queue (nack with requeue).
+struct RabbitReceipt {
+    link: Arc<Link>,
+    /// Keeps the channel open until the delivery is settled (acks go on the channel it came from).
+    _channel: Option<Channel>,
+    acker: Option<Acker>,
+    topic: String,
+    original: RawMessage,
+    message_id: String,
+}
+
+impl RabbitReceipt {
+    fn acker(&self) -> Result<&Acker, TransportError> {
+        self.acker.as_ref().ok_or(TransportError::AlreadySettled)
+    }
+
+    async fn ack(&mut self) -> Result<(), TransportError> {
+        let acker = self.acker.take().ok_or(TransportError::AlreadySettled)?;
+        match acker.ack(BasicAckOptions::default()).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(TransportError::Connection(
+                "ack: the channel is gone; the broker redelivers the message".into(),
+            )),
+            Err(e) => Err(TransportError::Connection(format!(
+                "ack: {e}; the broker redelivers the message"
+            ))),
+        }
+    }
+
+    async fn requeue(&mut self) -> Result<(), TransportError> {
+        let acker = self.acker.take().ok_or(TransportError::AlreadySettled)?;
+        acker
+            .nack(BasicNackOptions {
+                requeue: true,
+                multiple: false,
+            })
+            .await
+            .map(drop)
+            .map_err(connection_error("requeue"))
+    }
+
+    /// Sends `raw` into the delay ladder, to come back to the work queue after `delay` (rounded up).
+    async fn delay_copy(
+        &self,
+        raw: &RawMessage,
+        id: &str,
+        delay: Duration,
+        operation: &str,
+    ) -> Result<(), TransportError> {
+        let g = self.link.config.granularity.as_millis().max(1);
+        let units = delay.as_millis().div_ceil(g);
+        let max = (1u128 << self.link.config.levels) - 1;
+        if units > max {
+            return Err(TransportError::Rejected {
+                operation: operation.to_string(),
+                reason: format!(
+                    "a delay of {delay:?} exceeds the ladder's maximum of {:?}",
+                    self.link.config.max_delay()
+                ),
+            });
+        }
+        let key = self.link.names.routing_key(units as u64, &self.topic);
+        self.link
+            .publish(&self.link.names.entry(), &key, raw, id, operation)
+            .await
+    }
+}
+
+#[async_trait]
+impl Receipt for RabbitReceipt {
+    async fn ack(&mut self) -> Result<(), TransportError> {
+        RabbitReceipt::ack(self).await
+    }
+
+    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), TransportError> {
+        self.acker()?;
+        let id = event.id().unwrap_or(&self.message_id).to_string();
+        let operation = format!("retry of {id} through the delay ladder");
+        self.delay_copy(&event.to_raw(), &id, delay, &operation)
+            .await?;
+        RabbitReceipt::ack(self).await
+    }
+
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
+        self.acker()?;
+        let dlq = self.link.names.dlq(&self.topic);
+        let entry_id = uuid::Uuid::new_v4().to_string();
+        let operation = format!("dead-letter to {dlq}");
+        self.link
+            .publish("", &dlq, &event.to_raw(), &entry_id, &operation)
+            .await?;
+        RabbitReceipt::ack(self).await
+    }
+
+    async fn release(&mut self, after: Duration) -> Result<(), TransportError> {
+        self.acker()?;
+        if after.is_zero() {
+            return self.requeue().await;
+        }
+        let original = self.original.clone();
+        let id = self.message_id.clone();
+        match self.delay_copy(&original, &id, after, "release").await {
+            Ok(()) => RabbitReceipt::ack(self).await,
+            Err(e) => {
+                debug!(error = %e, "a delayed release failed; requeueing at once");
+                self.requeue().await
+            }
+        }
+    }
+}
+
+impl Drop for RabbitReceipt {
+    fn drop(&mut self) {
+        let Some(acker) = self.acker.take() else {
+            return;
+        };
+        let channel = self._channel.take();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = acker
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        multiple: false,
+                    })
+                    .await;
+                drop(channel);
+            });
+        }
+    }
+}

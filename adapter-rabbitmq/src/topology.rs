@@ -1,0 +1,299 @@
+//! The fixed topology: one shared ladder of binary delay levels, and per topic a work queue and a DLQ.
+//!
+//! Level `k` is a topic exchange and a queue of the same name whose `x-message-ttl` is granularity × 2ᵏ.
+//! A delay of `u` granularity units travels with a routing key that spells `u` in binary, least
+//! significant bit first, then the destination queue: `1.0.1.<queue>` is 5 units. Level `k`'s exchange
+//! sends a key whose word `k` is `1` into its queue and a `0` straight on to level `k − 1`'s exchange; the
+//! queue dead-letters (keeping the key) into level `k − 1`'s exchange when its TTL expires; level 0 hands
+//! on to the `out` exchange, which routes by destination to the work queue. Every message in one level
+//! waits the same time, so a level's head is always the next due: nothing waits behind a message that is
+//! not due, no per-message TTL, delays exact to the granularity with `levels` queues. This is the scheme
+//! NServiceBus uses, with the routing key's bit order fixed so that levels never depend on the ladder's
+//! depth.
+
+use lapin::options::{
+    ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Channel, ExchangeKind};
+use retry_core::transport::TransportError;
+
+use crate::config::{QueueType, RabbitConfig};
+
+/// Names of everything the adapter declares, derived from the configuration.
+#[derive(Clone, Debug)]
+pub(crate) struct Names {
+    ladder: String,
+    dlq_suffix: String,
+    levels: u32,
+}
+
+impl Names {
+    pub(crate) fn new(config: &RabbitConfig) -> Self {
+        Self {
+            ladder: format!(
+                "{}.delay-{}ms-{}",
+                config.prefix,
+                config.granularity.as_millis(),
+                config.queue_type.as_str()
+            ),
+            dlq_suffix: config.dlq_suffix.clone(),
+            levels: config.levels,
+        }
+    }
+
+    /// The exchange and queue of delay level `k`.
+    pub(crate) fn level(&self, k: u32) -> String {
+        format!("{}.{k:02}", self.ladder)
+    }
+
+    /// The exchange a delayed copy is published to: the top level.
+    pub(crate) fn entry(&self) -> String {
+        self.level(self.levels - 1)
+    }
+
+    /// The exchange that routes a due copy to its work queue.
+    pub(crate) fn out(&self) -> String {
+        format!("{}.out", self.ladder)
+    }
+
+    /// The DLQ queue of `topic`.
+    pub(crate) fn dlq(&self, topic: &str) -> String {
+        format!("{topic}{}", self.dlq_suffix)
+    }
+
+    /// The routing key that carries a copy `units` granularity steps to `queue`.
+    pub(crate) fn routing_key(&self, units: u64, queue: &str) -> String {
+        let mut key = String::with_capacity(2 * self.levels as usize + queue.len());
+        for k in 0..self.levels {
+            key.push(if units >> k & 1 == 1 { '1' } else { '0' });
+            key.push('.');
+        }
+        key.push_str(queue);
+        key
+    }
+
+    /// The binding of `queue` to the `out` exchange: any bits, then exactly the queue's name.
+    fn out_binding(&self, queue: &str) -> String {
+        let mut key = "*.".repeat(self.levels as usize);
+        key.push_str(queue);
+        key
+    }
+}
+
+/// Checks that `topic` can name a queue and travel in a routing key.
+pub(crate) fn check_topic(names: &Names, topic: &str) -> Result<(), TransportError> {
+    let bad = |why: &str| Err(TransportError::Config(format!("topic {topic:?}: {why}")));
+    let longest = topic.len() + names.dlq_suffix.len();
+    if topic.is_empty() {
+        return bad("empty");
+    }
+    if topic.starts_with("amq.") {
+        return bad("the amq. prefix is reserved by RabbitMQ");
+    }
+    if topic
+        .split('.')
+        .any(|w| w.is_empty() || w == "*" || w == "#")
+    {
+        return bad(
+            "dot-separated words must be non-empty and not `*` or `#` (it travels in a routing key)",
+        );
+    }
+    if longest > 255 || topic.len() + 2 * names.levels as usize > 255 {
+        return bad("too long for a queue name or routing key (255 bytes with the ladder's bits)");
+    }
+    Ok(())
+}
+
+fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut t = FieldTable::default();
+    for (k, v) in entries {
+        t.insert(ShortString::from(*k), v.clone());
+    }
+    t
+}
+
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    }
+}
+
+fn failed(what: String) -> impl FnOnce(lapin::Error) -> TransportError {
+    move |e| TransportError::Config(format!("declaring {what}: {e}"))
+}
+
+fn type_args(queue_type: QueueType) -> Vec<(&'static str, AMQPValue)> {
+    match queue_type {
+        QueueType::Classic => vec![],
+        QueueType::Quorum => vec![("x-queue-type", text("quorum"))],
+    }
+}
+
+/// Declares the shared ladder (idempotent: the same settings declare the same things).
+pub(crate) async fn declare_ladder(
+    channel: &Channel,
+    names: &Names,
+    config: &RabbitConfig,
+) -> Result<(), TransportError> {
+    let topic = ExchangeKind::Topic;
+    let ex_opts = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    let out = names.out();
+    channel
+        .exchange_declare(
+            out.as_str().into(),
+            topic.clone(),
+            ex_opts,
+            FieldTable::default(),
+        )
+        .await
+        .map_err(failed(format!("exchange {out}")))?;
+    let g = u64::try_from(config.granularity.as_millis()).unwrap_or(u64::MAX);
+    for k in 0..config.levels {
+        let level = names.level(k);
+        let next = if k == 0 {
+            out.clone()
+        } else {
+            names.level(k - 1)
+        };
+        channel
+            .exchange_declare(
+                level.as_str().into(),
+                topic.clone(),
+                ex_opts,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(failed(format!("exchange {level}")))?;
+        let mut args = type_args(config.queue_type);
+        args.push(("x-message-ttl", AMQPValue::LongLongInt((g << k) as i64)));
+        args.push(("x-dead-letter-exchange", text(&next)));
+        if config.queue_type == QueueType::Quorum {
+            args.push(("x-dead-letter-strategy", text("at-least-once")));
+            args.push(("x-overflow", text("reject-publish")));
+        }
+        channel
+            .queue_declare(level.as_str().into(), durable(), table(&args))
+            .await
+            .map_err(failed(format!("delay level {level}")))?;
+        let skip = "*.".repeat(k as usize);
+        channel
+            .queue_bind(
+                level.as_str().into(),
+                level.as_str().into(),
+                format!("{skip}1.#").into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(failed(format!("binding of {level}")))?;
+        channel
+            .exchange_bind(
+                next.as_str().into(),
+                level.as_str().into(),
+                format!("{skip}0.#").into(),
+                ExchangeBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(failed(format!("binding {level} → {next}")))?;
+    }
+    Ok(())
+}
+
+/// Declares `topic`'s work queue (bound to the ladder's exit) and its DLQ.
+pub(crate) async fn declare_topic(
+    channel: &Channel,
+    names: &Names,
+    config: &RabbitConfig,
+    topic: &str,
+) -> Result<(), TransportError> {
+    declare_dlq(channel, names, config, topic).await?;
+    let dlq = names.dlq(topic);
+    let mut args = type_args(config.queue_type);
+    if config.queue_type == QueueType::Quorum {
+        // RabbitMQ 4 gives quorum queues a delivery limit of 20 and drops what exceeds it; an explicit
+        // limit whose overflow dead-letters into our DLQ means the broker never drops a message.
+        args.push((
+            "x-delivery-limit",
+            AMQPValue::LongLongInt(i64::from(config.delivery_limit)),
+        ));
+        args.push(("x-dead-letter-exchange", text("")));
+        args.push(("x-dead-letter-routing-key", text(&dlq)));
+        args.push(("x-dead-letter-strategy", text("at-least-once")));
+        args.push(("x-overflow", text("reject-publish")));
+    }
+    channel
+        .queue_declare(topic.into(), durable(), table(&args))
+        .await
+        .map_err(failed(format!("work queue {topic}")))?;
+    channel
+        .queue_bind(
+            topic.into(),
+            names.out().as_str().into(),
+            names.out_binding(topic).into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(failed(format!("binding of {topic} to {}", names.out())))
+}
+
+/// Declares `topic`'s DLQ queue.
+pub(crate) async fn declare_dlq(
+    channel: &Channel,
+    names: &Names,
+    config: &RabbitConfig,
+    topic: &str,
+) -> Result<(), TransportError> {
+    let dlq = names.dlq(topic);
+    channel
+        .queue_declare(
+            dlq.as_str().into(),
+            durable(),
+            table(&type_args(config.queue_type)),
+        )
+        .await
+        .map(drop)
+        .map_err(failed(format!("DLQ {dlq}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(levels: u32) -> Names {
+        Names::new(&RabbitConfig {
+            levels,
+            ..RabbitConfig::default()
+        })
+    }
+
+    #[test]
+    fn routing_key_spells_the_delay_lsb_first() {
+        let n = names(4);
+        assert_eq!(n.routing_key(5, "orders"), "1.0.1.0.orders");
+        assert_eq!(n.routing_key(0, "a.b"), "0.0.0.0.a.b");
+        assert_eq!(n.routing_key(15, "q"), "1.1.1.1.q");
+        assert_eq!(n.out_binding("a.b"), "*.*.*.*.a.b");
+        assert_eq!(n.entry(), "event-retry.delay-100ms-classic.03");
+        assert_eq!(n.dlq("orders"), "orders.dlq");
+    }
+
+    #[test]
+    fn topics_that_cannot_route_are_refused() {
+        let n = names(24);
+        assert!(check_topic(&n, "orders.v1").is_ok());
+        for bad in ["", "a..b", "a.*", "#", ".a", "amq.x", &"x".repeat(220)] {
+            assert!(check_topic(&n, bad).is_err(), "{bad:?}");
+        }
+    }
+}
