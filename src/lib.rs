@@ -9,6 +9,10 @@ pub use retry_core::{
     prelude, runtime, telemetry, time, transport,
 };
 
+/// The RabbitMQ adapter (feature `rabbitmq`).
+#[cfg(feature = "rabbitmq")]
+pub use event_retry_rabbitmq as rabbitmq;
+
 use retry_core::memory::MemoryTransport;
 use retry_core::transport::Transport;
 
@@ -35,6 +39,15 @@ pub enum ConnectError {
         /// The cargo feature that provides it.
         feature: &'static str,
     },
+    /// The adapter is compiled in, but could not connect (unreachable broker, bad settings).
+    #[error("{broker}: {source}")]
+    Broker {
+        /// The broker.
+        broker: &'static str,
+        /// What went wrong.
+        #[source]
+        source: retry_core::transport::TransportError,
+    },
     /// The scheme is not one this SDK knows.
     #[error(
         "unknown broker URL scheme {scheme:?}: expected memory, kafka, amqp, amqps, sqs, https (an SQS queue URL), pulsar or pulsar+ssl"
@@ -60,7 +73,9 @@ fn broker_of(scheme: &str) -> Option<(&'static str, &'static str)> {
 ///
 /// * `memory://` — a new in-process broker; `memory://name` — the in-process broker called `name`, shared
 ///   by every `connect` of the same URL in this process (so a producer and a consumer meet).
-/// * `kafka://`, `amqp://`, `sqs://`, `pulsar://` — the broker adapters, each behind its cargo feature;
+/// * `amqp://user:pass@host:port/vhost` (or `amqps://`) — RabbitMQ, with the `rabbitmq` feature and
+///   the adapter's default settings (`event_retry::rabbitmq::RabbitTransport::connect_with` takes others).
+/// * `kafka://`, `sqs://`, `pulsar://` — the other broker adapters, each behind its cargo feature;
 ///   without it, the error names the feature to enable.
 pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
     let (scheme, rest) = url
@@ -71,6 +86,16 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
     let scheme = scheme.to_ascii_lowercase();
     if scheme == "memory" {
         return Ok(Arc::new(named_memory(rest)));
+    }
+    #[cfg(feature = "rabbitmq")]
+    if scheme == "amqp" || scheme == "amqps" {
+        return event_retry_rabbitmq::RabbitTransport::connect(url)
+            .await
+            .map(|t| Arc::new(t) as Arc<dyn Transport>)
+            .map_err(|source| ConnectError::Broker {
+                broker: "RabbitMQ",
+                source,
+            });
     }
     match broker_of(&scheme) {
         Some((broker, feature)) => Err(ConnectError::AdapterMissing {
@@ -130,6 +155,7 @@ mod tests {
     async fn missing_adapters_name_their_feature() {
         let cases = [
             ("kafka://127.0.0.1:9092", "`kafka` feature"),
+            #[cfg(not(feature = "rabbitmq"))]
             ("amqp://127.0.0.1:5672", "`rabbitmq` feature"),
             ("sqs://local/orders", "`sqs` feature"),
             ("https://sqs.us-east-1.amazonaws.com/1/q", "`sqs` feature"),

@@ -22,16 +22,22 @@ const DELAY: Duration = Duration::from_secs(20);
 
 fn main() {
     let args = Arguments::from_args();
-    let url = std::env::var("RETRY_TEST_AMQP").ok().filter(|u| !u.is_empty());
+    let url = std::env::var("RETRY_TEST_AMQP")
+        .ok()
+        .filter(|u| !u.is_empty());
     let required = std::env::var("RETRY_TEST_REQUIRE")
         .unwrap_or_default()
         .split(',')
         .any(|b| b.trim() == "rabbitmq");
     let name = "rabbitmq_restart_keeps_delayed_retries";
     let trial = match url {
-        Some(url) => Trial::test(name, move || restart_keeps_delayed_retries(url).map_err(Failed::from)),
+        Some(url) => Trial::test(name, move || {
+            restart_keeps_delayed_retries(url).map_err(Failed::from)
+        }),
         None if required => Trial::test(name, || {
-            Err(Failed::from("RETRY_TEST_REQUIRE names rabbitmq but RETRY_TEST_AMQP is not set"))
+            Err(Failed::from(
+                "RETRY_TEST_REQUIRE names rabbitmq but RETRY_TEST_AMQP is not set",
+            ))
         }),
         None => {
             eprintln!("SKIP {name}: RETRY_TEST_AMQP is not set");
