@@ -1,0 +1,285 @@
+//! Tests against the real broker that the conformance suite does not cover:
+//!
+//! * a RabbitMQ restart (stop + start through the project's scripts, on the same data) while retries sit
+//!   in the delay ladder loses none of them: durable queues and persistent messages keep them, the
+//!   consumer reconnects, and every retry runs once, no earlier than its delay;
+//! * with quorum queues (replicated work queue, DLQ and ladder, at-least-once dead-lettering) retries and
+//!   dead letters behave the same.
+//!
+//! They run one at a time (the restart would disturb the other) when `RETRY_TEST_AMQP` names a broker
+//! started by `scripts/brokers`; otherwise they are listed as ignored with the reason, and fail when
+//! `RETRY_TEST_REQUIRE` names rabbitmq.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use event_retry_rabbitmq::{QueueType, RabbitConfig, RabbitTransport};
+use libtest_mimic::{Arguments, Failed, Trial};
+use retry_core::classify::HandlerError;
+use retry_core::dlq::DlqFilter;
+use retry_core::event::Event;
+use retry_core::policy::RetryPolicy;
+use retry_core::runtime::{Consumer, Context, handler_fn};
+use retry_core::transport::Transport;
+
+const EVENTS: usize = 20;
+const DELAY: Duration = Duration::from_secs(20);
+
+type Test = fn(String) -> Result<(), String>;
+
+fn main() {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    let url = std::env::var("RETRY_TEST_AMQP")
+        .ok()
+        .filter(|u| !u.is_empty());
+    let required = std::env::var("RETRY_TEST_REQUIRE")
+        .unwrap_or_default()
+        .split(',')
+        .any(|b| b.trim() == "rabbitmq");
+    let tests: [(&str, Test); 2] = [
+        (
+            "quorum_queues_retry_and_dead_letter",
+            quorum_queues_retry_and_dead_letter,
+        ),
+        (
+            "restart_keeps_delayed_retries",
+            restart_keeps_delayed_retries,
+        ),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, test)| match url.clone() {
+            Some(url) => Trial::test(name, move || test(url).map_err(Failed::from)),
+            None if required => Trial::test(name, || {
+                Err(Failed::from(
+                    "RETRY_TEST_REQUIRE names rabbitmq but RETRY_TEST_AMQP is not set",
+                ))
+            }),
+            None => {
+                eprintln!("SKIP {name}: RETRY_TEST_AMQP is not set");
+                Trial::test(name, || Ok(())).with_ignored_flag(true)
+            }
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// A quorum-queue transport: an event failing twice retries through the quorum ladder (never early) and
+/// succeeds; a non-retryable one lands in the quorum DLQ with its metadata and replays from it.
+fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let config = RabbitConfig {
+            queue_type: QueueType::Quorum,
+            ..RabbitConfig::default()
+        };
+        let transport = RabbitTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("quorum-{}", uuid::Uuid::new_v4().simple());
+        let calls: Arc<Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
+        let seen = calls.clone();
+        let handler = handler_fn(move |event: Event, _ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                let id = event.id().unwrap_or_default().to_string();
+                let n = {
+                    let mut calls = seen.lock().unwrap_or_else(|p| p.into_inner());
+                    let mine = calls.entry(id.clone()).or_default();
+                    mine.push(Instant::now());
+                    mine.len()
+                };
+                match (id.as_str(), n) {
+                    ("bad", 1) => Err(HandlerError::non_retryable("bad input")),
+                    ("flaky", 1 | 2) => Err(HandlerError::deferred("not yet")),
+                    _ => Ok(()),
+                }
+            }
+        });
+        let policy = RetryPolicy::parse("700ms x3").map_err(|e| e.to_string())?;
+        let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+            .policy(policy)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        for id in ["flaky", "bad"] {
+            transport
+                .publish(&topic, &Event::new(id).with_id(id).with_key("k"))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let dead = loop {
+            let dead = transport
+                .dead_letters()
+                .list(&topic, &DlqFilter::all())
+                .await
+                .map_err(|e| e.to_string())?;
+            if consumer.stats().succeeded_after_retry == 1 && dead.len() == 1 {
+                break dead;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "no retry success and DLQ entry: {:?}, DLQ {}",
+                    consumer.stats(),
+                    dead.len()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let flaky = calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get("flaky")
+            .cloned()
+            .unwrap_or_default();
+        if flaky.len() != 3 {
+            return Err(format!("flaky was handled {} times, want 3", flaky.len()));
+        }
+        for pair in flaky.windows(2) {
+            if pair[1] - pair[0] < Duration::from_millis(700) {
+                return Err(format!(
+                    "a quorum-ladder retry ran after {:?}, before its 700 ms delay",
+                    pair[1] - pair[0]
+                ));
+            }
+        }
+        let meta = &dead[0].event.meta;
+        if meta.event_id.as_deref() != Some("bad")
+            || dead[0].event.key.as_deref() != Some(&b"k"[..])
+        {
+            return Err(format!("wrong DLQ entry: {:?}", dead[0]));
+        }
+        let report = transport
+            .dead_letters()
+            .replay(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if report.replayed != 1 {
+            return Err(format!("replayed {}", report.replayed));
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while consumer.stats().succeeded < 2 {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the replayed event did not succeed: {:?}",
+                    consumer.stats()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        transport
+            .delete_topic(&topic)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
+    })
+}
+
+fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = RabbitTransport::connect(&url).await.map_err(|e| e.to_string())?;
+        let topic = format!("restart-{}", uuid::Uuid::new_v4().simple());
+        let calls: Arc<Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
+        let seen = calls.clone();
+        let handler = handler_fn(move |event: Event, _ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                let id = event.id().unwrap_or_default().to_string();
+                let mut calls = seen.lock().unwrap_or_else(|p| p.into_inner());
+                let mine = calls.entry(id).or_default();
+                mine.push(Instant::now());
+                if mine.len() == 1 {
+                    Err(HandlerError::deferred("first try fails"))
+                } else {
+                    Ok(())
+                }
+            }
+        });
+        let policy = RetryPolicy::parse(&format!("{}ms x1", DELAY.as_millis())).map_err(|e| e.to_string())?;
+        let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+            .policy(policy)
+            .concurrency(8)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        for i in 0..EVENTS {
+            let id = format!("e{i:02}");
+            transport
+                .publish(&topic, &Event::new(id.clone()).with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while consumer.stats().retries_scheduled < EVENTS as u64 {
+            if Instant::now() > deadline {
+                return Err(format!("retries not scheduled: {:?}", consumer.stats()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let restarted_at = Instant::now();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/brokers");
+        let out = tokio::process::Command::new("bash")
+            .args([script, "restart", "rabbitmq"])
+            .output()
+            .await
+            .map_err(|e| format!("run {script}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "scripts/brokers restart rabbitmq failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        let took = restarted_at.elapsed();
+        eprintln!("rabbitmq restarted in {took:?}; the retries are due {DELAY:?} after their failures");
+        let deadline = Instant::now() + DELAY + Duration::from_secs(60);
+        loop {
+            let done = calls
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .filter(|c| c.len() >= 2)
+                .count();
+            if done == EVENTS {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{done} of {EVENTS} retries ran after the restart: {:?}", consumer.stats()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (id, at) in &calls {
+            if at.len() != 2 {
+                return Err(format!("{id} was handled {} times, want 2", at.len()));
+            }
+            let gap = at[1] - at[0];
+            if gap < DELAY {
+                return Err(format!("{id}: the retry ran after {gap:?}, before its delay"));
+            }
+        }
+        let stats = consumer.stats();
+        if stats.receive_errors == 0 || stats.succeeded_after_retry != EVENTS as u64 {
+            return Err(format!(
+                "the consumer should have lost its connection and reconnected, then finished every retry: {stats:?}"
+            ));
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let _ = transport.delete_topic(&topic).await;
+        Ok(())
+    })
+}
