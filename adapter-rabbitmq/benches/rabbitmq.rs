@@ -8,7 +8,8 @@
 //!
 //! ```text
 //! scripts/brokers start rabbitmq && source target/brokers/env.sh
-//! cargo bench -p event-retry-rabbitmq --bench rabbitmq
+//! cargo bench -p event-retry-rabbitmq --bench rabbitmq                 # both parts
+//! cargo bench -p event-retry-rabbitmq --bench rabbitmq -- throughput   # or lateness
 //! ```
 
 use std::sync::Arc;
@@ -200,12 +201,28 @@ async fn lateness(transport: &RabbitTransport) -> Result<(), Error> {
 
 async fn run(url: &str) -> Result<(), Error> {
     let transport = RabbitTransport::connect(url).await?;
+    // `cargo bench ... -- throughput` or `-- lateness` runs one part.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wants = |part: &str| only.is_empty() || only.iter().any(|o| o == part);
+    if wants("throughput") {
+        throughput(url, &transport).await?;
+    }
+    if wants("lateness") {
+        lateness(&transport).await?;
+    }
+    Ok(())
+}
+
+async fn throughput(url: &str, transport: &RabbitTransport) -> Result<(), Error> {
     let mut raw = Vec::new();
     let mut sdk = Vec::new();
     for round in 0..2 {
         let id = uuid::Uuid::new_v4().simple();
-        raw.push(raw_run(url, &transport, &format!("bench-raw-{id}")).await?);
-        sdk.push(sdk_run(&transport, &format!("bench-sdk-{id}")).await?);
+        raw.push(raw_run(url, transport, &format!("bench-raw-{id}")).await?);
+        sdk.push(sdk_run(transport, &format!("bench-sdk-{id}")).await?);
         println!(
             "round {}: raw lapin {:.0} msg/s, SDK {:.0} msg/s ({MESSAGES} messages, prefetch/concurrency {PREFETCH})",
             round + 1,
@@ -220,5 +237,5 @@ async fn run(url: &str) -> Result<(), Error> {
         best(&sdk),
         best(&raw)
     );
-    lateness(&transport).await
+    Ok(())
 }

@@ -67,7 +67,7 @@ fn long_string(bytes: &Bytes) -> AMQPValue {
 }
 
 /// The message a delivery carries, without the broker's dead-letter headers.
-pub(crate) fn raw_message(body: &[u8], properties: &BasicProperties) -> RawMessage {
+pub(crate) fn raw_message(body: Vec<u8>, properties: &BasicProperties) -> RawMessage {
     let mut headers = Headers::new();
     let mut key = None;
     if let Some(table) = properties.headers() {
@@ -91,7 +91,7 @@ pub(crate) fn raw_message(body: &[u8], properties: &BasicProperties) -> RawMessa
         }
     }
     RawMessage {
-        payload: Bytes::copy_from_slice(body),
+        payload: Bytes::from(body),
         key,
         headers,
     }
@@ -134,7 +134,7 @@ mod tests {
         };
         let props = properties(&raw, "id-1");
         assert_eq!(props.delivery_mode(), &Some(2));
-        let back = raw_message(&raw.payload, &props);
+        let back = raw_message(raw.payload.to_vec(), &props);
         assert_eq!(back.payload, raw.payload);
         assert_eq!(back.key, raw.key);
         let got: Vec<(&str, &[u8])> = back.headers.iter().map(|(n, v)| (n, v.as_ref())).collect();
@@ -160,7 +160,7 @@ mod tests {
             AMQPValue::LongString("q".into()),
         );
         table.insert("n".into(), AMQPValue::LongInt(7));
-        let back = raw_message(b"", &BasicProperties::default().with_headers(table));
+        let back = raw_message(Vec::new(), &BasicProperties::default().with_headers(table));
         let got: Vec<(&str, &[u8])> = back.headers.iter().map(|(n, v)| (n, v.as_ref())).collect();
         assert_eq!(got, [("n", &b"7"[..])]);
     }

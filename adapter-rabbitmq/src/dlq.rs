@@ -64,8 +64,11 @@ impl RabbitDlq {
                 .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false })
                 .await
                 .map_err(|e| TransportError::Config(format!("read DLQ {dlq}: {e}")))?;
-            let Some(message) = got else { break };
-            let raw = codec::raw_message(&message.delivery.data, &message.delivery.properties);
+            let Some(mut message) = got else { break };
+            let raw = codec::raw_message(
+                std::mem::take(&mut message.delivery.data),
+                &message.delivery.properties,
+            );
             let (meta, headers, _) = metadata::decode_lenient(&raw.headers);
             let id = message
                 .delivery

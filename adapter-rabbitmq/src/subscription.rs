@@ -37,7 +37,7 @@ const STANDBY_INTERVAL: Duration = Duration::from_millis(500);
 pub(crate) struct RabbitSubscription {
     link: Arc<Link>,
     spec: SubscriptionSpec,
-    channel: Option<Channel>,
+    channel: Option<Arc<Channel>>,
     consumer: Option<Consumer>,
     /// A consumer cancelled by `pause`, still handing out what it had prefetched.
     draining: Option<Consumer>,
@@ -66,6 +66,7 @@ impl RabbitSubscription {
             }
             self.link.ensure_topic(&self.spec.topic).await?;
             let channel = self.link.channel().await?;
+            let channel = Arc::new(channel);
             self.channel = Some(channel.clone());
             let prefetch = u16::try_from(self.spec.max_in_flight.max(1)).unwrap_or(u16::MAX);
             channel
@@ -112,7 +113,7 @@ impl RabbitSubscription {
 
     fn deliver(&self, d: AmqpDelivery) -> Delivery {
         let channel = self.channel.clone();
-        let message = codec::raw_message(&d.data, &d.properties);
+        let message = codec::raw_message(d.data, &d.properties);
         let message_id = d
             .properties
             .message_id()
@@ -221,7 +222,7 @@ impl Subscription for RabbitSubscription {
 struct RabbitReceipt {
     link: Arc<Link>,
     /// Keeps the channel open until the delivery is settled (acks go on the channel it came from).
-    _channel: Option<Channel>,
+    _channel: Option<Arc<Channel>>,
     acker: Option<Acker>,
     topic: String,
     original: RawMessage,
