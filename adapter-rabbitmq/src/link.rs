@@ -2,11 +2,14 @@
 //! topology declared once per topic.
 //!
 //! Every publish is `mandatory` and waits for the broker's confirm: an unroutable copy comes back as a
-//! return and is an error, never a loss. A broken connection or channel is replaced on the next use, so a
-//! broker restart costs the callers one error each (the runtime backs off and tries again).
+//! return and is an error, never a loss. The client pairs a return with the next confirm of its channel,
+//! which is only right when one publish is outstanding, so publishes go through a pool of confirm-mode
+//! channels, one publish at a time on each. A broken connection or channel is replaced on the next use,
+//! so a broker restart costs the callers one error each (the runtime backs off and tries again).
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::Confirmation;
@@ -21,6 +24,9 @@ use crate::codec;
 use crate::config::RabbitConfig;
 use crate::topology::{self, Names};
 
+/// Publisher channels: as many publishes can be in flight at once.
+const PUBLISHERS: usize = 16;
+
 /// How long a connect, declare or publish confirm may take before it is an error.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -30,7 +36,8 @@ pub(crate) struct Link {
     pub(crate) config: RabbitConfig,
     pub(crate) names: Names,
     connection: Mutex<Option<Arc<Connection>>>,
-    publisher: Mutex<Option<Channel>>,
+    publishers: Vec<Mutex<Option<Channel>>>,
+    next_publisher: AtomicUsize,
     declared: std::sync::Mutex<HashSet<String>>,
 }
 
@@ -57,7 +64,8 @@ impl Link {
             names: Names::new(&config),
             config,
             connection: Mutex::new(None),
-            publisher: Mutex::new(None),
+            publishers: (0..PUBLISHERS).map(|_| Mutex::new(None)).collect(),
+            next_publisher: AtomicUsize::new(0),
             declared: std::sync::Mutex::new(HashSet::new()),
         })
     }
@@ -92,21 +100,6 @@ impl Link {
         .await
     }
 
-    async fn publisher(&self) -> Result<Channel, TransportError> {
-        let mut slot = self.publisher.lock().await;
-        if let Some(ch) = slot.as_ref()
-            && ch.status().connected()
-        {
-            return Ok(ch.clone());
-        }
-        let ch = self.channel().await?;
-        ch.confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(connection_error("enable publisher confirms"))?;
-        *slot = Some(ch.clone());
-        Ok(ch)
-    }
-
     /// Publishes `raw` and waits for the broker's confirm; a return (no queue bound) or a nack is an
     /// error for `operation`.
     pub(crate) async fn publish(
@@ -117,7 +110,20 @@ impl Link {
         message_id: &str,
         operation: &str,
     ) -> Result<(), TransportError> {
-        let ch = self.publisher().await?;
+        // One publish at a time per channel, so a return is paired with its own confirm.
+        let slot = self.next_publisher.fetch_add(1, Ordering::Relaxed) % PUBLISHERS;
+        let mut publisher = self.publishers[slot].lock().await;
+        let ch = match publisher.as_ref() {
+            Some(ch) if ch.status().connected() => ch.clone(),
+            _ => {
+                let ch = self.channel().await?;
+                ch.confirm_select(ConfirmSelectOptions::default())
+                    .await
+                    .map_err(connection_error("enable publisher confirms"))?;
+                *publisher = Some(ch.clone());
+                ch
+            }
+        };
         let props = codec::properties(raw, message_id);
         let confirmation = bounded(operation, async {
             ch.basic_publish(

@@ -3,6 +3,7 @@
 //! * a RabbitMQ restart (stop + start through the project's scripts, on the same data) while retries sit
 //!   in the delay ladder loses none of them: durable queues and persistent messages keep them, the
 //!   consumer reconnects, and every retry runs once, no earlier than its delay;
+//! * under concurrent publishing, a return (unroutable copy) fails its own publish and no other;
 //! * with quorum queues (replicated work queue, DLQ and ladder, at-least-once dead-lettering) retries and
 //!   dead letters behave the same.
 //!
@@ -38,7 +39,11 @@ fn main() {
         .unwrap_or_default()
         .split(',')
         .any(|b| b.trim() == "rabbitmq");
-    let tests: [(&str, Test); 2] = [
+    let tests: [(&str, Test); 3] = [
+        (
+            "returns_are_paired_with_their_own_publish",
+            returns_are_paired_with_their_own_publish,
+        ),
         (
             "quorum_queues_retry_and_dead_letter",
             quorum_queues_retry_and_dead_letter,
@@ -280,6 +285,118 @@ fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
         }
         consumer.shutdown().await.map_err(|e| e.to_string())?;
         let _ = transport.delete_topic(&topic).await;
+        Ok(())
+    })
+}
+
+/// Under concurrent publishing, an unroutable copy's return is paired with its own publish: dead letters
+/// to a deleted DLQ all fail (none is "confirmed" and acknowledged), while publishes to a healthy queue
+/// made at the same time all succeed (none is failed by another message's return).
+fn returns_are_paired_with_their_own_publish(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = RabbitTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let broken = format!("returns-broken-{}", uuid::Uuid::new_v4().simple());
+        let healthy = format!("returns-healthy-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&broken)
+            .await
+            .map_err(|e| e.to_string())?;
+        transport
+            .declare(&healthy)
+            .await
+            .map_err(|e| e.to_string())?;
+        transport
+            .delete_dlq(&broken)
+            .await
+            .map_err(|e| e.to_string())?;
+        let handler = handler_fn(|_event: Event, _ctx: Context| async {
+            Err::<(), _>(HandlerError::non_retryable("bad"))
+        });
+        let consumer =
+            Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &broken)
+                .concurrency(16)
+                .settle_backoff(Duration::from_millis(50))
+                .build()
+                .map_err(|e| e.to_string())?
+                .start(handler)
+                .await
+                .map_err(|e| e.to_string())?;
+        for i in 0..50 {
+            let id = format!("b{i}");
+            transport
+                .publish(&broken, &Event::new(id.clone()).with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let sends = (0..400).map(|i| {
+            let (transport, healthy) = (transport.clone(), healthy.clone());
+            async move {
+                transport
+                    .publish(&healthy, &Event::new(format!("h{i}")))
+                    .await
+            }
+        });
+        let results = futures::future::join_all(sends).await;
+        let failed: Vec<String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+            .collect();
+        let stats = consumer.stats();
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        if !failed.is_empty() {
+            return Err(format!(
+                "{} publishes to a healthy queue failed, e.g. {}",
+                failed.len(),
+                failed[0]
+            ));
+        }
+        if stats.dead_lettered != 0 || stats.settle_errors == 0 {
+            return Err(format!(
+                "dead letters to a deleted DLQ must all fail: {stats:?}"
+            ));
+        }
+        transport
+            .declare(&broken)
+            .await
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let handler = handler_fn(|_event: Event, _ctx: Context| async {
+            Err::<(), _>(HandlerError::non_retryable("bad"))
+        });
+        let consumer =
+            Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &broken)
+                .concurrency(16)
+                .build()
+                .map_err(|e| e.to_string())?
+                .start(handler)
+                .await
+                .map_err(|e| e.to_string())?;
+        loop {
+            let dead = transport
+                .dead_letters()
+                .list(&broken, &DlqFilter::all())
+                .await
+                .map_err(|e| e.to_string())?;
+            if dead.len() == 50 {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} of 50 events reached the DLQ once it was back",
+                    dead.len()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        for topic in [&broken, &healthy] {
+            transport
+                .delete_topic(topic)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
         Ok(())
     })
 }
