@@ -12,6 +12,9 @@ pub use retry_core::{
 /// The RabbitMQ adapter (feature `rabbitmq`).
 #[cfg(feature = "rabbitmq")]
 pub use event_retry_rabbitmq as rabbitmq;
+/// The Amazon SQS adapter (feature `sqs`).
+#[cfg(feature = "sqs")]
+pub use event_retry_sqs as sqs;
 
 use retry_core::memory::MemoryTransport;
 use retry_core::transport::Transport;
@@ -75,7 +78,10 @@ fn broker_of(scheme: &str) -> Option<(&'static str, &'static str)> {
 ///   by every `connect` of the same URL in this process (so a producer and a consumer meet).
 /// * `amqp://user:pass@host:port/vhost` (or `amqps://`) — RabbitMQ, with the `rabbitmq` feature and
 ///   the adapter's default settings (`event_retry::rabbitmq::RabbitTransport::connect_with` takes others).
-/// * `kafka://`, `sqs://`, `pulsar://` — the other broker adapters, each behind its cargo feature;
+/// * `sqs://` (AWS; region and credentials from the environment), `sqs://key:secret@host:port` or
+///   `http://127.0.0.1:9324` (an SQS-compatible endpoint), or an `https://` SQS queue URL — Amazon SQS,
+///   with the `sqs` feature (`event_retry::sqs::SqsTransport::from_client` takes an aws-config client).
+/// * `kafka://`, `pulsar://` — the other broker adapters, each behind its cargo feature;
 ///   without it, the error names the feature to enable.
 pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
     let (scheme, rest) = url
@@ -97,6 +103,16 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
                 source,
             });
     }
+    #[cfg(feature = "sqs")]
+    if scheme == "sqs" || scheme == "https" || (scheme == "http" && is_loopback(rest)) {
+        return event_retry_sqs::SqsTransport::connect(url)
+            .await
+            .map(|t| Arc::new(t) as Arc<dyn Transport>)
+            .map_err(|source| ConnectError::Broker {
+                broker: "Amazon SQS",
+                source,
+            });
+    }
     match broker_of(&scheme) {
         Some((broker, feature)) => Err(ConnectError::AdapterMissing {
             scheme,
@@ -105,6 +121,15 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
         }),
         None => Err(ConnectError::UnknownScheme { scheme }),
     }
+}
+
+/// Whether the authority of `rest` (after `scheme://`) is a loopback host (a local SQS endpoint).
+#[cfg(feature = "sqs")]
+fn is_loopback(rest: &str) -> bool {
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
+    matches!(host, "127.0.0.1" | "localhost" | "[::1]")
 }
 
 fn named_memory(name: &str) -> MemoryTransport {
@@ -139,6 +164,8 @@ mod tests {
             consumer: "c".into(),
             ordered: false,
             max_in_flight: 1,
+            max_deliveries: None,
+            longest_delay: None,
         };
         let mut sub = b.subscribe(&spec).await.unwrap();
         assert!(
@@ -157,7 +184,9 @@ mod tests {
             ("kafka://127.0.0.1:9092", "`kafka` feature"),
             #[cfg(not(feature = "rabbitmq"))]
             ("amqp://127.0.0.1:5672", "`rabbitmq` feature"),
+            #[cfg(not(feature = "sqs"))]
             ("sqs://local/orders", "`sqs` feature"),
+            #[cfg(not(feature = "sqs"))]
             ("https://sqs.us-east-1.amazonaws.com/1/q", "`sqs` feature"),
             ("pulsar://127.0.0.1:6650", "`pulsar` feature"),
         ];

@@ -373,6 +373,8 @@ mod tests {
             consumer: "c".into(),
             ordered: false,
             max_in_flight: 1,
+            max_deliveries: None,
+            longest_delay: None,
         }
     }
 

@@ -175,6 +175,12 @@ pub struct SubscriptionSpec {
     /// The runtime's concurrency: deliveries handed out but not yet settled should not exceed it much
     /// (prefetch, batch size).
     pub max_in_flight: usize,
+    /// The most broker deliveries one event can take under the retry policy (the first, plus one per
+    /// deferred retry); `None` when the policy sets no limit. A broker that moves messages to a DLQ by
+    /// receive count (SQS's redrive policy) checks its limit against it.
+    pub max_deliveries: Option<u32>,
+    /// The longest delay the retry policy asks for, for brokers whose limits depend on the queue.
+    pub longest_delay: Option<Duration>,
 }
 
 /// Facts about one delivery, from the broker.

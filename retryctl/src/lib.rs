@@ -380,6 +380,8 @@ mod tests {
             consumer: "c".into(),
             ordered: false,
             max_in_flight: 1,
+            max_deliveries: None,
+            longest_delay: None,
         };
         let mut sub = t.subscribe(&spec).await.unwrap();
         for i in 0..n {

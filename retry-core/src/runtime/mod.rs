@@ -192,7 +192,10 @@ impl ConsumerBuilder {
 
     /// Checks the policy against the transport and builds the consumer; a delay the transport cannot
     /// honour is an error here, at start-up.
-    pub fn build(self) -> Result<Consumer, ConsumerError> {
+    pub fn build(mut self) -> Result<Consumer, ConsumerError> {
+        let deferred = &self.policies.deferred;
+        self.spec.max_deliveries = deferred.max_retries().map(|r| r.saturating_add(1));
+        self.spec.longest_delay = Some(deferred.longest_delay());
         if self.spec.topic.is_empty() {
             return Err(ConsumerError::Config("the topic name is empty".to_string()));
         }
@@ -238,6 +241,8 @@ impl Consumer {
                 ),
                 ordered: false,
                 max_in_flight: 16,
+                max_deliveries: None,
+                longest_delay: None,
             },
             policies: Policies::default(),
             classifier: Classifier::new(),
@@ -545,5 +550,68 @@ impl ReceiveLoop {
         self.subscription.close().await?;
         info!(topic = %self.shared.spec.topic, "consumer stopped");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::dlq::DeadLetterQueue;
+    use crate::event::Event;
+    use crate::memory::MemoryTransport;
+    use crate::policy::RetryPolicy;
+    use crate::transport::{Capabilities, Subscription, TransportError};
+
+    /// A memory transport that records the spec it was subscribed with.
+    #[derive(Default)]
+    struct Recording {
+        inner: MemoryTransport,
+        spec: std::sync::Mutex<Option<SubscriptionSpec>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Transport for Recording {
+        fn name(&self) -> &'static str {
+            "recording"
+        }
+        fn capabilities(&self) -> Capabilities {
+            MemoryTransport::CAPABILITIES
+        }
+        async fn publish(&self, topic: &str, event: &Event) -> Result<(), TransportError> {
+            self.inner.publish(topic, event).await
+        }
+        async fn subscribe(
+            &self,
+            spec: &SubscriptionSpec,
+        ) -> Result<Box<dyn Subscription>, TransportError> {
+            *self.spec.lock().unwrap() = Some(spec.clone());
+            self.inner.subscribe(spec).await
+        }
+        fn dead_letters(&self) -> Arc<dyn DeadLetterQueue> {
+            self.inner.dead_letters()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_spec_carries_the_deliveries_and_longest_delay_the_policy_needs() {
+        let transport = Arc::new(Recording::default());
+        let handle = Consumer::builder(transport.clone(), "t")
+            .policy(RetryPolicy::parse("1s x2, 5s x3").unwrap())
+            .build()
+            .unwrap()
+            .start(crate::runtime::handler_fn(|_e: Event, _c: Context| async {
+                Ok::<(), crate::classify::HandlerError>(())
+            }))
+            .await
+            .unwrap();
+        let spec = transport.spec.lock().unwrap().clone().unwrap();
+        assert_eq!(
+            spec.max_deliveries,
+            Some(6),
+            "the first delivery and 5 retries"
+        );
+        assert_eq!(spec.longest_delay, Some(Duration::from_secs(5)));
+        handle.shutdown().await.unwrap();
     }
 }
