@@ -357,6 +357,11 @@ async fn transient_then_success(f: Arc<dyn Fixture>) -> ScenarioResult {
         probe.successes().len() >= 4
     })
     .await?;
+    // The handler's success is counted once the broker confirmed the ack, a moment later.
+    wait_for("4 acknowledged successes", patience(&f, 2), || {
+        c.stats().succeeded >= 4
+    })
+    .await?;
     let mut late = Vec::new();
     for id in ids {
         let calls = probe.calls_of(id);
