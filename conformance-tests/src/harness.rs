@@ -46,7 +46,7 @@ pub fn brokers() -> Vec<Broker> {
         Broker {
             name: "sqs",
             env: "RETRY_TEST_SQS",
-            make: None,
+            make: Some(crate::sqs::SqsFixture::make),
         },
         Broker {
             name: "pulsar",

@@ -13,3 +13,4 @@ pub mod probe;
 pub mod rabbitmq;
 pub mod report;
 pub mod scenarios;
+pub mod sqs;

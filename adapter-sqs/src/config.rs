@@ -1,0 +1,123 @@
+//! The adapter's settings: SQS's limits (scaled down in tests), queue names, and what it may change.
+
+use std::time::Duration;
+
+use retry_core::transport::TransportError;
+
+/// The adapter's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqsConfig {
+    /// The visibility a receive asks for, and how far a heartbeat extends it while a handler runs. A
+    /// consumer that dies without releasing its messages gives them back after this. Default 30 s.
+    pub visibility: Duration,
+    /// The longest visibility SQS allows, counted from the receive: 12 h. A retry that would end later is
+    /// carried by a copy (re-sent with its metadata and hidden again on arrival) instead of being capped.
+    pub max_visibility: Duration,
+    /// The longest `DelaySeconds` of a send: 15 min.
+    pub max_send_delay: Duration,
+    /// How long one receive waits for messages (long polling, at most 20 s). Shorter makes a due retry
+    /// surface sooner on an endpoint that does not wake long polls for it. Default 1 s.
+    pub wait: Duration,
+    /// Suffix of a queue's DLQ name (before `.fifo`). Default `-dlq`.
+    pub dlq_suffix: String,
+    /// Create a missing queue and its DLQ (with a redrive policy) on first use. Default true.
+    pub create_queues: bool,
+    /// `maxReceiveCount` of the redrive policy set on queues this adapter creates or that have none
+    /// (`set_redrive`); it must exceed the deliveries a consumer's policy needs. Default 50.
+    pub max_receive_count: u32,
+    /// Set a redrive policy on an existing queue that has none. Default false (an existing queue's
+    /// attributes are its owner's; a missing redrive policy is logged as a warning).
+    pub set_redrive: bool,
+}
+
+impl Default for SqsConfig {
+    fn default() -> Self {
+        Self {
+            visibility: Duration::from_secs(30),
+            max_visibility: Duration::from_secs(12 * 3600),
+            max_send_delay: Duration::from_secs(900),
+            wait: Duration::from_secs(1),
+            dlq_suffix: "-dlq".to_string(),
+            create_queues: true,
+            max_receive_count: 50,
+            set_redrive: false,
+        }
+    }
+}
+
+impl SqsConfig {
+    /// Checks the settings against what SQS accepts.
+    pub fn validate(&self) -> Result<(), TransportError> {
+        let bad = |why: String| Err(TransportError::Config(why));
+        let whole = |d: Duration| d.subsec_nanos() == 0;
+        if !whole(self.visibility)
+            || self.visibility.is_zero()
+            || self.visibility > self.max_visibility
+        {
+            return bad(format!(
+                "visibility must be whole seconds between 1 s and max_visibility, got {:?}",
+                self.visibility
+            ));
+        }
+        if !whole(self.max_visibility) || self.max_visibility > Duration::from_secs(43_200) {
+            return bad(format!(
+                "max_visibility must be whole seconds up to SQS's 12 h, got {:?}",
+                self.max_visibility
+            ));
+        }
+        if !whole(self.max_send_delay) || self.max_send_delay > Duration::from_secs(900) {
+            return bad(format!(
+                "max_send_delay must be whole seconds up to SQS's 15 min, got {:?}",
+                self.max_send_delay
+            ));
+        }
+        if !whole(self.wait) || self.wait > Duration::from_secs(20) {
+            return bad(format!(
+                "wait must be whole seconds up to 20 s, got {:?}",
+                self.wait
+            ));
+        }
+        if !(1..=1000).contains(&self.max_receive_count) {
+            return bad(format!(
+                "max_receive_count must be 1..=1000 (SQS's range), got {}",
+                self.max_receive_count
+            ));
+        }
+        if self.dlq_suffix.is_empty() {
+            return bad("dlq_suffix must not be empty".to_string());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_sqs_limits() {
+        let c = SqsConfig::default();
+        assert!(c.validate().is_ok());
+        assert_eq!(c.max_visibility, Duration::from_secs(43_200));
+    }
+
+    #[test]
+    fn beyond_sqs_limits_is_refused() {
+        for bad in [
+            SqsConfig {
+                max_visibility: Duration::from_secs(43_201),
+                ..SqsConfig::default()
+            },
+            SqsConfig {
+                wait: Duration::from_millis(1_500),
+                ..SqsConfig::default()
+            },
+            SqsConfig {
+                max_receive_count: 0,
+                ..SqsConfig::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! State shared by a transport's subscriptions and receipts: the client, the queues, sending, and the
+//! metadata of visibility retries this process scheduled.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::MessageAttributeValue;
+use retry_core::metadata::RetryMetadata;
+use retry_core::transport::TransportError;
+
+use crate::codec::Outgoing;
+use crate::queues::{QueueInfo, Queues, sdk_error};
+
+/// The attribute marking a copy the adapter sent to carry a retry (its counts are in its metadata).
+pub(crate) const COPY: &str = "x-retry-copy";
+
+/// At most this many visibility retries are remembered; beyond it a retry still works, with the
+/// broker's counts only.
+const RECALL_CAPACITY: usize = 100_000;
+
+/// Everything a transport's parts share.
+pub(crate) struct Shared {
+    pub(crate) queues: Queues,
+    recall: Mutex<HashMap<String, (RetryMetadata, Instant)>>,
+}
+
+impl Shared {
+    pub(crate) fn new(queues: Queues) -> Self {
+        Self {
+            queues,
+            recall: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Sends `out` to `url`, a queue of the same kind as `queue` (its own, or its DLQ).
+    pub(crate) async fn send(
+        &self,
+        queue: &QueueInfo,
+        url: &str,
+        mut out: Outgoing,
+        options: SendOptions,
+        operation: &str,
+    ) -> Result<(), TransportError> {
+        let SendOptions { group, delay, copy } = options;
+        if copy {
+            let marker = MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value("1")
+                .build()
+                .map_err(|e| TransportError::Config(e.to_string()))?;
+            out.attributes.insert(COPY.to_string(), marker);
+            if out.attributes.len() > crate::codec::MAX_ATTRIBUTES {
+                return Err(TransportError::Rejected {
+                    operation: operation.to_string(),
+                    reason: format!(
+                        "carrying this retry needs one more message attribute than SQS's {} allows",
+                        crate::codec::MAX_ATTRIBUTES
+                    ),
+                });
+            }
+        }
+        let mut req = self
+            .queues
+            .client
+            .send_message()
+            .queue_url(url)
+            .message_body(out.body)
+            .set_message_attributes(Some(out.attributes));
+        if queue.fifo {
+            req = req
+                .message_group_id(
+                    group.unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()),
+                )
+                .message_deduplication_id(uuid::Uuid::new_v4().simple().to_string());
+        } else if !delay.is_zero() {
+            let secs = delay.min(self.queues.config.max_send_delay).as_secs();
+            req = req.delay_seconds(i32::try_from(secs).unwrap_or(900));
+        }
+        req.send()
+            .await
+            .map(drop)
+            .map_err(|e| TransportError::Rejected {
+                operation: operation.to_string(),
+                reason: sdk_error("send", e).to_string(),
+            })
+    }
+
+    /// Remembers the metadata of a visibility retry of `message_id`, to give it back when the message
+    /// returns to this process.
+    pub(crate) fn remember(&self, message_id: &str, meta: RetryMetadata, until: Instant) {
+        let mut recall = self.recall.lock().unwrap_or_else(|p| p.into_inner());
+        if recall.len() >= RECALL_CAPACITY {
+            let now = Instant::now();
+            recall.retain(|_, (_, until)| *until > now);
+        }
+        if recall.len() < RECALL_CAPACITY {
+            recall.insert(message_id.to_string(), (meta, until));
+        }
+    }
+
+    /// Takes what [`Shared::remember`] kept for `message_id`.
+    pub(crate) fn recall(&self, message_id: &str) -> Option<RetryMetadata> {
+        let mut recall = self.recall.lock().unwrap_or_else(|p| p.into_inner());
+        recall.remove(message_id).map(|(meta, _)| meta)
+    }
+
+    /// Forgets a visibility retry that did not happen.
+    pub(crate) fn forget(&self, message_id: &str) {
+        self.recall
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(message_id);
+    }
+}
+
+/// How to send one message.
+#[derive(Debug, Default)]
+pub(crate) struct SendOptions {
+    /// The FIFO message group (a new one per message when `None`).
+    pub(crate) group: Option<String>,
+    /// `DelaySeconds` (capped at the send limit; ignored on FIFO queues, which refuse it).
+    pub(crate) delay: Duration,
+    /// Mark the message as a copy carrying a retry.
+    pub(crate) copy: bool,
+}
+
+/// The FIFO message group for a key: the key itself when SQS accepts it, its hex digits otherwise.
+pub(crate) fn group_of(key: Option<&[u8]>) -> Option<String> {
+    let key = key?;
+    let printable =
+        !key.is_empty() && key.len() <= 128 && key.iter().all(|b| (0x21..=0x7e).contains(b));
+    Some(if printable {
+        String::from_utf8_lossy(key).into_owned()
+    } else {
+        key.iter().take(64).map(|b| format!("{b:02x}")).collect()
+    })
+}
+
+/// Whole seconds, rounded up (a delay is never shortened).
+pub(crate) fn seconds_up(d: Duration) -> i32 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i32::try_from(secs).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(seconds_up(Duration::from_millis(1)), 1);
+        assert_eq!(seconds_up(Duration::from_secs(2)), 2);
+        assert_eq!(seconds_up(Duration::from_millis(2_001)), 3);
+        assert_eq!(seconds_up(Duration::ZERO), 0);
+    }
+
+    #[test]
+    fn groups_are_keys_sqs_accepts() {
+        assert_eq!(
+            group_of(Some(b"customer-7")),
+            Some("customer-7".to_string())
+        );
+        assert_eq!(group_of(Some(&[0, 255])), Some("00ff".to_string()));
+        assert_eq!(group_of(None), None);
+    }
+}

@@ -1,0 +1,573 @@
+//! The receive loop and the receipts.
+//!
+//! A retry is the received message itself: `ChangeMessageVisibility(delay)` hides it and SQS brings it
+//! back, its `ApproximateReceiveCount` counting the attempts. The metadata the runtime updated (the error,
+//! the due time) is kept in this process and given back when the message returns here; a message that
+//! returns to another process carries the broker's counts only. A retry that would end beyond the 12 h
+//! visibility window (or the queue's retention) is carried instead: a copy with its metadata is sent and
+//! the original deleted; on arrival, a copy that is not due yet is hidden again, so no delay is ever
+//! capped. While a handler runs, a heartbeat keeps its message hidden.
+//!
+//! `next` is cancel-safe: a receive in flight is kept in the subscription and finished by the next call,
+//! so a dropped call loses no message (and does not inflate its receive count).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
+use retry_core::event::{Event, RawMessage};
+use retry_core::metadata::{self, Origin, Packing};
+use retry_core::time::Timestamp;
+use retry_core::transport::{
+    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, TransportError,
+};
+use tokio::sync::Mutex;
+use tracing::debug;
+
+use crate::codec;
+use crate::queues::{QueueInfo, sdk_error};
+use crate::shared::{COPY, SendOptions, Shared, group_of, seconds_up};
+
+/// Room left before a visibility window or retention ends, for clocks and requests in flight.
+const MARGIN: Duration = Duration::from_secs(2);
+
+/// A receive running in the background: it goes on while the runtime handles the previous batch, and a
+/// cancelled `next` leaves it to the following call.
+type Receive = tokio::task::JoinHandle<Result<Vec<Received>, TransportError>>;
+
+/// A message and when it was received.
+pub(crate) struct Received {
+    message: Message,
+    at: Instant,
+}
+
+/// One consumer of a queue.
+pub(crate) struct SqsSubscription {
+    shared: Arc<Shared>,
+    spec: SubscriptionSpec,
+    queue: QueueInfo,
+    buffer: VecDeque<Received>,
+    pending: Option<Receive>,
+    paused: bool,
+}
+
+impl SqsSubscription {
+    pub(crate) fn new(shared: Arc<Shared>, spec: SubscriptionSpec, queue: QueueInfo) -> Self {
+        Self {
+            shared,
+            spec,
+            queue,
+            buffer: VecDeque::new(),
+            pending: None,
+            paused: false,
+        }
+    }
+
+    fn receive(&self) -> Receive {
+        let client = self.shared.queues.client.clone();
+        let config = &self.shared.queues.config;
+        let url = self.queue.url.clone();
+        let batch = i32::try_from(self.spec.max_in_flight.clamp(1, 10)).unwrap_or(10);
+        let visibility = seconds_up(config.visibility);
+        let wait = seconds_up(config.wait);
+        tokio::spawn(async move {
+            client
+                .receive_message()
+                .queue_url(&url)
+                .max_number_of_messages(batch)
+                .visibility_timeout(visibility)
+                .wait_time_seconds(wait)
+                .message_attribute_names("All")
+                .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+                .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
+                .send()
+                .await
+                .map(|out| {
+                    let at = Instant::now();
+                    let messages = out.messages.unwrap_or_default();
+                    messages
+                        .into_iter()
+                        .map(|message| Received { message, at })
+                        .collect()
+                })
+                .map_err(|e| sdk_error("receive", e))
+        })
+    }
+}
+
+/// The parts of a subscription a delivery is built from (borrowed apart from the pending receive, which
+/// is not `Sync`).
+struct Parts<'a> {
+    shared: &'a Arc<Shared>,
+    spec: &'a SubscriptionSpec,
+    queue: &'a QueueInfo,
+}
+
+impl Parts<'_> {
+    /// Hides a copy that is not due yet until it is (or as long as SQS allows); `true` if it was hidden.
+    async fn hide_until_due(&self, m: &Message, raw: &RawMessage) -> bool {
+        let (meta, _, _) = metadata::decode_lenient(&raw.headers);
+        let Some(due) = meta.due_at else { return false };
+        let now = Timestamp::now();
+        if due <= now.plus(Duration::from_millis(500)) {
+            return false;
+        }
+        let remaining = due
+            .since(now)
+            .min(self.shared.queues.config.max_visibility - MARGIN);
+        let Some(handle) = m.receipt_handle() else {
+            return false;
+        };
+        let hidden = self
+            .shared
+            .queues
+            .client
+            .change_message_visibility()
+            .queue_url(&self.queue.url)
+            .receipt_handle(handle)
+            .visibility_timeout(seconds_up(remaining))
+            .send()
+            .await;
+        debug!(
+            ?remaining,
+            ok = hidden.is_ok(),
+            "a carried retry is not due yet; hidden again"
+        );
+        // If hiding failed, the copy is left alone: it comes back after the receive's visibility.
+        true
+    }
+
+    async fn deliver(&self, received: Received) -> Option<Delivery> {
+        let m = received.message;
+        let mut raw = codec::decode(&m);
+        let copy = raw.headers.get(COPY).is_some();
+        raw.headers.retain(|name, _| name != COPY);
+        if copy && self.hide_until_due(&m, &raw).await {
+            return None;
+        }
+        let message_id = m.message_id().unwrap_or_default().to_string();
+        let receive_count: Option<u32> = m
+            .attributes()
+            .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+            .and_then(|s| s.parse().ok());
+        let sent_at = m
+            .attributes()
+            .and_then(|a| a.get(&MessageSystemAttributeName::SentTimestamp))
+            .and_then(|s| s.parse::<u64>().ok())
+            .map(Timestamp::from_millis);
+        if !copy && let Some(meta) = self.shared.recall(&message_id) {
+            let (_, foreign, _) = metadata::decode_lenient(&raw.headers);
+            raw.headers = metadata::encode_with(&meta, &foreign, Packing::Single);
+        }
+        // A copy counts in its metadata; the original's receive count includes every earlier delivery.
+        let broker_count = (!copy).then(|| receive_count.unwrap_or(1).saturating_sub(1));
+        let receipt = SqsReceipt::new(
+            self.shared.clone(),
+            self.spec.topic.clone(),
+            self.queue.clone(),
+            m.receipt_handle().unwrap_or_default().to_string(),
+            message_id.clone(),
+            copy,
+            received.at,
+            sent_at,
+        );
+        Some(Delivery {
+            message: raw,
+            info: DeliveryInfo {
+                message_id,
+                origin: Origin {
+                    topic: self.spec.topic.clone(),
+                    partition: None,
+                    offset: None,
+                },
+                broker_attempts: broker_count,
+                broker_retries: broker_count,
+            },
+            receipt: Box::new(receipt),
+        })
+    }
+}
+
+impl SqsSubscription {
+    /// Gives buffered messages back (visibility 0), e.g. before a long pause.
+    async fn release_buffer(&mut self) {
+        for r in self.buffer.drain(..) {
+            if let Some(handle) = r.message.receipt_handle() {
+                let _ = self
+                    .shared
+                    .queues
+                    .client
+                    .change_message_visibility()
+                    .queue_url(&self.queue.url)
+                    .receipt_handle(handle)
+                    .visibility_timeout(0)
+                    .send()
+                    .await;
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Subscription for SqsSubscription {
+    async fn next(&mut self) -> Result<Option<Delivery>, TransportError> {
+        let visibility = self.shared.queues.config.visibility;
+        let fresh_for = visibility.saturating_sub(MARGIN.min(visibility / 2));
+        loop {
+            if let Some(r) = self.buffer.pop_front() {
+                // A message buffered past its visibility may be with another consumer by now.
+                if r.at.elapsed() >= fresh_for {
+                    continue;
+                }
+                // Receive the next batch while this one is handled.
+                if self.buffer.is_empty() && self.pending.is_none() && !self.paused {
+                    self.pending = Some(self.receive());
+                }
+                let parts = Parts {
+                    shared: &self.shared,
+                    spec: &self.spec,
+                    queue: &self.queue,
+                };
+                if let Some(d) = parts.deliver(r).await {
+                    return Ok(Some(d));
+                }
+                continue;
+            }
+            if self.paused {
+                return std::future::pending().await;
+            }
+            if self.pending.is_none() {
+                self.pending = Some(self.receive());
+            }
+            let Some(pending) = self.pending.as_mut() else {
+                continue;
+            };
+            let result = pending.await;
+            self.pending = None;
+            let received = result.map_err(|e| {
+                TransportError::Connection(format!("the receive task failed: {e}"))
+            })??;
+            self.buffer.extend(received);
+        }
+    }
+
+    async fn pause(&mut self) -> Result<(), TransportError> {
+        self.paused = true;
+        // A receive in flight ends within the long-poll wait; what it brings goes back too.
+        if let Some(pending) = self.pending.take()
+            && let Ok(Ok(received)) = pending.await
+        {
+            self.buffer.extend(received);
+        }
+        self.release_buffer().await;
+        Ok(())
+    }
+
+    async fn resume(&mut self) -> Result<(), TransportError> {
+        self.paused = false;
+        Ok(())
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<(), TransportError> {
+        if let Some(pending) = self.pending.take()
+            && let Ok(Ok(received)) = pending.await
+        {
+            self.buffer.extend(received);
+        }
+        self.release_buffer().await;
+        Ok(())
+    }
+}
+
+impl Drop for SqsSubscription {
+    /// A subscription dropped without `close` (a crash, an abort) still gives back what it received but
+    /// did not hand out, so it is not held until its visibility runs out.
+    fn drop(&mut self) {
+        let pending = self.pending.take();
+        let buffered: Vec<String> = self
+            .buffer
+            .drain(..)
+            .filter_map(|r| r.message.receipt_handle().map(str::to_string))
+            .collect();
+        if pending.is_none() && buffered.is_empty() {
+            return;
+        }
+        let (client, url) = (self.shared.queues.client.clone(), self.queue.url.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let mut handles = buffered;
+                if let Some(pending) = pending
+                    && let Ok(Ok(received)) = pending.await
+                {
+                    handles.extend(
+                        received
+                            .iter()
+                            .filter_map(|r| r.message.receipt_handle().map(str::to_string)),
+                    );
+                }
+                for handle in handles {
+                    let _ = client
+                        .change_message_visibility()
+                        .queue_url(&url)
+                        .receipt_handle(handle)
+                        .visibility_timeout(0)
+                        .send()
+                        .await;
+                }
+            });
+        }
+    }
+}
+
+/// Settles one received message. Dropping it unsettled makes the message visible again at once.
+struct SqsReceipt {
+    shared: Arc<Shared>,
+    topic: String,
+    queue: QueueInfo,
+    handle: String,
+    message_id: String,
+    copy: bool,
+    received_at: Instant,
+    sent_at: Option<Timestamp>,
+    /// `true` once settled; the heartbeat takes it for each extension, so none races a settle.
+    settled: Arc<Mutex<bool>>,
+    heartbeat: tokio::task::AbortHandle,
+}
+
+impl SqsReceipt {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        shared: Arc<Shared>,
+        topic: String,
+        queue: QueueInfo,
+        handle: String,
+        message_id: String,
+        copy: bool,
+        received_at: Instant,
+        sent_at: Option<Timestamp>,
+    ) -> Self {
+        let settled = Arc::new(Mutex::new(false));
+        let visibility = shared.queues.config.visibility;
+        let max_visibility = shared.queues.config.max_visibility;
+        let beat = {
+            let (shared, url, handle, settled) = (
+                shared.clone(),
+                queue.url.clone(),
+                handle.clone(),
+                settled.clone(),
+            );
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(visibility / 2).await;
+                    let guard = settled.lock().await;
+                    let left = max_visibility.saturating_sub(received_at.elapsed() + MARGIN);
+                    if *guard || left.is_zero() {
+                        return;
+                    }
+                    let _ = shared
+                        .queues
+                        .client
+                        .change_message_visibility()
+                        .queue_url(&url)
+                        .receipt_handle(&handle)
+                        .visibility_timeout(seconds_up(visibility.min(left)))
+                        .send()
+                        .await;
+                }
+            })
+        };
+        Self {
+            shared,
+            topic,
+            queue,
+            handle,
+            message_id,
+            copy,
+            received_at,
+            sent_at,
+            settled,
+            heartbeat: beat.abort_handle(),
+        }
+    }
+
+    /// Marks the receipt settling (stops the heartbeat); an error if it already was.
+    async fn settle(&self) -> Result<tokio::sync::OwnedMutexGuard<bool>, TransportError> {
+        let guard = self.settled.clone().lock_owned().await;
+        if *guard {
+            return Err(TransportError::AlreadySettled);
+        }
+        self.heartbeat.abort();
+        Ok(guard)
+    }
+
+    async fn change_visibility(&self, d: Duration, operation: &str) -> Result<(), TransportError> {
+        self.shared
+            .queues
+            .client
+            .change_message_visibility()
+            .queue_url(&self.queue.url)
+            .receipt_handle(&self.handle)
+            .visibility_timeout(seconds_up(d))
+            .send()
+            .await
+            .map(drop)
+            .map_err(|e| TransportError::Rejected {
+                operation: operation.to_string(),
+                reason: sdk_error("change visibility", e).to_string(),
+            })
+    }
+
+    async fn delete(&self) -> Result<(), TransportError> {
+        self.shared
+            .queues
+            .client
+            .delete_message()
+            .queue_url(&self.queue.url)
+            .receipt_handle(&self.handle)
+            .send()
+            .await
+            .map(drop)
+            .map_err(|e| sdk_error(&format!("delete a message from {}", self.topic), e))
+    }
+
+    /// Whether a visibility retry of `delay` ends inside the receive's visibility window and the
+    /// queue's retention; otherwise it must be carried by a copy.
+    fn fits_visibility(&self, delay: Duration) -> bool {
+        let config = &self.shared.queues.config;
+        let window_ends = self.received_at.elapsed() + delay + MARGIN <= config.max_visibility;
+        let age = self
+            .sent_at
+            .map_or(Duration::ZERO, |s| Timestamp::now().since(s));
+        let retained = age + delay + MARGIN * 30 <= self.queue.retention;
+        window_ends && retained
+    }
+}
+
+#[async_trait]
+impl Receipt for SqsReceipt {
+    async fn ack(&mut self) -> Result<(), TransportError> {
+        let mut settled = self.settle().await?;
+        self.delete().await?;
+        *settled = true;
+        Ok(())
+    }
+
+    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), TransportError> {
+        let mut settled = self.settle().await?;
+        let operation = format!("retry of {} on {}", self.message_id, self.topic);
+        if !self.copy && self.fits_visibility(delay) {
+            let until = Instant::now()
+                + delay
+                + self.shared.queues.config.visibility
+                + Duration::from_secs(60);
+            self.shared
+                .remember(&self.message_id, event.meta.clone(), until);
+            if let Err(e) = self.change_visibility(delay, &operation).await {
+                self.shared.forget(&self.message_id);
+                return Err(e);
+            }
+        } else if self.queue.fifo {
+            return Err(TransportError::Rejected {
+                operation,
+                reason: format!(
+                    "a FIFO queue cannot carry a delay of {delay:?} beyond the visibility window (no per-message delay)"
+                ),
+            });
+        } else {
+            let out = codec::encode(event)?;
+            self.shared
+                .send(
+                    &self.queue,
+                    &self.queue.url,
+                    out,
+                    SendOptions {
+                        group: None,
+                        delay,
+                        copy: true,
+                    },
+                    &operation,
+                )
+                .await?;
+            self.delete().await?;
+        }
+        *settled = true;
+        Ok(())
+    }
+
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
+        let mut settled = self.settle().await?;
+        let operation = format!("dead-letter to {}", self.queue.dlq_name);
+        let out = codec::encode(event)?;
+        let group = group_of(event.key.as_deref());
+        self.shared
+            .send(
+                &self.queue,
+                &self.queue.dlq_url,
+                out,
+                SendOptions {
+                    group,
+                    ..SendOptions::default()
+                },
+                &operation,
+            )
+            .await?;
+        self.delete().await?;
+        *settled = true;
+        Ok(())
+    }
+
+    async fn release(&mut self, after: Duration) -> Result<(), TransportError> {
+        let mut settled = self.settle().await?;
+        let after = after.min(
+            self.shared
+                .queues
+                .config
+                .max_visibility
+                .saturating_sub(self.received_at.elapsed() + MARGIN),
+        );
+        self.change_visibility(after, "release").await?;
+        *settled = true;
+        Ok(())
+    }
+
+    async fn keep_alive(&mut self, for_at_least: Duration) -> Result<(), TransportError> {
+        let guard = self.settled.lock().await;
+        if *guard {
+            return Err(TransportError::AlreadySettled);
+        }
+        let config = &self.shared.queues.config;
+        let left = config
+            .max_visibility
+            .saturating_sub(self.received_at.elapsed() + MARGIN);
+        self.change_visibility(for_at_least.max(config.visibility).min(left), "keep alive")
+            .await
+    }
+}
+
+impl Drop for SqsReceipt {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+        let settled = self.settled.clone();
+        let (client, url, handle) = (
+            self.shared.queues.client.clone(),
+            self.queue.url.clone(),
+            self.handle.clone(),
+        );
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                if *settled.lock().await {
+                    return;
+                }
+                let _ = client
+                    .change_message_visibility()
+                    .queue_url(url)
+                    .receipt_handle(handle)
+                    .visibility_timeout(0)
+                    .send()
+                    .await;
+            });
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! Tests against a real SQS endpoint (the ElasticMQ `scripts/brokers` starts) beyond the conformance
+//! suite:
+//!
+//! * a delay longer than the visibility limit is carried, not capped (limits scaled down through
+//!   configuration: 3 s of visibility, 1 s of send delay, a 7 s retry);
+//! * a redrive policy that would move messages before the retry policy is spent stops the consumer from
+//!   starting;
+//! * a FIFO queue retries by visibility and dead-letters into its FIFO DLQ;
+//! * a handler that runs longer than the visibility timeout keeps its message hidden (heartbeat), so it
+//!   is not handled twice at once.
+//!
+//! Without `RETRY_TEST_SQS` they are listed as ignored with the reason; with `RETRY_TEST_REQUIRE` naming
+//! sqs, that is a failure.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use event_retry_sqs::{SqsConfig, SqsTransport};
+use libtest_mimic::{Arguments, Failed, Trial};
+use retry_core::classify::HandlerError;
+use retry_core::dlq::DlqFilter;
+use retry_core::event::Event;
+use retry_core::policy::RetryPolicy;
+use retry_core::runtime::{Consumer, ConsumerHandle, Context, handler_fn};
+use retry_core::transport::Transport;
+
+type Test = fn(String) -> Result<(), String>;
+type Calls = Arc<Mutex<HashMap<String, Vec<Instant>>>>;
+
+fn main() {
+    let args = Arguments::from_args();
+    let url = std::env::var("RETRY_TEST_SQS")
+        .ok()
+        .filter(|u| !u.is_empty());
+    let required = std::env::var("RETRY_TEST_REQUIRE")
+        .unwrap_or_default()
+        .split(',')
+        .any(|b| b.trim() == "sqs");
+    let tests: [(&str, Test); 4] = [
+        (
+            "a_long_handler_keeps_its_message_hidden",
+            a_long_handler_keeps_its_message_hidden,
+        ),
+        (
+            "long_delay_is_carried_not_capped",
+            long_delay_is_carried_not_capped,
+        ),
+        (
+            "redrive_below_the_policy_is_refused",
+            redrive_below_the_policy_is_refused,
+        ),
+        (
+            "fifo_queue_retries_and_dead_letters",
+            fifo_queue_retries_and_dead_letters,
+        ),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, test)| match url.clone() {
+            Some(url) => Trial::test(name, move || test(url).map_err(Failed::from)),
+            None if required => Trial::test(name, || {
+                Err(Failed::from(
+                    "RETRY_TEST_REQUIRE names sqs but RETRY_TEST_SQS is not set",
+                ))
+            }),
+            None => {
+                eprintln!("SKIP {name}: RETRY_TEST_SQS is not set");
+                Trial::test(name, || Ok(())).with_ignored_flag(true)
+            }
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}
+
+fn block_on<F: Future<Output = Result<(), String>>>(f: F) -> Result<(), String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?
+        .block_on(f)
+}
+
+/// A handler that records every call and fails as `fail` says (by event id and call number).
+fn recording(
+    calls: Calls,
+    fail: fn(&str, usize) -> Option<HandlerError>,
+) -> impl retry_core::runtime::Handler {
+    handler_fn(move |event: Event, _ctx: Context| {
+        let calls = calls.clone();
+        async move {
+            let id = event.id().unwrap_or_default().to_string();
+            let n = {
+                let mut calls = calls.lock().unwrap_or_else(|p| p.into_inner());
+                let mine = calls.entry(id.clone()).or_default();
+                mine.push(Instant::now());
+                mine.len()
+            };
+            match fail(&id, n) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        }
+    })
+}
+
+async fn start(
+    transport: &SqsTransport,
+    topic: &str,
+    policy: &str,
+    handler: impl retry_core::runtime::Handler,
+) -> Result<ConsumerHandle, String> {
+    Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, topic)
+        .policy(RetryPolicy::parse(policy).map_err(|e| e.to_string())?)
+        .build()
+        .map_err(|e| e.to_string())?
+        .start(handler)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+async fn wait_until(
+    what: &str,
+    timeout: Duration,
+    mut done: impl FnMut() -> bool,
+) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        if Instant::now() > deadline {
+            return Err(format!("timed out waiting for {what}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+fn long_delay_is_carried_not_capped(url: String) -> Result<(), String> {
+    block_on(async move {
+        let config = SqsConfig {
+            visibility: Duration::from_secs(2),
+            max_visibility: Duration::from_secs(3),
+            max_send_delay: Duration::from_secs(1),
+            ..SqsConfig::default()
+        };
+        let transport = SqsTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("carried-{}", uuid::Uuid::new_v4().simple());
+        let calls: Calls = Arc::default();
+        let handler = recording(calls.clone(), |_, n| {
+            (n == 1).then(|| HandlerError::deferred("later"))
+        });
+        let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+            .policy(RetryPolicy::parse("7s x1").map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?;
+        let report = consumer.delay_report().to_string();
+        if !report.contains("split") {
+            return Err(format!(
+                "the start-up check should say the 7 s delay is split into hops: {report}"
+            ));
+        }
+        let consumer = consumer.start(handler).await.map_err(|e| e.to_string())?;
+        transport
+            .publish(&topic, &Event::new("long").with_id("long"))
+            .await
+            .map_err(|e| e.to_string())?;
+        wait_until("the carried retry", Duration::from_secs(30), || {
+            calls
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get("long")
+                .is_some_and(|c| c.len() >= 2)
+        })
+        .await
+        .map_err(|e| format!("{e}: {:?}", consumer.stats()))?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let at = calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get("long")
+            .cloned()
+            .unwrap_or_default();
+        if at.len() != 2 {
+            return Err(format!("handled {} times, want 2", at.len()));
+        }
+        let gap = at[1] - at[0];
+        if gap < Duration::from_secs(7) {
+            return Err(format!(
+                "the retry ran after {gap:?}: capped below its 7 s delay"
+            ));
+        }
+        eprintln!("7 s retry with 3 s visibility and 1 s send delay ran after {gap:?}");
+        let stats = consumer.stats();
+        if stats.succeeded_after_retry != 1 || stats.dead_lettered != 0 {
+            return Err(format!("{stats:?}"));
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        transport
+            .delete_topic(&topic)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+fn a_long_handler_keeps_its_message_hidden(url: String) -> Result<(), String> {
+    block_on(async move {
+        let config = SqsConfig {
+            visibility: Duration::from_secs(2),
+            ..SqsConfig::default()
+        };
+        let transport = SqsTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("heartbeat-{}", uuid::Uuid::new_v4().simple());
+        let calls: Calls = Arc::default();
+        let seen = calls.clone();
+        let handler = handler_fn(move |event: Event, _ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                let id = event.id().unwrap_or_default().to_string();
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(id)
+                    .or_default()
+                    .push(Instant::now());
+                tokio::time::sleep(Duration::from_secs(7)).await;
+                Ok::<(), HandlerError>(())
+            }
+        });
+        // Two consumers: without the heartbeat, the second would receive the message once its 2 s
+        // visibility ran out, while the first still handles it.
+        let a = start(&transport, &topic, "1s x1", handler.clone()).await?;
+        let b = start(&transport, &topic, "1s x1", handler).await?;
+        transport
+            .publish(&topic, &Event::new("slow").with_id("slow"))
+            .await
+            .map_err(|e| e.to_string())?;
+        wait_until(
+            "the slow handler to finish",
+            Duration::from_secs(30),
+            || a.stats().succeeded + b.stats().succeeded >= 1,
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let n = calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get("slow")
+            .map_or(0, Vec::len);
+        if n != 1 {
+            return Err(format!(
+                "a 7 s handler with 2 s visibility was called {n} times, want 1"
+            ));
+        }
+        a.shutdown().await.map_err(|e| e.to_string())?;
+        b.shutdown().await.map_err(|e| e.to_string())?;
+        transport
+            .delete_topic(&topic)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+fn redrive_below_the_policy_is_refused(url: String) -> Result<(), String> {
+    block_on(async move {
+        let config = SqsConfig {
+            max_receive_count: 3,
+            ..SqsConfig::default()
+        };
+        let transport = SqsTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("redrive-{}", uuid::Uuid::new_v4().simple());
+        transport.declare(&topic).await.map_err(|e| e.to_string())?;
+        let calls: Calls = Arc::default();
+        let refused = start(
+            &transport,
+            &topic,
+            "1s x5",
+            recording(calls.clone(), |_, _| None),
+        )
+        .await;
+        let result = match refused {
+            Err(e) if e.contains("raise maxReceiveCount above 6") => Ok(()),
+            Err(e) => Err(format!("refused, but not for the redrive policy: {e}")),
+            Ok(c) => {
+                let _ = c.shutdown().await;
+                Err("a consumer whose policy needs 6 deliveries started on a queue that redrives after 3".into())
+            }
+        };
+        let fine = start(&transport, &topic, "1s x1", recording(calls, |_, _| None)).await?;
+        fine.shutdown().await.map_err(|e| e.to_string())?;
+        transport
+            .delete_topic(&topic)
+            .await
+            .map_err(|e| e.to_string())?;
+        result
+    })
+}
+
+fn fifo_queue_retries_and_dead_letters(url: String) -> Result<(), String> {
+    block_on(async move {
+        let transport = SqsTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("fifo-{}.fifo", uuid::Uuid::new_v4().simple());
+        transport.declare(&topic).await.map_err(|e| e.to_string())?;
+        let dlq = transport
+            .dlq_name(&topic)
+            .await
+            .map_err(|e| e.to_string())?;
+        if !dlq.ends_with("-dlq.fifo") {
+            return Err(format!("FIFO DLQ named {dlq}"));
+        }
+        let calls: Calls = Arc::default();
+        let handler = recording(calls.clone(), |id, n| match (id, n) {
+            ("flaky", 1) => Some(HandlerError::deferred("not yet")),
+            ("bad", _) => Some(HandlerError::non_retryable("bad input")),
+            _ => None,
+        });
+        let consumer = start(&transport, &topic, "2s x2", handler).await?;
+        for (id, key) in [("flaky", "k1"), ("bad", "k2"), ("fine", "k3")] {
+            transport
+                .publish(&topic, &Event::new(id).with_id(id).with_key(key))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        wait_until("flaky and fine to succeed", Duration::from_secs(30), || {
+            consumer.stats().succeeded >= 2
+        })
+        .await?;
+        let dead = transport
+            .dead_letters()
+            .list(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if dead.len() != 1
+            || dead[0].event.id() != Some("bad")
+            || dead[0].event.key.as_deref() != Some(&b"k2"[..])
+        {
+            return Err(format!("FIFO DLQ: {dead:?}"));
+        }
+        let flaky = calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get("flaky")
+            .cloned()
+            .unwrap_or_default();
+        if flaky.len() != 2 || flaky[1] - flaky[0] < Duration::from_secs(2) {
+            return Err(format!(
+                "flaky: {} calls, gap {:?}",
+                flaky.len(),
+                flaky.get(1).map(|t| *t - flaky[0])
+            ));
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        transport
+            .delete_topic(&topic)
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
