@@ -267,8 +267,9 @@ impl RabbitReceipt {
         delay: Duration,
         operation: &str,
     ) -> Result<(), TransportError> {
-        let g = self.link.config.granularity.as_millis().max(1);
-        let units = delay.as_millis().div_ceil(g);
+        // Rounded up to whole granularity steps, counting the delay's fraction of a millisecond too.
+        let g = self.link.config.granularity.as_nanos().max(1);
+        let units = delay.as_nanos().div_ceil(g);
         let max = (1u128 << self.link.config.levels) - 1;
         if units > max {
             return Err(TransportError::Rejected {
