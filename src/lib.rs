@@ -9,6 +9,9 @@ pub use retry_core::{
     prelude, runtime, telemetry, time, transport,
 };
 
+/// The Apache Pulsar adapter (feature `pulsar`).
+#[cfg(feature = "pulsar")]
+pub use event_retry_pulsar as pulsar;
 /// The RabbitMQ adapter (feature `rabbitmq`).
 #[cfg(feature = "rabbitmq")]
 pub use event_retry_rabbitmq as rabbitmq;
@@ -81,7 +84,10 @@ fn broker_of(scheme: &str) -> Option<(&'static str, &'static str)> {
 /// * `sqs://` (AWS; region and credentials from the environment), `sqs://key:secret@host:port` or
 ///   `http://127.0.0.1:9324` (an SQS-compatible endpoint), or an `https://` SQS queue URL — Amazon SQS,
 ///   with the `sqs` feature (`event_retry::sqs::SqsTransport::from_client` takes an aws-config client).
-/// * `kafka://`, `pulsar://` — the other broker adapters, each behind its cargo feature;
+/// * `pulsar://host:6650` (or `pulsar+ssl://`) — Apache Pulsar, with the `pulsar` feature and the
+///   adapter's default settings (a broker tick of 1 s; `event_retry::pulsar::PulsarTransport::connect_with`
+///   takes others).
+/// * `kafka://` — the Kafka adapter, behind its cargo feature;
 ///   without it, the error names the feature to enable.
 pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
     let (scheme, rest) = url
@@ -110,6 +116,16 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
             .map(|t| Arc::new(t) as Arc<dyn Transport>)
             .map_err(|source| ConnectError::Broker {
                 broker: "Amazon SQS",
+                source,
+            });
+    }
+    #[cfg(feature = "pulsar")]
+    if scheme == "pulsar" || scheme == "pulsar+ssl" {
+        return event_retry_pulsar::PulsarTransport::connect(url)
+            .await
+            .map(|t| Arc::new(t) as Arc<dyn Transport>)
+            .map_err(|source| ConnectError::Broker {
+                broker: "Apache Pulsar",
                 source,
             });
     }
@@ -188,6 +204,7 @@ mod tests {
             ("sqs://local/orders", "`sqs` feature"),
             #[cfg(not(feature = "sqs"))]
             ("https://sqs.us-east-1.amazonaws.com/1/q", "`sqs` feature"),
+            #[cfg(not(feature = "pulsar"))]
             ("pulsar://127.0.0.1:6650", "`pulsar` feature"),
         ];
         for (url, feature) in cases {

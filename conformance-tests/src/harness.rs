@@ -51,7 +51,7 @@ pub fn brokers() -> Vec<Broker> {
         Broker {
             name: "pulsar",
             env: "RETRY_TEST_PULSAR",
-            make: None,
+            make: Some(crate::pulsar::PulsarFixture::make),
         },
     ]
 }

@@ -10,6 +10,7 @@ pub mod containers;
 pub mod fixture;
 pub mod harness;
 pub mod probe;
+pub mod pulsar;
 pub mod rabbitmq;
 pub mod report;
 pub mod scenarios;

@@ -1,0 +1,140 @@
+//! The client, one producer per topic (recreated after an error), and the DLQ subscription made before
+//! anything is dead-lettered (Pulsar keeps messages for the subscriptions that exist when they arrive).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pulsar::consumer::InitialPosition;
+use pulsar::{
+    Consumer, ConsumerOptions, Producer, ProducerOptions, Pulsar, SubType, TokioExecutor, producer,
+};
+use retry_core::transport::TransportError;
+use tokio::sync::Mutex;
+
+use crate::config::PulsarConfig;
+
+/// How long a send may wait for its receipt before it is an error.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+type SharedProducer = Arc<Mutex<Producer<TokioExecutor>>>;
+
+/// The shared state of one transport.
+pub(crate) struct Link {
+    pub(crate) client: Pulsar<TokioExecutor>,
+    pub(crate) config: PulsarConfig,
+    producers: Mutex<HashMap<String, SharedProducer>>,
+    declared: std::sync::Mutex<HashSet<String>>,
+}
+
+pub(crate) fn error(what: &str) -> impl FnOnce(pulsar::Error) -> TransportError + '_ {
+    move |e| TransportError::Connection(format!("{what}: {e}"))
+}
+
+impl Link {
+    pub(crate) fn new(client: Pulsar<TokioExecutor>, config: PulsarConfig) -> Self {
+        Self {
+            client,
+            config,
+            producers: Mutex::new(HashMap::new()),
+            declared: std::sync::Mutex::new(HashSet::new()),
+        }
+    }
+
+    async fn producer(&self, topic: &str) -> Result<SharedProducer, TransportError> {
+        let mut producers = self.producers.lock().await;
+        if let Some(p) = producers.get(topic) {
+            return Ok(p.clone());
+        }
+        let producer = self
+            .client
+            .producer()
+            .with_topic(topic)
+            // Under load a send waits for room in the connection rather than failing with SlowDown.
+            .with_options(ProducerOptions {
+                block_queue_if_full: true,
+                ..ProducerOptions::default()
+            })
+            .build()
+            .await
+            .map_err(error(&format!("create a producer for {topic}")))?;
+        let producer = Arc::new(Mutex::new(producer));
+        producers.insert(topic.to_string(), producer.clone());
+        Ok(producer)
+    }
+
+    async fn forget_producer(&self, topic: &str) {
+        self.producers.lock().await.remove(topic);
+    }
+
+    /// Sends `message` to `topic` and waits for the broker's receipt; a failure is an error for `operation`
+    /// (and the producer is made again for the next send).
+    pub(crate) async fn send(
+        &self,
+        topic: &str,
+        message: producer::Message,
+        operation: &str,
+    ) -> Result<(), TransportError> {
+        let rejected = |reason: String| TransportError::Rejected {
+            operation: operation.to_string(),
+            reason,
+        };
+        let producer = self.producer(topic).await?;
+        let sent = tokio::time::timeout(SEND_TIMEOUT, async {
+            let receipt = producer.lock().await.send_non_blocking(message).await?;
+            receipt.await
+        })
+        .await;
+        match sent {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => {
+                self.forget_producer(topic).await;
+                Err(rejected(e.to_string()))
+            }
+            Err(_) => {
+                self.forget_producer(topic).await;
+                Err(rejected(format!("no receipt within {SEND_TIMEOUT:?}")))
+            }
+        }
+    }
+
+    /// Makes sure `topic`'s DLQ has the subscription DLQ operations read, so dead letters are kept.
+    pub(crate) async fn ensure_topic(&self, topic: &str) -> Result<(), TransportError> {
+        if self.lock_declared().contains(topic) {
+            return Ok(());
+        }
+        let mut consumer = self.dlq_consumer(topic).await?;
+        let _ = consumer.close().await;
+        self.lock_declared().insert(topic.to_string());
+        Ok(())
+    }
+
+    /// Forgets that `topic` was set up (after its DLQ was deleted).
+    pub(crate) fn forget(&self, topic: &str) {
+        self.lock_declared().remove(topic);
+    }
+
+    /// A consumer of `topic`'s DLQ on the DLQ operations' subscription.
+    pub(crate) async fn dlq_consumer(
+        &self,
+        topic: &str,
+    ) -> Result<Consumer<Vec<u8>, TokioExecutor>, TransportError> {
+        let dlq = self.config.dlq_topic(topic);
+        self.client
+            .consumer()
+            .with_topic(&dlq)
+            .with_subscription(&self.config.dlq_subscription)
+            .with_subscription_type(SubType::Shared)
+            .with_consumer_name(format!("event-retry-dlq-{}", uuid::Uuid::new_v4().simple()))
+            .with_options(
+                ConsumerOptions::default().with_initial_position(InitialPosition::Earliest),
+            )
+            .build()
+            .await
+            .map_err(error(&format!("subscribe to {dlq}")))
+    }
+
+    fn lock_declared(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.declared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

@@ -1,0 +1,348 @@
+//! Consuming a topic and its retry topic, and the receipts.
+//!
+//! The client's consumer needs `&mut` for every acknowledgement, so one task owns it: it reads a message
+//! only when the runtime has room for it (so a paused runtime stops receiving), and applies the acks and
+//! nacks the receipts send it. It closes the consumer once the subscription and every receipt are gone;
+//! the broker then redelivers what was not acknowledged (a dropped, unsettled receipt included).
+//!
+//! A retry is a copy sent to the retry topic with `deliver_at` (the subscription is Shared or Key_Shared,
+//! where delayed delivery works); the original is acknowledged once the broker confirmed the copy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use pulsar::consumer::{InitialPosition, Message};
+use pulsar::proto::MessageIdData;
+use pulsar::{Consumer, ConsumerOptions, SubType, TokioExecutor};
+use retry_core::event::{Event, RawMessage};
+use retry_core::metadata::Origin;
+use retry_core::time::Timestamp;
+use retry_core::transport::{
+    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, TransportError,
+};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+use crate::codec;
+use crate::link::{Link, error};
+
+type Received = Result<Message<Vec<u8>>, pulsar::Error>;
+
+/// What a receipt asks the consumer task to do.
+enum Command {
+    Ack(String, MessageIdData),
+    Nack(String, MessageIdData),
+    /// Close the consumer once the commands before this one were applied.
+    Close(tokio::sync::oneshot::Sender<()>),
+}
+
+/// Subscribes to `spec.topic` and its retry topic.
+pub(crate) async fn subscribe(
+    link: Arc<Link>,
+    spec: SubscriptionSpec,
+) -> Result<PulsarSubscription, TransportError> {
+    let topics = [
+        link.config.full_name(&spec.topic),
+        link.config.retry_topic(&spec.topic),
+    ];
+    let queue = u32::try_from(spec.max_in_flight.clamp(1, 1000)).unwrap_or(1000);
+    let consumer: Consumer<Vec<u8>, TokioExecutor> = link
+        .client
+        .consumer()
+        .with_topics(topics)
+        .with_subscription(&spec.group)
+        .with_subscription_type(if spec.ordered {
+            SubType::KeyShared
+        } else {
+            SubType::Shared
+        })
+        .with_consumer_name(&spec.consumer)
+        .with_options(
+            ConsumerOptions::default()
+                .with_receiver_queue_size(queue)
+                .with_initial_position(InitialPosition::Earliest),
+        )
+        .build()
+        .await
+        .map_err(error(&format!("subscribe to {}", spec.topic)))?;
+    // Room for a batch of messages between the consumer task and the runtime, so the task reads ahead
+    // while the runtime dispatches; a paused runtime takes none and the task stops reading.
+    let (out, rx) = mpsc::channel(spec.max_in_flight.clamp(1, 1000));
+    let (commands, command_rx) = mpsc::unbounded_channel();
+    tokio::spawn(own_consumer(consumer, out, command_rx));
+    Ok(PulsarSubscription {
+        link,
+        spec,
+        rx,
+        commands,
+    })
+}
+
+/// The task owning the consumer: it ends when the commands end (the subscription and every receipt
+/// are gone).
+async fn own_consumer(
+    mut consumer: Consumer<Vec<u8>, TokioExecutor>,
+    out: mpsc::Sender<Received>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+) {
+    let mut reading = true;
+    loop {
+        tokio::select! {
+            biased;
+            command = commands.recv() => match command {
+                Some(command) => {
+                    if !apply(&mut consumer, command).await {
+                        break;
+                    }
+                }
+                None => break,
+            },
+            permit = out.reserve(), if reading => match permit {
+                Ok(permit) => {
+                    if !deliver_one(&mut consumer, &mut commands, permit, &mut reading).await {
+                        break;
+                    }
+                }
+                Err(_) => reading = false,
+            },
+        }
+    }
+    // Dropping (not `close`) lets the client send the acknowledgements it still queues, then close.
+    drop(consumer);
+}
+
+/// Waits for one message for the runtime (which has room for it), applying commands meanwhile; `false`
+/// when the commands ended.
+async fn deliver_one(
+    consumer: &mut Consumer<Vec<u8>, TokioExecutor>,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+    permit: mpsc::Permit<'_, Received>,
+    reading: &mut bool,
+) -> bool {
+    loop {
+        tokio::select! {
+            biased;
+            command = commands.recv() => match command {
+                Some(command) => {
+                    if !apply(consumer, command).await {
+                        return false;
+                    }
+                }
+                None => return false,
+            },
+            next = consumer.next() => {
+                match next {
+                    Some(received) => permit.send(received),
+                    None => *reading = false,
+                }
+                return true;
+            }
+        }
+    }
+}
+
+/// Applies a command; `false` once the consumer was closed.
+async fn apply(consumer: &mut Consumer<Vec<u8>, TokioExecutor>, command: Command) -> bool {
+    let result = match command {
+        Command::Ack(topic, id) => consumer.ack_with_id(&topic, id).await,
+        Command::Nack(topic, id) => consumer.nack_with_id(&topic, id).await,
+        Command::Close(done) => {
+            // `close` goes through the client's queue behind the acknowledgements and waits for the
+            // broker's answer, so every acknowledgement before it has reached the broker.
+            if let Err(e) = consumer.close().await {
+                warn!(error = %e, "closing the consumer failed; the broker redelivers what was not acknowledged");
+            }
+            let _ = done.send(());
+            return false;
+        }
+    };
+    if let Err(e) = result {
+        warn!(error = %e, "an acknowledgement failed; the broker redelivers the message");
+    }
+    true
+}
+
+/// One consumer of a topic and its retry topic.
+pub(crate) struct PulsarSubscription {
+    link: Arc<Link>,
+    spec: SubscriptionSpec,
+    rx: mpsc::Receiver<Received>,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+fn id_text(id: &MessageIdData) -> String {
+    format!(
+        "{}:{}:{}:{}",
+        id.ledger_id,
+        id.entry_id,
+        id.partition.unwrap_or(-1),
+        id.batch_index.unwrap_or(-1)
+    )
+}
+
+#[async_trait]
+impl Subscription for PulsarSubscription {
+    async fn next(&mut self) -> Result<Option<Delivery>, TransportError> {
+        match self.rx.recv().await {
+            Some(Ok(message)) => {
+                let id = message.message_id().clone();
+                let topic = message.topic.clone();
+                let raw = codec::decode(message.payload.data, &message.payload.metadata);
+                Ok(Some(Delivery {
+                    info: DeliveryInfo {
+                        message_id: id_text(&id),
+                        origin: Origin {
+                            topic: self.spec.topic.clone(),
+                            partition: None,
+                            offset: None,
+                        },
+                        broker_attempts: None,
+                        broker_retries: None,
+                    },
+                    receipt: Box::new(PulsarReceipt {
+                        link: self.link.clone(),
+                        commands: self.commands.clone(),
+                        source: self.spec.topic.clone(),
+                        message_topic: topic,
+                        id: Some(id),
+                        original: raw.clone(),
+                    }),
+                    message: raw,
+                }))
+            }
+            Some(Err(e)) => Err(TransportError::Connection(format!(
+                "receive from {}: {e}",
+                self.spec.topic
+            ))),
+            None => Err(TransportError::Closed),
+        }
+    }
+
+    async fn close(self: Box<Self>) -> Result<(), TransportError> {
+        let (done, closed) = tokio::sync::oneshot::channel();
+        if self.commands.send(Command::Close(done)).is_err() {
+            return Ok(());
+        }
+        tokio::time::timeout(Duration::from_secs(30), closed)
+            .await
+            .map(drop)
+            .map_err(|_| {
+                TransportError::Connection(format!(
+                    "closing the consumer of {} timed out",
+                    self.spec.topic
+                ))
+            })
+    }
+}
+
+/// Settles one message. Dropped unsettled, it is redelivered once the consumer closes.
+struct PulsarReceipt {
+    link: Arc<Link>,
+    commands: mpsc::UnboundedSender<Command>,
+    source: String,
+    message_topic: String,
+    id: Option<MessageIdData>,
+    original: RawMessage,
+}
+
+impl PulsarReceipt {
+    fn unsettled(&self) -> Result<(), TransportError> {
+        self.id
+            .as_ref()
+            .map(drop)
+            .ok_or(TransportError::AlreadySettled)
+    }
+
+    fn finish(&mut self, ack: bool) -> Result<(), TransportError> {
+        let id = self.id.take().ok_or(TransportError::AlreadySettled)?;
+        let topic = self.message_topic.clone();
+        let command = if ack {
+            Command::Ack(topic, id)
+        } else {
+            Command::Nack(topic, id)
+        };
+        self.commands.send(command).map_err(|_| {
+            TransportError::Connection(
+                "the consumer is gone; the broker redelivers the message".into(),
+            )
+        })
+    }
+
+    /// The `deliverAt` time for a delay: never before it, on a broker that may dispatch a tick early.
+    fn deliver_at(&self, delay: Duration) -> i64 {
+        let slack = if self.link.config.strict_deliver_at {
+            Duration::ZERO
+        } else {
+            self.link.config.tick
+        };
+        // The clock and the delay are both counted in whole milliseconds, rounded down: two more keep
+        // the copy from being due before `delay` has passed.
+        let at = Timestamp::now().plus(delay + slack + Duration::from_millis(2));
+        i64::try_from(at.as_millis()).unwrap_or(i64::MAX)
+    }
+
+    async fn send_retry_copy(
+        &self,
+        raw: &RawMessage,
+        delay: Duration,
+        operation: &str,
+    ) -> Result<(), TransportError> {
+        let message = codec::encode(raw, Some(self.deliver_at(delay)))?;
+        self.link
+            .send(
+                &self.link.config.retry_topic(&self.source),
+                message,
+                operation,
+            )
+            .await
+    }
+}
+
+#[async_trait]
+impl Receipt for PulsarReceipt {
+    async fn ack(&mut self) -> Result<(), TransportError> {
+        self.finish(true)
+    }
+
+    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), TransportError> {
+        self.unsettled()?;
+        let operation = format!(
+            "retry through {}",
+            self.link.config.retry_topic(&self.source)
+        );
+        self.send_retry_copy(&event.to_raw(), delay, &operation)
+            .await?;
+        self.finish(true)
+    }
+
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
+        self.unsettled()?;
+        let dlq = self.link.config.dlq_topic(&self.source);
+        let message = codec::encode(&event.to_raw(), None)?;
+        self.link
+            .send(&dlq, message, &format!("dead-letter to {dlq}"))
+            .await?;
+        self.finish(true)
+    }
+
+    async fn release(&mut self, after: Duration) -> Result<(), TransportError> {
+        self.unsettled()?;
+        if !after.is_zero() {
+            let original = self.original.clone();
+            if self
+                .send_retry_copy(&original, after, "release")
+                .await
+                .is_ok()
+            {
+                return self.finish(true);
+            }
+        }
+        self.finish(false)
+    }
+}
+
+// Dropping an unsettled receipt (a crash) sends nothing: when the consumer closes, the broker redelivers
+// every message it did not acknowledge. A negative acknowledgement as well would be a second redelivery
+// path, and a message could come back twice.

@@ -1,0 +1,156 @@
+//! A Pulsar restart (stop + start through the project's scripts, on the same data) while retries wait in
+//! the retry topic: the client reconnects, and every retry runs once, no earlier than its delay.
+//!
+//! Runs when `RETRY_TEST_PULSAR` names a broker started by `scripts/brokers`; otherwise it is listed as
+//! ignored with the reason, and fails when `RETRY_TEST_REQUIRE` names pulsar.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use event_retry_pulsar::{PulsarConfig, PulsarTransport};
+use libtest_mimic::{Arguments, Failed, Trial};
+use retry_core::classify::HandlerError;
+use retry_core::event::Event;
+use retry_core::policy::RetryPolicy;
+use retry_core::runtime::{Consumer, Context, handler_fn};
+use retry_core::transport::Transport;
+
+const EVENTS: usize = 20;
+const DELAY: Duration = Duration::from_secs(20);
+
+fn main() {
+    let args = Arguments::from_args();
+    let url = std::env::var("RETRY_TEST_PULSAR")
+        .ok()
+        .filter(|u| !u.is_empty());
+    let required = std::env::var("RETRY_TEST_REQUIRE")
+        .unwrap_or_default()
+        .split(',')
+        .any(|b| b.trim() == "pulsar");
+    let name = "restart_keeps_delayed_retries";
+    let trial = match url {
+        Some(url) => Trial::test(name, move || {
+            restart_keeps_delayed_retries(url).map_err(Failed::from)
+        }),
+        None if required => Trial::test(name, || {
+            Err(Failed::from(
+                "RETRY_TEST_REQUIRE names pulsar but RETRY_TEST_PULSAR is not set",
+            ))
+        }),
+        None => {
+            eprintln!("SKIP {name}: RETRY_TEST_PULSAR is not set");
+            Trial::test(name, || Ok(())).with_ignored_flag(true)
+        }
+    };
+    libtest_mimic::run(&args, vec![trial]).exit();
+}
+
+fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let config = PulsarConfig {
+            tick: Duration::from_millis(100),
+            strict_deliver_at: true,
+            ..PulsarConfig::default()
+        };
+        let transport = PulsarTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("restart-{}", uuid::Uuid::new_v4().simple());
+        let calls: Arc<Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
+        let seen = calls.clone();
+        let handler = handler_fn(move |event: Event, _ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                let id = event.id().unwrap_or_default().to_string();
+                let mut calls = seen.lock().unwrap_or_else(|p| p.into_inner());
+                let mine = calls.entry(id).or_default();
+                mine.push(Instant::now());
+                if mine.len() == 1 {
+                    Err(HandlerError::deferred("first try fails"))
+                } else {
+                    Ok(())
+                }
+            }
+        });
+        let policy = RetryPolicy::parse(&format!("{}ms x1", DELAY.as_millis()))
+            .map_err(|e| e.to_string())?;
+        let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+            .policy(policy)
+            .concurrency(8)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        for i in 0..EVENTS {
+            let id = format!("e{i:02}");
+            transport
+                .publish(&topic, &Event::new(id.clone()).with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while consumer.stats().retries_scheduled < EVENTS as u64 {
+            if Instant::now() > deadline {
+                return Err(format!("retries not scheduled: {:?}", consumer.stats()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let restarted_at = Instant::now();
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/brokers");
+        let out = tokio::process::Command::new("bash")
+            .args([script, "restart", "pulsar"])
+            .output()
+            .await
+            .map_err(|e| format!("run {script}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "scripts/brokers restart pulsar failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        eprintln!(
+            "pulsar restarted in {:?}; the retries were due {DELAY:?} after their failures",
+            restarted_at.elapsed()
+        );
+        let deadline = Instant::now() + DELAY + Duration::from_secs(120);
+        loop {
+            let done = calls
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .filter(|c| c.len() >= 2)
+                .count();
+            if done == EVENTS {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{done} of {EVENTS} retries ran after the restart: {:?}",
+                    consumer.stats()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (id, at) in &calls {
+            if at.len() != 2 {
+                return Err(format!("{id} was handled {} times, want 2", at.len()));
+            }
+            if at[1] - at[0] < DELAY {
+                return Err(format!(
+                    "{id}: the retry ran after {:?}, before its delay",
+                    at[1] - at[0]
+                ));
+            }
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        Ok(())
+    })
+}
