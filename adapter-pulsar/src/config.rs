@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use retry_core::transport::TransportError;
+use retry_core::transport::{BeyondMax, DelayCapability, TransportError};
 
 /// The adapter's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,6 +22,9 @@ pub struct PulsarConfig {
     /// may dispatch a message up to one tick before its `deliverAt`; then the adapter asks for one tick
     /// later, so no retry is ever early. Default false.
     pub strict_deliver_at: bool,
+    /// The broker's `delayedDeliveryMaxDelayInMillis`, if set: a consumer whose policy asks for a longer
+    /// delay refuses to start (the broker would refuse the retry copy). Default none (Pulsar's default).
+    pub max_delay: Option<Duration>,
 }
 
 impl Default for PulsarConfig {
@@ -33,6 +36,7 @@ impl Default for PulsarConfig {
             dlq_subscription: "event-retry-dlq".to_string(),
             tick: Duration::from_secs(1),
             strict_deliver_at: false,
+            max_delay: None,
         }
     }
 }
@@ -60,6 +64,15 @@ impl PulsarConfig {
         Ok(())
     }
 
+    /// How the broker honours delays: on its tick, up to `max_delay` when the broker has one.
+    pub fn delay_capability(&self) -> DelayCapability {
+        DelayCapability {
+            granularity: self.tick,
+            max_native: self.max_delay,
+            beyond_max: BeyondMax::Refuse,
+        }
+    }
+
     /// The full name of `topic` (a short name is put in `namespace`).
     pub fn full_name(&self, topic: &str) -> String {
         if topic.contains("://") {
@@ -83,6 +96,7 @@ impl PulsarConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use retry_core::transport::Honour;
 
     #[test]
     fn names() {
@@ -103,5 +117,29 @@ mod tests {
             ..PulsarConfig::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn a_broker_maximum_refuses_longer_delays() {
+        let unlimited = PulsarConfig::default().delay_capability();
+        assert_eq!(
+            unlimited.honour(Duration::from_secs(86_400 * 30)),
+            Honour::Exact
+        );
+        let capped = PulsarConfig {
+            max_delay: Some(Duration::from_secs(3_600)),
+            ..PulsarConfig::default()
+        }
+        .delay_capability();
+        assert!(matches!(
+            capped.honour(Duration::from_secs(7_200)),
+            Honour::Refused { .. }
+        ));
+        assert_eq!(
+            capped.honour(Duration::from_millis(1_500)),
+            Honour::Rounded {
+                to: Duration::from_secs(2)
+            }
+        );
     }
 }

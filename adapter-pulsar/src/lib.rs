@@ -28,8 +28,7 @@ use pulsar::{Pulsar, TokioExecutor};
 use retry_core::dlq::DeadLetterQueue;
 use retry_core::event::Event;
 use retry_core::transport::{
-    BeyondMax, Capabilities, DelayCapability, Subscription, SubscriptionSpec, Transport,
-    TransportError,
+    Capabilities, Subscription, SubscriptionSpec, Transport, TransportError,
 };
 use tokio::sync::Mutex;
 
@@ -97,11 +96,7 @@ impl Transport for PulsarTransport {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            delay: DelayCapability {
-                granularity: self.link.config.tick,
-                max_native: None,
-                beyond_max: BeyondMax::Refuse,
-            },
+            delay: self.link.config.delay_capability(),
             per_key_order: true,
             blocking_pause: true,
             replay: true,
