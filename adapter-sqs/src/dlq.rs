@@ -51,7 +51,19 @@ impl SqsDlq {
         let mut held = Vec::new();
         let mut others = Vec::new();
         let mut confirming = false;
+        // Entries are hidden for HOLD_SECONDS: the reading stops well before, and an entry seen twice
+        // (visible again on real SQS) is given back rather than taken twice.
+        let deadline =
+            std::time::Instant::now() + std::time::Duration::from_secs(HOLD_SECONDS as u64 * 3 / 4);
+        let mut seen = std::collections::HashSet::new();
         loop {
+            if std::time::Instant::now() >= deadline {
+                tracing::warn!(
+                    dlq,
+                    "the DLQ is too long to read within one hold; this operation covers the entries read so far"
+                );
+                break;
+            }
             let got = client
                 .receive_message()
                 .queue_url(dlq)
@@ -87,6 +99,10 @@ impl SqsDlq {
             confirming = false;
             for m in messages {
                 let handle = m.receipt_handle().unwrap_or_default().to_string();
+                if !seen.insert(m.message_id().unwrap_or_default().to_string()) {
+                    others.push(handle);
+                    continue;
+                }
                 let entry = entry_of(&m);
                 if held.len() < limit && filter.matches(&entry) {
                     held.push(Held { entry, handle });

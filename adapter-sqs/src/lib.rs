@@ -37,7 +37,7 @@ use retry_core::transport::{
 
 pub use crate::config::SqsConfig;
 use crate::dlq::SqsDlq;
-use crate::queues::{Queues, check_redrive, sdk_error};
+use crate::queues::{Queues, check_redrive, check_retention, sdk_error};
 use crate::shared::{SendOptions, Shared, group_of};
 use crate::subscription::SqsSubscription;
 
@@ -183,7 +183,15 @@ impl Transport for SqsTransport {
         spec: &SubscriptionSpec,
     ) -> Result<Box<dyn Subscription>, TransportError> {
         let queue = self.shared.queues.resolve(&spec.topic).await?;
-        check_redrive(&spec.topic, &queue, spec.max_deliveries)?;
+        let config = &self.shared.queues.config;
+        check_redrive(
+            &spec.topic,
+            &queue,
+            spec.max_deliveries,
+            spec.longest_delay,
+            config.max_visibility,
+        )?;
+        check_retention(&spec.topic, &queue, spec.longest_delay)?;
         if queue.fifo
             && let Some(longest) = spec.longest_delay
             && longest > self.shared.queues.config.max_visibility

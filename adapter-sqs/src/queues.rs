@@ -246,21 +246,34 @@ pub(crate) fn parse_redrive(text: &str) -> Result<(String, u32), TransportError>
 }
 
 /// Checks that the redrive policy moves a message to the DLQ only after the consumer's policy is spent:
-/// `maxReceiveCount` must exceed the deliveries it needs (the first one plus one per deferred retry).
+/// `maxReceiveCount` must exceed the deliveries it needs (the first one plus one per deferred retry, plus
+/// the receives a carried retry takes to be hidden again until due).
 pub(crate) fn check_redrive(
     topic: &str,
     info: &QueueInfo,
     deliveries: Option<u32>,
+    longest_delay: Option<Duration>,
+    max_visibility: Duration,
 ) -> Result<(), TransportError> {
     let Some(max) = info.max_receive_count else {
         return Ok(());
     };
+    // A delay longer than the visibility window is carried by a copy that is received (and hidden again)
+    // about once per window before it is due.
+    let hops = longest_delay
+        .filter(|d| *d > max_visibility)
+        .map_or(0, |d| {
+            u32::try_from(d.as_secs().div_ceil(max_visibility.as_secs().max(1))).unwrap_or(u32::MAX)
+        });
     match deliveries {
-        Some(needed) if max <= needed => Err(TransportError::Config(format!(
-            "the redrive policy of {topic} moves a message to {} after {max} receives, but the retry policy \
-             needs up to {needed} deliveries: raise maxReceiveCount above {needed} (leave room for restarts)",
-            info.dlq_name
-        ))),
+        Some(deliveries) if max <= deliveries.saturating_add(hops) => {
+            let needed = deliveries.saturating_add(hops);
+            Err(TransportError::Config(format!(
+                "the redrive policy of {topic} moves a message to {} after {max} receives, but the retry policy \
+                 needs up to {needed} deliveries: raise maxReceiveCount above {needed} (leave room for restarts)",
+                info.dlq_name
+            )))
+        }
         Some(_) => Ok(()),
         None => {
             warn!(
@@ -271,6 +284,27 @@ pub(crate) fn check_redrive(
             Ok(())
         }
     }
+}
+
+/// Checks that SQS keeps a message as long as the policy's longest delay (its retention counts from the
+/// send, and a carried retry is one message for its whole delay): otherwise SQS would delete it silently.
+pub(crate) fn check_retention(
+    topic: &str,
+    info: &QueueInfo,
+    longest_delay: Option<Duration>,
+) -> Result<(), TransportError> {
+    let Some(longest) = longest_delay else {
+        return Ok(());
+    };
+    let room = Duration::from_secs(3_600);
+    if longest + room > info.retention {
+        return Err(TransportError::Config(format!(
+            "{topic} keeps messages for {:?} (MessageRetentionPeriod), but the retry policy asks for a delay of \
+             {longest:?}: raise the retention above the longest delay plus an hour, or shorten the policy",
+            info.retention
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -299,10 +333,39 @@ mod tests {
             retention: Duration::from_secs(60),
             max_receive_count: Some(4),
         };
-        assert!(check_redrive("q", &info, Some(3)).is_ok());
-        let err = check_redrive("q", &info, Some(4)).unwrap_err().to_string();
+        let vis = Duration::from_secs(43_200);
+        assert!(check_redrive("q", &info, Some(3), None, vis).is_ok());
+        let err = check_redrive("q", &info, Some(4), None, vis)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("raise maxReceiveCount above 4"), "{err}");
-        assert!(check_redrive("q", &info, None).is_ok());
+        assert!(check_redrive("q", &info, None, None, vis).is_ok());
+        // A 30 h retry is carried in 3 hops, each a receive of the copy.
+        let err = check_redrive(
+            "q",
+            &info,
+            Some(2),
+            Some(Duration::from_secs(30 * 3600)),
+            vis,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("above 5"), "{err}");
+    }
+
+    #[test]
+    fn a_delay_beyond_the_retention_is_refused() {
+        let info = QueueInfo {
+            url: "u".into(),
+            dlq_name: "q-dlq".into(),
+            dlq_url: "d".into(),
+            fifo: false,
+            retention: Duration::from_secs(4 * 86_400),
+            max_receive_count: None,
+        };
+        assert!(check_retention("q", &info, Some(Duration::from_secs(86_400))).is_ok());
+        let err = check_retention("q", &info, Some(Duration::from_secs(5 * 86_400))).unwrap_err();
+        assert!(err.to_string().contains("MessageRetentionPeriod"), "{err}");
     }
 
     #[test]

@@ -74,8 +74,8 @@ impl Shared {
                 )
                 .message_deduplication_id(uuid::Uuid::new_v4().simple().to_string());
         } else if !delay.is_zero() {
-            let secs = delay.min(self.queues.config.max_send_delay).as_secs();
-            req = req.delay_seconds(i32::try_from(secs).unwrap_or(900));
+            let secs = seconds_up(delay.min(self.queues.config.max_send_delay));
+            req = req.delay_seconds(secs);
         }
         req.send()
             .await

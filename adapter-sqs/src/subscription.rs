@@ -111,7 +111,9 @@ impl Parts<'_> {
         let (meta, _, _) = metadata::decode_lenient(&raw.headers);
         let Some(due) = meta.due_at else { return false };
         let now = Timestamp::now();
-        if due <= now.plus(Duration::from_millis(500)) {
+        // Not due yet, by however little: hidden again (a visibility timeout is whole seconds, rounded
+        // up), so a carried retry is never handed out before its due time.
+        if due <= now {
             return false;
         }
         let remaining = due
@@ -360,7 +362,12 @@ impl SqsReceipt {
             );
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(visibility / 2).await;
+                    // Timed from the receive, not the hand-out: a message that waited in the buffer is
+                    // extended before its first visibility runs out.
+                    let age = received_at.elapsed();
+                    let beats = age.as_millis() / (visibility / 2).as_millis().max(1) + 1;
+                    let next_beat = (visibility / 2) * u32::try_from(beats).unwrap_or(u32::MAX);
+                    tokio::time::sleep(next_beat.saturating_sub(age)).await;
                     let guard = settled.lock().await;
                     let left = max_visibility.saturating_sub(received_at.elapsed() + MARGIN);
                     if *guard || left.is_zero() {
