@@ -2,7 +2,9 @@
 //! settle a delivery only after its retry or DLQ copy was confirmed.
 //!
 //! A blocking pause cancels the consumer (the broker stops sending) and hands out what was already
-//! prefetched after the resume, in order. An ordered subscription consumes exclusively, so one consumer
+//! prefetched after the resume, in order, then consumes again on the same channel (deliveries in hand
+//! are acknowledged on it). An ordered consumer keeps its consumer through a pause (cancelling it would
+//! hand the queue to a standby); prefetch bounds what it is sent meanwhile. An ordered subscription consumes exclusively, so one consumer
 //! at a time sees a queue and per-key order holds; a second one stands by until the queue is free. A
 //! broken channel or connection ends the current consumer: `next` reports it once, and the following call
 //! consumes again on a new channel (the broker has already requeued what was unacknowledged).
@@ -42,6 +44,8 @@ pub(crate) struct RabbitSubscription {
     /// A consumer cancelled by `pause`, still handing out what it had prefetched.
     draining: Option<Consumer>,
     paused: bool,
+    /// A `basic_consume` was sent and its answer not yet received (the call may have been cancelled).
+    consume_pending: bool,
     generation: u64,
 }
 
@@ -54,6 +58,7 @@ impl RabbitSubscription {
             consumer: None,
             draining: None,
             paused: false,
+            consume_pending: false,
             generation: 0,
         }
     }
@@ -61,18 +66,35 @@ impl RabbitSubscription {
     /// Consumes the queue on a new channel (after closing a half-started one).
     async fn start(&mut self) -> Result<(), TransportError> {
         loop {
-            if let Some(old) = self.channel.take() {
-                let _ = old.close(200, "restart".into()).await;
-            }
-            self.link.ensure_topic(&self.spec.topic).await?;
-            let channel = self.link.channel().await?;
-            let channel = Arc::new(channel);
-            self.channel = Some(channel.clone());
-            let prefetch = u16::try_from(self.spec.max_in_flight.max(1)).unwrap_or(u16::MAX);
-            channel
-                .basic_qos(prefetch, BasicQosOptions::default())
-                .await
-                .map_err(connection_error("set the prefetch"))?;
+            // After a pause the channel still carries deliveries in hand (and their acks): consume on it
+            // again. A consume cut short by a cancelled call may have left a consumer nobody reads on
+            // it, so then (and when the channel broke) it is replaced.
+            let reusable = self
+                .channel
+                .as_ref()
+                .filter(|ch| !self.consume_pending && ch.status().connected())
+                .cloned();
+            let channel = match reusable {
+                Some(channel) => channel,
+                None => {
+                    if let Some(old) = self.channel.take()
+                        && self.consume_pending
+                    {
+                        let _ = old.close(200, "restart".into()).await;
+                    }
+                    self.consume_pending = false;
+                    self.link.ensure_topic(&self.spec.topic).await?;
+                    let channel = Arc::new(self.link.channel().await?);
+                    self.channel = Some(channel.clone());
+                    let prefetch =
+                        u16::try_from(self.spec.max_in_flight.max(1)).unwrap_or(u16::MAX);
+                    channel
+                        .basic_qos(prefetch, BasicQosOptions::default())
+                        .await
+                        .map_err(connection_error("set the prefetch"))?;
+                    channel
+                }
+            };
             self.generation += 1;
             let tag = format!(
                 "{}-{}-{}",
@@ -80,6 +102,7 @@ impl RabbitSubscription {
                 uuid::Uuid::new_v4().simple(),
                 self.generation
             );
+            self.consume_pending = true;
             let consumed = channel
                 .basic_consume(
                     self.spec.topic.as_str().into(),
@@ -91,6 +114,7 @@ impl RabbitSubscription {
                     FieldTable::default(),
                 )
                 .await;
+            self.consume_pending = false;
             match consumed {
                 Ok(consumer) => {
                     self.consumer = Some(consumer);
@@ -191,6 +215,11 @@ impl Subscription for RabbitSubscription {
 
     async fn pause(&mut self) -> Result<(), TransportError> {
         self.paused = true;
+        // An ordered (exclusive) consumer keeps its consumer: cancelling it would hand the queue to a
+        // standby consumer, and later events of the held key with it. Prefetch bounds what it is sent.
+        if self.spec.ordered {
+            return Ok(());
+        }
         if let (Some(consumer), Some(channel)) = (self.consumer.take(), self.channel.as_ref()) {
             let tag = consumer.tag();
             // What the cancelled consumer already holds is handed out after the resume, in order.
