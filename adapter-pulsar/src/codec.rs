@@ -20,6 +20,9 @@ use retry_core::transport::TransportError;
 
 /// The property naming the headers sent as base64.
 pub(crate) const BINARY: &str = "x-retry-binary";
+/// The property of a dead letter naming the consumer group that dead-lettered it (a replay goes back to
+/// that group's retry topic).
+pub(crate) const GROUP: &str = "x-retry-group";
 
 /// A producer message for `raw`, to be delivered at `deliver_at` (ms since the epoch) if given.
 pub(crate) fn encode(

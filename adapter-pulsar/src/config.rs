@@ -82,9 +82,10 @@ impl PulsarConfig {
         }
     }
 
-    /// The retry topic of `topic`.
-    pub fn retry_topic(&self, topic: &str) -> String {
-        format!("{}{}", self.full_name(topic), self.retry_suffix)
+    /// The retry topic of consumer group `group` on `topic` (each group retries on its own, as Pulsar's
+    /// own clients name it).
+    pub fn retry_topic(&self, topic: &str, group: &str) -> String {
+        format!("{}-{group}{}", self.full_name(topic), self.retry_suffix)
     }
 
     /// The DLQ topic of `topic`.
@@ -105,8 +106,8 @@ mod tests {
         assert_eq!(c.full_name("orders"), "persistent://public/default/orders");
         assert_eq!(c.full_name("persistent://t/n/x"), "persistent://t/n/x");
         assert_eq!(
-            c.retry_topic("orders"),
-            "persistent://public/default/orders-RETRY"
+            c.retry_topic("orders", "billing"),
+            "persistent://public/default/orders-billing-RETRY"
         );
         assert_eq!(
             c.dlq_topic("orders"),

@@ -49,8 +49,20 @@ struct Held {
     message: Message<Vec<u8>>,
 }
 
+/// The consumer group that dead-lettered `message`, if it says.
+fn group_of(message: &Message<Vec<u8>>) -> Option<String> {
+    message
+        .payload
+        .metadata
+        .properties
+        .iter()
+        .find(|kv| kv.key == codec::GROUP)
+        .map(|kv| kv.value.clone())
+}
+
 fn entry_of(message: &Message<Vec<u8>>) -> DeadLetter {
-    let raw = codec::decode(message.payload.data.clone(), &message.payload.metadata);
+    let mut raw = codec::decode(message.payload.data.clone(), &message.payload.metadata);
+    raw.headers.retain(|name, _| name != codec::GROUP);
     let (meta, headers, _) = metadata::decode_lenient(&raw.headers);
     let id = message.message_id();
     DeadLetter {
@@ -95,13 +107,15 @@ impl PulsarDlq {
             .as_ref()
             .map_or(source_topic, |o| o.topic.as_str())
             .to_string();
+        // Back to the group that dead-lettered it (its retry topic, due at once), so other groups of
+        // the topic do not handle it again; an entry without a group goes to the topic.
         let message = codec::encode(&event.to_raw(), None)?;
+        let target = match group_of(&held.message) {
+            Some(group) => self.link.config.retry_topic(&origin, &group),
+            None => self.link.config.full_name(&origin),
+        };
         self.link
-            .send(
-                &self.link.config.full_name(&origin),
-                message,
-                &format!("replay to {origin}"),
-            )
+            .send(&target, message, &format!("replay to {target}"))
             .await
     }
 

@@ -45,7 +45,7 @@ pub(crate) async fn subscribe(
 ) -> Result<PulsarSubscription, TransportError> {
     let topics = [
         link.config.full_name(&spec.topic),
-        link.config.retry_topic(&spec.topic),
+        link.config.retry_topic(&spec.topic, &spec.group),
     ];
     let queue = u32::try_from(spec.max_in_flight.clamp(1, 1000)).unwrap_or(1000);
     let consumer: Consumer<Vec<u8>, TokioExecutor> = link
@@ -205,6 +205,11 @@ impl Subscription for PulsarSubscription {
                         link: self.link.clone(),
                         commands: self.commands.clone(),
                         source: self.spec.topic.clone(),
+                        retry_topic: self
+                            .link
+                            .config
+                            .retry_topic(&self.spec.topic, &self.spec.group),
+                        group: self.spec.group.clone(),
                         message_topic: topic,
                         id: Some(id),
                         original: raw.clone(),
@@ -242,6 +247,10 @@ struct PulsarReceipt {
     link: Arc<Link>,
     commands: mpsc::UnboundedSender<Command>,
     source: String,
+    /// The group's retry topic.
+    retry_topic: String,
+    /// The consumer group, recorded on dead letters so a replay goes back to this group only.
+    group: String,
     message_topic: String,
     id: Option<MessageIdData>,
     original: RawMessage,
@@ -290,13 +299,7 @@ impl PulsarReceipt {
         operation: &str,
     ) -> Result<(), TransportError> {
         let message = codec::encode(raw, Some(self.deliver_at(delay)))?;
-        self.link
-            .send(
-                &self.link.config.retry_topic(&self.source),
-                message,
-                operation,
-            )
-            .await
+        self.link.send(&self.retry_topic, message, operation).await
     }
 }
 
@@ -308,10 +311,7 @@ impl Receipt for PulsarReceipt {
 
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), TransportError> {
         self.unsettled()?;
-        let operation = format!(
-            "retry through {}",
-            self.link.config.retry_topic(&self.source)
-        );
+        let operation = format!("retry through {}", self.retry_topic);
         self.send_retry_copy(&event.to_raw(), delay, &operation)
             .await?;
         self.finish(true)
@@ -320,7 +320,10 @@ impl Receipt for PulsarReceipt {
     async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
         self.unsettled()?;
         let dlq = self.link.config.dlq_topic(&self.source);
-        let message = codec::encode(&event.to_raw(), None)?;
+        let mut message = codec::encode(&event.to_raw(), None)?;
+        message
+            .properties
+            .insert(codec::GROUP.to_string(), self.group.clone());
         self.link
             .send(&dlq, message, &format!("dead-letter to {dlq}"))
             .await?;

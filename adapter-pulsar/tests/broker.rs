@@ -1,8 +1,12 @@
-//! A Pulsar restart (stop + start through the project's scripts, on the same data) while retries wait in
-//! the retry topic: the client reconnects, and every retry runs once, no earlier than its delay.
+//! Tests against the real broker beyond the conformance suite:
 //!
-//! Runs when `RETRY_TEST_PULSAR` names a broker started by `scripts/brokers`; otherwise it is listed as
-//! ignored with the reason, and fails when `RETRY_TEST_REQUIRE` names pulsar.
+//! * two consumer groups on one topic retry on their own (each group has its own retry topic), and a
+//!   dead letter replays to the group that dead-lettered it;
+//! * a Pulsar restart (stop + start through the project's scripts, on the same data) while retries wait
+//!   in the retry topic: the client reconnects, and every retry runs once, no earlier than its delay.
+//!
+//! They run when `RETRY_TEST_PULSAR` names a broker started by `scripts/brokers`; otherwise they are
+//! listed as ignored with the reason, and fail when `RETRY_TEST_REQUIRE` names pulsar.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,8 +23,12 @@ use retry_core::transport::Transport;
 const EVENTS: usize = 20;
 const DELAY: Duration = Duration::from_secs(20);
 
+type Test = fn(String) -> Result<(), String>;
+
 fn main() {
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    // The restart would disturb the other test.
+    args.test_threads = Some(1);
     let url = std::env::var("RETRY_TEST_PULSAR")
         .ok()
         .filter(|u| !u.is_empty());
@@ -28,22 +36,121 @@ fn main() {
         .unwrap_or_default()
         .split(',')
         .any(|b| b.trim() == "pulsar");
-    let name = "restart_keeps_delayed_retries";
-    let trial = match url {
-        Some(url) => Trial::test(name, move || {
-            restart_keeps_delayed_retries(url).map_err(Failed::from)
-        }),
-        None if required => Trial::test(name, || {
-            Err(Failed::from(
-                "RETRY_TEST_REQUIRE names pulsar but RETRY_TEST_PULSAR is not set",
-            ))
-        }),
-        None => {
-            eprintln!("SKIP {name}: RETRY_TEST_PULSAR is not set");
-            Trial::test(name, || Ok(())).with_ignored_flag(true)
+    let tests: [(&str, Test); 2] = [
+        ("groups_retry_on_their_own", groups_retry_on_their_own),
+        (
+            "restart_keeps_delayed_retries",
+            restart_keeps_delayed_retries,
+        ),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, test)| match url.clone() {
+            Some(url) => Trial::test(name, move || test(url).map_err(Failed::from)),
+            None if required => Trial::test(name, || {
+                Err(Failed::from(
+                    "RETRY_TEST_REQUIRE names pulsar but RETRY_TEST_PULSAR is not set",
+                ))
+            }),
+            None => {
+                eprintln!("SKIP {name}: RETRY_TEST_PULSAR is not set");
+                Trial::test(name, || Ok(())).with_ignored_flag(true)
+            }
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}
+
+fn config() -> PulsarConfig {
+    PulsarConfig {
+        tick: Duration::from_millis(100),
+        strict_deliver_at: true,
+        ..PulsarConfig::default()
+    }
+}
+
+/// Two consumer groups on one topic: one fails every event once and retries it, the other succeeds at
+/// once. Each group handles each event as often as its own policy says, never the other group's
+/// retries; a dead letter of one group replays to that group only.
+fn groups_retry_on_their_own(url: String) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let transport = PulsarTransport::connect_with(&url, config()).await.map_err(|e| e.to_string())?;
+        let topic = format!("groups-{}", uuid::Uuid::new_v4().simple());
+        let mut handles = Vec::new();
+        let mut counts = Vec::new();
+        for (group, flaky) in [("billing", true), ("shipping", false)] {
+            let calls: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+            let seen = calls.clone();
+            let handler = handler_fn(move |event: Event, _ctx: Context| {
+                let seen = seen.clone();
+                async move {
+                    let id = event.id().unwrap_or_default().to_string();
+                    let n = {
+                        let mut calls = seen.lock().unwrap_or_else(|p| p.into_inner());
+                        let n = calls.entry(id.clone()).or_default();
+                        *n += 1;
+                        *n
+                    };
+                    match (flaky, id.as_str(), n) {
+                        (true, "dead", _) => Err(HandlerError::non_retryable("bad")),
+                        (true, _, 1) => Err(HandlerError::deferred("once")),
+                        _ => Ok(()),
+                    }
+                }
+            });
+            let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+                .group(group)
+                .policy(RetryPolicy::parse("500ms x2").map_err(|e| e.to_string())?)
+                .build()
+                .map_err(|e| e.to_string())?
+                .start(handler)
+                .await
+                .map_err(|e| e.to_string())?;
+            handles.push(consumer);
+            counts.push(calls);
         }
-    };
-    libtest_mimic::run(&args, vec![trial]).exit();
+        for id in ["a", "b", "c", "dead"] {
+            transport
+                .publish(&topic, &Event::new(id).with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while handles[0].stats().succeeded < 3 || handles[1].stats().succeeded < 4 || handles[0].stats().dead_lettered < 1 {
+            if Instant::now() > deadline {
+                return Err(format!("billing {:?}, shipping {:?}", handles[0].stats(), handles[1].stats()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let replayed = transport
+            .dead_letters()
+            .replay(&topic, &retry_core::dlq::DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if replayed.replayed != 1 {
+            return Err(format!("replayed {}", replayed.replayed));
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let billing = counts[0].lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let shipping = counts[1].lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let want_billing: HashMap<String, u32> =
+            [("a", 2), ("b", 2), ("c", 2), ("dead", 2)].map(|(k, v)| (k.to_string(), v)).into();
+        let want_shipping: HashMap<String, u32> =
+            [("a", 1), ("b", 1), ("c", 1), ("dead", 1)].map(|(k, v)| (k.to_string(), v)).into();
+        if billing != want_billing || shipping != want_shipping {
+            return Err(format!(
+                "calls per event: billing {billing:?} (want one retry each, and the replay), shipping {shipping:?} (want one each)"
+            ));
+        }
+        for h in handles {
+            h.shutdown().await.map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })
 }
 
 fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {

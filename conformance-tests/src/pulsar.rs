@@ -100,15 +100,13 @@ impl Fixture for PulsarFixture {
         }
     }
 
+    /// Deletes the topic and its DLQ (best effort); the groups' retry topics stay (their names depend on
+    /// the group) until the standalone is started afresh.
     async fn cleanup(&self, topic: &str) {
         if self.admin.is_some() {
-            let config = self.transport.config();
-            for t in [
-                topic.to_string(),
-                format!("{topic}{}", config.retry_suffix),
-                format!("{topic}{}", config.dlq_suffix),
-            ] {
-                let _ = self.admin("DELETE", &t, "?force=true").await;
+            let dlq = format!("{topic}{}", self.transport.config().dlq_suffix);
+            for t in [topic, dlq.as_str()] {
+                let _ = self.admin("DELETE", t, "?force=true").await;
             }
         }
     }
