@@ -101,33 +101,24 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
     }
     #[cfg(feature = "rabbitmq")]
     if scheme == "amqp" || scheme == "amqps" {
-        return event_retry_rabbitmq::RabbitTransport::connect(url)
-            .await
-            .map(|t| Arc::new(t) as Arc<dyn Transport>)
-            .map_err(|source| ConnectError::Broker {
-                broker: "RabbitMQ",
-                source,
-            });
+        return connected(
+            "RabbitMQ",
+            event_retry_rabbitmq::RabbitTransport::connect(url).await,
+        );
     }
     #[cfg(feature = "sqs")]
     if scheme == "sqs" || scheme == "https" || (scheme == "http" && is_loopback(rest)) {
-        return event_retry_sqs::SqsTransport::connect(url)
-            .await
-            .map(|t| Arc::new(t) as Arc<dyn Transport>)
-            .map_err(|source| ConnectError::Broker {
-                broker: "Amazon SQS",
-                source,
-            });
+        return connected(
+            "Amazon SQS",
+            event_retry_sqs::SqsTransport::connect(url).await,
+        );
     }
     #[cfg(feature = "pulsar")]
     if scheme == "pulsar" || scheme == "pulsar+ssl" {
-        return event_retry_pulsar::PulsarTransport::connect(url)
-            .await
-            .map(|t| Arc::new(t) as Arc<dyn Transport>)
-            .map_err(|source| ConnectError::Broker {
-                broker: "Apache Pulsar",
-                source,
-            });
+        return connected(
+            "Apache Pulsar",
+            event_retry_pulsar::PulsarTransport::connect(url).await,
+        );
     }
     match broker_of(&scheme) {
         Some((broker, feature)) => Err(ConnectError::AdapterMissing {
@@ -137,6 +128,17 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
         }),
         None => Err(ConnectError::UnknownScheme { scheme }),
     }
+}
+
+/// A transport an adapter connected, or its error named after the broker.
+#[cfg(any(feature = "rabbitmq", feature = "sqs", feature = "pulsar"))]
+fn connected<T: Transport>(
+    broker: &'static str,
+    result: Result<T, retry_core::transport::TransportError>,
+) -> Result<Arc<dyn Transport>, ConnectError> {
+    result
+        .map(|t| Arc::new(t) as Arc<dyn Transport>)
+        .map_err(|source| ConnectError::Broker { broker, source })
 }
 
 /// Whether the authority of `rest` (after `scheme://`) is a loopback host (a local SQS endpoint).
