@@ -36,7 +36,7 @@ pub fn brokers() -> Vec<Broker> {
         Broker {
             name: "kafka",
             env: "RETRY_TEST_KAFKA",
-            make: None,
+            make: Some(crate::kafka::KafkaFixture::make),
         },
         Broker {
             name: "rabbitmq",

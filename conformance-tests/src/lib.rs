@@ -9,6 +9,7 @@
 pub mod containers;
 pub mod fixture;
 pub mod harness;
+pub mod kafka;
 pub mod probe;
 pub mod pulsar;
 pub mod rabbitmq;

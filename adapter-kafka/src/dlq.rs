@@ -1,0 +1,441 @@
+//! DLQ operations on `<topic>.dlq`, whose records cannot be deleted: what is done is kept as committed
+//! offsets of one consumer group (`event-retry-dlq` by default).
+//!
+//! Per DLQ partition, the group's committed offset says "every entry below this was replayed or purged",
+//! and the commit's metadata lists the entries above it that were removed out of order (a filtered replay
+//! or purge). An operation reads each partition from that offset to its end, skips what the metadata
+//! marks, applies itself, then commits the new mark: a replayed entry only after its copy to the origin
+//! was acknowledged, so a replay is never repeated once it is marked, and never marked before it is safe.
+//! Operations are meant for one operator at a time: two running at once on one DLQ may both replay an
+//! entry.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::{Message, Offset, TopicPartitionList};
+use retry_core::dlq::{DeadLetter, DeadLetterQueue, DlqFilter, ReplayReport};
+use retry_core::event::Event;
+use retry_core::metadata;
+use retry_core::transport::TransportError;
+
+use crate::codec;
+use crate::link::{Link, REQUEST_TIMEOUT, connection};
+
+/// How long reading a DLQ to its end may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+/// The most bytes of removal marks a commit may carry (Kafka's default limit is 4096).
+const MAX_MARKS: usize = 4_000;
+/// The tag that starts the marks, so metadata written by something else is not misread.
+const MARKS_TAG: &str = "event-retry/v1:";
+
+/// The DLQs of one transport.
+pub(crate) struct KafkaDlq {
+    pub(crate) link: Arc<Link>,
+}
+
+/// What an operation does with the entries it selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    List,
+    Replay,
+    Purge,
+}
+
+/// One DLQ partition as an operation sees it.
+#[derive(Debug, Default)]
+struct PartitionView {
+    partition: i32,
+    /// Everything below is removed.
+    done_below: i64,
+    /// Removed entries at or above `done_below`.
+    removed: BTreeSet<i64>,
+    /// The offsets holding records, read up to `end`.
+    present: BTreeSet<i64>,
+    /// The partition's end (the next offset to be written) when it was read.
+    end: i64,
+}
+
+impl PartitionView {
+    /// Marks `offsets` removed; returns the new commit position and its metadata.
+    fn remove(&mut self, offsets: &[i64]) -> (i64, String) {
+        self.removed.extend(offsets);
+        while self.done_below < self.end
+            && (self.removed.remove(&self.done_below) || !self.present.contains(&self.done_below))
+        {
+            self.done_below += 1;
+        }
+        (self.done_below, encode_marks(&self.removed))
+    }
+}
+
+/// Offsets as ranges, `3-5,9`, after the tag.
+fn encode_marks(removed: &BTreeSet<i64>) -> String {
+    let mut out = String::from(MARKS_TAG);
+    let mut iter = removed.iter().copied().peekable();
+    let mut first = true;
+    while let Some(start) = iter.next() {
+        let mut end = start;
+        while iter.peek() == Some(&(end + 1)) {
+            end += 1;
+            iter.next();
+        }
+        if !first {
+            out.push(',');
+        }
+        first = false;
+        if start == end {
+            out.push_str(&start.to_string());
+        } else {
+            out.push_str(&format!("{start}-{end}"));
+        }
+    }
+    out
+}
+
+fn decode_marks(text: &str) -> BTreeSet<i64> {
+    let Some(body) = text.strip_prefix(MARKS_TAG) else {
+        return BTreeSet::new();
+    };
+    let mut out = BTreeSet::new();
+    for part in body.split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        if let (Ok(a), Ok(b)) = (a.parse::<i64>(), b.parse::<i64>()) {
+            out.extend(a..=b.min(a.saturating_add(1_000_000)));
+        }
+    }
+    out
+}
+
+/// An entry read from the DLQ.
+struct Read {
+    partition: i32,
+    offset: i64,
+    group: Option<String>,
+    entry: DeadLetter,
+}
+
+/// A DLQ read to its end, with the consumer that will commit the marks.
+struct Snapshot {
+    topic: String,
+    consumer: BaseConsumer,
+    views: Vec<PartitionView>,
+    entries: Vec<Read>,
+}
+
+impl KafkaDlq {
+    /// Reads `source`'s DLQ from the marks to its end (on a blocking thread).
+    async fn read(&self, source: &str) -> Result<Option<Snapshot>, TransportError> {
+        let link = self.link.clone();
+        let topic = link.config.dlq_topic(source);
+        tokio::task::spawn_blocking(move || read_blocking(&link, topic))
+            .await
+            .map_err(|e| TransportError::Connection(format!("DLQ read task: {e}")))?
+    }
+
+    /// Sends a DLQ entry back: to the retry topic of the group that dead-lettered it (due at once, so
+    /// other groups of the topic do not handle it again), else to the origin topic.
+    async fn replay_one(&self, source: &str, read: &Read) -> Result<(), TransportError> {
+        let mut event = read.entry.event.clone();
+        event.meta.reset_for_replay();
+        let origin = event
+            .meta
+            .origin
+            .as_ref()
+            .map_or(source, |o| o.topic.as_str())
+            .to_string();
+        let target = match &read.group {
+            Some(group) => self.link.config.retry_topic(&origin, group),
+            None => origin,
+        };
+        self.link
+            .send(
+                &target,
+                None,
+                &event.to_raw(),
+                &[],
+                &format!("replay to {target}"),
+            )
+            .await
+    }
+
+    /// Applies `action` to the entries passing `filter`; returns them.
+    async fn each(
+        &self,
+        source: &str,
+        filter: &DlqFilter,
+        action: Action,
+    ) -> Result<Vec<DeadLetter>, TransportError> {
+        let Some(mut snapshot) = self.read(source).await? else {
+            return Ok(Vec::new());
+        };
+        let limit = filter.limit.unwrap_or(usize::MAX);
+        let chosen: Vec<usize> = snapshot
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| filter.matches(&r.entry))
+            .map(|(i, _)| i)
+            .take(limit)
+            .collect();
+        if action == Action::List || chosen.is_empty() {
+            return Ok(chosen
+                .into_iter()
+                .map(|i| snapshot.entries[i].entry.clone())
+                .collect());
+        }
+        check_marks_fit(&snapshot, &chosen)?;
+        let mut removed = Vec::new();
+        let mut failure = None;
+        for &i in &chosen {
+            let read = &snapshot.entries[i];
+            if action == Action::Replay
+                && let Err(e) = self.replay_one(source, read).await
+            {
+                failure = Some(e);
+                break;
+            }
+            removed.push(i);
+        }
+        let done: Vec<DeadLetter> = removed
+            .iter()
+            .map(|&i| snapshot.entries[i].entry.clone())
+            .collect();
+        let marks: Vec<(i32, i64)> = removed
+            .iter()
+            .map(|&i| (snapshot.entries[i].partition, snapshot.entries[i].offset))
+            .collect();
+        snapshot.entries.clear();
+        tokio::task::spawn_blocking(move || commit_marks(&mut snapshot, &marks))
+            .await
+            .map_err(|e| TransportError::Connection(format!("DLQ commit task: {e}")))??;
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(done),
+        }
+    }
+}
+
+/// Refuses an operation whose marks would not fit in a commit, before it does anything.
+fn check_marks_fit(snapshot: &Snapshot, chosen: &[usize]) -> Result<(), TransportError> {
+    for view in &snapshot.views {
+        let mut trial = PartitionView {
+            partition: view.partition,
+            done_below: view.done_below,
+            removed: view.removed.clone(),
+            present: view.present.clone(),
+            end: view.end,
+        };
+        let offsets: Vec<i64> = chosen
+            .iter()
+            .map(|&i| &snapshot.entries[i])
+            .filter(|r| r.partition == view.partition)
+            .map(|r| r.offset)
+            .collect();
+        if trial.remove(&offsets).1.len() > MAX_MARKS {
+            return Err(TransportError::Config(format!(
+                "this would leave too many scattered removals in partition {} of {} to record; \
+                 replay or purge the older entries first (e.g. without a filter, or with --limit)",
+                view.partition, snapshot.topic
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn commit_marks(snapshot: &mut Snapshot, marks: &[(i32, i64)]) -> Result<(), TransportError> {
+    let mut tpl = TopicPartitionList::new();
+    for view in &mut snapshot.views {
+        let offsets: Vec<i64> = marks
+            .iter()
+            .filter(|(p, _)| *p == view.partition)
+            .map(|(_, o)| *o)
+            .collect();
+        if offsets.is_empty() {
+            continue;
+        }
+        let (position, metadata) = view.remove(&offsets);
+        tpl.add_partition_offset(&snapshot.topic, view.partition, Offset::Offset(position))
+            .map_err(connection("record the DLQ marks"))?;
+        if let Some(mut element) = tpl.find_partition(&snapshot.topic, view.partition) {
+            element.set_metadata(metadata);
+        }
+    }
+    if tpl.count() == 0 {
+        return Ok(());
+    }
+    snapshot
+        .consumer
+        .commit(&tpl, CommitMode::Sync)
+        .map_err(|e| TransportError::Rejected {
+            operation: format!("record the DLQ marks of {}", snapshot.topic),
+            reason: e.to_string(),
+        })
+}
+
+fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, TransportError> {
+    let partitions = match link.partitions_blocking(&topic) {
+        Ok(n) => n,
+        // No DLQ topic yet: nothing was dead-lettered.
+        Err(TransportError::Config(_)) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let consumer: BaseConsumer = link
+        .consumer_config(&link.config.dlq_group)
+        .create()
+        .map_err(|e| TransportError::Config(format!("Kafka consumer settings: {e}")))?;
+    let mut all = TopicPartitionList::new();
+    for p in 0..partitions {
+        all.add_partition(&topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(all, REQUEST_TIMEOUT)
+        .map_err(connection(&format!("read the DLQ marks of {topic}")))?;
+    let mut views = Vec::new();
+    let mut assign = TopicPartitionList::new();
+    for p in 0..partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(&topic, p, REQUEST_TIMEOUT)
+            .map_err(connection(&format!("read the end of {topic}")))?;
+        let (done, removed) = match committed.find_partition(&topic, p) {
+            Some(e) => match e.offset() {
+                Offset::Offset(o) => (o, decode_marks(e.metadata())),
+                _ => (low, BTreeSet::new()),
+            },
+            None => (low, BTreeSet::new()),
+        };
+        let start = done.max(low);
+        if start < high {
+            assign
+                .add_partition_offset(&topic, p, Offset::Offset(start))
+                .map_err(connection("assign the DLQ"))?;
+        }
+        views.push(PartitionView {
+            partition: p,
+            done_below: start,
+            removed,
+            present: BTreeSet::new(),
+            end: high,
+        });
+    }
+    let mut entries = Vec::new();
+    if assign.count() > 0 {
+        consumer
+            .assign(&assign)
+            .map_err(connection(&format!("read {topic}")))?;
+        let deadline = Instant::now() + READ_TIMEOUT;
+        let mut seen: Vec<i64> = views.iter().map(|v| v.done_below - 1).collect();
+        while views.iter().zip(&seen).any(|(v, s)| *s < v.end - 1) {
+            if Instant::now() > deadline {
+                return Err(TransportError::Connection(format!(
+                    "reading {topic} to its end took longer than {READ_TIMEOUT:?}"
+                )));
+            }
+            let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+                continue;
+            };
+            let message = message.map_err(connection(&format!("read {topic}")))?;
+            let (p, offset) = (message.partition(), message.offset());
+            let Some(i) = views.iter().position(|v| v.partition == p) else {
+                continue;
+            };
+            if offset >= views[i].end {
+                continue;
+            }
+            seen[i] = seen[i].max(offset);
+            views[i].present.insert(offset);
+            if views[i].removed.contains(&offset) {
+                continue;
+            }
+            let decoded = codec::decode(&message);
+            let (meta, headers, _) = metadata::decode_lenient(&decoded.raw.headers);
+            entries.push(Read {
+                partition: p,
+                offset,
+                group: decoded.group,
+                entry: DeadLetter {
+                    id: format!("{p}:{offset}"),
+                    event: Event {
+                        payload: decoded.raw.payload,
+                        key: decoded.raw.key,
+                        headers,
+                        meta,
+                    },
+                },
+            });
+        }
+    }
+    Ok(Some(Snapshot {
+        topic,
+        consumer,
+        views,
+        entries,
+    }))
+}
+
+#[async_trait]
+impl DeadLetterQueue for KafkaDlq {
+    async fn list(
+        &self,
+        source_topic: &str,
+        filter: &DlqFilter,
+    ) -> Result<Vec<DeadLetter>, TransportError> {
+        self.each(source_topic, filter, Action::List).await
+    }
+
+    async fn show(
+        &self,
+        source_topic: &str,
+        id: &str,
+    ) -> Result<Option<DeadLetter>, TransportError> {
+        Ok(self.list(source_topic, &DlqFilter::id(id)).await?.pop())
+    }
+
+    async fn replay(
+        &self,
+        source_topic: &str,
+        filter: &DlqFilter,
+    ) -> Result<ReplayReport, TransportError> {
+        let replayed = self.each(source_topic, filter, Action::Replay).await?;
+        Ok(ReplayReport {
+            replayed: replayed.len(),
+            ids: replayed.into_iter().map(|e| e.id).collect(),
+        })
+    }
+
+    async fn purge(&self, source_topic: &str, filter: &DlqFilter) -> Result<usize, TransportError> {
+        Ok(self.each(source_topic, filter, Action::Purge).await?.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_round_trip_as_ranges() {
+        let set: BTreeSet<i64> = [3, 4, 5, 9, 11, 12].into_iter().collect();
+        let text = encode_marks(&set);
+        assert_eq!(text, "event-retry/v1:3-5,9,11-12");
+        assert_eq!(decode_marks(&text), set);
+        assert!(decode_marks("something else").is_empty());
+    }
+
+    #[test]
+    fn the_mark_advances_over_removed_and_missing_offsets() {
+        let mut view = PartitionView {
+            partition: 0,
+            done_below: 0,
+            removed: BTreeSet::new(),
+            present: [0, 1, 2, 4, 5].into_iter().collect(),
+            end: 6,
+        };
+        // Removing 1 leaves 0: nothing moves, 1 is marked.
+        assert_eq!(view.remove(&[1]), (0, "event-retry/v1:1".to_string()));
+        // Removing 0 and 2 moves past 3 (no record there) up to 4.
+        assert_eq!(view.remove(&[0, 2]), (4, "event-retry/v1:".to_string()));
+        assert_eq!(view.remove(&[4, 5]), (6, "event-retry/v1:".to_string()));
+    }
+}

@@ -1,0 +1,371 @@
+//! The delay ladder's consumer: moves each record to its next level, or to its retry topic once due.
+//!
+//! Every subscription runs one member of the topic's ladder group on a thread of its own. Within one
+//! partition of one level every record waits the same time, so the head is always the first due: when it
+//! is not due yet the partition is paused and the head held in memory (uncommitted) until its time — a
+//! deadline the polling loop wakes for, never a sleep — while the loop keeps polling, so the membership
+//! holds and the other partitions go on. Due records are produced in batches; the offsets are committed
+//! (synchronously) only after every record before them was acknowledged, so a crash at any point leaves
+//! each record either still in its level or already in the next one. A record produced twice (a crash
+//! between the acknowledgement and the commit) is possible; a record lost is not.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::producer::DeliveryFuture;
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+use retry_core::time::Timestamp;
+use retry_core::transport::TransportError;
+use tracing::{debug, warn};
+
+use crate::codec::{self, Decoded};
+use crate::hops::{Hop, next_hop};
+use crate::link::{Link, delivered};
+use crate::offsets::Tp;
+
+/// The most records forwarded in one batch.
+const BATCH: usize = 500;
+/// The longest a ladder consumer's fetch waits at the broker for new records, in ms.
+const LADDER_FETCH_WAIT_MS: &str = "20";
+/// How long a record whose forwarding failed waits before it is tried again.
+const FORWARD_BACKOFF: Duration = Duration::from_secs(1);
+
+/// A ladder record read but not yet forwarded.
+struct Entry {
+    tp: Tp,
+    offset: i64,
+    decoded: Decoded,
+    /// Set after a failed forward: not tried again before.
+    not_before: Option<Timestamp>,
+}
+
+impl Entry {
+    fn leave_at(&self) -> Timestamp {
+        let hop = self
+            .decoded
+            .route
+            .as_ref()
+            .map_or(Timestamp::from_millis(0), |r| r.hop_due);
+        match self.not_before {
+            Some(t) if t > hop => t,
+            _ => hop,
+        }
+    }
+}
+
+#[derive(Default)]
+struct LadderState {
+    /// Per paused partition, its head (not yet due) and what was read behind it.
+    held: HashMap<Tp, VecDeque<Entry>>,
+    /// Due records waiting to be forwarded, in the order read.
+    ready: Vec<Entry>,
+}
+
+/// The ladder consumer's context: drops what it holds of partitions it loses.
+struct LadderContext {
+    state: Mutex<LadderState>,
+    /// Set at the first assignment (the member joined its group).
+    joined: Arc<AtomicBool>,
+}
+
+impl LadderContext {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LadderState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl ClientContext for LadderContext {}
+
+impl ConsumerContext for LadderContext {
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(_) = rebalance {
+            self.joined.store(true, Ordering::Release);
+        }
+    }
+
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let mut state = self.lock();
+            for e in tpl.elements() {
+                let tp = (e.topic().to_string(), e.partition());
+                state.held.remove(&tp);
+                state.ready.retain(|r| r.tp != tp);
+            }
+        }
+    }
+}
+
+/// A running ladder consumer.
+pub(crate) struct Ladder {
+    /// Set once the member joined the ladder's group.
+    pub(crate) joined: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Ladder {
+    /// Starts a member of `source`'s ladder group.
+    pub(crate) fn start(link: Arc<Link>, source: &str) -> Result<Self, TransportError> {
+        let joined = Arc::new(AtomicBool::new(false));
+        let context = LadderContext {
+            state: Mutex::new(LadderState::default()),
+            joined: joined.clone(),
+        };
+        let mut config = link.consumer_config(&link.config.ladder_group(source));
+        // A resumed partition is fetched only once the fetch request in flight returns; a short wait
+        // keeps the records behind a head that just left from waiting for it (500 ms by default).
+        config.set("fetch.wait.max.ms", LADDER_FETCH_WAIT_MS);
+        let consumer: BaseConsumer<LadderContext> = config
+            .create_with_context(context)
+            .map_err(|e| TransportError::Config(format!("Kafka consumer settings: {e}")))?;
+        let levels = link.config.level_topics(source);
+        let names: Vec<&str> = levels.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&names)
+            .map_err(|e| TransportError::Connection(format!("subscribe to the ladder: {e}")))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let forwarder = Forwarder {
+            link,
+            source: source.to_string(),
+            consumer,
+            stop: stop.clone(),
+        };
+        let thread = std::thread::Builder::new()
+            .name(format!("kafka-ladder-{source}"))
+            .spawn(move || forwarder.run())
+            .map_err(|e| TransportError::Connection(format!("start the ladder thread: {e}")))?;
+        Ok(Self {
+            joined,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the consumer and waits for it to leave its group.
+    pub(crate) async fn stop(mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}
+
+impl Drop for Ladder {
+    fn drop(&mut self) {
+        // Dropped without `stop` (the subscription was dropped): the thread ends on its own.
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+struct Forwarder {
+    link: Arc<Link>,
+    source: String,
+    consumer: BaseConsumer<LadderContext>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Forwarder {
+    fn state(&self) -> std::sync::MutexGuard<'_, LadderState> {
+        self.consumer.context().lock()
+    }
+
+    fn run(self) {
+        while !self.stop.load(Ordering::Acquire) {
+            let now = Timestamp::now();
+            let next_due = self.release_due_heads(now);
+            let wait = if !self.state().ready.is_empty() {
+                Duration::ZERO
+            } else {
+                let until = next_due.map_or(Duration::MAX, |t| t.since(now));
+                until.min(Duration::from_millis(50))
+            };
+            match self.consumer.poll(wait) {
+                Some(Ok(message)) => {
+                    let entry = Entry {
+                        tp: (message.topic().to_string(), message.partition()),
+                        offset: message.offset(),
+                        decoded: codec::decode(&message),
+                        not_before: None,
+                    };
+                    drop(message);
+                    self.place(entry, Timestamp::now());
+                    if self.state().ready.len() < BATCH {
+                        continue;
+                    }
+                }
+                Some(Err(e)) => warn!(error = %e, ladder = %self.source, "ladder consumer error"),
+                None => {}
+            }
+            self.flush();
+        }
+    }
+
+    /// Queues a record read: behind its partition's held head, as ready, or as a new held head (the
+    /// partition is then paused).
+    fn place(&self, entry: Entry, now: Timestamp) {
+        let mut state = self.state();
+        if let Some(queue) = state.held.get_mut(&entry.tp) {
+            queue.push_back(entry);
+        } else if entry.leave_at() <= now {
+            state.ready.push(entry);
+        } else {
+            let tp = entry.tp.clone();
+            state.held.insert(tp.clone(), VecDeque::from([entry]));
+            drop(state);
+            self.pause(&tp, true);
+        }
+    }
+
+    fn pause(&self, tp: &Tp, pause: bool) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition(&tp.0, tp.1);
+        let result = if pause {
+            self.consumer.pause(&tpl)
+        } else {
+            self.consumer.resume(&tpl)
+        };
+        if let Err(e) = result {
+            warn!(error = %e, topic = %tp.0, partition = tp.1, "pausing or resuming a ladder partition failed");
+        }
+    }
+
+    /// Moves the due heads of held partitions to the ready list, resuming partitions with nothing left
+    /// held; returns the earliest time a held head becomes due.
+    fn release_due_heads(&self, now: Timestamp) -> Option<Timestamp> {
+        let mut resume = Vec::new();
+        let mut next_due = None;
+        {
+            let mut state = self.state();
+            let LadderState { held, ready } = &mut *state;
+            held.retain(|tp, queue| {
+                while queue.front().is_some_and(|e| e.leave_at() <= now) {
+                    if let Some(e) = queue.pop_front() {
+                        ready.push(e);
+                    }
+                }
+                match queue.front() {
+                    Some(head) => {
+                        let at = head.leave_at();
+                        next_due = Some(next_due.map_or(at, |n: Timestamp| n.min(at)));
+                        true
+                    }
+                    None => {
+                        resume.push(tp.clone());
+                        false
+                    }
+                }
+            });
+        }
+        for tp in resume {
+            self.pause(&tp, false);
+        }
+        next_due
+    }
+
+    /// Where a due entry goes next: the topic, and the routing headers it carries there.
+    fn target(&self, entry: &Entry, now: Timestamp) -> (String, Vec<(&'static str, Vec<u8>)>) {
+        let Some(route) = &entry.decoded.route else {
+            // Not a record the adapter wrote (no routing headers): keep it, in the DLQ.
+            return (self.link.config.dlq_topic(&self.source), Vec::new());
+        };
+        match next_hop(
+            now,
+            route.due,
+            self.link.config.granularity,
+            self.link.config.levels(),
+        ) {
+            Hop::Due => (route.to.clone(), Vec::new()),
+            Hop::Level { level, leave_at } => {
+                let next = codec::Route {
+                    hop_due: leave_at,
+                    ..route.clone()
+                };
+                (
+                    self.link.config.level_topic(&self.source, level),
+                    codec::route_headers(&next).to_vec(),
+                )
+            }
+        }
+    }
+
+    fn start_forward(
+        &self,
+        entry: &Entry,
+        now: Timestamp,
+    ) -> Result<DeliveryFuture, TransportError> {
+        let (topic, headers) = self.target(entry, now);
+        self.link.partitions_blocking(&topic)?;
+        let extra: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
+        self.link
+            .start_send(&topic, Some(entry.tp.1), &entry.decoded.raw, &extra)
+    }
+
+    /// Forwards the ready records, then commits, per partition, the offsets up to the first failure;
+    /// what failed (and what followed it in its partition) is held again for a while.
+    fn flush(&self) {
+        let ready = std::mem::take(&mut self.state().ready);
+        if ready.is_empty() {
+            return;
+        }
+        let now = Timestamp::now();
+        let sends: Vec<Result<DeliveryFuture, TransportError>> =
+            ready.iter().map(|e| self.start_forward(e, now)).collect();
+        let results: Vec<Result<(), TransportError>> = futures::executor::block_on(async {
+            let mut out = Vec::with_capacity(sends.len());
+            for send in sends {
+                out.push(match send {
+                    Ok(delivery) => delivered(delivery.await, "forward a delayed record"),
+                    Err(e) => Err(e),
+                });
+            }
+            out
+        });
+        let mut commits: HashMap<Tp, i64> = HashMap::new();
+        let mut failed: HashMap<Tp, Vec<Entry>> = HashMap::new();
+        for (entry, result) in ready.into_iter().zip(results) {
+            if let Some(queue) = failed.get_mut(&entry.tp) {
+                queue.push(entry);
+                continue;
+            }
+            match result {
+                Ok(()) => {
+                    commits.insert(entry.tp.clone(), entry.offset + 1);
+                }
+                Err(e) => {
+                    warn!(error = %e, topic = %entry.tp.0, partition = entry.tp.1, offset = entry.offset, "forwarding a delayed record failed; trying again");
+                    failed.insert(entry.tp.clone(), vec![entry]);
+                }
+            }
+        }
+        if !commits.is_empty() {
+            let mut tpl = TopicPartitionList::new();
+            for ((topic, partition), offset) in &commits {
+                if let Err(e) = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset))
+                {
+                    warn!(error = %e, "building a ladder commit failed");
+                }
+            }
+            if let Err(e) = self.consumer.commit(&tpl, CommitMode::Sync) {
+                // The records were forwarded; the next commit of the partition covers them, or a new
+                // owner forwards them again (a duplicate, never a loss).
+                debug!(error = %e, "ladder commit failed");
+            }
+        }
+        let again = Timestamp::now().plus(FORWARD_BACKOFF);
+        for (tp, entries) in failed {
+            {
+                let mut state = self.state();
+                let queue = state.held.entry(tp.clone()).or_default();
+                for mut e in entries.into_iter().rev() {
+                    e.not_before = Some(again);
+                    queue.push_front(e);
+                }
+            }
+            self.pause(&tp, true);
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! The Apache Kafka adapter of event-retry.
+//!
+//! A consumer is a member of its consumer group on the source topic and on its group's retry topic. A
+//! retry is a copy produced into a fixed binary ladder of delay topics — level *k* holds a record
+//! `granularity × 2^k` — which the topic's ladder consumers move down level by level, pausing a
+//! partition until its head is due, and finally into the retry topic; dead letters go to `<topic>.dlq`
+//! in the source's partition. Every copy is acknowledged by the broker (idempotent producer, `acks=all`)
+//! before the source offset may be committed, and offsets are committed only up to the first record
+//! not yet settled. See [`config`] for the topology and the adapter's README for the guarantees.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use event_retry_kafka::KafkaTransport;
+//! let transport = KafkaTransport::connect("kafka://127.0.0.1:9092").await?;
+//! # Ok(()) }
+//! ```
+
+mod codec;
+pub mod config;
+mod dlq;
+mod hops;
+mod ladder;
+mod link;
+mod offsets;
+mod subscription;
+mod worker;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use rdkafka::producer::Producer;
+use retry_core::dlq::DeadLetterQueue;
+use retry_core::event::Event;
+use retry_core::transport::{
+    Capabilities, Subscription, SubscriptionSpec, Transport, TransportError,
+};
+
+pub use crate::config::KafkaConfig;
+use crate::config::check_name;
+use crate::dlq::KafkaDlq;
+use crate::link::{Link, REQUEST_TIMEOUT};
+
+/// A Kafka cluster as an event-retry transport. Cheap to clone; clones share one producer.
+#[derive(Clone)]
+pub struct KafkaTransport {
+    link: Arc<Link>,
+}
+
+impl std::fmt::Debug for KafkaTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaTransport")
+            .field("bootstrap", &self.link.bootstrap)
+            .field("config", &self.link.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The bootstrap servers of a `kafka://host:port[,host:port…]` URL (a bare `host:port` list is taken
+/// as it is).
+pub fn bootstrap_of(url: &str) -> Result<String, TransportError> {
+    let rest = url.strip_prefix("kafka://").unwrap_or(url);
+    let rest = rest.trim_end_matches('/');
+    if rest.is_empty() || rest.contains('/') || rest.contains('@') {
+        return Err(TransportError::Config(format!(
+            "{url:?} is not a Kafka URL: expected kafka://host:port[,host:port...]"
+        )));
+    }
+    Ok(rest.to_string())
+}
+
+impl KafkaTransport {
+    /// Connects to `url` (`kafka://host:port[,host:port…]`) with the default settings.
+    pub async fn connect(url: &str) -> Result<Self, TransportError> {
+        Self::connect_with(url, KafkaConfig::default()).await
+    }
+
+    /// Connects with explicit settings; fails when the cluster does not answer.
+    pub async fn connect_with(url: &str, config: KafkaConfig) -> Result<Self, TransportError> {
+        config.validate()?;
+        let bootstrap = bootstrap_of(url)?;
+        let link = Arc::new(Link::new(&bootstrap, config)?);
+        let producer = link.producer.clone();
+        tokio::task::spawn_blocking(move || {
+            producer
+                .client()
+                .fetch_metadata(None, REQUEST_TIMEOUT)
+                .map(drop)
+        })
+        .await
+        .map_err(|e| TransportError::Connection(format!("connect task: {e}")))?
+        .map_err(|e| TransportError::Connection(format!("connect to {bootstrap}: {e}")))?;
+        Ok(Self { link })
+    }
+
+    /// The settings in use.
+    pub fn config(&self) -> &KafkaConfig {
+        &self.link.config
+    }
+
+    /// Creates `topic`, its ladder and its DLQ now if they are missing (they are otherwise made when the
+    /// first consumer subscribes), and the retry topic of `group` if given.
+    pub async fn declare(&self, topic: &str, group: Option<&str>) -> Result<(), TransportError> {
+        check_name("topic", topic)?;
+        if let Some(group) = group {
+            check_name("group", group)?;
+        }
+        self.link.ensure_topics(topic, group).await
+    }
+}
+
+#[async_trait]
+impl Transport for KafkaTransport {
+    fn name(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            delay: self.link.config.delay_capability(),
+            per_key_order: true,
+            blocking_pause: true,
+            replay: true,
+            shared_subscription: true,
+            crash_redelivery: true,
+        }
+    }
+
+    async fn publish(&self, topic: &str, event: &Event) -> Result<(), TransportError> {
+        check_name("topic", topic)?;
+        self.link.ensure_topic(topic).await?;
+        self.link
+            .send(
+                topic,
+                None,
+                &event.to_raw(),
+                &[],
+                &format!("publish to {topic}"),
+            )
+            .await
+    }
+
+    async fn subscribe(
+        &self,
+        spec: &SubscriptionSpec,
+    ) -> Result<Box<dyn Subscription>, TransportError> {
+        check_name("topic", &spec.topic)?;
+        check_name("group", &spec.group)?;
+        self.link
+            .ensure_topics(&spec.topic, Some(&spec.group))
+            .await?;
+        Ok(Box::new(
+            subscription::subscribe(self.link.clone(), spec.clone()).await?,
+        ))
+    }
+
+    fn dead_letters(&self) -> Arc<dyn DeadLetterQueue> {
+        Arc::new(KafkaDlq {
+            link: self.link.clone(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            bootstrap_of("kafka://127.0.0.1:9092").ok().as_deref(),
+            Some("127.0.0.1:9092")
+        );
+        assert_eq!(
+            bootstrap_of("kafka://a:1,b:2/").ok().as_deref(),
+            Some("a:1,b:2")
+        );
+        assert!(bootstrap_of("kafka://").is_err());
+        assert!(bootstrap_of("kafka://u@h:1").is_err());
+    }
+}

@@ -1,0 +1,375 @@
+//! The shared state of one transport: client settings, the idempotent producer every copy goes through,
+//! the admin client that creates topics, and the partition counts of the topics copies go to.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use retry_core::event::RawMessage;
+use retry_core::time::Timestamp;
+use retry_core::transport::TransportError;
+
+use crate::codec::{self, Route};
+use crate::config::KafkaConfig;
+use crate::hops::{Hop, next_hop};
+
+/// How long a produced record may take to be acknowledged before it is an error.
+pub(crate) const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a metadata or admin request may take.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// The shared state of one transport.
+pub(crate) struct Link {
+    pub(crate) bootstrap: String,
+    pub(crate) config: KafkaConfig,
+    pub(crate) producer: FutureProducer,
+    admin: AdminClient<DefaultClientContext>,
+    partitions: Mutex<HashMap<String, i32>>,
+}
+
+pub(crate) fn connection(what: &str) -> impl FnOnce(KafkaError) -> TransportError + '_ {
+    move |e| TransportError::Connection(format!("{what}: {e}"))
+}
+
+impl Link {
+    /// Creates the clients (librdkafka connects lazily; `connect` checks the broker answers).
+    pub(crate) fn new(bootstrap: &str, config: KafkaConfig) -> Result<Self, TransportError> {
+        let base = client_config(bootstrap, &config);
+        let producer: FutureProducer = base
+            .clone()
+            .set("acks", "all")
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "2")
+            .set("message.timeout.ms", SEND_TIMEOUT.as_millis().to_string())
+            .create()
+            .map_err(|e| TransportError::Config(format!("Kafka producer settings: {e}")))?;
+        let admin = base
+            .create()
+            .map_err(|e| TransportError::Config(format!("Kafka admin settings: {e}")))?;
+        Ok(Self {
+            bootstrap: bootstrap.to_string(),
+            config,
+            producer,
+            admin,
+            partitions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Settings for a consumer in `group` (offsets committed only by the adapter).
+    pub(crate) fn consumer_config(&self, group: &str) -> ClientConfig {
+        let mut c = client_config(&self.bootstrap, &self.config);
+        c.set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("partition.assignment.strategy", "cooperative-sticky")
+            .set("enable.partition.eof", "false");
+        c
+    }
+
+    /// The partition count of `topic`, from the cache or the broker.
+    pub(crate) fn partitions_blocking(&self, topic: &str) -> Result<i32, TransportError> {
+        if let Some(n) = self.lock_partitions().get(topic) {
+            return Ok(*n);
+        }
+        let topics = [topic.to_string()];
+        let counts = self
+            .clone_for_blocking()
+            .fetch_partitions_blocking(&topics)?;
+        self.remember(topics.into_iter().zip(counts.iter().copied()).collect());
+        match counts[..] {
+            [n] if n > 0 => Ok(n),
+            _ => Err(TransportError::Config(format!(
+                "topic {topic} does not exist"
+            ))),
+        }
+    }
+
+    /// The cached partition count of `topic`.
+    pub(crate) fn cached_partitions(&self, topic: &str) -> Option<i32> {
+        self.lock_partitions().get(topic).copied()
+    }
+
+    fn lock_partitions(&self) -> std::sync::MutexGuard<'_, HashMap<String, i32>> {
+        self.partitions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes sure `source` and the topics derived from it exist (creating what is missing when allowed):
+    /// the retry topic of `group` if given, the ladder and the DLQ, with the source's partition count.
+    pub(crate) async fn ensure_topics(
+        &self,
+        source: &str,
+        group: Option<&str>,
+    ) -> Result<(), TransportError> {
+        let mut derived = self.config.level_topics(source);
+        derived.push(self.config.dlq_topic(source));
+        if let Some(group) = group {
+            derived.push(self.config.retry_topic(source, group));
+        }
+        let all: Vec<String> = std::iter::once(source.to_string()).chain(derived).collect();
+        self.create_missing(all).await
+    }
+
+    /// Makes sure `topic` exists (creating it when allowed), for a producer.
+    pub(crate) async fn ensure_topic(&self, topic: &str) -> Result<(), TransportError> {
+        if self.cached_partitions(topic).is_some() {
+            return Ok(());
+        }
+        self.create_missing(vec![topic.to_string()]).await
+    }
+
+    /// Creates the topics of `all` that are missing, with the partition count of the first (or the
+    /// configured count if the first is missing too), and waits until the broker shows them.
+    async fn create_missing(&self, all: Vec<String>) -> Result<(), TransportError> {
+        let counts = self.fetch_partitions(all.clone()).await?;
+        let missing: Vec<&String> = all
+            .iter()
+            .zip(&counts)
+            .filter(|(_, n)| **n == 0)
+            .map(|(t, _)| t)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        if !self.config.create_topics {
+            return Err(TransportError::Config(format!(
+                "missing topics {missing:?} (create_topics is off: create them with {} partitions)",
+                counts[0].max(1)
+            )));
+        }
+        let partitions = if counts[0] > 0 {
+            counts[0]
+        } else {
+            self.config.partitions
+        };
+        let replication = self.config.replication_factor.unwrap_or(-1);
+        let new: Vec<NewTopic<'_>> = missing
+            .iter()
+            .map(|t| NewTopic::new(t, partitions, TopicReplication::Fixed(replication)))
+            .collect();
+        let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
+        let results = self
+            .admin
+            .create_topics(new.iter(), &options)
+            .await
+            .map_err(connection("create topics"))?;
+        for result in results {
+            if let Err((topic, code)) = result
+                && code != RDKafkaErrorCode::TopicAlreadyExists
+            {
+                return Err(TransportError::Rejected {
+                    operation: format!("create topic {topic}"),
+                    reason: code.to_string(),
+                });
+            }
+        }
+        // Wait until the broker's metadata shows them, so a consumer subscribing next finds them.
+        let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            let counts = self.fetch_partitions(all.clone()).await?;
+            if counts.iter().all(|n| *n > 0) {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(TransportError::Connection(format!(
+                    "created topics {missing:?} but the broker does not show them"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn fetch_partitions(&self, topics: Vec<String>) -> Result<Vec<i32>, TransportError> {
+        let reader = self.clone_for_blocking();
+        let asked = topics.clone();
+        let counts = tokio::task::spawn_blocking(move || reader.fetch_partitions_blocking(&asked))
+            .await
+            .map_err(|e| TransportError::Connection(format!("metadata task: {e}")))??;
+        self.remember(topics.into_iter().zip(counts.iter().copied()).collect());
+        Ok(counts)
+    }
+
+    fn clone_for_blocking(&self) -> MetadataReader {
+        MetadataReader {
+            producer: self.producer.clone(),
+        }
+    }
+
+    /// Remembers partition counts read elsewhere.
+    pub(crate) fn remember(&self, counts: Vec<(String, i32)>) {
+        let mut cache = self.lock_partitions();
+        for (t, n) in counts {
+            if n > 0 {
+                cache.insert(t, n);
+            }
+        }
+    }
+
+    /// Starts producing `raw` (plus `extra` headers) to `topic` (partition `partition` modulo the topic's
+    /// count, if given and the count is known); the future resolves when the broker acknowledged it.
+    pub(crate) fn start_send(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        raw: &RawMessage,
+        extra: &[(&str, &[u8])],
+    ) -> Result<DeliveryFuture, TransportError> {
+        let mut record = FutureRecord::<[u8], [u8]>::to(topic)
+            .payload(&raw.payload[..])
+            .headers(codec::headers(raw, extra));
+        if let Some(key) = &raw.key {
+            record = record.key(&key[..]);
+        }
+        if let (Some(p), Some(n)) = (partition, self.cached_partitions(topic)) {
+            record = record.partition(p.rem_euclid(n.max(1)));
+        }
+        self.producer
+            .send_result(record)
+            .map_err(|(e, _)| TransportError::Rejected {
+                operation: format!("produce to {topic}"),
+                reason: e.to_string(),
+            })
+    }
+
+    /// Produces and waits for the broker's acknowledgement; a failure is an error for `operation`.
+    pub(crate) async fn send(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        raw: &RawMessage,
+        extra: &[(&str, &[u8])],
+        operation: &str,
+    ) -> Result<(), TransportError> {
+        let mut attempts = 0;
+        loop {
+            let sent = match self.start_send(topic, partition, raw, extra) {
+                Ok(delivery) => delivered(delivery.await, operation),
+                Err(e) => Err(e),
+            };
+            match sent {
+                // The local queue was full: wait for room rather than fail (bounded).
+                Err(TransportError::Rejected { reason, .. })
+                    if reason.contains("Queue full") && attempts < 300 =>
+                {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Sends `raw` to come back on `to` after `delay` at the earliest: straight to `to` when there is no
+    /// delay, otherwise into the ladder level of its first hop.
+    pub(crate) async fn send_delayed(
+        &self,
+        source: &str,
+        to: &str,
+        partition: i32,
+        raw: &RawMessage,
+        delay: Duration,
+        operation: &str,
+    ) -> Result<(), TransportError> {
+        let now = Timestamp::now();
+        // Whole milliseconds: one more keeps a sub-millisecond remainder and the clock's rounding from
+        // making the retry early.
+        let due = if delay.is_zero() {
+            now
+        } else {
+            now.plus(Duration::from_millis(
+                u64::try_from(delay.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX) + 1,
+            ))
+        };
+        let route = Route {
+            to: to.to_string(),
+            due,
+            hop_due: due,
+        };
+        match next_hop(
+            now,
+            route.due,
+            self.config.granularity,
+            self.config.levels(),
+        ) {
+            Hop::Due => self.send(to, Some(partition), raw, &[], operation).await,
+            Hop::Level { level, leave_at } => {
+                let route = Route {
+                    hop_due: leave_at,
+                    ..route
+                };
+                let headers = codec::route_headers(&route);
+                let extra: Vec<(&str, &[u8])> =
+                    headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
+                let level_topic = self.config.level_topic(source, level);
+                self.send(&level_topic, Some(partition), raw, &extra, operation)
+                    .await
+            }
+        }
+    }
+}
+
+/// A producer handle that reads metadata on a blocking thread.
+struct MetadataReader {
+    producer: FutureProducer,
+}
+
+impl MetadataReader {
+    fn fetch_partitions_blocking(&self, topics: &[String]) -> Result<Vec<i32>, TransportError> {
+        let metadata = self
+            .producer
+            .client()
+            .fetch_metadata(None, REQUEST_TIMEOUT)
+            .map_err(connection("read the cluster's metadata"))?;
+        Ok(topics
+            .iter()
+            .map(|t| {
+                metadata
+                    .topics()
+                    .iter()
+                    .find(|m| m.name() == t && m.error().is_none())
+                    .map_or(0, |m| {
+                        i32::try_from(m.partitions().len()).unwrap_or(i32::MAX)
+                    })
+            })
+            .collect())
+    }
+}
+
+/// The outcome of a delivery future.
+pub(crate) fn delivered(
+    result: Result<
+        rdkafka::producer::future_producer::OwnedDeliveryResult,
+        futures::channel::oneshot::Canceled,
+    >,
+    operation: &str,
+) -> Result<(), TransportError> {
+    match result {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((e, _))) => Err(TransportError::Rejected {
+            operation: operation.to_string(),
+            reason: e.to_string(),
+        }),
+        Err(_) => Err(TransportError::Rejected {
+            operation: operation.to_string(),
+            reason: "the producer went away before the broker answered".to_string(),
+        }),
+    }
+}
+
+/// Settings every client shares.
+fn client_config(bootstrap: &str, config: &KafkaConfig) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", bootstrap)
+        .set("allow.auto.create.topics", "false")
+        .set("log_level", "3");
+    for (k, v) in &config.client {
+        c.set(k, v);
+    }
+    c
+}

@@ -1,0 +1,167 @@
+//! Which offsets of each assigned partition may be committed.
+//!
+//! The runtime settles deliveries concurrently and out of order, while Kafka commits one position per
+//! partition: everything before it is done. So a partition's commit point is its lowest offset still in
+//! flight, or the offset after the last one received when none is. Every assignment of a partition gets
+//! a new epoch; a settle from an earlier epoch (the partition was revoked meanwhile, maybe to come back)
+//! is ignored, so a consumer never commits for a partition it lost.
+
+use std::collections::{BTreeSet, HashMap};
+
+/// A topic and partition.
+pub(crate) type Tp = (String, i32);
+
+#[derive(Debug)]
+struct Partition {
+    epoch: u64,
+    in_flight: BTreeSet<i64>,
+    /// The offset after the last one received.
+    next: Option<i64>,
+    /// The last position committed (or asked to be).
+    committed: Option<i64>,
+}
+
+/// The offsets of the partitions assigned to one consumer.
+#[derive(Debug, Default)]
+pub(crate) struct Offsets {
+    partitions: HashMap<Tp, Partition>,
+    epochs: u64,
+}
+
+impl Offsets {
+    /// `tp` was assigned: a new epoch starts for it.
+    pub(crate) fn assigned(&mut self, tp: Tp) {
+        self.epochs += 1;
+        self.partitions.insert(
+            tp,
+            Partition {
+                epoch: self.epochs,
+                in_flight: BTreeSet::new(),
+                next: None,
+                committed: None,
+            },
+        );
+    }
+
+    /// `tp` was revoked: later settles for it are ignored.
+    pub(crate) fn revoked(&mut self, tp: &Tp) {
+        self.partitions.remove(tp);
+    }
+
+    /// Whether `epoch` is the current assignment of `tp`.
+    pub(crate) fn is_current(&self, tp: &Tp, epoch: u64) -> bool {
+        self.partitions.get(tp).is_some_and(|p| p.epoch == epoch)
+    }
+
+    /// Offset `offset` of `tp` was received and is in flight; its epoch, or `None` if `tp` is not
+    /// assigned (a record from a partition already revoked).
+    pub(crate) fn received(&mut self, tp: &Tp, offset: i64) -> Option<u64> {
+        let p = self.partitions.get_mut(tp)?;
+        p.in_flight.insert(offset);
+        p.next = Some(p.next.map_or(offset + 1, |n| n.max(offset + 1)));
+        Some(p.epoch)
+    }
+
+    /// Offset `offset` of `tp`, received in `epoch`, is settled; `false` when that epoch is over.
+    pub(crate) fn settled(&mut self, tp: &Tp, offset: i64, epoch: u64) -> bool {
+        match self.partitions.get_mut(tp) {
+            Some(p) if p.epoch == epoch => {
+                p.in_flight.remove(&offset);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// How many offsets of `tp` are in flight.
+    pub(crate) fn in_flight(&self, tp: &Tp) -> usize {
+        self.partitions.get(tp).map_or(0, |p| p.in_flight.len())
+    }
+
+    fn point(p: &Partition) -> Option<i64> {
+        p.in_flight.first().copied().or(p.next)
+    }
+
+    /// The positions to commit (those that moved since the last call, restricted to `only` if given),
+    /// marked as committed.
+    pub(crate) fn take_commits(&mut self, only: Option<&[Tp]>) -> Vec<(Tp, i64)> {
+        let mut out = Vec::new();
+        for (tp, p) in &mut self.partitions {
+            if only.is_some_and(|o| !o.contains(tp)) {
+                continue;
+            }
+            if let Some(point) = Self::point(p)
+                && p.committed != Some(point)
+            {
+                p.committed = Some(point);
+                out.push((tp.clone(), point));
+            }
+        }
+        out
+    }
+
+    /// Forgets that the positions in `failed` were committed, so they are tried again.
+    pub(crate) fn commit_failed(&mut self, failed: &[(Tp, i64)]) {
+        for (tp, point) in failed {
+            if let Some(p) = self.partitions.get_mut(tp)
+                && p.committed == Some(*point)
+            {
+                p.committed = None;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp(p: i32) -> Tp {
+        ("t".to_string(), p)
+    }
+
+    #[test]
+    fn commits_stop_at_the_lowest_offset_in_flight() {
+        let mut o = Offsets::default();
+        o.assigned(tp(0));
+        let e = o.received(&tp(0), 10).unwrap_or_default();
+        o.received(&tp(0), 11);
+        o.received(&tp(0), 12);
+        assert_eq!(o.take_commits(None), vec![(tp(0), 10)]);
+        assert!(o.settled(&tp(0), 11, e));
+        assert!(o.take_commits(None).is_empty(), "10 is still in flight");
+        o.settled(&tp(0), 10, e);
+        assert_eq!(o.take_commits(None), vec![(tp(0), 12)]);
+        o.settled(&tp(0), 12, e);
+        assert_eq!(o.take_commits(None), vec![(tp(0), 13)]);
+        assert_eq!(o.in_flight(&tp(0)), 0);
+    }
+
+    #[test]
+    fn settles_of_a_revoked_epoch_are_ignored() {
+        let mut o = Offsets::default();
+        o.assigned(tp(1));
+        let old = o.received(&tp(1), 5).unwrap_or_default();
+        o.revoked(&tp(1));
+        assert!(!o.settled(&tp(1), 5, old));
+        assert_eq!(o.received(&tp(1), 6), None, "not assigned");
+        o.assigned(tp(1));
+        assert!(!o.is_current(&tp(1), old));
+        assert!(!o.settled(&tp(1), 5, old));
+        assert!(o.take_commits(None).is_empty());
+    }
+
+    #[test]
+    fn failed_commits_are_tried_again() {
+        let mut o = Offsets::default();
+        o.assigned(tp(0));
+        o.assigned(tp(1));
+        o.received(&tp(0), 1);
+        o.received(&tp(1), 1);
+        let only = [tp(1)];
+        let c = o.take_commits(Some(&only));
+        assert_eq!(c, vec![(tp(1), 1)]);
+        o.commit_failed(&c);
+        assert_eq!(o.take_commits(Some(&only)), vec![(tp(1), 1)]);
+    }
+}

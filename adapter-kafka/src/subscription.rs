@@ -1,0 +1,267 @@
+//! A consumer of a source topic and its group's retry topic, and the receipts that settle its records.
+//!
+//! A receipt settles by reporting its offset to the consumer thread, which commits it once everything
+//! before it in the partition is settled too. A retry is a copy produced into the delay ladder (or
+//! straight to the retry topic when there is no delay) and a dead letter a copy produced to the DLQ,
+//! each acknowledged by every in-sync replica of the idempotent producer before the offset is reported.
+//! A receipt dropped unsettled leaves its offset uncommitted: the record is consumed again when its
+//! partition moves to another member or the group restarts.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use retry_core::event::{Event, RawMessage};
+use retry_core::metadata::Origin;
+use retry_core::transport::{
+    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, TransportError,
+};
+use tokio::sync::mpsc;
+
+use crate::codec;
+use crate::ladder::Ladder;
+use crate::link::Link;
+use crate::offsets::Tp;
+use crate::worker::{self, Command, Record, Worker};
+
+/// How long a new subscription waits for its consumers to join their groups.
+const JOIN_WAIT: Duration = Duration::from_secs(10);
+
+/// Subscribes to `spec.topic` and the retry topic of `spec.group`, and starts the topic's ladder
+/// consumer.
+pub(crate) async fn subscribe(
+    link: Arc<Link>,
+    spec: SubscriptionSpec,
+) -> Result<KafkaSubscription, TransportError> {
+    let retry_topic = link.config.retry_topic(&spec.topic, &spec.group);
+    let (commands, command_rx) = std::sync::mpsc::channel();
+    let context = Worker::new(command_rx, link.config.revoke_grace);
+    let mut config = link.consumer_config(&spec.group);
+    config.set("client.id", &spec.consumer);
+    // After a pause (a blocking hold, or a full channel) partitions are fetched again only once the fetch
+    // request in flight returns: wait at most this long at the broker (500 ms by default).
+    config.set("fetch.wait.max.ms", "100");
+    let consumer: BaseConsumer<Worker> = config
+        .create_with_context(context)
+        .map_err(|e| TransportError::Config(format!("Kafka consumer settings: {e}")))?;
+    consumer
+        .subscribe(&[spec.topic.as_str(), retry_topic.as_str()])
+        .map_err(|e| TransportError::Connection(format!("subscribe to {}: {e}", spec.topic)))?;
+    let ladder = Ladder::start(link.clone(), &spec.topic)?;
+    let (out, rx) = mpsc::channel(spec.max_in_flight.clamp(1, 1000));
+    let worker = consumer.context().clone();
+    std::thread::Builder::new()
+        .name(format!("kafka-{}", spec.topic))
+        .spawn(move || worker::run(consumer, out))
+        .map_err(|e| TransportError::Connection(format!("start the consumer thread: {e}")))?;
+    // Return once both members joined their groups, so the first retries do not wait for the ladder's
+    // consumer to start (bounded: a member that gets no partitions may not be told).
+    let deadline = tokio::time::Instant::now() + JOIN_WAIT;
+    while !(worker.joined.load(Ordering::Acquire) && ladder.joined.load(Ordering::Acquire))
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(KafkaSubscription {
+        link,
+        spec,
+        retry_topic,
+        rx,
+        commands,
+        worker,
+        ladder: Some(ladder),
+    })
+}
+
+/// One member of a consumer group on a source topic and its retry topic.
+pub(crate) struct KafkaSubscription {
+    link: Arc<Link>,
+    spec: SubscriptionSpec,
+    retry_topic: String,
+    rx: mpsc::Receiver<Result<Record, TransportError>>,
+    commands: Sender<Command>,
+    worker: Arc<Worker>,
+    ladder: Option<Ladder>,
+}
+
+impl KafkaSubscription {
+    fn delivery(&self, record: Record) -> Delivery {
+        let (topic, partition) = record.tp.clone();
+        Delivery {
+            info: DeliveryInfo {
+                message_id: format!("{topic}/{partition}/{}", record.offset),
+                origin: Origin {
+                    topic: self.spec.topic.clone(),
+                    partition: Some(partition),
+                    offset: Some(record.offset),
+                },
+                broker_attempts: None,
+                broker_retries: None,
+            },
+            receipt: Box::new(KafkaReceipt {
+                link: self.link.clone(),
+                commands: self.commands.clone(),
+                source: self.spec.topic.clone(),
+                retry_topic: self.retry_topic.clone(),
+                group: self.spec.group.clone(),
+                tp: record.tp,
+                offset: record.offset,
+                epoch: record.epoch,
+                original: record.decoded.raw.clone(),
+                settled: false,
+            }),
+            message: record.decoded.raw,
+        }
+    }
+}
+
+#[async_trait]
+impl Subscription for KafkaSubscription {
+    async fn next(&mut self) -> Result<Option<Delivery>, TransportError> {
+        loop {
+            match self.rx.recv().await {
+                Some(Ok(record)) => {
+                    // A record of a partition revoked since it was read belongs to its new owner.
+                    if !self
+                        .worker
+                        .lock()
+                        .offsets
+                        .is_current(&record.tp, record.epoch)
+                    {
+                        continue;
+                    }
+                    return Ok(Some(self.delivery(record)));
+                }
+                Some(Err(e)) => return Err(e),
+                None => return Err(TransportError::Closed),
+            }
+        }
+    }
+
+    async fn pause(&mut self) -> Result<(), TransportError> {
+        self.commands
+            .send(Command::Pause)
+            .map_err(|_| TransportError::Closed)
+    }
+
+    async fn resume(&mut self) -> Result<(), TransportError> {
+        self.commands
+            .send(Command::Resume)
+            .map_err(|_| TransportError::Closed)
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<(), TransportError> {
+        let (done, closed) = tokio::sync::oneshot::channel();
+        let ladder = self.ladder.take();
+        if self.commands.send(Command::Close(done)).is_ok() {
+            tokio::time::timeout(Duration::from_secs(30), closed)
+                .await
+                .map_err(|_| {
+                    TransportError::Connection(format!(
+                        "closing the consumer of {} timed out",
+                        self.spec.topic
+                    ))
+                })?
+                .map_err(|_| TransportError::Closed)?;
+        }
+        if let Some(ladder) = ladder {
+            ladder.stop().await;
+        }
+        Ok(())
+    }
+}
+
+/// Settles one record.
+struct KafkaReceipt {
+    link: Arc<Link>,
+    commands: Sender<Command>,
+    source: String,
+    retry_topic: String,
+    group: String,
+    tp: Tp,
+    offset: i64,
+    epoch: u64,
+    original: RawMessage,
+    settled: bool,
+}
+
+impl KafkaReceipt {
+    fn unsettled(&self) -> Result<(), TransportError> {
+        if self.settled {
+            Err(TransportError::AlreadySettled)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn finish(&mut self) -> Result<(), TransportError> {
+        self.unsettled()?;
+        self.settled = true;
+        // If the consumer is gone, the offset stays uncommitted and the record is consumed again.
+        let _ = self.commands.send(Command::Settled {
+            tp: self.tp.clone(),
+            offset: self.offset,
+            epoch: self.epoch,
+        });
+        Ok(())
+    }
+
+    async fn delay(
+        &self,
+        raw: &RawMessage,
+        delay: Duration,
+        operation: &str,
+    ) -> Result<(), TransportError> {
+        self.link
+            .send_delayed(
+                &self.source,
+                &self.retry_topic,
+                self.tp.1,
+                raw,
+                delay,
+                operation,
+            )
+            .await
+    }
+}
+
+#[async_trait]
+impl Receipt for KafkaReceipt {
+    async fn ack(&mut self) -> Result<(), TransportError> {
+        self.finish()
+    }
+
+    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), TransportError> {
+        self.unsettled()?;
+        let operation = format!("retry of {} through the delay ladder", self.source);
+        self.delay(&event.to_raw(), delay, &operation).await?;
+        self.finish()
+    }
+
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
+        self.unsettled()?;
+        let dlq = self.link.config.dlq_topic(&self.source);
+        self.link
+            .send(
+                &dlq,
+                Some(self.tp.1),
+                &event.to_raw(),
+                &[(codec::GROUP, self.group.as_bytes())],
+                &format!("dead-letter to {dlq}"),
+            )
+            .await?;
+        self.finish()
+    }
+
+    async fn release(&mut self, after: Duration) -> Result<(), TransportError> {
+        self.unsettled()?;
+        // Kafka cannot hand one record back: a copy comes back through the retry topic instead, and
+        // if it cannot be produced the offset stays uncommitted.
+        let original = self.original.clone();
+        self.delay(&original, after, "release").await?;
+        self.finish()
+    }
+}

@@ -1,0 +1,312 @@
+//! The thread that owns a consumer group member of a source topic and its group's retry topic.
+//!
+//! librdkafka wants one thread to poll a consumer, and the group membership holds only while it polls
+//! (`max.poll.interval.ms`), so the thread polls all the time — also while consumption is paused. It
+//! hands records to the subscription through a bounded channel; when that is full, or the runtime holds
+//! consumption for a blocking error, it pauses every assigned partition (librdkafka drops what it
+//! fetched ahead and fetches again from the position after the last record handed out on resume).
+//!
+//! Receipts report settled offsets back through a command channel; the thread commits each partition's
+//! contiguous settled prefix (see [`crate::offsets`]). Losing partitions in a rebalance, it first waits
+//! (up to `revoke_grace`) for the work in flight on them, commits it, and forgets them, so a settle that
+//! comes later never commits for a partition this member no longer owns.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+use retry_core::transport::TransportError;
+use tokio::sync::mpsc::error::TrySendError;
+use tracing::{debug, warn};
+
+use crate::codec::{self, Decoded};
+use crate::offsets::{Offsets, Tp};
+
+/// What the subscription and its receipts ask of the thread.
+pub(crate) enum Command {
+    /// A delivery was settled.
+    Settled { tp: Tp, offset: i64, epoch: u64 },
+    /// The runtime holds consumption (a blocking error).
+    Pause,
+    /// The runtime consumes again.
+    Resume,
+    /// Commit what is settled and leave the group.
+    Close(tokio::sync::oneshot::Sender<()>),
+}
+
+/// A record handed to the subscription.
+pub(crate) struct Record {
+    pub(crate) tp: Tp,
+    pub(crate) offset: i64,
+    pub(crate) epoch: u64,
+    pub(crate) decoded: Decoded,
+}
+
+/// What the thread and the rebalance callbacks share.
+pub(crate) struct State {
+    pub(crate) offsets: Offsets,
+    /// Records received but not yet taken by the subscription's channel.
+    pending: VecDeque<Record>,
+    held_by_runtime: bool,
+    /// Whether the partitions are paused now.
+    paused: bool,
+    /// Set once the consumer is leaving: a revoke then does not wait for work in flight.
+    closing: bool,
+    /// Who waits for the close to finish.
+    close_waiter: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// The consumer's context: the shared state, and the commands (served inside a revoke too).
+pub(crate) struct Worker {
+    pub(crate) state: Mutex<State>,
+    commands: Mutex<Receiver<Command>>,
+    revoke_grace: Duration,
+    /// Set at the first assignment (the member joined its group).
+    pub(crate) joined: Arc<AtomicBool>,
+}
+
+impl Worker {
+    pub(crate) fn new(commands: Receiver<Command>, revoke_grace: Duration) -> Self {
+        Self {
+            state: Mutex::new(State {
+                offsets: Offsets::default(),
+                pending: VecDeque::new(),
+                held_by_runtime: false,
+                paused: false,
+                closing: false,
+                close_waiter: None,
+            }),
+            commands: Mutex::new(commands),
+            revoke_grace,
+            joined: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies the commands waiting (waiting up to `wait` for the first); `true` once asked to close.
+    fn serve_commands(&self, consumer: &BaseConsumer<Worker>, wait: Duration) -> bool {
+        let commands = self.commands.lock().unwrap_or_else(|p| p.into_inner());
+        let mut first = true;
+        loop {
+            let command = if first && !wait.is_zero() {
+                match commands.recv_timeout(wait) {
+                    Ok(c) => c,
+                    // Disconnected: every sender is gone (the subscription and its receipts were
+                    // dropped); the main loop sees the closed channel.
+                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                        return self.lock().closing;
+                    }
+                }
+            } else {
+                match commands.try_recv() {
+                    Ok(c) => c,
+                    Err(_) => return self.lock().closing,
+                }
+            };
+            first = false;
+            match command {
+                Command::Settled { tp, offset, epoch } => {
+                    self.lock().offsets.settled(&tp, offset, epoch);
+                }
+                Command::Pause => {
+                    self.lock().held_by_runtime = true;
+                    self.apply_pause(consumer);
+                }
+                Command::Resume => {
+                    self.lock().held_by_runtime = false;
+                    self.apply_pause(consumer);
+                }
+                Command::Close(done) => {
+                    let mut state = self.lock();
+                    state.closing = true;
+                    state.close_waiter = Some(done);
+                }
+            }
+        }
+    }
+
+    /// Pauses or resumes every assigned partition as the runtime's hold and the channel's room say.
+    fn apply_pause(&self, consumer: &BaseConsumer<Worker>) {
+        let mut state = self.lock();
+        let want = state.held_by_runtime || !state.pending.is_empty();
+        if want == state.paused {
+            return;
+        }
+        let Ok(assignment) = consumer.assignment() else {
+            return;
+        };
+        let result = if want {
+            consumer.pause(&assignment)
+        } else {
+            consumer.resume(&assignment)
+        };
+        match result {
+            Ok(()) => state.paused = want,
+            Err(e) => warn!(error = %e, "pausing or resuming the partitions failed"),
+        }
+    }
+
+    /// Commits the settled prefixes (of `only`, if given).
+    fn commit(&self, consumer: &BaseConsumer<Worker>, only: Option<&[Tp]>, mode: CommitMode) {
+        let commits = self.lock().offsets.take_commits(only);
+        if commits.is_empty() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), offset) in &commits {
+            if let Err(e) = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset)) {
+                warn!(error = %e, "building a commit failed");
+            }
+        }
+        if let Err(e) = consumer.commit(&tpl, mode) {
+            debug!(error = %e, "commit failed; it is tried again");
+            self.lock().offsets.commit_failed(&commits);
+        }
+    }
+}
+
+impl ClientContext for Worker {}
+
+impl ConsumerContext for Worker {
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else {
+            return;
+        };
+        let revoked: Vec<Tp> = tpl
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_string(), e.partition()))
+            .collect();
+        if !consumer.assignment_lost() {
+            // Let the work in flight on these partitions finish and commit it, unless the runtime holds
+            // consumption (a blocking hold may last long; that record is simply consumed again).
+            let deadline = Instant::now() + self.revoke_grace;
+            loop {
+                let busy = {
+                    let state = self.lock();
+                    !state.held_by_runtime
+                        && !state.closing
+                        && revoked.iter().any(|tp| state.offsets.in_flight(tp) > 0)
+                };
+                if !busy || Instant::now() > deadline {
+                    break;
+                }
+                // A close asked for meanwhile ends the wait and is seen again by the main loop.
+                self.serve_commands(consumer, Duration::from_millis(20));
+            }
+            self.commit(consumer, Some(&revoked), CommitMode::Sync);
+        }
+        let mut state = self.lock();
+        for tp in &revoked {
+            state.offsets.revoked(tp);
+        }
+        state.pending.retain(|r| !revoked.contains(&r.tp));
+        debug!(partitions = ?revoked, "partitions revoked");
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                self.joined.store(true, Ordering::Release);
+                let mut state = self.lock();
+                for e in tpl.elements() {
+                    state
+                        .offsets
+                        .assigned((e.topic().to_string(), e.partition()));
+                }
+                // New partitions start fetching; hold them too if consumption is held.
+                if state.paused
+                    && let Err(e) = consumer.pause(tpl)
+                {
+                    warn!(error = %e, "pausing newly assigned partitions failed");
+                }
+                debug!(partitions = tpl.count(), "partitions assigned");
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
+        }
+    }
+}
+
+/// Runs the consumer until the subscription closes or goes away.
+pub(crate) fn run(
+    consumer: BaseConsumer<Worker>,
+    out: tokio::sync::mpsc::Sender<Result<Record, TransportError>>,
+) {
+    let worker = consumer.context().clone();
+    let mut last_commit = Instant::now();
+    loop {
+        if worker.serve_commands(&consumer, Duration::ZERO) {
+            break;
+        }
+        if last_commit.elapsed() >= Duration::from_millis(50) {
+            worker.commit(&consumer, None, CommitMode::Async);
+            last_commit = Instant::now();
+        }
+        // Hand out what waits, as far as the channel has room.
+        {
+            let mut state = worker.lock();
+            while let Some(record) = state.pending.pop_front() {
+                match out.try_send(Ok(record)) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(Ok(record))) => {
+                        state.pending.push_front(record);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        if out.is_closed() {
+            break;
+        }
+        worker.apply_pause(&consumer);
+        let wait = if worker.lock().pending.is_empty() {
+            Duration::from_millis(50)
+        } else {
+            Duration::from_millis(5)
+        };
+        match consumer.poll(wait) {
+            None => {}
+            Some(Ok(message)) => {
+                let tp = (message.topic().to_string(), message.partition());
+                let offset = message.offset();
+                let decoded = codec::decode(&message);
+                let mut state = worker.lock();
+                if let Some(epoch) = state.offsets.received(&tp, offset) {
+                    state.pending.push_back(Record {
+                        tp,
+                        offset,
+                        epoch,
+                        decoded,
+                    });
+                }
+            }
+            Some(Err(e)) => {
+                warn!(error = %e, "consumer error");
+                if out
+                    .try_send(Err(TransportError::Connection(format!("consume: {e}"))))
+                    .is_err()
+                {
+                    debug!("the consumer error was not handed out: the channel is full");
+                }
+            }
+        }
+    }
+    // Whatever was settled is committed before leaving, whether the subscription closed or was dropped.
+    worker.lock().closing = true;
+    worker.serve_commands(&consumer, Duration::ZERO);
+    worker.commit(&consumer, None, CommitMode::Sync);
+    // Dropping leaves the group (the revoke commits again, without waiting).
+    drop(consumer);
+    if let Some(done) = worker.lock().close_waiter.take() {
+        let _ = done.send(());
+    }
+}

@@ -1,0 +1,405 @@
+//! Tests against the real broker beyond the conformance suite:
+//!
+//! * killing the consumer *process* (SIGKILL) while its retries wait in the delay ladder loses none of
+//!   them: a new process in the same group finishes every one, none before its delay;
+//! * DLQ replay progress is a committed offset: a replayed or purged entry is not seen again, also by a
+//!   new connection, and an entry left alone stays;
+//! * a policy with a delay beyond the ladder's maximum is refused when the consumer is built.
+//!
+//! They run when `RETRY_TEST_KAFKA` names a broker started by `scripts/brokers`; otherwise they are listed
+//! as ignored with the reason, and fail when `RETRY_TEST_REQUIRE` names kafka. The killed process is this
+//! test binary itself, started again with `KAFKA_TEST_CHILD` set.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use event_retry_kafka::{KafkaConfig, KafkaTransport};
+use libtest_mimic::{Arguments, Failed, Trial};
+use retry_core::classify::HandlerError;
+use retry_core::dlq::DlqFilter;
+use retry_core::event::Event;
+use retry_core::policy::RetryPolicy;
+use retry_core::runtime::{Consumer, Context, handler_fn};
+use retry_core::time::Timestamp;
+use retry_core::transport::Transport;
+
+const EVENTS: usize = 20;
+const DELAY: Duration = Duration::from_secs(5);
+const CHILD: &str = "KAFKA_TEST_CHILD";
+
+type Test = fn(String) -> Result<(), String>;
+/// Per event id, when each call ran (ms since the epoch) and its attempt number.
+type Runs = HashMap<String, Vec<(u64, u32)>>;
+
+fn main() {
+    if let Ok(topic) = std::env::var(CHILD) {
+        let url = std::env::var("RETRY_TEST_KAFKA").unwrap_or_default();
+        if let Err(e) = child(url, topic) {
+            eprintln!("child failed: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let args = Arguments::from_args();
+    let url = std::env::var("RETRY_TEST_KAFKA")
+        .ok()
+        .filter(|u| !u.is_empty());
+    let required = std::env::var("RETRY_TEST_REQUIRE")
+        .unwrap_or_default()
+        .split(',')
+        .any(|b| b.trim() == "kafka");
+    let tests: [(&str, Test); 3] = [
+        (
+            "killed_process_loses_no_delayed_retry",
+            killed_process_loses_no_delayed_retry,
+        ),
+        (
+            "dlq_marks_are_committed_offsets",
+            dlq_marks_are_committed_offsets,
+        ),
+        (
+            "delay_beyond_the_ladder_is_refused",
+            delay_beyond_the_ladder_is_refused,
+        ),
+    ];
+    let trials = tests
+        .into_iter()
+        .map(|(name, test)| match url.clone() {
+            Some(url) => Trial::test(name, move || test(url).map_err(Failed::from)),
+            None if required => Trial::test(name, || {
+                Err(Failed::from(
+                    "RETRY_TEST_REQUIRE names kafka but RETRY_TEST_KAFKA is not set",
+                ))
+            }),
+            None => {
+                eprintln!("SKIP {name}: RETRY_TEST_KAFKA is not set");
+                Trial::test(name, || Ok(())).with_ignored_flag(true)
+            }
+        })
+        .collect();
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// The settings of these tests: a 100 ms ladder up to 10 minutes, and a short session timeout so a
+/// killed member leaves its groups within seconds.
+fn config() -> KafkaConfig {
+    KafkaConfig {
+        max_delay: Duration::from_secs(600),
+        partitions: 2,
+        client: vec![
+            ("session.timeout.ms".into(), "6000".into()),
+            ("heartbeat.interval.ms".into(), "1000".into()),
+        ],
+        ..KafkaConfig::default()
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+async fn connect(url: &str) -> Result<KafkaTransport, String> {
+    KafkaTransport::connect_with(url, config())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The child process: fails every event once (a retry after `DELAY`), prints `FAILED <id> <ms>` for each
+/// failure, and `LADDER` once every retry was accepted and committed; then waits to be killed.
+fn child(url: String, topic: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let handler = handler_fn(move |event: Event, _ctx: Context| async move {
+            println!(
+                "FAILED {} {}",
+                event.id().unwrap_or_default(),
+                Timestamp::now().as_millis()
+            );
+            Err::<(), _>(HandlerError::deferred("first try fails"))
+        });
+        let policy = RetryPolicy::parse(&format!("{}ms x1", DELAY.as_millis()))
+            .map_err(|e| e.to_string())?;
+        let consumer = Consumer::builder(Arc::new(transport) as Arc<dyn Transport>, &topic)
+            .group("crash")
+            .policy(policy)
+            .concurrency(8)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while consumer.stats().retries_scheduled < EVENTS as u64 {
+            if Instant::now() > deadline {
+                return Err(format!("retries not scheduled: {:?}", consumer.stats()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Offsets are committed within 50 ms of a settle.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        println!("LADDER");
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        Ok(())
+    })
+}
+
+fn killed_process_loses_no_delayed_retry(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("crash-{}", uuid::Uuid::new_v4().simple());
+        transport.declare(&topic, Some("crash")).await.map_err(|e| e.to_string())?;
+        for i in 0..EVENTS {
+            let id = format!("e{i:02}");
+            transport
+                .publish(&topic, &Event::new(id.clone()).with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut child = Command::new(exe)
+            .env(CHILD, &topic)
+            .env("RETRY_TEST_KAFKA", &url)
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let stdout = child.stdout.take().ok_or("no child stdout")?;
+        let reader = std::thread::spawn(move || {
+            let mut failed = HashMap::new();
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let parts: Vec<&str> = line.split_whitespace().collect();
+                match parts[..] {
+                    ["FAILED", id, ms] => {
+                        failed.insert(id.to_string(), ms.parse::<u64>().unwrap_or(u64::MAX));
+                    }
+                    ["LADDER"] => return Ok(failed),
+                    _ => {}
+                }
+            }
+            Err(format!("the child ended before its retries were in the ladder ({} failures seen)", failed.len()))
+        });
+        let failed = tokio::task::spawn_blocking(move || reader.join())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|_| "reader panicked".to_string())?;
+        // SIGKILL: no close, no commit, no leaving the group.
+        child.kill().map_err(|e| e.to_string())?;
+        let _ = child.wait();
+        let failed = failed?;
+        if failed.len() != EVENTS {
+            return Err(format!("{} first failures, want {EVENTS}", failed.len()));
+        }
+        let killed_at = Timestamp::now();
+
+        let calls: Arc<Mutex<Runs>> = Arc::default();
+        let seen = calls.clone();
+        let handler = handler_fn(move |event: Event, ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                let id = event.id().unwrap_or_default().to_string();
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(id)
+                    .or_default()
+                    .push((Timestamp::now().as_millis(), ctx.attempt));
+                Ok::<(), HandlerError>(())
+            }
+        });
+        let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+            .group("crash")
+            .policy(RetryPolicy::parse(&format!("{}ms x1", DELAY.as_millis())).map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while calls.lock().unwrap_or_else(|p| p.into_inner()).len() < EVENTS {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "only {} of {EVENTS} retries ran after the kill: {:?}",
+                    calls.lock().unwrap_or_else(|p| p.into_inner()).len(),
+                    consumer.stats()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Let any duplicate show up before counting.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut late = Vec::new();
+        for (id, at) in &failed {
+            let runs = calls.get(id).cloned().unwrap_or_default();
+            let [(ran, attempt)] = runs[..] else {
+                return Err(format!("{id} ran {} times after the kill, want once", runs.len()));
+            };
+            if attempt != 2 {
+                return Err(format!("{id} ran as attempt {attempt}, want 2 (a retry, not the source record again)"));
+            }
+            if ran < at + DELAY.as_millis() as u64 {
+                return Err(format!("{id} ran {} ms early", at + DELAY.as_millis() as u64 - ran));
+            }
+            late.push(ran - at - DELAY.as_millis() as u64);
+        }
+        late.sort_unstable();
+        eprintln!(
+            "  all {EVENTS} retries ran once after the kill (killed {} ms after the last failure); lateness min {} ms, max {} ms",
+            killed_at.as_millis().saturating_sub(failed.values().copied().max().unwrap_or(0)),
+            late[0],
+            late[late.len() - 1]
+        );
+        Ok(())
+    })
+}
+
+fn dlq_marks_are_committed_offsets(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("marks-{}", uuid::Uuid::new_v4().simple());
+        let handler = handler_fn(|event: Event, _ctx: Context| async move {
+            if event.payload.starts_with(b"replayed") {
+                Ok(())
+            } else {
+                Err(HandlerError::non_retryable("bad"))
+            }
+        });
+        let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+            .group("marks")
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        for id in ["a", "b", "c", "d"] {
+            transport
+                .publish(&topic, &Event::new(id).with_key(id).with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while consumer.stats().dead_lettered < 4 {
+            if Instant::now() > deadline {
+                return Err(format!("{:?}", consumer.stats()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let dlq = transport.dead_letters();
+        let all = dlq
+            .list(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if all.len() != 4 {
+            return Err(format!("{} entries listed, want 4", all.len()));
+        }
+        // Purge one in the middle of the log (a mark above the committed offset), then one more.
+        let c = all
+            .iter()
+            .find(|e| e.event.key.as_deref() == Some(b"c"))
+            .ok_or("no c")?;
+        let purged = dlq
+            .purge(&topic, &DlqFilter::id(c.id.clone()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let b = all
+            .iter()
+            .find(|e| e.event.key.as_deref() == Some(b"b"))
+            .ok_or("no b")?;
+        let purged_b = dlq
+            .purge(
+                &topic,
+                &DlqFilter {
+                    key: Some(bytes_of("b")),
+                    ..DlqFilter::all()
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        if purged != 1 || purged_b != 1 {
+            return Err(format!("purged {purged} and {purged_b}, want 1 each"));
+        }
+        // A new connection (a new process, say) sees the marks.
+        let again = connect(&url).await?;
+        let left = again
+            .dead_letters()
+            .list(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut keys: Vec<String> = left
+            .iter()
+            .map(|e| {
+                String::from_utf8_lossy(e.event.key.as_deref().unwrap_or_default()).to_string()
+            })
+            .collect();
+        keys.sort();
+        if keys != ["a", "d"] {
+            return Err(format!(
+                "left after purging {} and {}: {keys:?}, want a and d",
+                c.id, b.id
+            ));
+        }
+        let report = again
+            .dead_letters()
+            .replay(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if report.replayed != 2 {
+            return Err(format!("replayed {}, want 2", report.replayed));
+        }
+        let after = again
+            .dead_letters()
+            .list(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if !after.is_empty() {
+            return Err(format!(
+                "{} entries still listed after the replay",
+                after.len()
+            ));
+        }
+        let second = again
+            .dead_letters()
+            .replay(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if second.replayed != 0 {
+            return Err(format!(
+                "a second replay replayed {} again",
+                second.replayed
+            ));
+        }
+        Ok(())
+    })
+}
+
+fn bytes_of(s: &'static str) -> bytes::Bytes {
+    bytes::Bytes::from_static(s.as_bytes())
+}
+
+fn delay_beyond_the_ladder_is_refused(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let built = Consumer::builder(Arc::new(transport) as Arc<dyn Transport>, "refused")
+            .policy(RetryPolicy::parse("5s x1, 11m x1").map_err(|e| e.to_string())?)
+            .build();
+        match built {
+            Ok(_) => {
+                Err("a policy with an 11 minute delay on a 10 minute ladder was accepted".into())
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if text.contains("refused") {
+                    Ok(())
+                } else {
+                    Err(format!("refused without saying which delay: {text}"))
+                }
+            }
+        }
+    })
+}
