@@ -4,6 +4,8 @@
 //!    work per record, then its offset stored and committed by librdkafka) and by the SDK's consumer
 //!    (concurrency P, same handler), three rounds each, alternating; the ratio compares the best run of
 //!    each (the broker's JVM warms up and its rate swings between rounds);
+//!    The same handler through the in-memory transport (no broker) is measured too: the runtime's own
+//!    ceiling on this machine, which the SDK on any broker cannot pass;
 //! 2. retry lateness: events fail once and retry after delays spread over 1–60 s through the delay ladder
 //!    (100 ms steps); lateness is the retry's start minus its due time (wall clock); an early retry fails
 //!    the bench.
@@ -25,6 +27,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
+use retry_core::memory::MemoryTransport;
 use retry_core::policy::RetryPolicy;
 use retry_core::runtime::{Consumer as RetryConsumer, Context, handler_fn};
 use retry_core::time::Timestamp;
@@ -120,6 +123,33 @@ async fn sdk_run(transport: &KafkaTransport, topic: &str) -> Result<f64, Error> 
     Ok(rate)
 }
 
+/// The same handler and concurrency through the in-memory transport: the runtime without a broker.
+async fn memory_run() -> Result<f64, Error> {
+    let transport = MemoryTransport::new();
+    for i in 0..MESSAGES {
+        let body = format!("{{\"id\":{i},\"pad\":\"{}\"}}", "x".repeat(200));
+        transport
+            .publish("ceiling", &Event::new(body).with_id(format!("m{i}")))
+            .await?;
+    }
+    let handler = handler_fn(move |event: Event, _ctx: Context| async move {
+        std::hint::black_box(work(&event.payload));
+        Ok::<(), HandlerError>(())
+    });
+    let started = Instant::now();
+    let consumer = RetryConsumer::builder(Arc::new(transport) as Arc<dyn Transport>, "ceiling")
+        .concurrency(CONCURRENCY)
+        .build()?
+        .start(handler)
+        .await?;
+    while consumer.stats().succeeded < MESSAGES as u64 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
+    consumer.shutdown().await?;
+    Ok(rate)
+}
+
 async fn throughput(url: &str, transport: &KafkaTransport) -> Result<(), Error> {
     let (mut raw, mut sdk) = (Vec::new(), Vec::new());
     for round in 0..3 {
@@ -145,6 +175,10 @@ async fn throughput(url: &str, transport: &KafkaTransport) -> Result<(), Error> 
         best(&sdk),
         best(&raw),
         median(&sdk) / median(&raw)
+    );
+    println!(
+        "the runtime alone (in-memory transport, same handler and concurrency): {:.0} msg/s",
+        memory_run().await?
     );
     Ok(())
 }

@@ -69,7 +69,10 @@ impl Link {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("enable.partition.eof", "false");
+            .set("enable.partition.eof", "false")
+            // librdkafka prefetches up to 64 MB per consumer by default; the adapter keeps its own
+            // backlog too, so a smaller prefetch bounds the memory of a consumer.
+            .set("queued.max.messages.kbytes", "16384");
         c
     }
 

@@ -27,6 +27,10 @@ use crate::link::Link;
 use crate::offsets::Tp;
 use crate::worker::{self, Command, Record, Worker};
 
+/// Batches of records the consumer thread can hand to the subscription before it keeps them in its
+/// backlog.
+const HANDOFF_BATCHES: usize = 4;
+
 /// How long a new subscription waits for its consumers to join their groups.
 const JOIN_WAIT: Duration = Duration::from_secs(10);
 
@@ -44,6 +48,12 @@ pub(crate) async fn subscribe(
     // After a pause (a blocking hold, or a full channel) partitions are fetched again only once the fetch
     // request in flight returns: wait at most this long at the broker (500 ms by default).
     config.set("fetch.wait.max.ms", "100");
+    if spec.ordered {
+        // Per-key order needs a key's source and retry records on the same member: the range assignor
+        // gives each member the same partition numbers of both topics (they have the same count), which
+        // the cooperative assignor does not promise. Every member of a group must agree on this.
+        config.set("partition.assignment.strategy", "range");
+    }
     let consumer: BaseConsumer<Worker> = config
         .create_with_context(context)
         .map_err(|e| TransportError::Config(format!("Kafka consumer settings: {e}")))?;
@@ -51,7 +61,9 @@ pub(crate) async fn subscribe(
         .subscribe(&[spec.topic.as_str(), retry_topic.as_str()])
         .map_err(|e| TransportError::Connection(format!("subscribe to {}: {e}", spec.topic)))?;
     let ladder = Ladder::start(link.clone(), &spec.topic)?;
-    let (out, rx) = mpsc::channel(spec.max_in_flight.clamp(1, 1000));
+    // Room for a few batches of records between the thread and the runtime, so the thread seldom waits
+    // for the runtime; a record whose partition was revoked meanwhile is dropped by `next`.
+    let (out, rx) = mpsc::channel(HANDOFF_BATCHES);
     let worker = consumer.context().clone();
     std::thread::Builder::new()
         .name(format!("kafka-{}", spec.topic))
@@ -70,6 +82,7 @@ pub(crate) async fn subscribe(
         spec,
         retry_topic,
         rx,
+        batch: std::collections::VecDeque::new(),
         commands,
         worker,
         ladder: Some(ladder),
@@ -81,7 +94,9 @@ pub(crate) struct KafkaSubscription {
     link: Arc<Link>,
     spec: SubscriptionSpec,
     retry_topic: String,
-    rx: mpsc::Receiver<Result<Record, TransportError>>,
+    rx: mpsc::Receiver<Result<Vec<Record>, TransportError>>,
+    /// Records received and not yet handed to the runtime.
+    batch: std::collections::VecDeque<Record>,
     commands: Sender<Command>,
     worker: Arc<Worker>,
     ladder: Option<Ladder>,
@@ -103,7 +118,7 @@ impl KafkaSubscription {
             },
             receipt: Box::new(KafkaReceipt {
                 link: self.link.clone(),
-                commands: self.commands.clone(),
+                worker: self.worker.clone(),
                 source: self.spec.topic.clone(),
                 retry_topic: self.retry_topic.clone(),
                 group: self.spec.group.clone(),
@@ -122,19 +137,21 @@ impl KafkaSubscription {
 impl Subscription for KafkaSubscription {
     async fn next(&mut self) -> Result<Option<Delivery>, TransportError> {
         loop {
-            match self.rx.recv().await {
-                Some(Ok(record)) => {
-                    // A record of a partition revoked since it was read belongs to its new owner.
-                    if !self
-                        .worker
-                        .lock()
-                        .offsets
-                        .is_current(&record.tp, record.epoch)
-                    {
-                        continue;
-                    }
-                    return Ok(Some(self.delivery(record)));
+            if let Some(record) = self.batch.pop_front() {
+                // A record of a partition revoked since it was read belongs to its new owner.
+                if !self
+                    .worker
+                    .lock()
+                    .offsets
+                    .is_current(&record.tp, record.epoch)
+                {
+                    continue;
                 }
+                return Ok(Some(self.delivery(record)));
+            }
+            // Cancel-safe: a batch is either received whole (and kept in `self.batch`) or not at all.
+            match self.rx.recv().await {
+                Some(Ok(records)) => self.batch.extend(records),
                 Some(Err(e)) => return Err(e),
                 None => return Err(TransportError::Closed),
             }
@@ -177,7 +194,7 @@ impl Subscription for KafkaSubscription {
 /// Settles one record.
 struct KafkaReceipt {
     link: Arc<Link>,
-    commands: Sender<Command>,
+    worker: Arc<Worker>,
     source: String,
     retry_topic: String,
     group: String,
@@ -201,11 +218,7 @@ impl KafkaReceipt {
         self.unsettled()?;
         self.settled = true;
         // If the consumer is gone, the offset stays uncommitted and the record is consumed again.
-        let _ = self.commands.send(Command::Settled {
-            tp: self.tp.clone(),
-            offset: self.offset,
-            epoch: self.epoch,
-        });
+        self.worker.settled(&self.tp, self.offset, self.epoch);
         Ok(())
     }
 

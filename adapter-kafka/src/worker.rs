@@ -2,11 +2,13 @@
 //!
 //! librdkafka wants one thread to poll a consumer, and the group membership holds only while it polls
 //! (`max.poll.interval.ms`), so the thread polls all the time — also while consumption is paused. It
-//! hands records to the subscription through a bounded channel; when that is full, or the runtime holds
-//! consumption for a blocking error, it pauses every assigned partition (librdkafka drops what it
-//! fetched ahead and fetches again from the position after the last record handed out on resume).
+//! hands records to the subscription through a bounded channel, keeping the rest in a bounded backlog;
+//! while the backlog is full it stops reading (librdkafka's own prefetch is bounded too). When the
+//! runtime holds consumption for a blocking error, or the backlog stays full for long, it pauses every
+//! assigned partition and polls on (librdkafka drops what it fetched ahead and fetches again from the
+//! position after the last record read on resume).
 //!
-//! Receipts report settled offsets back through a command channel; the thread commits each partition's
+//! Receipts report settled offsets into the shared state (no wake-up per settle); the thread commits each partition's
 //! contiguous settled prefix (see [`crate::offsets`]). Losing partitions in a rebalance, it first waits
 //! (up to `revoke_grace`) for the work in flight on them, commits it, and forgets them, so a settle that
 //! comes later never commits for a partition this member no longer owns.
@@ -20,16 +22,23 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use retry_core::transport::TransportError;
-use tokio::sync::mpsc::error::TrySendError;
 use tracing::{debug, warn};
 
 use crate::codec::{self, Decoded};
 use crate::offsets::{Offsets, Tp};
 
-/// What the subscription and its receipts ask of the thread.
+/// The most records handed to the subscription at once.
+const HANDOUT_BATCH: usize = 256;
+/// The backlog of records read but not yet taken by the runtime at which the thread stops reading.
+const PENDING_HIGH: usize = 2_000;
+/// The backlog below which a stalled consumer's partitions resume.
+const PENDING_LOW: usize = 500;
+/// How long the backlog may stay full before the partitions are paused, so the thread can poll again
+/// (well within `max.poll.interval.ms`, 5 minutes by default).
+const STALL_AFTER: Duration = Duration::from_secs(10);
+
+/// What the subscription asks of the thread (receipts report settles straight into the shared state).
 pub(crate) enum Command {
-    /// A delivery was settled.
-    Settled { tp: Tp, offset: i64, epoch: u64 },
     /// The runtime holds consumption (a blocking error).
     Pause,
     /// The runtime consumes again.
@@ -54,6 +63,10 @@ pub(crate) struct State {
     held_by_runtime: bool,
     /// Whether the partitions are paused now.
     paused: bool,
+    /// Since when the backlog has been full.
+    full_since: Option<Instant>,
+    /// The backlog stayed full too long: the partitions are paused until it drains.
+    stalled: bool,
     /// Set once the consumer is leaving: a revoke then does not wait for work in flight.
     closing: bool,
     /// Who waits for the close to finish.
@@ -77,6 +90,8 @@ impl Worker {
                 pending: VecDeque::new(),
                 held_by_runtime: false,
                 paused: false,
+                full_since: None,
+                stalled: false,
                 closing: false,
                 close_waiter: None,
             }),
@@ -88,6 +103,12 @@ impl Worker {
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A receipt settled `offset` of `tp`, read in `epoch`; it is committed with the next commit if
+    /// everything before it is settled too and the partition is still this member's.
+    pub(crate) fn settled(&self, tp: &Tp, offset: i64, epoch: u64) {
+        self.lock().offsets.settled(tp, offset, epoch);
     }
 
     /// Applies the commands waiting (waiting up to `wait` for the first); `true` once asked to close.
@@ -112,9 +133,6 @@ impl Worker {
             };
             first = false;
             match command {
-                Command::Settled { tp, offset, epoch } => {
-                    self.lock().offsets.settled(&tp, offset, epoch);
-                }
                 Command::Pause => {
                     self.lock().held_by_runtime = true;
                     self.apply_pause(consumer);
@@ -132,10 +150,31 @@ impl Worker {
         }
     }
 
-    /// Pauses or resumes every assigned partition as the runtime's hold and the channel's room say.
+    /// Whether to read more now. A full backlog stops reading without pausing: a pause makes librdkafka
+    /// drop everything it fetched ahead and fetch it again, which costs far more than waiting while the
+    /// runtime catches up. Only a backlog full for `STALL_AFTER` pauses the partitions, so that polling
+    /// (and the group membership) can go on.
+    fn may_read(&self) -> bool {
+        let mut state = self.lock();
+        let backlog = state.pending.len();
+        if backlog < PENDING_HIGH {
+            state.full_since = None;
+            if backlog < PENDING_LOW {
+                state.stalled = false;
+            }
+            return true;
+        }
+        let since = *state.full_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= STALL_AFTER {
+            state.stalled = true;
+        }
+        state.stalled
+    }
+
+    /// Pauses or resumes every assigned partition as the runtime's hold and a stalled backlog say.
     fn apply_pause(&self, consumer: &BaseConsumer<Worker>) {
         let mut state = self.lock();
-        let want = state.held_by_runtime || !state.pending.is_empty();
+        let want = state.held_by_runtime || state.stalled;
         if want == state.paused {
             return;
         }
@@ -238,7 +277,7 @@ impl ConsumerContext for Worker {
 /// Runs the consumer until the subscription closes or goes away.
 pub(crate) fn run(
     consumer: BaseConsumer<Worker>,
-    out: tokio::sync::mpsc::Sender<Result<Record, TransportError>>,
+    out: tokio::sync::mpsc::Sender<Result<Vec<Record>, TransportError>>,
 ) {
     let worker = consumer.context().clone();
     let mut last_commit = Instant::now();
@@ -250,28 +289,34 @@ pub(crate) fn run(
             worker.commit(&consumer, None, CommitMode::Async);
             last_commit = Instant::now();
         }
-        // Hand out what waits, as far as the channel has room.
+        // Hand out what waits in batches (one wake-up of the runtime per batch), as far as the channel
+        // has room.
         {
             let mut state = worker.lock();
-            while let Some(record) = state.pending.pop_front() {
-                match out.try_send(Ok(record)) {
-                    Ok(()) => {}
-                    Err(TrySendError::Full(Ok(record))) => {
-                        state.pending.push_front(record);
-                        break;
-                    }
-                    Err(_) => break,
-                }
+            while !state.pending.is_empty() {
+                let Ok(permit) = out.try_reserve() else {
+                    break;
+                };
+                let n = state.pending.len().min(HANDOUT_BATCH);
+                permit.send(Ok(state.pending.drain(..n).collect()));
             }
         }
         if out.is_closed() {
             break;
         }
+        let read = worker.may_read();
         worker.apply_pause(&consumer);
+        if !read {
+            // The runtime is behind: wait for its settles (which also wake this wait) and hand out more.
+            if worker.serve_commands(&consumer, Duration::from_millis(1)) {
+                break;
+            }
+            continue;
+        }
         let wait = if worker.lock().pending.is_empty() {
             Duration::from_millis(50)
         } else {
-            Duration::from_millis(5)
+            Duration::from_millis(1)
         };
         match consumer.poll(wait) {
             None => {}
