@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --example orders                      # memory://orders-demo (in-process)
 //! cargo run --example orders -- memory://demo 12  # another URL, 12 orders
+//! cargo run --example orders --features kafka -- kafka://127.0.0.1:19092
 //! ```
 //!
 //! Each broker adapter adds its scheme to `event_retry::connect` behind its cargo feature; without the

@@ -9,6 +9,9 @@ pub use retry_core::{
     prelude, runtime, telemetry, time, transport,
 };
 
+/// The Apache Kafka adapter (feature `kafka`).
+#[cfg(feature = "kafka")]
+pub use event_retry_kafka as kafka;
 /// The Apache Pulsar adapter (feature `pulsar`).
 #[cfg(feature = "pulsar")]
 pub use event_retry_pulsar as pulsar;
@@ -87,8 +90,11 @@ fn broker_of(scheme: &str) -> Option<(&'static str, &'static str)> {
 /// * `pulsar://host:6650` (or `pulsar+ssl://`) — Apache Pulsar, with the `pulsar` feature and the
 ///   adapter's default settings (a broker tick of 1 s; `event_retry::pulsar::PulsarTransport::connect_with`
 ///   takes others).
-/// * `kafka://` — the Kafka adapter, behind its cargo feature;
-///   without it, the error names the feature to enable.
+/// * `kafka://host:port[,host:port…]` — Apache Kafka, with the `kafka` feature and the adapter's default
+///   settings (a ladder of 100 ms steps up to 1 day; `event_retry::kafka::KafkaTransport::connect_with`
+///   takes others).
+///
+/// Without an adapter's feature, its URLs give an error naming the feature to enable.
 pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
     let (scheme, rest) = url
         .split_once("://")
@@ -98,6 +104,13 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
     let scheme = scheme.to_ascii_lowercase();
     if scheme == "memory" {
         return Ok(Arc::new(named_memory(rest)));
+    }
+    #[cfg(feature = "kafka")]
+    if scheme == "kafka" {
+        return connected(
+            "Apache Kafka",
+            event_retry_kafka::KafkaTransport::connect(url).await,
+        );
     }
     #[cfg(feature = "rabbitmq")]
     if scheme == "amqp" || scheme == "amqps" {
@@ -131,7 +144,12 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
 }
 
 /// A transport an adapter connected, or its error named after the broker.
-#[cfg(any(feature = "rabbitmq", feature = "sqs", feature = "pulsar"))]
+#[cfg(any(
+    feature = "kafka",
+    feature = "rabbitmq",
+    feature = "sqs",
+    feature = "pulsar"
+))]
 fn connected<T: Transport>(
     broker: &'static str,
     result: Result<T, retry_core::transport::TransportError>,
@@ -199,6 +217,7 @@ mod tests {
     #[tokio::test]
     async fn missing_adapters_name_their_feature() {
         let cases = [
+            #[cfg(not(feature = "kafka"))]
             ("kafka://127.0.0.1:9092", "`kafka` feature"),
             #[cfg(not(feature = "rabbitmq"))]
             ("amqp://127.0.0.1:5672", "`rabbitmq` feature"),
