@@ -229,7 +229,7 @@ async fn lateness(transport: &KafkaTransport) -> Result<(), Error> {
     let early = late.iter().filter(|&&l| l < 0).count();
     let pct = |p: usize| late[(late.len() * p / 100).min(late.len() - 1)];
     println!(
-        "retry lateness over {} retries with delays of 1.2-59.8 s (ladder of {}): p50 {} ms, p99 {} ms, max {} ms, early {}",
+        "retry lateness over {} retries with delays of 1.2-59.8 s ({}): p50 {} ms, p99 {} ms, max {} ms, early {}",
         late.len(),
         transport.config(),
         pct(50),

@@ -6,10 +6,13 @@
 //! the runtime sees the record: where it goes when due, when it is due, and when it may leave the level
 //! it sits in. A dead letter carries the consumer group that dead-lettered it.
 
-use bytes::Bytes;
+use std::borrow::Cow;
+
+use bytes::{Bytes, BytesMut};
 use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use retry_core::event::{Headers as EventHeaders, RawMessage};
+use retry_core::metadata::{self, names};
 use retry_core::time::Timestamp;
 
 /// The topic a delayed record goes to once due (a group's retry topic).
@@ -75,11 +78,43 @@ fn millis(value: &[u8]) -> Option<Timestamp> {
         .map(Timestamp::from_millis)
 }
 
-/// Reads a record; the routing headers and the group are taken out of the event's headers.
+/// The SDK's metadata header names, so a decoded record names them without an allocation each.
+const KNOWN: [&str; 17] = [
+    names::EVENT_ID,
+    names::ATTEMPTS,
+    names::RETRIES,
+    names::FIRST_SEEN,
+    names::DUE_AT,
+    names::ORIGIN_TOPIC,
+    names::ORIGIN_PARTITION,
+    names::ORIGIN_OFFSET,
+    names::LAST_ERROR,
+    names::ERROR_KIND,
+    names::LAST_DELAY,
+    names::REPLAY_COUNT,
+    names::PARKED_BEHIND,
+    names::DEAD_REASON,
+    names::DEAD_AT,
+    names::DEAD_CONSUMER,
+    metadata::PACKED,
+];
+
+fn header_name(name: &str) -> Cow<'static, str> {
+    match KNOWN.iter().find(|k| **k == name) {
+        Some(known) => Cow::Borrowed(known),
+        None => Cow::Owned(name.to_string()),
+    }
+}
+
+/// Reads a record; the routing headers and the group are taken out of the event's headers. The header
+/// values share one buffer (one allocation per record rather than one per header).
 pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
-    let mut headers = EventHeaders::new();
     let (mut to, mut due, mut hop_due, mut group) = (None, None, None, None);
+    let mut headers = EventHeaders::new();
     if let Some(hs) = message.headers() {
+        let size: usize = hs.iter().map(|h| h.value.map_or(0, <[u8]>::len)).sum();
+        let mut buffer = BytesMut::with_capacity(size);
+        let mut spans = Vec::with_capacity(hs.count());
         for h in hs.iter() {
             let value = h.value.unwrap_or_default();
             match h.key {
@@ -87,8 +122,17 @@ pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
                 ROUTE_DUE => due = millis(value),
                 HOP_DUE => hop_due = millis(value),
                 GROUP => group = std::str::from_utf8(value).ok().map(str::to_string),
-                name => headers.push(name.to_string(), Bytes::copy_from_slice(value)),
+                name => {
+                    let start = buffer.len();
+                    buffer.extend_from_slice(value);
+                    spans.push((header_name(name), start..buffer.len()));
+                }
             }
+        }
+        let values = buffer.freeze();
+        headers = EventHeaders::with_capacity(spans.len());
+        for (name, span) in spans {
+            headers.push(name, values.slice(span));
         }
     }
     let route = match (to, due) {

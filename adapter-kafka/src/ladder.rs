@@ -91,7 +91,7 @@ impl ConsumerContext for LadderContext {
         if let Rebalance::Revoke(tpl) = rebalance {
             let mut state = self.lock();
             for e in tpl.elements() {
-                let tp = (e.topic().to_string(), e.partition());
+                let tp: Tp = (Arc::from(e.topic()), e.partition());
                 state.held.remove(&tp);
                 state.ready.retain(|r| r.tp != tp);
             }
@@ -186,7 +186,7 @@ impl Forwarder {
             match self.consumer.poll(wait) {
                 Some(Ok(message)) => {
                     let entry = Entry {
-                        tp: (message.topic().to_string(), message.partition()),
+                        tp: (Arc::from(message.topic()), message.partition()),
                         offset: message.offset(),
                         decoded: codec::decode(&message),
                         not_before: None,

@@ -7,9 +7,10 @@
 //! is ignored, so a consumer never commits for a partition it lost.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
-/// A topic and partition.
-pub(crate) type Tp = (String, i32);
+/// A topic and partition (the topic name shared, so a record's costs no allocation).
+pub(crate) type Tp = (Arc<str>, i32);
 
 #[derive(Debug)]
 struct Partition {
@@ -41,6 +42,14 @@ impl Offsets {
                 committed: None,
             },
         );
+    }
+
+    /// The shared name of `topic`, if one of its partitions is assigned.
+    pub(crate) fn topic(&self, topic: &str) -> Option<Arc<str>> {
+        self.partitions
+            .keys()
+            .find(|(t, _)| &**t == topic)
+            .map(|(t, _)| t.clone())
     }
 
     /// `tp` was revoked: later settles for it are ignored.
@@ -117,7 +126,7 @@ mod tests {
     use super::*;
 
     fn tp(p: i32) -> Tp {
-        ("t".to_string(), p)
+        (Arc::from("t"), p)
     }
 
     #[test]

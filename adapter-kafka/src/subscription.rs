@@ -77,10 +77,16 @@ pub(crate) async fn subscribe(
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    let names = Arc::new(Names {
+        dlq_topic: link.config.dlq_topic(&spec.topic),
+        source: spec.topic.clone(),
+        group: spec.group.clone(),
+        retry_topic,
+    });
     Ok(KafkaSubscription {
         link,
         spec,
-        retry_topic,
+        names,
         rx,
         batch: std::collections::VecDeque::new(),
         commands,
@@ -93,7 +99,7 @@ pub(crate) async fn subscribe(
 pub(crate) struct KafkaSubscription {
     link: Arc<Link>,
     spec: SubscriptionSpec,
-    retry_topic: String,
+    names: Arc<Names>,
     rx: mpsc::Receiver<Result<Vec<Record>, TransportError>>,
     /// Records received and not yet handed to the runtime.
     batch: std::collections::VecDeque<Record>,
@@ -119,9 +125,7 @@ impl KafkaSubscription {
             receipt: Box::new(KafkaReceipt {
                 link: self.link.clone(),
                 worker: self.worker.clone(),
-                source: self.spec.topic.clone(),
-                retry_topic: self.retry_topic.clone(),
-                group: self.spec.group.clone(),
+                names: self.names.clone(),
                 tp: record.tp,
                 offset: record.offset,
                 epoch: record.epoch,
@@ -191,13 +195,19 @@ impl Subscription for KafkaSubscription {
     }
 }
 
+/// The topics and group a subscription's receipts settle to, shared by all of them.
+struct Names {
+    source: String,
+    retry_topic: String,
+    dlq_topic: String,
+    group: String,
+}
+
 /// Settles one record.
 struct KafkaReceipt {
     link: Arc<Link>,
     worker: Arc<Worker>,
-    source: String,
-    retry_topic: String,
-    group: String,
+    names: Arc<Names>,
     tp: Tp,
     offset: i64,
     epoch: u64,
@@ -230,8 +240,8 @@ impl KafkaReceipt {
     ) -> Result<(), TransportError> {
         self.link
             .send_delayed(
-                &self.source,
-                &self.retry_topic,
+                &self.names.source,
+                &self.names.retry_topic,
                 self.tp.1,
                 raw,
                 delay,
@@ -249,20 +259,20 @@ impl Receipt for KafkaReceipt {
 
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), TransportError> {
         self.unsettled()?;
-        let operation = format!("retry of {} through the delay ladder", self.source);
+        let operation = format!("retry of {} through the delay ladder", self.names.source);
         self.delay(&event.to_raw(), delay, &operation).await?;
         self.finish()
     }
 
     async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
         self.unsettled()?;
-        let dlq = self.link.config.dlq_topic(&self.source);
+        let dlq = &self.names.dlq_topic;
         self.link
             .send(
-                &dlq,
+                dlq,
                 Some(self.tp.1),
                 &event.to_raw(),
-                &[(codec::GROUP, self.group.as_bytes())],
+                &[(codec::GROUP, self.names.group.as_bytes())],
                 &format!("dead-letter to {dlq}"),
             )
             .await?;

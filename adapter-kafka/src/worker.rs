@@ -221,7 +221,7 @@ impl ConsumerContext for Worker {
         let revoked: Vec<Tp> = tpl
             .elements()
             .iter()
-            .map(|e| (e.topic().to_string(), e.partition()))
+            .map(|e| (Arc::from(e.topic()), e.partition()))
             .collect();
         if !consumer.assignment_lost() {
             // Let the work in flight on these partitions finish and commit it, unless the runtime holds
@@ -258,7 +258,7 @@ impl ConsumerContext for Worker {
                 for e in tpl.elements() {
                     state
                         .offsets
-                        .assigned((e.topic().to_string(), e.partition()));
+                        .assigned((Arc::from(e.topic()), e.partition()));
                 }
                 // New partitions start fetching; hold them too if consumption is held.
                 if state.paused
@@ -321,10 +321,14 @@ pub(crate) fn run(
         match consumer.poll(wait) {
             None => {}
             Some(Ok(message)) => {
-                let tp = (message.topic().to_string(), message.partition());
                 let offset = message.offset();
                 let decoded = codec::decode(&message);
                 let mut state = worker.lock();
+                // A record of a partition not assigned (any more) is not this member's to hand out.
+                let Some(topic) = state.offsets.topic(message.topic()) else {
+                    continue;
+                };
+                let tp = (topic, message.partition());
                 if let Some(epoch) = state.offsets.received(&tp, offset) {
                     state.pending.push_back(Record {
                         tp,
