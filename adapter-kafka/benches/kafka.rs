@@ -14,6 +14,7 @@
 //! scripts/brokers start kafka && source target/brokers/env.sh
 //! cargo bench -p event-retry-kafka --bench kafka                 # both parts
 //! cargo bench -p event-retry-kafka --bench kafka -- throughput   # or lateness
+//! cargo bench -p event-retry-kafka --bench kafka -- sdk          # one SDK round alone, for profiling
 //! ```
 
 use std::sync::Arc;
@@ -256,6 +257,11 @@ async fn run(url: &str) -> Result<(), Error> {
     let wants = |part: &str| only.is_empty() || only.iter().any(|o| o == part);
     if wants("throughput") {
         throughput(url, &transport).await?;
+    }
+    if only.iter().any(|o| o == "sdk") {
+        // The SDK's rounds alone (for profiling); not part of a default run.
+        let topic = format!("bench-sdk-{}", uuid::Uuid::new_v4().simple());
+        println!("SDK alone: {:.0} msg/s", sdk_run(&transport, &topic).await?);
     }
     if wants("lateness") {
         lateness(&transport).await?;

@@ -4,7 +4,9 @@
 //!   them: a new process in the same group finishes every one, none before its delay;
 //! * DLQ replay progress is a committed offset: a replayed or purged entry is not seen again, also by a
 //!   new connection, and an entry left alone stays;
-//! * a policy with a delay beyond the ladder's maximum is refused when the consumer is built.
+//! * a policy with a delay beyond the ladder's maximum is refused when the consumer is built;
+//! * with topic creation off, subscribing to a topic whose derived topics are missing is an error naming
+//!   them, and nothing is created.
 //!
 //! They run when `RETRY_TEST_KAFKA` names a broker started by `scripts/brokers`; otherwise they are listed
 //! as ignored with the reason, and fail when `RETRY_TEST_REQUIRE` names kafka. The killed process is this
@@ -51,7 +53,7 @@ fn main() {
         .unwrap_or_default()
         .split(',')
         .any(|b| b.trim() == "kafka");
-    let tests: [(&str, Test); 3] = [
+    let tests: [(&str, Test); 4] = [
         (
             "killed_process_loses_no_delayed_retry",
             killed_process_loses_no_delayed_retry,
@@ -63,6 +65,10 @@ fn main() {
         (
             "delay_beyond_the_ladder_is_refused",
             delay_beyond_the_ladder_is_refused,
+        ),
+        (
+            "missing_topics_are_named_when_not_created",
+            missing_topics_are_named_when_not_created,
         ),
     ];
     let trials = tests
@@ -400,6 +406,52 @@ fn delay_beyond_the_ladder_is_refused(url: String) -> Result<(), String> {
                     Err(format!("refused without saying which delay: {text}"))
                 }
             }
+        }
+    })
+}
+
+fn missing_topics_are_named_when_not_created(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let creating = connect(&url).await?;
+        let topic = format!("manual-{}", uuid::Uuid::new_v4().simple());
+        // The source exists (made by hand, say); its ladder, DLQ and retry topic do not.
+        creating
+            .publish(&topic, &Event::new("x"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let strict = KafkaTransport::connect_with(
+            &url,
+            KafkaConfig {
+                create_topics: false,
+                ..config()
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let built = Consumer::builder(Arc::new(strict.clone()) as Arc<dyn Transport>, &topic)
+            .group("manual")
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler_fn(|_e: Event, _c: Context| async {
+                Ok::<(), HandlerError>(())
+            }))
+            .await;
+        let text = match built {
+            Ok(_) => return Err("a consumer started without its ladder and DLQ topics".into()),
+            Err(e) => e.to_string(),
+        };
+        let dlq = strict.config().dlq_topic(&topic);
+        let retry = strict.config().retry_topic(&topic, "manual");
+        if !(text.contains(&dlq) && text.contains(&retry) && text.contains("create_topics")) {
+            return Err(format!(
+                "the error does not name the missing topics: {text}"
+            ));
+        }
+        // Nothing was created: asking again gives the same answer.
+        let again = strict.declare(&topic, Some("manual")).await;
+        match again {
+            Err(e) if e.to_string().contains(&dlq) => Ok(()),
+            other => Err(format!("declare with creation off: {other:?}")),
         }
     })
 }
