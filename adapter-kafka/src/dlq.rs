@@ -28,6 +28,9 @@ use crate::link::{Link, REQUEST_TIMEOUT, connection};
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most bytes of removal marks a commit may carry (Kafka's default limit is 4096).
 const MAX_MARKS: usize = 4_000;
+/// The most entries above a partition's committed offset that may be marked removed (each is held in
+/// memory while an operation runs).
+const MAX_MARKED: usize = 1_000_000;
 /// The tag that starts the marks, so metadata written by something else is not misread.
 const MARKS_TAG: &str = "event-retry/v1:";
 
@@ -103,7 +106,7 @@ fn decode_marks(text: &str) -> BTreeSet<i64> {
     for part in body.split(',').filter(|p| !p.is_empty()) {
         let (a, b) = part.split_once('-').unwrap_or((part, part));
         if let (Ok(a), Ok(b)) = (a.parse::<i64>(), b.parse::<i64>()) {
-            out.extend(a..=b.min(a.saturating_add(1_000_000)));
+            out.extend(a..=b);
         }
     }
     out
@@ -150,10 +153,12 @@ impl KafkaDlq {
             Some(group) => self.link.config.retry_topic(&origin, group),
             None => origin,
         };
+        // The DLQ keeps the source's partition: the replay goes back to it (when the target has it).
+        self.link.partitions(&target).await?;
         self.link
             .send(
                 &target,
-                None,
+                Some(read.partition),
                 &event.to_raw(),
                 &[],
                 &format!("replay to {target}"),
@@ -234,7 +239,8 @@ fn check_marks_fit(snapshot: &Snapshot, chosen: &[usize]) -> Result<(), Transpor
             .filter(|r| r.partition == view.partition)
             .map(|r| r.offset)
             .collect();
-        if trial.remove(&offsets).1.len() > MAX_MARKS {
+        let (_, marks) = trial.remove(&offsets);
+        if marks.len() > MAX_MARKS || trial.removed.len() > MAX_MARKED {
             return Err(TransportError::Config(format!(
                 "this would leave too many scattered removals in partition {} of {} to record; \
                  replay or purge the older entries first (e.g. without a filter, or with --limit)",
@@ -307,6 +313,8 @@ fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Transpo
             None => (low, BTreeSet::new()),
         };
         let start = done.max(low);
+        // Marks below the log's start (records gone by retention) are dropped.
+        let removed: BTreeSet<i64> = removed.into_iter().filter(|&o| o >= start).collect();
         if start < high {
             assign
                 .add_partition_offset(&topic, p, Offset::Offset(start))

@@ -29,6 +29,10 @@ use crate::offsets::Tp;
 
 /// The most records forwarded in one batch.
 const BATCH: usize = 500;
+/// After this many tries (a second apart) to forward a record whose destination topic does not exist
+/// (its group's retry topic was deleted), the record goes to the source's DLQ instead, so it does not
+/// hold up its ladder partition for ever.
+const MISSING_TARGET_TRIES: u32 = 30;
 /// The longest a ladder consumer's fetch waits at the broker for new records, in ms.
 const LADDER_FETCH_WAIT_MS: &str = "20";
 /// How long a record whose forwarding failed waits before it is tried again.
@@ -41,6 +45,8 @@ struct Entry {
     decoded: Decoded,
     /// Set after a failed forward: not tried again before.
     not_before: Option<Timestamp>,
+    /// Forwards that failed because the destination does not exist.
+    missing_target: u32,
 }
 
 impl Entry {
@@ -81,9 +87,14 @@ impl LadderContext {
 impl ClientContext for LadderContext {}
 
 impl ConsumerContext for LadderContext {
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(_) = rebalance {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
             self.joined.store(true, Ordering::Release);
+            // librdkafka keeps an application's pause of a partition across its revocation: a partition
+            // this member held a head of, lost and got back would stay paused with nothing held.
+            if let Err(e) = consumer.resume(tpl) {
+                warn!(error = %e, "resuming newly assigned ladder partitions failed");
+            }
         }
     }
 
@@ -190,6 +201,7 @@ impl Forwarder {
                         offset: message.offset(),
                         decoded: codec::decode(&message),
                         not_before: None,
+                        missing_target: 0,
                     };
                     drop(message);
                     self.place(entry, Timestamp::now());
@@ -268,10 +280,18 @@ impl Forwarder {
 
     /// Where a due entry goes next: the topic, and the routing headers it carries there.
     fn target(&self, entry: &Entry, now: Timestamp) -> (String, Vec<(&'static str, Vec<u8>)>) {
+        let dlq = self.link.config.dlq_topic(&self.source);
         let Some(route) = &entry.decoded.route else {
             // Not a record the adapter wrote (no routing headers): keep it, in the DLQ.
-            return (self.link.config.dlq_topic(&self.source), Vec::new());
+            return (dlq, Vec::new());
         };
+        if entry.missing_target >= MISSING_TARGET_TRIES {
+            // Its retry topic is gone: keep it in the DLQ, with its group so a replay finds its way.
+            let prefix = format!("{}{}", self.source, self.link.config.retry_infix);
+            let group = route.to.strip_prefix(&prefix).unwrap_or(&route.to);
+            tracing::error!(destination = %route.to, dlq = %dlq, "a delayed record's destination does not exist; it goes to the DLQ");
+            return (dlq, vec![(codec::GROUP, group.as_bytes().to_vec())]);
+        }
         match next_hop(
             now,
             route.due,
@@ -337,6 +357,10 @@ impl Forwarder {
                 }
                 Err(e) => {
                     warn!(error = %e, topic = %entry.tp.0, partition = entry.tp.1, offset = entry.offset, "forwarding a delayed record failed; trying again");
+                    let mut entry = entry;
+                    if matches!(e, TransportError::Config(_)) {
+                        entry.missing_target += 1;
+                    }
                     failed.insert(entry.tp.clone(), vec![entry]);
                 }
             }

@@ -94,6 +94,19 @@ impl Link {
         }
     }
 
+    /// The partition count of `topic`, from the cache or the broker; an error if it does not exist.
+    pub(crate) async fn partitions(&self, topic: &str) -> Result<i32, TransportError> {
+        if let Some(n) = self.cached_partitions(topic) {
+            return Ok(n);
+        }
+        match self.fetch_partitions(vec![topic.to_string()]).await?[..] {
+            [n] if n > 0 => Ok(n),
+            _ => Err(TransportError::Config(format!(
+                "topic {topic} does not exist"
+            ))),
+        }
+    }
+
     /// The cached partition count of `topic`.
     pub(crate) fn cached_partitions(&self, topic: &str) -> Option<i32> {
         self.lock_partitions().get(topic).copied()

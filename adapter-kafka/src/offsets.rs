@@ -71,6 +71,15 @@ impl Offsets {
         Some(p.epoch)
     }
 
+    /// Offset `offset` of `tp` was received but never handed out, and is given up (its partition is being
+    /// revoked): it is no longer waited for, and the commit point does not pass it.
+    pub(crate) fn unread(&mut self, tp: &Tp, offset: i64) {
+        if let Some(p) = self.partitions.get_mut(tp) {
+            p.in_flight.remove(&offset);
+            p.next = Some(p.next.map_or(offset, |n| n.min(offset)));
+        }
+    }
+
     /// Offset `offset` of `tp`, received in `epoch`, is settled; `false` when that epoch is over.
     pub(crate) fn settled(&mut self, tp: &Tp, offset: i64, epoch: u64) -> bool {
         match self.partitions.get_mut(tp) {
@@ -158,6 +167,22 @@ mod tests {
         assert!(!o.is_current(&tp(1), old));
         assert!(!o.settled(&tp(1), 5, old));
         assert!(o.take_commits(None).is_empty());
+    }
+
+    #[test]
+    fn records_given_up_unread_hold_the_commit_point() {
+        let mut o = Offsets::default();
+        o.assigned(tp(0));
+        let e = o.received(&tp(0), 7).unwrap_or_default();
+        o.received(&tp(0), 8);
+        o.received(&tp(0), 9);
+        // 8 and 9 were never handed out; 7 was, and is settled.
+        o.unread(&tp(0), 9);
+        o.unread(&tp(0), 8);
+        assert_eq!(o.in_flight(&tp(0)), 1);
+        o.settled(&tp(0), 7, e);
+        assert_eq!(o.in_flight(&tp(0)), 0);
+        assert_eq!(o.take_commits(None), vec![(tp(0), 8)]);
     }
 
     #[test]

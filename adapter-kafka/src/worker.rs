@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaResult;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use retry_core::transport::TransportError;
 use tracing::{debug, warn};
@@ -35,7 +36,7 @@ const PENDING_HIGH: usize = 2_000;
 const PENDING_LOW: usize = 500;
 /// How long the backlog may stay full before the partitions are paused, so the thread can poll again
 /// (well within `max.poll.interval.ms`, 5 minutes by default).
-const STALL_AFTER: Duration = Duration::from_secs(10);
+const STALL_AFTER: Duration = Duration::from_secs(3);
 
 /// What the subscription asks of the thread (receipts report settles straight into the shared state).
 pub(crate) enum Command {
@@ -173,11 +174,14 @@ impl Worker {
 
     /// Pauses or resumes every assigned partition as the runtime's hold and a stalled backlog say.
     fn apply_pause(&self, consumer: &BaseConsumer<Worker>) {
-        let mut state = self.lock();
-        let want = state.held_by_runtime || state.stalled;
-        if want == state.paused {
-            return;
-        }
+        let want = {
+            let state = self.lock();
+            let want = state.held_by_runtime || state.stalled;
+            if want == state.paused {
+                return;
+            }
+            want
+        };
         let Ok(assignment) = consumer.assignment() else {
             return;
         };
@@ -187,7 +191,7 @@ impl Worker {
             consumer.resume(&assignment)
         };
         match result {
-            Ok(()) => state.paused = want,
+            Ok(()) => self.lock().paused = want,
             Err(e) => warn!(error = %e, "pausing or resuming the partitions failed"),
         }
     }
@@ -214,6 +218,22 @@ impl Worker {
 impl ClientContext for Worker {}
 
 impl ConsumerContext for Worker {
+    /// An asynchronous commit that failed (e.g. during a rebalance) is tried again with the next one.
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        if let Err(e) = result {
+            debug!(error = %e, "commit failed; it is tried again");
+            let failed: Vec<(Tp, i64)> = offsets
+                .elements()
+                .iter()
+                .filter_map(|e| match e.offset() {
+                    Offset::Offset(o) => Some(((Arc::from(e.topic()), e.partition()), o)),
+                    _ => None,
+                })
+                .collect();
+            self.lock().offsets.commit_failed(&failed);
+        }
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Revoke(tpl) = rebalance else {
             return;
@@ -223,8 +243,23 @@ impl ConsumerContext for Worker {
             .iter()
             .map(|e| (Arc::from(e.topic()), e.partition()))
             .collect();
+        {
+            // Records read but never handed out are not waited for: their new owner reads them again
+            // (the commit point goes back to the first of them).
+            let mut state = self.lock();
+            let State {
+                pending, offsets, ..
+            } = &mut *state;
+            pending.retain(|r| {
+                let keep = !revoked.contains(&r.tp);
+                if !keep {
+                    offsets.unread(&r.tp, r.offset);
+                }
+                keep
+            });
+        }
         if !consumer.assignment_lost() {
-            // Let the work in flight on these partitions finish and commit it, unless the runtime holds
+            // Let the work handed out on these partitions finish and commit it, unless the runtime holds
             // consumption (a blocking hold may last long; that record is simply consumed again).
             let deadline = Instant::now() + self.revoke_grace;
             loop {
@@ -246,7 +281,6 @@ impl ConsumerContext for Worker {
         for tp in &revoked {
             state.offsets.revoked(tp);
         }
-        state.pending.retain(|r| !revoked.contains(&r.tp));
         debug!(partitions = ?revoked, "partitions revoked");
     }
 
@@ -260,11 +294,17 @@ impl ConsumerContext for Worker {
                         .offsets
                         .assigned((Arc::from(e.topic()), e.partition()));
                 }
-                // New partitions start fetching; hold them too if consumption is held.
-                if state.paused
-                    && let Err(e) = consumer.pause(tpl)
-                {
-                    warn!(error = %e, "pausing newly assigned partitions failed");
+                let paused = state.paused;
+                drop(state);
+                // librdkafka keeps an application's pause of a partition across its revocation, so a
+                // partition coming back may still be paused: set every assigned one as it should be.
+                let result = if paused {
+                    consumer.pause(tpl)
+                } else {
+                    consumer.resume(tpl)
+                };
+                if let Err(e) = result {
+                    warn!(error = %e, "pausing or resuming newly assigned partitions failed");
                 }
                 debug!(partitions = tpl.count(), "partitions assigned");
             }

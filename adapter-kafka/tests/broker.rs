@@ -5,6 +5,8 @@
 //! * DLQ replay progress is a committed offset: a replayed or purged entry is not seen again, also by a
 //!   new connection, and an entry left alone stays;
 //! * a policy with a delay beyond the ladder's maximum is refused when the consumer is built;
+//! * ladder partitions that move to another member while their heads wait, and come back, keep moving
+//!   (librdkafka keeps a paused partition paused across its revocation);
 //! * with topic creation off, subscribing to a topic whose derived topics are missing is an error naming
 //!   them, and nothing is created.
 //!
@@ -53,7 +55,7 @@ fn main() {
         .unwrap_or_default()
         .split(',')
         .any(|b| b.trim() == "kafka");
-    let tests: [(&str, Test); 4] = [
+    let tests: [(&str, Test); 5] = [
         (
             "killed_process_loses_no_delayed_retry",
             killed_process_loses_no_delayed_retry,
@@ -69,6 +71,10 @@ fn main() {
         (
             "missing_topics_are_named_when_not_created",
             missing_topics_are_named_when_not_created,
+        ),
+        (
+            "ladder_partitions_given_back_keep_moving",
+            ladder_partitions_given_back_keep_moving,
         ),
     ];
     let trials = tests
@@ -453,5 +459,96 @@ fn missing_topics_are_named_when_not_created(url: String) -> Result<(), String> 
             Err(e) if e.to_string().contains(&dlq) => Ok(()),
             other => Err(format!("declare with creation off: {other:?}")),
         }
+    })
+}
+
+fn ladder_partitions_given_back_keep_moving(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("moving-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, Some("stays"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let calls: Arc<Mutex<Runs>> = Arc::default();
+        let seen = calls.clone();
+        let handler = handler_fn(move |event: Event, ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(event.id().unwrap_or_default().to_string())
+                    .or_default()
+                    .push((Timestamp::now().as_millis(), ctx.attempt));
+                if ctx.attempt == 1 {
+                    Err(HandlerError::deferred("once"))
+                } else {
+                    Ok(())
+                }
+            }
+        });
+        let stays = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+            .group("stays")
+            .policy(RetryPolicy::parse("6s x1").map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        for i in 0..EVENTS {
+            let id = format!("e{i:02}");
+            transport
+                .publish(
+                    &topic,
+                    &Event::new(id.clone()).with_key(id.clone()).with_id(id),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while stays.stats().retries_scheduled < EVENTS as u64 {
+            if Instant::now() > deadline {
+                return Err(format!("retries not scheduled: {:?}", stays.stats()));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Heads now wait (paused) in the ladder. Another group's consumer joins the topic's ladder group,
+        // takes some of its partitions, and leaves again: they come back to the first member.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let visitor = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+            .group("visits")
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler_fn(|_e: Event, _c: Context| async {
+                Ok::<(), HandlerError>(())
+            }))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        visitor.shutdown().await.map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while stays.stats().succeeded_after_retry < EVENTS as u64 {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "retries stuck after the ladder's partitions came back: {:?}",
+                    stays.stats()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stays.shutdown().await.map_err(|e| e.to_string())?;
+        let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (id, runs) in &calls {
+            if let [(first, 1), (second, 2)] = runs[..] {
+                if second < first + 6_000 {
+                    return Err(format!("{id} retried {} ms early", first + 6_000 - second));
+                }
+            } else {
+                return Err(format!(
+                    "{id} ran {runs:?}, want one failure then one retry"
+                ));
+            }
+        }
+        Ok(())
     })
 }
