@@ -7,6 +7,8 @@
 //! * a policy with a delay beyond the ladder's maximum is refused when the consumer is built;
 //! * ladder partitions that move to another member while their heads wait, and come back, keep moving
 //!   (librdkafka keeps a paused partition paused across its revocation);
+//! * two ordered consumers of one group keep each key's order while its first event retries (a key's
+//!   source and retry records meet in one member);
 //! * with topic creation off, subscribing to a topic whose derived topics are missing is an error naming
 //!   them, and nothing is created.
 //!
@@ -55,7 +57,7 @@ fn main() {
         .unwrap_or_default()
         .split(',')
         .any(|b| b.trim() == "kafka");
-    let tests: [(&str, Test); 5] = [
+    let tests: [(&str, Test); 6] = [
         (
             "killed_process_loses_no_delayed_retry",
             killed_process_loses_no_delayed_retry,
@@ -75,6 +77,10 @@ fn main() {
         (
             "ladder_partitions_given_back_keep_moving",
             ladder_partitions_given_back_keep_moving,
+        ),
+        (
+            "ordered_group_keeps_key_order_across_members",
+            ordered_group_keeps_key_order_across_members,
         ),
     ];
     let trials = tests
@@ -547,6 +553,93 @@ fn ladder_partitions_given_back_keep_moving(url: String) -> Result<(), String> {
                 return Err(format!(
                     "{id} ran {runs:?}, want one failure then one retry"
                 ));
+            }
+        }
+        Ok(())
+    })
+}
+
+fn ordered_group_keeps_key_order_across_members(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("ordered-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, Some("ord"))
+            .await
+            .map_err(|e| e.to_string())?;
+        // Successes in the order they happened, across both members.
+        let done: Arc<Mutex<Vec<String>>> = Arc::default();
+        let mut members = Vec::new();
+        for name in ["m1", "m2"] {
+            let done = done.clone();
+            let handler = handler_fn(move |event: Event, ctx: Context| {
+                let done = done.clone();
+                async move {
+                    let id = event.id().unwrap_or_default().to_string();
+                    if id.ends_with("-1") && ctx.attempt <= 2 {
+                        return Err(HandlerError::deferred("the first of each key fails twice"));
+                    }
+                    done.lock().unwrap_or_else(|p| p.into_inner()).push(id);
+                    Ok(())
+                }
+            });
+            members.push(
+                Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+                    .group("ord")
+                    .name(name)
+                    .policy(RetryPolicy::parse("1s x3").map_err(|e| e.to_string())?)
+                    .concurrency(8)
+                    .ordered_by_key(true)
+                    .build()
+                    .map_err(|e| e.to_string())?
+                    .start(handler)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        let keys = 8;
+        for n in 1..=3 {
+            for k in 0..keys {
+                let id = format!("k{k}-{n}");
+                transport
+                    .publish(
+                        &topic,
+                        &Event::new(id.clone()).with_key(format!("k{k}")).with_id(id),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while done.lock().unwrap_or_else(|p| p.into_inner()).len() < keys * 3 {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "only {:?} done",
+                    done.lock().unwrap_or_else(|p| p.into_inner())
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let busy: Vec<u64> = members.iter().map(|m| m.stats().received).collect();
+        for m in members {
+            m.shutdown().await.map_err(|e| e.to_string())?;
+        }
+        if busy.contains(&0) {
+            return Err(format!(
+                "one member received nothing ({busy:?}): not a two-member test"
+            ));
+        }
+        let done = done.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for k in 0..keys {
+            let prefix = format!("k{k}-");
+            let order: Vec<&String> = done.iter().filter(|id| id.starts_with(&prefix)).collect();
+            let want: Vec<String> = (1..=3).map(|n| format!("k{k}-{n}")).collect();
+            if order
+                .iter()
+                .map(|s| s.as_str())
+                .ne(want.iter().map(String::as_str))
+            {
+                return Err(format!("key k{k} ran {order:?}, want {want:?}"));
             }
         }
         Ok(())
