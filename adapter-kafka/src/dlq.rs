@@ -141,14 +141,7 @@ impl KafkaDlq {
     /// Sends a DLQ entry back: to the retry topic of the group that dead-lettered it (due at once, so
     /// other groups of the topic do not handle it again), else to the origin topic.
     async fn replay_one(&self, source: &str, read: &Read) -> Result<(), TransportError> {
-        let mut event = read.entry.event.clone();
-        event.meta.reset_for_replay();
-        let origin = event
-            .meta
-            .origin
-            .as_ref()
-            .map_or(source, |o| o.topic.as_str())
-            .to_string();
+        let (event, origin) = read.entry.for_replay(source);
         let target = match &read.group {
             Some(group) => self.link.config.retry_topic(&origin, group),
             None => origin,
@@ -391,14 +384,6 @@ impl DeadLetterQueue for KafkaDlq {
         filter: &DlqFilter,
     ) -> Result<Vec<DeadLetter>, TransportError> {
         self.each(source_topic, filter, Action::List).await
-    }
-
-    async fn show(
-        &self,
-        source_topic: &str,
-        id: &str,
-    ) -> Result<Option<DeadLetter>, TransportError> {
-        Ok(self.list(source_topic, &DlqFilter::id(id)).await?.pop())
     }
 
     async fn replay(

@@ -99,14 +99,7 @@ impl PulsarDlq {
 
     /// Sends a DLQ entry back to its origin (payload, key and headers unedited, attempts restarted).
     async fn replay_one(&self, source_topic: &str, held: &Held) -> Result<(), TransportError> {
-        let mut event = held.entry.event.clone();
-        event.meta.reset_for_replay();
-        let origin = event
-            .meta
-            .origin
-            .as_ref()
-            .map_or(source_topic, |o| o.topic.as_str())
-            .to_string();
+        let (event, origin) = held.entry.for_replay(source_topic);
         // Back to the group that dead-lettered it (its retry topic, due at once), so other groups of
         // the topic do not handle it again; an entry without a group goes to the topic.
         let message = codec::encode(&event.to_raw(), None)?;
@@ -191,14 +184,6 @@ impl DeadLetterQueue for PulsarDlq {
         filter: &DlqFilter,
     ) -> Result<Vec<DeadLetter>, TransportError> {
         self.each(source_topic, filter, Action::List).await
-    }
-
-    async fn show(
-        &self,
-        source_topic: &str,
-        id: &str,
-    ) -> Result<Option<DeadLetter>, TransportError> {
-        Ok(self.list(source_topic, &DlqFilter::id(id)).await?.pop())
     }
 
     async fn replay(

@@ -139,14 +139,6 @@ impl DeadLetterQueue for RabbitDlq {
         .await
     }
 
-    async fn show(
-        &self,
-        source_topic: &str,
-        id: &str,
-    ) -> Result<Option<DeadLetter>, TransportError> {
-        Ok(self.list(source_topic, &DlqFilter::id(id)).await?.pop())
-    }
-
     async fn replay(
         &self,
         source_topic: &str,
@@ -155,14 +147,7 @@ impl DeadLetterQueue for RabbitDlq {
         self.with_channel(async |ch| {
             let mut report = ReplayReport::default();
             for held in self.take(ch, source_topic, filter).await? {
-                let mut event = held.entry.event.clone();
-                event.meta.reset_for_replay();
-                let origin = event
-                    .meta
-                    .origin
-                    .as_ref()
-                    .map_or(source_topic, |o| o.topic.as_str())
-                    .to_string();
+                let (event, origin) = held.entry.for_replay(source_topic);
                 self.link.ensure_topic(&origin).await?;
                 let id = event.id().unwrap_or(&held.entry.id).to_string();
                 self.link

@@ -199,14 +199,6 @@ impl DeadLetterQueue for SqsDlq {
         Ok(held.into_iter().map(|h| h.entry).collect())
     }
 
-    async fn show(
-        &self,
-        source_topic: &str,
-        id: &str,
-    ) -> Result<Option<DeadLetter>, TransportError> {
-        Ok(self.list(source_topic, &DlqFilter::id(id)).await?.pop())
-    }
-
     async fn replay(
         &self,
         source_topic: &str,
@@ -224,14 +216,7 @@ impl DeadLetterQueue for SqsDlq {
                 rest.push(h.handle);
                 continue;
             }
-            let mut event = h.entry.event.clone();
-            event.meta.reset_for_replay();
-            let origin = event
-                .meta
-                .origin
-                .as_ref()
-                .map_or(source_topic, |o| o.topic.as_str())
-                .to_string();
+            let (event, origin) = h.entry.for_replay(source_topic);
             let sent = async {
                 let queue = self.shared.queues.resolve(&origin).await?;
                 let out = codec::encode(&event)?;

@@ -23,6 +23,23 @@ pub struct DeadLetter {
     pub event: Event,
 }
 
+impl DeadLetter {
+    /// What a replay sends back, and where: the event with its payload, key and headers unedited, its
+    /// attempts restarted and its replay count raised ([`crate::metadata::RetryMetadata::reset_for_replay`]),
+    /// and the topic it was dead-lettered from (`source_topic` when its metadata names none).
+    pub fn for_replay(&self, source_topic: &str) -> (Event, String) {
+        let mut event = self.event.clone();
+        event.meta.reset_for_replay();
+        let origin = event
+            .meta
+            .origin
+            .as_ref()
+            .map_or(source_topic, |o| o.topic.as_str())
+            .to_string();
+        (event, origin)
+    }
+}
+
 /// Which dead letters an operation applies to; an empty filter selects all.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DlqFilter {
@@ -88,12 +105,14 @@ pub trait DeadLetterQueue: Send + Sync {
         filter: &DlqFilter,
     ) -> Result<Vec<DeadLetter>, TransportError>;
 
-    /// One entry with all its metadata.
+    /// One entry with all its metadata (by default, [`DeadLetterQueue::list`] filtered by its id).
     async fn show(
         &self,
         source_topic: &str,
         id: &str,
-    ) -> Result<Option<DeadLetter>, TransportError>;
+    ) -> Result<Option<DeadLetter>, TransportError> {
+        Ok(self.list(source_topic, &DlqFilter::id(id)).await?.pop())
+    }
 
     /// Sends the selected entries back to their origin (payload unedited, attempts restarted, replay count
     /// raised) and removes or marks each only after its copy was confirmed.

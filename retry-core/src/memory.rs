@@ -314,14 +314,6 @@ impl DeadLetterQueue for MemoryTransport {
             .collect())
     }
 
-    async fn show(
-        &self,
-        source_topic: &str,
-        id: &str,
-    ) -> Result<Option<DeadLetter>, TransportError> {
-        Ok(self.list(source_topic, &DlqFilter::id(id)).await?.pop())
-    }
-
     async fn replay(
         &self,
         source_topic: &str,
@@ -329,14 +321,7 @@ impl DeadLetterQueue for MemoryTransport {
     ) -> Result<ReplayReport, TransportError> {
         let mut report = ReplayReport::default();
         for entry in self.list(source_topic, filter).await? {
-            let mut event = entry.event.clone();
-            event.meta.reset_for_replay();
-            let origin = event
-                .meta
-                .origin
-                .as_ref()
-                .map_or(source_topic, |o| o.topic.as_str())
-                .to_string();
+            let (event, origin) = entry.for_replay(source_topic);
             self.publish(&origin, &event).await?;
             if let Some(list) = self.broker.lock().dead.get_mut(source_topic) {
                 list.retain(|e| e.id != entry.id);
