@@ -47,6 +47,14 @@ pub trait Fixture: Send + Sync + 'static {
     fn delay_unit(&self) -> Duration;
 }
 
+/// A fixture as the harness keeps it (an adapter fixture's `make` ends with this), or why it could not
+/// be made.
+pub fn made<F: Fixture>(fixture: Result<F, TransportError>) -> Result<Arc<dyn Fixture>, String> {
+    fixture
+        .map(|f| Arc::new(f) as Arc<dyn Fixture>)
+        .map_err(|e| e.to_string())
+}
+
 /// The in-memory transport as a fixture: always available.
 #[derive(Clone, Debug, Default)]
 pub struct MemoryFixture {

@@ -12,7 +12,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use retry_core::transport::{Transport, TransportError};
 
-use crate::fixture::{Fixture, FixtureCapabilities};
+use crate::fixture::{Fixture, FixtureCapabilities, made};
 use crate::probe::BoxFuture;
 
 /// A fixture over the Kafka broker started by `scripts/brokers`.
@@ -57,12 +57,7 @@ impl KafkaFixture {
 
     /// The harness's constructor.
     pub fn make(url: String) -> BoxFuture<Result<Arc<dyn Fixture>, String>> {
-        Box::pin(async move {
-            Self::connect(&url)
-                .await
-                .map(|f| Arc::new(f) as Arc<dyn Fixture>)
-                .map_err(|e| e.to_string())
-        })
+        Box::pin(async move { made(Self::connect(&url).await) })
     }
 }
 

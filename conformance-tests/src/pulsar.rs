@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use event_retry_pulsar::{PulsarConfig, PulsarTransport};
 use retry_core::transport::{Transport, TransportError};
 
-use crate::fixture::{Fixture, FixtureCapabilities};
+use crate::fixture::{Fixture, FixtureCapabilities, made};
 use crate::probe::BoxFuture;
 
 /// A fixture over a Pulsar standalone started by `scripts/brokers` (delayed-delivery tick 100 ms, strict
@@ -38,12 +38,7 @@ impl PulsarFixture {
 
     /// The harness's constructor.
     pub fn make(url: String) -> BoxFuture<Result<Arc<dyn Fixture>, String>> {
-        Box::pin(async move {
-            Self::connect(&url)
-                .await
-                .map(|f| Arc::new(f) as Arc<dyn Fixture>)
-                .map_err(|e| e.to_string())
-        })
+        Box::pin(async move { made(Self::connect(&url).await) })
     }
 
     /// Calls the admin REST API on the path of `topic` (`persistent/public/default/<topic>`).

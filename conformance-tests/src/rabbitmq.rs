@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use event_retry_rabbitmq::RabbitTransport;
 use retry_core::transport::{Transport, TransportError};
 
-use crate::fixture::{Fixture, FixtureCapabilities};
+use crate::fixture::{Fixture, FixtureCapabilities, made};
 use crate::probe::BoxFuture;
 
 /// A fixture over a RabbitMQ broker.
@@ -27,12 +27,7 @@ impl RabbitFixture {
 
     /// The harness's constructor.
     pub fn make(url: String) -> BoxFuture<Result<Arc<dyn Fixture>, String>> {
-        Box::pin(async move {
-            Self::connect(&url)
-                .await
-                .map(|f| Arc::new(f) as Arc<dyn Fixture>)
-                .map_err(|e| e.to_string())
-        })
+        Box::pin(async move { made(Self::connect(&url).await) })
     }
 }
 
