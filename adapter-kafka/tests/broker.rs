@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_retry_kafka::{KafkaConfig, KafkaTransport};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
 use retry_core::classify::HandlerError;
 use retry_core::dlq::DlqFilter;
 use retry_core::event::Event;
@@ -31,12 +31,12 @@ use retry_core::policy::RetryPolicy;
 use retry_core::runtime::{Consumer, Context, handler_fn};
 use retry_core::time::Timestamp;
 use retry_core::transport::Transport;
+use test_support::broker::{Test, runtime};
 
 const EVENTS: usize = 20;
 const DELAY: Duration = Duration::from_secs(5);
 const CHILD: &str = "KAFKA_TEST_CHILD";
 
-type Test = fn(String) -> Result<(), String>;
 /// Per event id, when each call ran (ms since the epoch) and its attempt number.
 type Runs = HashMap<String, Vec<(u64, u32)>>;
 
@@ -50,13 +50,6 @@ fn main() {
         return;
     }
     let args = Arguments::from_args();
-    let url = std::env::var("RETRY_TEST_KAFKA")
-        .ok()
-        .filter(|u| !u.is_empty());
-    let required = std::env::var("RETRY_TEST_REQUIRE")
-        .unwrap_or_default()
-        .split(',')
-        .any(|b| b.trim() == "kafka");
     let tests: [(&str, Test); 6] = [
         (
             "killed_process_loses_no_delayed_retry",
@@ -83,21 +76,7 @@ fn main() {
             ordered_group_keeps_key_order_across_members,
         ),
     ];
-    let trials = tests
-        .into_iter()
-        .map(|(name, test)| match url.clone() {
-            Some(url) => Trial::test(name, move || test(url).map_err(Failed::from)),
-            None if required => Trial::test(name, || {
-                Err(Failed::from(
-                    "RETRY_TEST_REQUIRE names kafka but RETRY_TEST_KAFKA is not set",
-                ))
-            }),
-            None => {
-                eprintln!("SKIP {name}: RETRY_TEST_KAFKA is not set");
-                Trial::test(name, || Ok(())).with_ignored_flag(true)
-            }
-        })
-        .collect();
+    let trials = test_support::broker::trials("kafka", "RETRY_TEST_KAFKA", &tests);
     libtest_mimic::run(&args, trials).exit();
 }
 
@@ -113,13 +92,6 @@ fn config() -> KafkaConfig {
         ],
         ..KafkaConfig::default()
     }
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())
 }
 
 async fn connect(url: &str) -> Result<KafkaTransport, String> {

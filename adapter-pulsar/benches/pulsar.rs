@@ -18,43 +18,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use event_retry_pulsar::{PulsarConfig, PulsarTransport};
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use pulsar::consumer::InitialPosition;
 use pulsar::{Consumer, ConsumerOptions, Pulsar, SubType, TokioExecutor};
-use retry_core::classify::HandlerError;
-use retry_core::event::Event;
-use retry_core::policy::RetryPolicy;
-use retry_core::runtime::{Consumer as RetryConsumer, Context, handler_fn};
-use retry_core::time::Timestamp;
-use retry_core::transport::Transport;
+use test_support::bench::{self, Error, Throughput, work};
 
 const MESSAGES: usize = 20_000;
 const PREFETCH: usize = 64;
 const RETRIES: usize = 300;
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
-
 fn main() -> Result<(), Error> {
-    let Some(url) = std::env::var("RETRY_TEST_PULSAR")
-        .ok()
-        .filter(|u| !u.is_empty())
-    else {
-        eprintln!(
-            "RETRY_TEST_PULSAR is not set: start the broker (scripts/brokers start pulsar) and source target/brokers/env.sh"
-        );
-        std::process::exit(2);
-    };
-    if std::env::args().any(|a| a == "--test" || a == "--list") {
-        return Ok(());
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(run(&url))
-}
-
-fn work(payload: &[u8]) -> u64 {
-    payload.iter().map(|b| u64::from(*b)).sum()
+    bench::main("RETRY_TEST_PULSAR", "pulsar", |url| async move {
+        run(&url).await
+    })
 }
 
 /// Subscribes (so the messages are kept), then publishes `MESSAGES` events.
@@ -72,17 +48,7 @@ async fn prefill(
         .build()
         .await?;
     sub.close().await?;
-    futures::stream::iter(0..MESSAGES)
-        .map(|i| async move {
-            let body = format!("{{\"id\":{i},\"pad\":\"{}\"}}", "x".repeat(200));
-            transport
-                .publish(topic, &Event::new(body).with_id(format!("m{i}")))
-                .await
-        })
-        .buffer_unordered(256)
-        .try_collect::<Vec<()>>()
-        .await?;
-    Ok(())
+    bench::publish_all(transport, topic, MESSAGES, 256).await
 }
 
 async fn raw_run(
@@ -140,116 +106,24 @@ async fn sdk_run(
     topic: &str,
 ) -> Result<f64, Error> {
     prefill(transport, client, topic, &format!("{topic}-consumers")).await?;
-    let sink = Arc::new(AtomicU64::new(0));
-    let s = sink.clone();
-    let handler = handler_fn(move |event: Event, _ctx: Context| {
-        let s = s.clone();
-        async move {
-            s.fetch_add(work(&event.payload), Ordering::Relaxed);
-            Ok::<(), HandlerError>(())
-        }
-    });
-    let started = Instant::now();
-    let consumer = RetryConsumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, topic)
-        .concurrency(PREFETCH)
-        .build()?
-        .start(handler)
-        .await?;
-    while consumer.stats().succeeded < MESSAGES as u64 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
-    consumer.shutdown().await?;
-    Ok(rate)
+    bench::sdk_round(Arc::new(transport.clone()), topic, MESSAGES, PREFETCH).await
 }
 
 async fn throughput(url: &str, transport: &PulsarTransport) -> Result<(), Error> {
     let client: Pulsar<TokioExecutor> = Pulsar::builder(url, TokioExecutor).build().await?;
-    let (mut raw, mut sdk) = (Vec::new(), Vec::new());
-    for round in 0..3 {
+    let mut rounds = Throughput::default();
+    for _ in 0..3 {
         let id = uuid::Uuid::new_v4().simple();
-        raw.push(raw_run(&client, transport, &format!("bench-raw-{id}")).await?);
-        sdk.push(sdk_run(&client, transport, &format!("bench-sdk-{id}")).await?);
-        println!(
-            "round {}: raw pulsar {:.0} msg/s, SDK {:.0} msg/s ({MESSAGES} messages, receiver queue/concurrency {PREFETCH})",
-            round + 1,
-            raw[round],
-            sdk[round]
+        let raw = raw_run(&client, transport, &format!("bench-raw-{id}")).await?;
+        let sdk = sdk_run(&client, transport, &format!("bench-sdk-{id}")).await?;
+        rounds.round(
+            raw,
+            sdk,
+            "raw pulsar",
+            &format!("{MESSAGES} messages, receiver queue/concurrency {PREFETCH}"),
         );
     }
-    let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    println!(
-        "happy-path throughput: SDK/raw = {:.2} (best of 3: SDK {:.0} msg/s, raw {:.0} msg/s); medians: {:.2}",
-        best(&sdk) / best(&raw),
-        best(&sdk),
-        best(&raw),
-        median(&sdk) / median(&raw)
-    );
-    Ok(())
-}
-
-async fn lateness(transport: &PulsarTransport) -> Result<(), Error> {
-    let topic = format!("bench-lateness-{}", uuid::Uuid::new_v4().simple());
-    let late_ms: Arc<std::sync::Mutex<Vec<i64>>> = Arc::default();
-    let record = late_ms.clone();
-    let handler = handler_fn(move |_event: Event, ctx: Context| {
-        let record = record.clone();
-        async move {
-            if ctx.attempt == 1 {
-                return Err(HandlerError::deferred("fail once"));
-            }
-            if let Some(due) = ctx.due_at {
-                let now = Timestamp::now().as_millis() as i64;
-                record
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(now - due.as_millis() as i64);
-            }
-            Ok(())
-        }
-    });
-    let consumer =
-        RetryConsumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
-            .policy(RetryPolicy::parse("30500ms x1; jitter=±96%")?)
-            .concurrency(32)
-            .build()?
-            .start(handler)
-            .await?;
-    for i in 0..RETRIES {
-        let id = format!("late-{i}");
-        transport
-            .publish(&topic, &Event::new(id.clone()).with_id(id))
-            .await?;
-    }
-    let deadline = Instant::now() + Duration::from_secs(150);
-    while consumer.stats().succeeded_after_retry < RETRIES as u64 {
-        if Instant::now() > deadline {
-            return Err(format!("retries did not finish: {:?}", consumer.stats()).into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    consumer.shutdown().await?;
-    let mut late = late_ms.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    late.sort_unstable();
-    let early = late.iter().filter(|&&l| l < 0).count();
-    let pct = |p: usize| late[(late.len() * p / 100).min(late.len() - 1)];
-    println!(
-        "retry lateness over {} retries with delays of 1.2-59.8 s (broker tick {:?}, strict deliverAt): p50 {} ms, p99 {} ms, max {} ms, early {}",
-        late.len(),
-        transport.config().tick,
-        pct(50),
-        pct(99),
-        late[late.len() - 1],
-        early
-    );
-    if early > 0 {
-        return Err(format!("{early} retries ran before their due time").into());
-    }
+    rounds.report();
     Ok(())
 }
 
@@ -260,16 +134,23 @@ async fn run(url: &str) -> Result<(), Error> {
         ..PulsarConfig::default()
     };
     let transport = PulsarTransport::connect_with(url, config).await?;
-    let only: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let wants = |part: &str| only.is_empty() || only.iter().any(|o| o == part);
-    if wants("throughput") {
+    if bench::wants("throughput") {
         throughput(url, &transport).await?;
     }
-    if wants("lateness") {
-        lateness(&transport).await?;
+    if bench::wants("lateness") {
+        let topic = format!("bench-lateness-{}", uuid::Uuid::new_v4().simple());
+        let describe = format!(
+            "broker tick {:?}, strict deliverAt",
+            transport.config().tick
+        );
+        bench::lateness(
+            Arc::new(transport),
+            &topic,
+            RETRIES,
+            Duration::from_secs(150),
+            &describe,
+        )
+        .await?;
     }
     Ok(())
 }

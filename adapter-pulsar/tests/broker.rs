@@ -13,29 +13,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_retry_pulsar::{PulsarConfig, PulsarTransport};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
 use retry_core::policy::RetryPolicy;
 use retry_core::runtime::{Consumer, Context, handler_fn};
 use retry_core::transport::Transport;
+use test_support::broker::Test;
 
 const EVENTS: usize = 20;
 const DELAY: Duration = Duration::from_secs(20);
-
-type Test = fn(String) -> Result<(), String>;
 
 fn main() {
     let mut args = Arguments::from_args();
     // The restart would disturb the other test.
     args.test_threads = Some(1);
-    let url = std::env::var("RETRY_TEST_PULSAR")
-        .ok()
-        .filter(|u| !u.is_empty());
-    let required = std::env::var("RETRY_TEST_REQUIRE")
-        .unwrap_or_default()
-        .split(',')
-        .any(|b| b.trim() == "pulsar");
     let tests: [(&str, Test); 2] = [
         ("groups_retry_on_their_own", groups_retry_on_their_own),
         (
@@ -43,21 +35,7 @@ fn main() {
             restart_keeps_delayed_retries,
         ),
     ];
-    let trials = tests
-        .into_iter()
-        .map(|(name, test)| match url.clone() {
-            Some(url) => Trial::test(name, move || test(url).map_err(Failed::from)),
-            None if required => Trial::test(name, || {
-                Err(Failed::from(
-                    "RETRY_TEST_REQUIRE names pulsar but RETRY_TEST_PULSAR is not set",
-                ))
-            }),
-            None => {
-                eprintln!("SKIP {name}: RETRY_TEST_PULSAR is not set");
-                Trial::test(name, || Ok(())).with_ignored_flag(true)
-            }
-        })
-        .collect();
+    let trials = test_support::broker::trials("pulsar", "RETRY_TEST_PULSAR", &tests);
     libtest_mimic::run(&args, trials).exit();
 }
 
@@ -73,10 +51,7 @@ fn config() -> PulsarConfig {
 /// once. Each group handles each event as often as its own policy says, never the other group's
 /// retries; a dead letter of one group replays to that group only.
 fn groups_retry_on_their_own(url: String) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let rt = test_support::broker::runtime()?;
     rt.block_on(async move {
         let transport = PulsarTransport::connect_with(&url, config()).await.map_err(|e| e.to_string())?;
         let topic = format!("groups-{}", uuid::Uuid::new_v4().simple());
@@ -154,10 +129,7 @@ fn groups_retry_on_their_own(url: String) -> Result<(), String> {
 }
 
 fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let rt = test_support::broker::runtime()?;
     rt.block_on(async move {
         let config = PulsarConfig {
             tick: Duration::from_millis(100),

@@ -16,29 +16,21 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_retry_rabbitmq::{QueueType, RabbitConfig, RabbitTransport};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
 use retry_core::classify::HandlerError;
 use retry_core::dlq::DlqFilter;
 use retry_core::event::Event;
 use retry_core::policy::RetryPolicy;
 use retry_core::runtime::{Consumer, Context, handler_fn};
 use retry_core::transport::Transport;
+use test_support::broker::{Test, runtime};
 
 const EVENTS: usize = 20;
 const DELAY: Duration = Duration::from_secs(20);
 
-type Test = fn(String) -> Result<(), String>;
-
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
-    let url = std::env::var("RETRY_TEST_AMQP")
-        .ok()
-        .filter(|u| !u.is_empty());
-    let required = std::env::var("RETRY_TEST_REQUIRE")
-        .unwrap_or_default()
-        .split(',')
-        .any(|b| b.trim() == "rabbitmq");
     let tests: [(&str, Test); 3] = [
         (
             "returns_are_paired_with_their_own_publish",
@@ -53,29 +45,8 @@ fn main() {
             restart_keeps_delayed_retries,
         ),
     ];
-    let trials = tests
-        .into_iter()
-        .map(|(name, test)| match url.clone() {
-            Some(url) => Trial::test(name, move || test(url).map_err(Failed::from)),
-            None if required => Trial::test(name, || {
-                Err(Failed::from(
-                    "RETRY_TEST_REQUIRE names rabbitmq but RETRY_TEST_AMQP is not set",
-                ))
-            }),
-            None => {
-                eprintln!("SKIP {name}: RETRY_TEST_AMQP is not set");
-                Trial::test(name, || Ok(())).with_ignored_flag(true)
-            }
-        })
-        .collect();
+    let trials = test_support::broker::trials("rabbitmq", "RETRY_TEST_AMQP", &tests);
     libtest_mimic::run(&args, trials).exit();
-}
-
-fn runtime() -> Result<tokio::runtime::Runtime, String> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())
 }
 
 /// A quorum-queue transport: an event failing twice retries through the quorum ladder (never early) and

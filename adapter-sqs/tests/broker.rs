@@ -17,26 +17,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_retry_sqs::{SqsConfig, SqsTransport};
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::Arguments;
 use retry_core::classify::HandlerError;
 use retry_core::dlq::DlqFilter;
 use retry_core::event::Event;
 use retry_core::policy::RetryPolicy;
 use retry_core::runtime::{Consumer, ConsumerHandle, Context, handler_fn};
 use retry_core::transport::Transport;
+use test_support::broker::Test;
 
-type Test = fn(String) -> Result<(), String>;
 type Calls = Arc<Mutex<HashMap<String, Vec<Instant>>>>;
 
 fn main() {
     let args = Arguments::from_args();
-    let url = std::env::var("RETRY_TEST_SQS")
-        .ok()
-        .filter(|u| !u.is_empty());
-    let required = std::env::var("RETRY_TEST_REQUIRE")
-        .unwrap_or_default()
-        .split(',')
-        .any(|b| b.trim() == "sqs");
     let tests: [(&str, Test); 4] = [
         (
             "a_long_handler_keeps_its_message_hidden",
@@ -55,30 +48,12 @@ fn main() {
             fifo_queue_retries_and_dead_letters,
         ),
     ];
-    let trials = tests
-        .into_iter()
-        .map(|(name, test)| match url.clone() {
-            Some(url) => Trial::test(name, move || test(url).map_err(Failed::from)),
-            None if required => Trial::test(name, || {
-                Err(Failed::from(
-                    "RETRY_TEST_REQUIRE names sqs but RETRY_TEST_SQS is not set",
-                ))
-            }),
-            None => {
-                eprintln!("SKIP {name}: RETRY_TEST_SQS is not set");
-                Trial::test(name, || Ok(())).with_ignored_flag(true)
-            }
-        })
-        .collect();
+    let trials = test_support::broker::trials("sqs", "RETRY_TEST_SQS", &tests);
     libtest_mimic::run(&args, trials).exit();
 }
 
 fn block_on<F: Future<Output = Result<(), String>>>(f: F) -> Result<(), String> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?
-        .block_on(f)
+    test_support::broker::runtime()?.block_on(f)
 }
 
 /// A handler that records every call and fails as `fail` says (by event id and call number).

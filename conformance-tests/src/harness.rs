@@ -59,12 +59,7 @@ pub fn brokers() -> Vec<Broker> {
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 
 fn required() -> Result<Vec<String>, String> {
-    let text = std::env::var("RETRY_TEST_REQUIRE").unwrap_or_default();
-    let names: Vec<String> = text
-        .split(',')
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
+    let names = test_support::broker::required_brokers();
     let known: Vec<&str> = brokers().iter().map(|b| b.name).chain(["memory"]).collect();
     match names.iter().find(|n| !known.contains(&n.as_str())) {
         Some(bad) => Err(format!(

@@ -1,0 +1,223 @@
+//! What every adapter's bench binary does the same way: start, pick its parts, publish the events, run
+//! the SDK's throughput round, report the rounds, and measure retry lateness.
+//!
+//! An adapter's bench adds only its raw-client round and its set-up (declaring topics or queues).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use retry_core::classify::HandlerError;
+use retry_core::event::Event;
+use retry_core::policy::RetryPolicy;
+use retry_core::runtime::{Consumer, Context, handler_fn};
+use retry_core::time::Timestamp;
+use retry_core::transport::Transport;
+
+/// A bench's error.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs a bench binary against the broker whose URL is in `env` (`broker` is its name in
+/// `scripts/brokers`): without it, says how to start it and exits with status 2; `cargo test` (which
+/// passes `--test` or `--list`) only checks that it starts.
+pub fn main<F, Fut>(env: &str, broker: &str, run: F) -> Result<(), Error>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = Result<(), Error>>,
+{
+    let Some(url) = crate::broker::url(env) else {
+        eprintln!(
+            "{env} is not set: start the broker (scripts/brokers start {broker}) and source target/brokers/env.sh"
+        );
+        std::process::exit(2);
+    };
+    if std::env::args().any(|a| a == "--test" || a == "--list") {
+        return Ok(());
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(url))
+}
+
+fn parts_asked() -> Vec<String> {
+    std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect()
+}
+
+/// Whether to run `part`: every part runs when none is named (`cargo bench … -- throughput` runs one).
+pub fn wants(part: &str) -> bool {
+    let asked = parts_asked();
+    asked.is_empty() || asked.iter().any(|a| a == part)
+}
+
+/// Whether `part` was named explicitly (for parts a default run leaves out).
+pub fn asked(part: &str) -> bool {
+    parts_asked().iter().any(|a| a == part)
+}
+
+/// The work every consumer does per message: look at every byte (so the payload is really read).
+pub fn work(payload: &[u8]) -> u64 {
+    payload.iter().map(|b| u64::from(*b)).sum()
+}
+
+/// Publishes `messages` events of ~230 bytes (ids `m0`, `m1`, …), `at_once` at a time.
+pub async fn publish_all(
+    transport: &dyn Transport,
+    topic: &str,
+    messages: usize,
+    at_once: usize,
+) -> Result<(), Error> {
+    futures::stream::iter(0..messages)
+        .map(|i| async move {
+            let body = format!("{{\"id\":{i},\"pad\":\"{}\"}}", "x".repeat(200));
+            transport
+                .publish(topic, &Event::new(body).with_id(format!("m{i}")))
+                .await
+        })
+        .buffer_unordered(at_once)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// One SDK round: a consumer of `topic` (already filled with `messages` events) with `concurrency`,
+/// doing [`work`] per event; its rate in messages per second, from its start to the last success.
+pub async fn sdk_round(
+    transport: Arc<dyn Transport>,
+    topic: &str,
+    messages: usize,
+    concurrency: usize,
+) -> Result<f64, Error> {
+    let sink = Arc::new(AtomicU64::new(0));
+    let s = sink.clone();
+    let handler = handler_fn(move |event: Event, _ctx: Context| {
+        let s = s.clone();
+        async move {
+            s.fetch_add(work(&event.payload), Ordering::Relaxed);
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let started = Instant::now();
+    let consumer = Consumer::builder(transport, topic)
+        .concurrency(concurrency)
+        .build()?
+        .start(handler)
+        .await?;
+    while consumer.stats().succeeded < messages as u64 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let rate = messages as f64 / started.elapsed().as_secs_f64();
+    consumer.shutdown().await?;
+    Ok(rate)
+}
+
+/// The raw client's and the SDK's rates, round by round.
+#[derive(Debug, Default)]
+pub struct Throughput {
+    raw: Vec<f64>,
+    sdk: Vec<f64>,
+}
+
+impl Throughput {
+    /// Records and prints one round: `raw` named `raw_name` (e.g. "raw lapin"), with `detail` (the
+    /// message count and settings).
+    pub fn round(&mut self, raw: f64, sdk: f64, raw_name: &str, detail: &str) {
+        self.raw.push(raw);
+        self.sdk.push(sdk);
+        println!(
+            "round {}: {raw_name} {raw:.0} msg/s, SDK {sdk:.0} msg/s ({detail})",
+            self.raw.len()
+        );
+    }
+
+    /// Prints the ratio of the best rounds, and of the medians.
+    pub fn report(&self) {
+        let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v.get(v.len() / 2).copied().unwrap_or(0.0)
+        };
+        println!(
+            "happy-path throughput: SDK/raw = {:.2} (best of {}: SDK {:.0} msg/s, raw {:.0} msg/s); medians: {:.2}",
+            best(&self.sdk) / best(&self.raw),
+            self.raw.len(),
+            best(&self.sdk),
+            best(&self.raw),
+            median(&self.sdk) / median(&self.raw)
+        );
+    }
+}
+
+/// The lateness part: `retries` events fail once and retry after delays spread uniformly over
+/// 1.2–59.8 s; lateness is the retry's start minus its due time (wall clock). Prints p50, p99 and max
+/// with `describe` (how the broker delays); an early retry, or retries not done within `deadline`, fail.
+pub async fn lateness(
+    transport: Arc<dyn Transport>,
+    topic: &str,
+    retries: usize,
+    deadline: Duration,
+    describe: &str,
+) -> Result<(), Error> {
+    let late_ms: Arc<std::sync::Mutex<Vec<i64>>> = Arc::default();
+    let record = late_ms.clone();
+    let handler = handler_fn(move |_event: Event, ctx: Context| {
+        let record = record.clone();
+        async move {
+            if ctx.attempt == 1 {
+                return Err(HandlerError::deferred("fail once"));
+            }
+            if let Some(due) = ctx.due_at {
+                let now = Timestamp::now().as_millis() as i64;
+                record
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(now - due.as_millis() as i64);
+            }
+            Ok(())
+        }
+    });
+    // Uniform delays over [1.2 s, 59.8 s].
+    let consumer = Consumer::builder(transport.clone(), topic)
+        .policy(RetryPolicy::parse("30500ms x1; jitter=±96%")?)
+        .concurrency(32)
+        .build()?
+        .start(handler)
+        .await?;
+    for i in 0..retries {
+        let id = format!("late-{i}");
+        transport
+            .publish(topic, &Event::new(id.clone()).with_id(id))
+            .await?;
+    }
+    let until = Instant::now() + deadline;
+    while consumer.stats().succeeded_after_retry < retries as u64 {
+        if Instant::now() > until {
+            return Err(format!("retries did not finish: {:?}", consumer.stats()).into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    consumer.shutdown().await?;
+    let mut late = late_ms.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    late.sort_unstable();
+    let Some(&max) = late.last() else {
+        return Err("no retry was measured".into());
+    };
+    let early = late.iter().filter(|&&l| l < 0).count();
+    let pct = |p: usize| late[(late.len() * p / 100).min(late.len() - 1)];
+    println!(
+        "retry lateness over {} retries with delays of 1.2-59.8 s ({describe}): p50 {} ms, p99 {} ms, max {max} ms, early {early}",
+        late.len(),
+        pct(50),
+        pct(99),
+    );
+    if early > 0 {
+        return Err(format!("{early} retries ran before their due time").into());
+    }
+    Ok(())
+}

@@ -1,0 +1,13 @@
+//! What the adapters' broker tests and benches share, so each adapter writes only what is its own.
+//!
+//! * [`broker`]: which broker a test binary runs against (`RETRY_TEST_<BROKER>`), whether
+//!   `RETRY_TEST_REQUIRE` names it (a missing broker then fails instead of skipping loudly), and the
+//!   trials of a `harness = false` test binary;
+//! * [`bench`]: a bench binary's start, its parts, the SDK's throughput round and the retry lateness
+//!   part, which are the same on every broker.
+//!
+//! Adapters use it as a dev-dependency; it depends only on `retry-core`, so the conformance suite (which
+//! depends on the adapters) can use it too.
+
+pub mod bench;
+pub mod broker;
