@@ -20,6 +20,7 @@ use retry_core::policy::RetryPolicy;
 use retry_core::runtime::{Consumer, Context, handler_fn};
 use retry_core::transport::Transport;
 use test_support::broker::Test;
+use test_support::restart::{Waits, delayed_retries_survive_restart};
 
 const EVENTS: usize = 20;
 const DELAY: Duration = Duration::from_secs(20);
@@ -129,107 +130,17 @@ fn groups_retry_on_their_own(url: String) -> Result<(), String> {
 }
 
 fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
-    let rt = test_support::broker::runtime()?;
-    rt.block_on(async move {
-        let config = PulsarConfig {
-            tick: Duration::from_millis(100),
-            strict_deliver_at: true,
-            ..PulsarConfig::default()
-        };
-        let transport = PulsarTransport::connect_with(&url, config)
+    test_support::broker::runtime()?.block_on(async move {
+        let transport = PulsarTransport::connect_with(&url, config())
             .await
             .map_err(|e| e.to_string())?;
         let topic = format!("restart-{}", uuid::Uuid::new_v4().simple());
-        let calls: Arc<Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
-        let seen = calls.clone();
-        let handler = handler_fn(move |event: Event, _ctx: Context| {
-            let seen = seen.clone();
-            async move {
-                let id = event.id().unwrap_or_default().to_string();
-                let mut calls = seen.lock().unwrap_or_else(|p| p.into_inner());
-                let mine = calls.entry(id).or_default();
-                mine.push(Instant::now());
-                if mine.len() == 1 {
-                    Err(HandlerError::deferred("first try fails"))
-                } else {
-                    Ok(())
-                }
-            }
-        });
-        let policy = RetryPolicy::parse(&format!("{}ms x1", DELAY.as_millis()))
-            .map_err(|e| e.to_string())?;
-        let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
-            .policy(policy)
-            .concurrency(8)
-            .build()
-            .map_err(|e| e.to_string())?
-            .start(handler)
+        let waits = Waits {
+            scheduled: Duration::from_secs(30),
+            after_due: Duration::from_secs(120),
+        };
+        delayed_retries_survive_restart(Arc::new(transport), "pulsar", &topic, EVENTS, DELAY, waits)
             .await
-            .map_err(|e| e.to_string())?;
-        for i in 0..EVENTS {
-            let id = format!("e{i:02}");
-            transport
-                .publish(&topic, &Event::new(id.clone()).with_id(id))
-                .await
-                .map_err(|e| e.to_string())?;
-        }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while consumer.stats().retries_scheduled < EVENTS as u64 {
-            if Instant::now() > deadline {
-                return Err(format!("retries not scheduled: {:?}", consumer.stats()));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let restarted_at = Instant::now();
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/brokers");
-        let out = tokio::process::Command::new("bash")
-            .args([script, "restart", "pulsar"])
-            .output()
-            .await
-            .map_err(|e| format!("run {script}: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "scripts/brokers restart pulsar failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            ));
-        }
-        eprintln!(
-            "pulsar restarted in {:?}; the retries were due {DELAY:?} after their failures",
-            restarted_at.elapsed()
-        );
-        let deadline = Instant::now() + DELAY + Duration::from_secs(120);
-        loop {
-            let done = calls
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-                .filter(|c| c.len() >= 2)
-                .count();
-            if done == EVENTS {
-                break;
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "{done} of {EVENTS} retries ran after the restart: {:?}",
-                    consumer.stats()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        for (id, at) in &calls {
-            if at.len() != 2 {
-                return Err(format!("{id} was handled {} times, want 2", at.len()));
-            }
-            if at[1] - at[0] < DELAY {
-                return Err(format!(
-                    "{id}: the retry ran after {:?}, before its delay",
-                    at[1] - at[0]
-                ));
-            }
-        }
-        consumer.shutdown().await.map_err(|e| e.to_string())?;
-        Ok(())
+            .map(drop)
     })
 }
