@@ -15,7 +15,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use retry_core::classify::{Classifier, ErrorKind, HandlerError};
 use retry_core::decide::{Attempt, Outcome, Policies, decide};
-use retry_core::event::{Event, Headers};
+use retry_core::headers::Headers;
 use retry_core::lifecycle::{Input, State};
 use retry_core::metadata::{self, Origin, RetryMetadata};
 use retry_core::policy::RetryPolicy;
@@ -138,14 +138,9 @@ fn decision_path(c: &mut Criterion) {
                 }
                 _ => state.on(Input::Die),
             };
-            let event = Event {
-                payload: Bytes::new(),
-                key: None,
-                headers: foreign,
-                meta,
-            };
+            let event = retry_core::adapter::event_from_parts(Bytes::new(), None, foreign, meta);
             wire_out.0.clear();
-            metadata::encode_into(&event.meta, &mut wire_out);
+            metadata::encode_into(event.metadata(), &mut wire_out);
             black_box((next, wire_out.0.len()))
         })
     });

@@ -8,9 +8,9 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::adapter::{DelayCapability, Honour};
 use crate::policy::{RetryPolicy, Schedule};
 use crate::time::format_duration;
-use crate::transport::{DelayCapability, Honour};
 
 /// One line of the report: a range of retries sharing one delay.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,7 +142,7 @@ impl fmt::Display for DelayReport {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::transport::BeyondMax;
+    use crate::adapter::BeyondMax;
 
     fn cap(granularity_ms: u64, max_s: Option<u64>, beyond: BeyondMax) -> DelayCapability {
         DelayCapability {

@@ -157,6 +157,12 @@ impl HandlerError {
         }
     }
 
+    /// The error as a boxed error, keeping its stated kind (for middleware that passes errors on, such
+    /// as a `tower` layer); [`HandlerError::unclassified`] turns it back.
+    pub fn into_boxed(self) -> BoxError {
+        self.error
+    }
+
     /// The error, for walking its `source()` chain.
     pub fn as_error(&self) -> &(dyn StdError + 'static) {
         self.error.as_ref()

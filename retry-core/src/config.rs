@@ -13,7 +13,15 @@
 //!
 //! [topics.payments]
 //! policy = "exp(1s, 10m, 2, 12); jitter=full; max-elapsed=2h"
+//!
+//! [broker]                            # optional: which broker, and the adapter's settings
+//! url = "kafka://127.0.0.1:9092"
+//! options = { granularity = "100ms", partitions = 4 }
 //! ```
+//!
+//! With a `[broker]` section, `event_retry::connect_config(&config)` connects, so moving a service from
+//! one broker to another is a change of this file. The options are the adapter's (each adapter's README
+//! lists them); the same keys work as URL query parameters.
 //!
 //! A topic section overrides the fields it sets; rules of a topic come before the default rules. Error
 //! *types* cannot be named in a file (Rust has no reflection): register them in code with
@@ -26,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::classify::{Classifier, ErrorKind, PatternError};
 use crate::decide::Policies;
+use crate::options::Options;
 use crate::policy::RetryPolicy;
 
 /// A message-pattern classification rule.
@@ -67,6 +76,64 @@ pub struct RetryConfig {
     /// Per-topic overrides.
     #[serde(default)]
     pub topics: BTreeMap<String, ScopeConfig>,
+    /// Which broker to connect to, with the adapter's settings.
+    #[serde(default)]
+    pub broker: Option<BrokerConfig>,
+}
+
+/// The `[broker]` section: a broker URL and the adapter's settings.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BrokerConfig {
+    /// The broker URL (`kafka://…`, `amqp://…`, `sqs://…`, `pulsar://…`, `memory://…`).
+    pub url: String,
+    /// The adapter's settings; text, numbers and booleans.
+    #[serde(default)]
+    pub options: BTreeMap<String, OptionValue>,
+}
+
+impl std::fmt::Debug for BrokerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerConfig")
+            .field("url", &crate::options::redact_url(&self.url))
+            .field("options", &self.to_options())
+            .finish()
+    }
+}
+
+impl BrokerConfig {
+    /// The settings as adapter [`Options`].
+    pub fn to_options(&self) -> Options {
+        self.options
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect()
+    }
+}
+
+/// One setting's value in the file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum OptionValue {
+    /// Text (`"100ms"`).
+    Text(String),
+    /// A whole number.
+    Integer(i64),
+    /// A number with a fraction.
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+}
+
+impl std::fmt::Display for OptionValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OptionValue::Text(s) => f.write_str(s),
+            OptionValue::Integer(n) => write!(f, "{n}"),
+            OptionValue::Float(x) => write!(f, "{x}"),
+            OptionValue::Bool(b) => write!(f, "{b}"),
+        }
+    }
 }
 
 /// A config file that could not be read or understood.
@@ -222,6 +289,21 @@ mod tests {
             "default kind SLE"
         );
         assert_eq!(payments.classify(&timeout), ErrorKind::Blocking);
+    }
+
+    #[test]
+    fn the_broker_section_gives_url_and_options() {
+        let c = RetryConfig::from_toml(
+            "[broker]\nurl = \"kafka://h:9092\"\noptions = { granularity = \"100ms\", partitions = 4, create_topics = false }",
+        )
+        .unwrap();
+        let broker = c.broker.unwrap();
+        assert_eq!(broker.url, "kafka://h:9092");
+        let o = broker.to_options();
+        assert_eq!(o.get("granularity"), Some("100ms"));
+        assert_eq!(o.get("partitions"), Some("4"));
+        assert_eq!(o.get("create_topics"), Some("false"));
+        assert!(RetryConfig::from_toml("[broker]\nurl = \"x\"\nurls = 1").is_err());
     }
 
     #[test]

@@ -1,37 +1,54 @@
-//! Dead letter queue operations: list, show, replay, purge — the same on every broker.
+//! Dead letter queue operations: list, show, replay, purge — the same on every broker, written once.
 //!
-//! An SRE triaging at night should not need to know how a broker stores dead letters. Each transport
-//! implements [`DeadLetterQueue`]; entries are addressed by the *source* topic they were consumed from and
-//! an entry id the transport chooses (an offset, a message id). Replay sends the event back to its origin
-//! with the payload, key and producer headers unedited, attempts restarted and the replay count raised, and
-//! removes (or marks) the entry only after the broker confirmed the replayed copy.
+//! An SRE triaging at night should not need to know how a broker stores dead letters. Entries are
+//! addressed by the *source* topic they were consumed from and an id the broker gives them (an offset, a
+//! message id). Every operation here runs the same steps over a broker's [`DlqSession`]: read the entries,
+//! decode them, pick those the [`DlqFilter`] selects, then act — a replay sends the event back to its
+//! origin with the payload, key and producer headers unedited, attempts restarted and the replay count
+//! raised, and removes (or marks) the entry only after the broker confirmed the copy — and finally give
+//! back what was not removed. A broker supplies only the five steps of its session.
 
-use async_trait::async_trait;
 use bytes::Bytes;
 
+use crate::adapter::{DlqSession, StoredDeadLetter, Transport};
 use crate::classify::ErrorKind;
+use crate::error::Error;
 use crate::event::Event;
+use crate::metadata::{self, DeadInfo};
 use crate::time::Timestamp;
-use crate::transport::TransportError;
 
 /// One dead letter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DeadLetter {
-    /// The transport's id for the entry (stable until the entry is removed).
+    /// The broker's id for the entry (stable until the entry is removed).
     pub id: String,
-    /// The event, with its dead-letter metadata (`event.meta.dead`).
+    /// The event, with its dead-letter metadata ([`DeadLetter::dead`]).
     pub event: Event,
 }
 
 impl DeadLetter {
+    /// Why, when and by which consumer the event was dead-lettered.
+    pub fn dead(&self) -> Option<&DeadInfo> {
+        self.event.metadata().dead.as_ref()
+    }
+
+    /// Decodes a stored entry; metadata that does not parse is skipped (a poison entry keeps what did).
+    fn decode(stored: StoredDeadLetter) -> Self {
+        let (meta, headers, _) = metadata::decode_lenient(&stored.message.headers);
+        DeadLetter {
+            id: stored.id,
+            event: Event::from_parts(stored.message.payload, stored.message.key, headers, meta),
+        }
+    }
+
     /// What a replay sends back, and where: the event with its payload, key and headers unedited, its
-    /// attempts restarted and its replay count raised ([`crate::metadata::RetryMetadata::reset_for_replay`]),
+    /// attempts restarted and its replay count raised ([`metadata::RetryMetadata::reset_for_replay`]),
     /// and the topic it was dead-lettered from (`source_topic` when its metadata names none).
     pub fn for_replay(&self, source_topic: &str) -> (Event, String) {
         let mut event = self.event.clone();
-        event.meta.reset_for_replay();
+        event.metadata_mut().reset_for_replay();
         let origin = event
-            .meta
+            .metadata()
             .origin
             .as_ref()
             .map_or(source_topic, |o| o.topic.as_str())
@@ -73,7 +90,7 @@ impl DlqFilter {
 
     /// Whether `entry` passes the filter (ignoring `limit`).
     pub fn matches(&self, entry: &DeadLetter) -> bool {
-        let meta = &entry.event.meta;
+        let meta = entry.event.metadata();
         let dead_at = meta.dead.as_ref().map(|d| d.at);
         self.ids.as_ref().is_none_or(|ids| ids.contains(&entry.id))
             && self.error_kind.is_none_or(|k| meta.error_kind == Some(k))
@@ -95,46 +112,141 @@ pub struct ReplayReport {
     pub ids: Vec<String>,
 }
 
-/// The operator view of a transport's dead letter queues.
-#[async_trait]
-pub trait DeadLetterQueue: Send + Sync {
-    /// Entries dead-lettered from `source_topic`, oldest first.
-    async fn list(
+/// What an operation does with the entries it selects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    List,
+    Replay,
+    Purge,
+}
+
+/// The dead letter queues of one broker: list, show, replay and purge by source topic.
+#[derive(Clone)]
+pub struct DeadLetters {
+    transport: std::sync::Arc<dyn Transport>,
+}
+
+impl std::fmt::Debug for DeadLetters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadLetters")
+            .field("broker", &self.transport.name())
+            .finish()
+    }
+}
+
+impl DeadLetters {
+    /// The DLQ operations of `transport`.
+    pub fn new(transport: std::sync::Arc<dyn Transport>) -> Self {
+        Self { transport }
+    }
+
+    /// Entries dead-lettered from `source_topic` that pass `filter`, oldest first.
+    pub async fn list(
         &self,
         source_topic: &str,
         filter: &DlqFilter,
-    ) -> Result<Vec<DeadLetter>, TransportError>;
+    ) -> Result<Vec<DeadLetter>, Error> {
+        self.run(source_topic, filter, Action::List).await
+    }
 
-    /// One entry with all its metadata (by default, [`DeadLetterQueue::list`] filtered by its id).
-    async fn show(
-        &self,
-        source_topic: &str,
-        id: &str,
-    ) -> Result<Option<DeadLetter>, TransportError> {
+    /// One entry with all its metadata.
+    pub async fn show(&self, source_topic: &str, id: &str) -> Result<Option<DeadLetter>, Error> {
         Ok(self.list(source_topic, &DlqFilter::id(id)).await?.pop())
     }
 
     /// Sends the selected entries back to their origin (payload unedited, attempts restarted, replay count
-    /// raised) and removes or marks each only after its copy was confirmed.
-    async fn replay(
+    /// raised) and removes or marks each only after the broker confirmed its copy. On a failure, the
+    /// entries replayed before it stay replayed and removed, and the error is returned.
+    pub async fn replay(
         &self,
         source_topic: &str,
         filter: &DlqFilter,
-    ) -> Result<ReplayReport, TransportError>;
+    ) -> Result<ReplayReport, Error> {
+        let replayed = self.run(source_topic, filter, Action::Replay).await?;
+        Ok(ReplayReport {
+            replayed: replayed.len(),
+            ids: replayed.into_iter().map(|e| e.id).collect(),
+        })
+    }
 
     /// Removes (or marks as purged) the selected entries; returns how many.
-    async fn purge(&self, source_topic: &str, filter: &DlqFilter) -> Result<usize, TransportError>;
+    pub async fn purge(&self, source_topic: &str, filter: &DlqFilter) -> Result<usize, Error> {
+        Ok(self.run(source_topic, filter, Action::Purge).await?.len())
+    }
+
+    async fn run(
+        &self,
+        source_topic: &str,
+        filter: &DlqFilter,
+        action: Action,
+    ) -> Result<Vec<DeadLetter>, Error> {
+        let Some(mut session) = self.transport.open_dead_letters(source_topic).await? else {
+            return Ok(Vec::new());
+        };
+        let result = apply(session.as_mut(), source_topic, filter, action).await;
+        // The session gives back what was not removed, after a failure too.
+        let finished = session.finish().await;
+        let done = result?;
+        finished?;
+        Ok(done)
+    }
+}
+
+/// Reads the entries, selects, and acts; returns the entries acted on (listed, replayed or purged).
+async fn apply(
+    session: &mut dyn DlqSession,
+    source_topic: &str,
+    filter: &DlqFilter,
+    action: Action,
+) -> Result<Vec<DeadLetter>, Error> {
+    let limit = filter.limit.unwrap_or(usize::MAX);
+    let mut chosen: Vec<(usize, DeadLetter)> = Vec::new();
+    let mut index = 0;
+    while chosen.len() < limit {
+        let Some(stored) = session.next().await? else {
+            break;
+        };
+        let entry = DeadLetter::decode(stored);
+        if filter.matches(&entry) {
+            chosen.push((index, entry));
+        }
+        index += 1;
+    }
+    if action == Action::List || chosen.is_empty() {
+        return Ok(chosen.into_iter().map(|(_, e)| e).collect());
+    }
+    let indices: Vec<usize> = chosen.iter().map(|(i, _)| *i).collect();
+    session.check_removal(&indices).await?;
+    match action {
+        Action::List => unreachable!("handled above"),
+        Action::Purge => {
+            session.remove(&indices).await?;
+            Ok(chosen.into_iter().map(|(_, e)| e).collect())
+        }
+        Action::Replay => {
+            let mut done = Vec::new();
+            for (i, entry) in chosen {
+                let (event, origin) = entry.for_replay(source_topic);
+                session.replay(i, &origin, &event).await?;
+                session.remove(&[i]).await?;
+                done.push(entry);
+            }
+            Ok(done)
+        }
+    }
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::metadata::{DeadInfo, DeadReason};
+    use crate::metadata::DeadReason;
 
     fn entry(id: &str, kind: ErrorKind, at: u64) -> DeadLetter {
         let mut event = Event::new("p").with_key("k1");
-        event.meta.error_kind = Some(kind);
-        event.meta.dead = Some(DeadInfo {
+        let meta = event.metadata_mut();
+        meta.error_kind = Some(kind);
+        meta.dead = Some(DeadInfo {
             reason: DeadReason::Exhausted,
             at: Timestamp::from_millis(at),
             consumer: "c".into(),
@@ -143,6 +255,157 @@ mod tests {
             id: id.into(),
             event,
         }
+    }
+
+    /// A DLQ session that records what the operation asked of it.
+    #[derive(Default)]
+    struct Scripted {
+        entries: Vec<StoredDeadLetter>,
+        read: usize,
+        fail_replay_of: Option<usize>,
+        refuse_removal: bool,
+        log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    }
+
+    impl Scripted {
+        fn with(n: usize) -> Self {
+            let entries = (0..n)
+                .map(|i| {
+                    let mut e = Event::new(format!("p{i}")).with_id(format!("e{i}"));
+                    e.metadata_mut().attempts = 3;
+                    e.metadata_mut().error_kind = Some(if i % 2 == 0 {
+                        ErrorKind::Deferred
+                    } else {
+                        ErrorKind::NonRetryable
+                    });
+                    StoredDeadLetter::new(format!("id{i}"), e.to_raw())
+                })
+                .collect();
+            Self {
+                entries,
+                ..Self::default()
+            }
+        }
+        fn log(&self, line: String) {
+            self.log
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(line);
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl DlqSession for Scripted {
+        async fn next(&mut self) -> Result<Option<StoredDeadLetter>, Error> {
+            let e = self.entries.get(self.read).cloned();
+            self.read += 1;
+            Ok(e)
+        }
+        async fn check_removal(&mut self, entries: &[usize]) -> Result<(), Error> {
+            self.log(format!("check {entries:?}"));
+            if self.refuse_removal {
+                return Err(Error::new(crate::error::Kind::Rejected, "too many marks"));
+            }
+            Ok(())
+        }
+        async fn replay(&mut self, entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
+            if self.fail_replay_of == Some(entry) {
+                return Err(Error::new(crate::error::Kind::Connection, "broker down"));
+            }
+            let m = event.metadata();
+            self.log(format!(
+                "replay {entry} to {origin} attempts={} replays={}",
+                m.attempts, m.replay_count
+            ));
+            Ok(())
+        }
+        async fn remove(&mut self, entries: &[usize]) -> Result<(), Error> {
+            self.log(format!("remove {entries:?}"));
+            Ok(())
+        }
+        async fn finish(self: Box<Self>) -> Result<(), Error> {
+            self.log("finish".into());
+            Ok(())
+        }
+    }
+
+    async fn run(
+        session: Scripted,
+        filter: &DlqFilter,
+        action: Action,
+    ) -> (Result<Vec<DeadLetter>, Error>, Vec<String>) {
+        let log = session.log.clone();
+        let mut boxed: Box<dyn DlqSession> = Box::new(session);
+        let result = apply(boxed.as_mut(), "orders", filter, action).await;
+        boxed.finish().await.unwrap();
+        let lines = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (result, lines)
+    }
+
+    #[tokio::test]
+    async fn replay_removes_each_entry_only_after_its_copy() {
+        let filter = DlqFilter {
+            error_kind: Some(ErrorKind::Deferred),
+            ..DlqFilter::all()
+        };
+        let (result, log) = run(Scripted::with(4), &filter, Action::Replay).await;
+        assert_eq!(result.unwrap().len(), 2);
+        assert_eq!(
+            log,
+            [
+                "check [0, 2]",
+                "replay 0 to orders attempts=0 replays=1",
+                "remove [0]",
+                "replay 2 to orders attempts=0 replays=1",
+                "remove [2]",
+                "finish"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_failed_replay_stops_and_keeps_its_entry() {
+        let session = Scripted {
+            fail_replay_of: Some(1),
+            ..Scripted::with(3)
+        };
+        let (result, log) = run(session, &DlqFilter::all(), Action::Replay).await;
+        assert_eq!(result.unwrap_err().kind(), crate::error::Kind::Connection);
+        assert_eq!(
+            log,
+            [
+                "check [0, 1, 2]",
+                "replay 0 to orders attempts=0 replays=1",
+                "remove [0]",
+                "finish"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_removal_that_cannot_be_recorded_does_nothing() {
+        let session = Scripted {
+            refuse_removal: true,
+            ..Scripted::with(3)
+        };
+        let (result, log) = run(session, &DlqFilter::all(), Action::Purge).await;
+        assert!(result.is_err());
+        assert_eq!(log, ["check [0, 1, 2]", "finish"]);
+    }
+
+    #[tokio::test]
+    async fn list_reads_up_to_the_limit_and_purge_removes_in_one_call() {
+        let limited = DlqFilter {
+            limit: Some(2),
+            ..DlqFilter::all()
+        };
+        let (listed, log) = run(Scripted::with(5), &limited, Action::List).await;
+        let ids: Vec<String> = listed.unwrap().into_iter().map(|e| e.id).collect();
+        assert_eq!(ids, ["id0", "id1"]);
+        assert_eq!(log, ["finish"], "a list changes nothing");
+        let (purged, log) = run(Scripted::with(3), &DlqFilter::all(), Action::Purge).await;
+        assert_eq!(purged.unwrap().len(), 3);
+        assert_eq!(log, ["check [0, 1, 2]", "remove [0, 1, 2]", "finish"]);
     }
 
     #[test]

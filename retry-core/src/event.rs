@@ -8,85 +8,8 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 
+use crate::headers::Headers;
 use crate::metadata::{self, MetadataError, RetryMetadata};
-
-/// Ordered message headers; names may repeat and values are arbitrary bytes.
-///
-/// Names are kept as `Cow<'static, str>` so the SDK's own (static) names cost no allocation per message.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Headers(Vec<(Cow<'static, str>, Bytes)>);
-
-impl Headers {
-    /// No headers.
-    pub fn new() -> Self {
-        Self(Vec::new())
-    }
-
-    /// No headers, with room for `n`.
-    pub fn with_capacity(n: usize) -> Self {
-        Self(Vec::with_capacity(n))
-    }
-
-    /// Appends a header (keeping any earlier one of the same name).
-    pub fn push(&mut self, name: impl Into<Cow<'static, str>>, value: impl Into<Bytes>) {
-        self.0.push((name.into(), value.into()));
-    }
-
-    /// Appends a header, builder style.
-    pub fn with(mut self, name: impl Into<Cow<'static, str>>, value: impl Into<Bytes>) -> Self {
-        self.push(name, value);
-        self
-    }
-
-    pub(crate) fn entries(&self) -> &[(Cow<'static, str>, Bytes)] {
-        &self.0
-    }
-
-    /// Every (name, value) pair in order, as owned (cheaply cloned) values.
-    pub fn iter_owned(&self) -> impl Iterator<Item = (Cow<'static, str>, Bytes)> + '_ {
-        self.0.iter().cloned()
-    }
-
-    /// The last value of `name`, if present.
-    pub fn get(&self, name: &str) -> Option<&Bytes> {
-        self.0.iter().rev().find(|(n, _)| n == name).map(|(_, v)| v)
-    }
-
-    /// Every (name, value) pair in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Bytes)> {
-        self.0.iter().map(|(n, v)| (n.as_ref(), v))
-    }
-
-    /// The number of headers.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether there are none.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Removes every header whose name matches `predicate`.
-    pub fn retain(&mut self, mut predicate: impl FnMut(&str, &Bytes) -> bool) {
-        self.0.retain(|(n, v)| predicate(n, v));
-    }
-}
-
-impl FromIterator<(String, Bytes)> for Headers {
-    fn from_iter<I: IntoIterator<Item = (String, Bytes)>>(iter: I) -> Self {
-        Self(iter.into_iter().map(|(n, v)| (Cow::Owned(n), v)).collect())
-    }
-}
-
-impl IntoIterator for Headers {
-    type Item = (Cow<'static, str>, Bytes);
-    type IntoIter = std::vec::IntoIter<(Cow<'static, str>, Bytes)>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
-    }
-}
 
 /// A message as it travels on a broker: payload, key and all headers, the SDK's metadata included.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -108,8 +31,9 @@ pub struct Event {
     pub key: Option<Bytes>,
     /// The producer's own headers (everything outside the SDK's namespace), never altered by the SDK.
     pub headers: Headers,
-    /// The SDK's retry bookkeeping.
-    pub meta: RetryMetadata,
+    /// The SDK's retry bookkeeping: read it with [`Event::metadata`]; only the runtime and adapters
+    /// write it.
+    pub(crate) meta: RetryMetadata,
 }
 
 impl Event {
@@ -143,9 +67,38 @@ impl Event {
         self
     }
 
+    /// A JSON payload from `value`, with a `content-type: application/json` header.
+    pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
+        Ok(Self::new(serde_json::to_vec(value)?).with_header("content-type", "application/json"))
+    }
+
     /// The event id, if known.
     pub fn id(&self) -> Option<&str> {
         self.meta.event_id.as_deref()
+    }
+
+    /// The SDK's retry bookkeeping: attempts, first-seen and due times, origin, last error, replay count,
+    /// and on a dead letter why and when it died.
+    pub fn metadata(&self) -> &RetryMetadata {
+        &self.meta
+    }
+
+    pub(crate) fn metadata_mut(&mut self) -> &mut RetryMetadata {
+        &mut self.meta
+    }
+
+    pub(crate) fn from_parts(
+        payload: Bytes,
+        key: Option<Bytes>,
+        headers: Headers,
+        meta: RetryMetadata,
+    ) -> Self {
+        Self {
+            payload,
+            key,
+            headers,
+            meta,
+        }
     }
 
     /// Encodes the event into a broker message with the metadata as individual headers.
@@ -173,18 +126,6 @@ impl Event {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn headers_keep_order_and_duplicates() {
-        let h = Headers::new()
-            .with("a", "1")
-            .with("b", Bytes::from_static(&[0, 255]))
-            .with("a", "2");
-        assert_eq!(h.len(), 3);
-        assert_eq!(h.get("a").unwrap().as_ref(), b"2");
-        let names: Vec<_> = h.iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["a", "b", "a"]);
-    }
 
     #[test]
     fn raw_round_trip_is_byte_for_byte() {

@@ -38,6 +38,20 @@ pub trait IdempotencyStore: Send + Sync {
     async fn abandon(&self, id: &str) -> Result<(), StoreError>;
 }
 
+/// A shared store (one store for several consumers) is a store.
+#[async_trait]
+impl<S: IdempotencyStore + ?Sized> IdempotencyStore for std::sync::Arc<S> {
+    async fn begin(&self, id: &str) -> Result<Begin, StoreError> {
+        (**self).begin(id).await
+    }
+    async fn complete(&self, id: &str) -> Result<(), StoreError> {
+        (**self).complete(id).await
+    }
+    async fn abandon(&self, id: &str) -> Result<(), StoreError> {
+        (**self).abandon(id).await
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Entry {
     InProgress { until: Instant },

@@ -8,6 +8,9 @@
 //! consumer — exactly what the conformance suite expects of a real broker.
 //!
 //! For fault tests the transport can make a topic's DLQ unwritable ([`MemoryTransport::set_dlq_writable`]).
+//!
+//! It is also the smallest example of the adapter contract ([`crate::adapter`]): a [`Transport`] with its
+//! subscription and receipt, a DLQ session, an [`Admin`], and a [`Scheme`] for `memory://` URLs.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
@@ -18,13 +21,15 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::dlq::{DeadLetter, DeadLetterQueue, DlqFilter, ReplayReport};
+use crate::adapter::{
+    Admin, Capabilities, ConnectFuture, DelayCapability, Delivery, DeliveryInfo, DlqSession,
+    Published, Receipt, Scheme, StoredDeadLetter, Subscription, SubscriptionSpec, TopicNames,
+    Transport, Unsettled,
+};
+use crate::error::{Error, Kind};
 use crate::event::{Event, RawMessage};
 use crate::metadata::Origin;
-use crate::transport::{
-    Capabilities, DelayCapability, Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec,
-    Transport, TransportError,
-};
+use crate::options::Options;
 
 /// The in-memory broker. Cheap to clone; clones share the same queues.
 #[derive(Clone, Default)]
@@ -47,7 +52,7 @@ struct Broker {
 #[derive(Default)]
 struct State {
     topics: HashMap<String, Queue>,
-    dead: HashMap<String, Vec<DeadLetter>>,
+    dead: HashMap<String, Vec<StoredDeadLetter>>,
     unwritable_dlq: HashSet<String>,
     next_seq: u64,
 }
@@ -70,7 +75,7 @@ impl Broker {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn enqueue(&self, topic: &str, raw: RawMessage, due: Instant, offset: Option<i64>) {
+    fn enqueue(&self, topic: &str, raw: RawMessage, due: Instant, offset: Option<i64>) -> i64 {
         let mut state = self.lock();
         let seq = state.next_seq;
         state.next_seq += 1;
@@ -84,6 +89,7 @@ impl Broker {
         queue.messages.insert(seq, Stored { raw, offset });
         drop(state);
         self.arrivals.notify_waiters();
+        offset
     }
 }
 
@@ -113,14 +119,44 @@ impl MemoryTransport {
     }
 
     /// Capabilities of the in-memory transport: every feature, delays exact to the millisecond.
-    pub const CAPABILITIES: Capabilities = Capabilities {
-        delay: DelayCapability::EXACT,
-        per_key_order: true,
-        blocking_pause: true,
-        replay: true,
-        shared_subscription: true,
-        crash_redelivery: true,
-    };
+    pub const CAPABILITIES: Capabilities = Capabilities::new(DelayCapability::EXACT)
+        .per_key_order(true)
+        .blocking_pause(true)
+        .replay(true)
+        .shared_subscription(true)
+        .crash_redelivery(true);
+
+    /// The in-process broker a `memory://` URL names: `memory://` alone is a new one, `memory://name` the
+    /// broker called `name`, shared by every connect of the same URL in this process (so a producer and a
+    /// consumer meet).
+    pub fn named(name: &str) -> Self {
+        let name = name.trim_end_matches('/');
+        if name.is_empty() {
+            return Self::new();
+        }
+        static BROKERS: std::sync::OnceLock<Mutex<HashMap<String, MemoryTransport>>> =
+            std::sync::OnceLock::new();
+        let mut brokers = BROKERS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        brokers.entry(name.to_string()).or_default().clone()
+    }
+}
+
+/// `memory://[name]`: the in-process broker (see [`MemoryTransport::named`]); it takes no options.
+pub const SCHEME: Scheme = Scheme {
+    schemes: &["memory"],
+    broker: "in-memory",
+    connect: connect_url,
+};
+
+fn connect_url(url: String, options: Options) -> ConnectFuture {
+    Box::pin(async move {
+        options.reader("in-memory").finish()?;
+        let name = url.split_once("://").map_or("", |(_, rest)| rest);
+        Ok(Arc::new(MemoryTransport::named(name)) as Arc<dyn Transport>)
+    })
 }
 
 #[async_trait]
@@ -133,24 +169,63 @@ impl Transport for MemoryTransport {
         Self::CAPABILITIES
     }
 
-    async fn publish(&self, topic: &str, event: &Event) -> Result<(), TransportError> {
-        self.broker
+    async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
+        let offset = self
+            .broker
             .enqueue(topic, event.to_raw(), Instant::now(), None);
-        Ok(())
+        Ok(Published::accepted()
+            .with_message_id(format!("{topic}/{offset}"))
+            .at(0, offset))
     }
 
-    async fn subscribe(
-        &self,
-        spec: &SubscriptionSpec,
-    ) -> Result<Box<dyn Subscription>, TransportError> {
+    async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
         Ok(Box::new(MemorySubscription {
             broker: self.broker.clone(),
             topic: spec.topic.clone(),
         }))
     }
 
-    fn dead_letters(&self) -> Arc<dyn DeadLetterQueue> {
-        Arc::new(self.clone())
+    async fn open_dead_letters(
+        &self,
+        source_topic: &str,
+    ) -> Result<Option<Box<dyn DlqSession>>, Error> {
+        let entries = self
+            .broker
+            .lock()
+            .dead
+            .get(source_topic)
+            .cloned()
+            .unwrap_or_default();
+        Ok(Some(Box::new(MemoryDlqSession {
+            transport: self.clone(),
+            topic: source_topic.to_string(),
+            entries,
+            read: 0,
+        })))
+    }
+
+    fn admin(&self) -> &dyn Admin {
+        self
+    }
+}
+
+#[async_trait]
+impl Admin for MemoryTransport {
+    /// Topics exist as soon as something is published to them; nothing to declare.
+    async fn declare(&self, _topic: &str, _group: Option<&str>) -> Result<(), Error> {
+        Ok(())
+    }
+
+    async fn delete(&self, topic: &str) -> Result<(), Error> {
+        let mut state = self.broker.lock();
+        state.topics.remove(topic);
+        state.dead.remove(topic);
+        state.unwritable_dlq.remove(topic);
+        Ok(())
+    }
+
+    async fn names(&self, topic: &str, _group: Option<&str>) -> Result<TopicNames, Error> {
+        Ok(TopicNames::new(topic, format!("{topic} (dead letters)")))
     }
 }
 
@@ -175,20 +250,18 @@ impl MemorySubscription {
             if let Some(stored) = queue.messages.remove(&seq) {
                 return Ok(Delivery {
                     message: stored.raw.clone(),
-                    info: DeliveryInfo {
-                        message_id: format!("{}/{}", self.topic, stored.offset),
-                        origin: Origin {
+                    info: DeliveryInfo::new(
+                        format!("{}/{}", self.topic, stored.offset),
+                        Origin {
                             topic: self.topic.clone(),
                             partition: None,
                             offset: Some(stored.offset),
                         },
-                        broker_attempts: None,
-                        broker_retries: None,
-                    },
+                    ),
                     receipt: Box::new(MemoryReceipt {
                         broker: self.broker.clone(),
                         topic: self.topic.clone(),
-                        original: Some(stored),
+                        original: Unsettled::new(stored),
                     }),
                 });
             }
@@ -199,7 +272,7 @@ impl MemorySubscription {
 
 #[async_trait]
 impl Subscription for MemorySubscription {
-    async fn next(&mut self) -> Result<Option<Delivery>, TransportError> {
+    async fn next(&mut self) -> Result<Option<Delivery>, Error> {
         loop {
             // Register for arrivals before looking, so a message published in between is not missed.
             let arrival = self.broker.arrivals.notified();
@@ -223,40 +296,28 @@ impl Subscription for MemorySubscription {
 struct MemoryReceipt {
     broker: Arc<Broker>,
     topic: String,
-    original: Option<Stored>,
-}
-
-impl MemoryReceipt {
-    fn take(&mut self) -> Result<Stored, TransportError> {
-        self.original.take().ok_or(TransportError::AlreadySettled)
-    }
+    original: Unsettled<Stored>,
 }
 
 #[async_trait]
 impl Receipt for MemoryReceipt {
-    async fn ack(&mut self) -> Result<(), TransportError> {
-        self.take().map(drop)
+    async fn ack(&mut self) -> Result<(), Error> {
+        self.original.take().map(drop)
     }
 
-    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), TransportError> {
-        if self.original.is_none() {
-            return Err(TransportError::AlreadySettled);
-        }
+    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
+        self.original.get()?;
         self.broker
             .enqueue(&self.topic, event.to_raw(), Instant::now() + delay, None);
-        self.take().map(drop)
+        self.original.take().map(drop)
     }
 
-    async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
-        if self.original.is_none() {
-            return Err(TransportError::AlreadySettled);
-        }
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
+        self.original.get()?;
         let mut state = self.broker.lock();
         if state.unwritable_dlq.contains(&self.topic) {
-            return Err(TransportError::Rejected {
-                operation: format!("dead-letter to the DLQ of {}", self.topic),
-                reason: "the DLQ is not writable".to_string(),
-            });
+            return Err(Error::new(Kind::Rejected, "the DLQ is not writable")
+                .with_operation(format!("dead-letter to the DLQ of {}", self.topic)));
         }
         let seq = state.next_seq;
         state.next_seq += 1;
@@ -264,16 +325,13 @@ impl Receipt for MemoryReceipt {
             .dead
             .entry(self.topic.clone())
             .or_default()
-            .push(DeadLetter {
-                id: seq.to_string(),
-                event: event.clone(),
-            });
+            .push(StoredDeadLetter::new(seq.to_string(), event.to_raw()));
         drop(state);
-        self.take().map(drop)
+        self.original.take().map(drop)
     }
 
-    async fn release(&mut self, after: Duration) -> Result<(), TransportError> {
-        let stored = self.take()?;
+    async fn release(&mut self, after: Duration) -> Result<(), Error> {
+        let stored = self.original.take()?;
         self.broker.enqueue(
             &self.topic,
             stored.raw,
@@ -286,63 +344,50 @@ impl Receipt for MemoryReceipt {
 
 impl Drop for MemoryReceipt {
     fn drop(&mut self) {
-        if let Some(stored) = self.original.take() {
+        if let Some(stored) = self.original.take_unsettled() {
             self.broker
                 .enqueue(&self.topic, stored.raw, Instant::now(), Some(stored.offset));
         }
     }
 }
 
+/// One DLQ operation: a snapshot of the entries; removals apply to the broker at once.
+struct MemoryDlqSession {
+    transport: MemoryTransport,
+    topic: String,
+    entries: Vec<StoredDeadLetter>,
+    read: usize,
+}
+
 #[async_trait]
-impl DeadLetterQueue for MemoryTransport {
-    async fn list(
-        &self,
-        source_topic: &str,
-        filter: &DlqFilter,
-    ) -> Result<Vec<DeadLetter>, TransportError> {
-        let state = self.broker.lock();
-        let entries = state
-            .dead
-            .get(source_topic)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        Ok(entries
+impl DlqSession for MemoryDlqSession {
+    async fn next(&mut self) -> Result<Option<StoredDeadLetter>, Error> {
+        let entry = self.entries.get(self.read).cloned();
+        self.read += usize::from(entry.is_some());
+        Ok(entry)
+    }
+
+    async fn replay(&mut self, _entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
+        self.transport
+            .broker
+            .enqueue(origin, event.to_raw(), Instant::now(), None);
+        Ok(())
+    }
+
+    async fn remove(&mut self, entries: &[usize]) -> Result<(), Error> {
+        let doomed: HashSet<&str> = entries
             .iter()
-            .filter(|e| filter.matches(e))
-            .take(filter.limit.unwrap_or(usize::MAX))
-            .cloned()
-            .collect())
-    }
-
-    async fn replay(
-        &self,
-        source_topic: &str,
-        filter: &DlqFilter,
-    ) -> Result<ReplayReport, TransportError> {
-        let mut report = ReplayReport::default();
-        for entry in self.list(source_topic, filter).await? {
-            let (event, origin) = entry.for_replay(source_topic);
-            self.publish(&origin, &event).await?;
-            if let Some(list) = self.broker.lock().dead.get_mut(source_topic) {
-                list.retain(|e| e.id != entry.id);
-            }
-            report.replayed += 1;
-            report.ids.push(entry.id);
-        }
-        Ok(report)
-    }
-
-    async fn purge(&self, source_topic: &str, filter: &DlqFilter) -> Result<usize, TransportError> {
-        let doomed: HashSet<String> = self
-            .list(source_topic, filter)
-            .await?
-            .into_iter()
-            .map(|e| e.id)
+            .filter_map(|&i| self.entries.get(i))
+            .map(|e| e.id.as_str())
             .collect();
-        if let Some(list) = self.broker.lock().dead.get_mut(source_topic) {
-            list.retain(|e| !doomed.contains(&e.id));
+        if let Some(list) = self.transport.broker.lock().dead.get_mut(&self.topic) {
+            list.retain(|e| !doomed.contains(e.id.as_str()));
         }
-        Ok(doomed.len())
+        Ok(())
+    }
+
+    async fn finish(self: Box<Self>) -> Result<(), Error> {
+        Ok(())
     }
 }
 
@@ -350,17 +395,10 @@ impl DeadLetterQueue for MemoryTransport {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::dlq::DlqFilter;
 
     fn spec(topic: &str) -> SubscriptionSpec {
-        SubscriptionSpec {
-            topic: topic.into(),
-            group: "g".into(),
-            consumer: "c".into(),
-            ordered: false,
-            max_in_flight: 1,
-            max_deliveries: None,
-            longest_delay: None,
-        }
+        SubscriptionSpec::new(topic, "g", "c")
     }
 
     #[tokio::test]
@@ -385,8 +423,8 @@ mod tests {
         assert_eq!(later.message.payload.as_ref(), b"later");
         assert!(start.elapsed() >= Duration::from_millis(80));
         assert_eq!(
-            d.receipt.ack().await.unwrap_err().to_string(),
-            "the delivery was already settled"
+            d.receipt.ack().await.unwrap_err().kind(),
+            Kind::AlreadySettled
         );
     }
 
@@ -408,41 +446,72 @@ mod tests {
     #[tokio::test]
     async fn unwritable_dlq_keeps_the_original() {
         let t = MemoryTransport::new();
+        let dlq = crate::dlq::DeadLetters::new(Arc::new(t.clone()));
         t.set_dlq_writable("c", false);
         let mut sub = t.subscribe(&spec("c")).await.unwrap();
         t.publish("c", &Event::new("x")).await.unwrap();
         let mut d = sub.next().await.unwrap().unwrap();
-        assert!(d.receipt.dead_letter(&Event::new("x")).await.is_err());
+        let refused = d.receipt.dead_letter(&Event::new("x")).await.unwrap_err();
+        assert_eq!(refused.kind(), Kind::Rejected);
         d.receipt.release(Duration::ZERO).await.unwrap();
         assert_eq!(t.pending("c"), 1);
         t.set_dlq_writable("c", true);
         let mut d = sub.next().await.unwrap().unwrap();
         d.receipt.dead_letter(&Event::new("x")).await.unwrap();
-        assert_eq!(t.list("c", &DlqFilter::all()).await.unwrap().len(), 1);
+        assert_eq!(dlq.list("c", &DlqFilter::all()).await.unwrap().len(), 1);
     }
 
     #[tokio::test]
     async fn replay_restarts_attempts_and_purge_removes() {
         let t = MemoryTransport::new();
+        let dlq = crate::dlq::DeadLetters::new(Arc::new(t.clone()));
         let mut sub = t.subscribe(&spec("d")).await.unwrap();
         for i in 0..3 {
             t.publish("d", &Event::new(format!("e{i}"))).await.unwrap();
             let mut d = sub.next().await.unwrap().unwrap();
             let mut e = Event::from_raw(d.message.clone()).unwrap();
-            e.meta.attempts = 4;
-            e.meta.origin = Some(d.info.origin.clone());
+            e.metadata_mut().attempts = 4;
+            e.metadata_mut().origin = Some(d.info.origin.clone());
             d.receipt.dead_letter(&e).await.unwrap();
         }
-        let all = t.list("d", &DlqFilter::all()).await.unwrap();
+        let all = dlq.list("d", &DlqFilter::all()).await.unwrap();
         assert_eq!(all.len(), 3);
-        let report = t
+        let report = dlq
             .replay("d", &DlqFilter::id(all[0].id.clone()))
             .await
             .unwrap();
         assert_eq!(report.replayed, 1);
         let back = Event::from_raw(sub.next().await.unwrap().unwrap().message).unwrap();
-        assert_eq!((back.meta.attempts, back.meta.replay_count), (0, 1));
-        assert_eq!(t.purge("d", &DlqFilter::all()).await.unwrap(), 2);
-        assert!(t.list("d", &DlqFilter::all()).await.unwrap().is_empty());
+        assert_eq!(
+            (back.metadata().attempts, back.metadata().replay_count),
+            (0, 1)
+        );
+        assert_eq!(dlq.purge("d", &DlqFilter::all()).await.unwrap(), 2);
+        assert!(dlq.list("d", &DlqFilter::all()).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn memory_urls_share_by_name() {
+        let a = (SCHEME.connect)("memory://shared".into(), Options::new())
+            .await
+            .unwrap();
+        let b = (SCHEME.connect)("memory://shared".into(), Options::new())
+            .await
+            .unwrap();
+        let lonely = (SCHEME.connect)("memory://".into(), Options::new())
+            .await
+            .unwrap();
+        a.publish("t", &Event::new("x")).await.unwrap();
+        let mut sub = b.subscribe(&spec("t")).await.unwrap();
+        assert!(
+            sub.next().await.unwrap().is_some(),
+            "same name, same broker"
+        );
+        let mut other = lonely.subscribe(&spec("t")).await.unwrap();
+        let nothing =
+            tokio::time::timeout(std::time::Duration::from_millis(50), other.next()).await;
+        assert!(nothing.is_err(), "memory:// alone is a fresh broker");
+        let refused = (SCHEME.connect)("memory://".into(), Options::new().set("x", "1")).await;
+        assert_eq!(refused.err().map(|e| e.kind()), Some(Kind::Config));
     }
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::classify::ErrorKind;
-use crate::event::Headers;
+use crate::headers::Headers;
 use crate::time::{Timestamp, duration_ms};
 
 /// The prefix of every metadata header name.

@@ -59,10 +59,64 @@ pub fn duration_ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// The duration units of the policy DSL and of settings, largest first, with their length in
+/// milliseconds. Formatting walks the table in order and picks the first unit that divides the value
+/// exactly; `ms` (1) always does.
+pub(crate) const UNITS: [(&str, u64); 5] = [
+    ("d", 86_400_000),
+    ("h", 3_600_000),
+    ("m", 60_000),
+    ("s", 1_000),
+    ("ms", 1),
+];
+
+/// The length in milliseconds of a unit suffix; the empty suffix means milliseconds.
+pub(crate) fn unit_millis(unit: &str) -> Option<u64> {
+    if unit.is_empty() {
+        return Some(1);
+    }
+    UNITS
+        .iter()
+        .find(|(name, _)| *name == unit)
+        .map(|&(_, millis)| millis)
+}
+
+/// Writes a millisecond count in the largest unit that divides it exactly (`90000` → `90s`,
+/// `3600000` → `1h`, `0` → `0ms`).
+pub(crate) fn write_millis(f: &mut fmt::Formatter<'_>, ms: u64) -> fmt::Result {
+    let (name, size) = UNITS
+        .iter()
+        .copied()
+        .find(|&(_, size)| ms != 0 && ms.is_multiple_of(size))
+        .unwrap_or(("ms", 1));
+    write!(f, "{}{}", ms / size, name)
+}
+
 /// Formats a duration in the policy DSL's notation, with the largest unit that divides it exactly
 /// (`90s`, `2m`, `1500ms`).
 pub fn format_duration(d: Duration) -> String {
-    crate::policy::duration::DurationLit::of(d).to_string()
+    struct Millis(u64);
+    impl fmt::Display for Millis {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write_millis(f, self.0)
+        }
+    }
+    Millis(duration_ms(d)).to_string()
+}
+
+/// Parses one duration the way settings write it: a whole number with an optional unit (`250ms`, `5s`,
+/// `2m`, `1h`, `1d`; a bare number is milliseconds); `None` for anything else.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    if digits == 0 {
+        return None;
+    }
+    let value: u64 = text[..digits].parse().ok()?;
+    let unit = unit_millis(text[digits..].trim())?;
+    value.checked_mul(unit).map(Duration::from_millis)
 }
 
 #[cfg(test)]
@@ -84,6 +138,20 @@ mod tests {
                 .as_millis(),
             u64::MAX
         );
+    }
+
+    #[test]
+    fn durations_format_and_parse() {
+        assert_eq!(format_duration(Duration::from_millis(90_000)), "90s");
+        assert_eq!(format_duration(Duration::from_millis(1_500)), "1500ms");
+        assert_eq!(format_duration(Duration::ZERO), "0ms");
+        assert_eq!(parse_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_duration(" 2 m"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_duration("40"), Some(Duration::from_millis(40)));
+        assert_eq!(parse_duration("1d"), Some(Duration::from_secs(86_400)));
+        for bad in ["", "ms", "1.5s", "5 sec", "-1s", "99999999999999999999d"] {
+            assert_eq!(parse_duration(bad), None, "{bad}");
+        }
     }
 
     #[test]

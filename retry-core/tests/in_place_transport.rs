@@ -11,10 +11,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use retry_core::dlq::{DeadLetterQueue, DlqFilter};
+use retry_core::adapter::{
+    Admin, Capabilities, Delivery, DlqSession, Published, Receipt, Subscription, SubscriptionSpec,
+    Transport,
+};
+use retry_core::error::Error;
+use retry_core::memory::MemoryTransport;
 use retry_core::metadata::DeadReason;
 use retry_core::prelude::*;
-use retry_core::transport::{Delivery, Receipt, Subscription, SubscriptionSpec, TransportError};
 
 #[derive(Clone, Default)]
 struct VisibilityTransport {
@@ -32,23 +36,23 @@ struct VisibilityReceipt(Box<dyn Receipt>);
 
 #[async_trait]
 impl Receipt for VisibilityReceipt {
-    async fn ack(&mut self) -> Result<(), TransportError> {
+    async fn ack(&mut self) -> Result<(), Error> {
         self.0.ack().await
     }
-    async fn retry(&mut self, _event: &Event, delay: Duration) -> Result<(), TransportError> {
+    async fn retry(&mut self, _event: &Event, delay: Duration) -> Result<(), Error> {
         self.0.release(delay).await
     }
-    async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         self.0.dead_letter(event).await
     }
-    async fn release(&mut self, after: Duration) -> Result<(), TransportError> {
+    async fn release(&mut self, after: Duration) -> Result<(), Error> {
         self.0.release(after).await
     }
 }
 
 #[async_trait]
 impl Subscription for VisibilitySubscription {
-    async fn next(&mut self) -> Result<Option<Delivery>, TransportError> {
+    async fn next(&mut self) -> Result<Option<Delivery>, Error> {
         let Some(mut d) = self.inner.next().await? else {
             return Ok(None);
         };
@@ -58,8 +62,7 @@ impl Subscription for VisibilitySubscription {
             *n += 1;
             *n - 1
         };
-        d.info.broker_attempts = Some(earlier);
-        d.info.broker_retries = Some(earlier);
+        d.info = d.info.with_broker_counts(earlier, earlier);
         d.receipt = Box::new(VisibilityReceipt(d.receipt));
         Ok(Some(d))
     }
@@ -73,32 +76,35 @@ impl Transport for VisibilityTransport {
     fn capabilities(&self) -> Capabilities {
         MemoryTransport::CAPABILITIES
     }
-    async fn publish(&self, topic: &str, event: &Event) -> Result<(), TransportError> {
+    async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
         self.inner.publish(topic, event).await
     }
-    async fn subscribe(
-        &self,
-        spec: &SubscriptionSpec,
-    ) -> Result<Box<dyn Subscription>, TransportError> {
+    async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
         Ok(Box::new(VisibilitySubscription {
             inner: self.inner.subscribe(spec).await?,
             receives: self.receives.clone(),
         }))
     }
-    fn dead_letters(&self) -> Arc<dyn DeadLetterQueue> {
-        self.inner.dead_letters()
+    async fn open_dead_letters(
+        &self,
+        source_topic: &str,
+    ) -> Result<Option<Box<dyn DlqSession>>, Error> {
+        self.inner.open_dead_letters(source_topic).await
+    }
+    fn admin(&self) -> &dyn Admin {
+        self.inner.admin()
     }
 }
 
 #[tokio::test]
 async fn the_policy_advances_without_rewritten_metadata() -> Result<(), Box<dyn std::error::Error>>
 {
-    let transport = Arc::new(VisibilityTransport::default());
+    let broker = Broker::new(VisibilityTransport::default());
     let calls = Arc::new(Mutex::new(Vec::new()));
     let seen = calls.clone();
-    let handle = Consumer::builder(transport.clone(), "in-place")
+    let handle = broker
+        .consumer("in-place")
         .policy(RetryPolicy::parse("30ms x2")?)
-        .build()?
         .start(handler_fn(move |_event: Event, ctx: Context| {
             let seen = seen.clone();
             async move {
@@ -109,10 +115,11 @@ async fn the_policy_advances_without_rewritten_metadata() -> Result<(), Box<dyn 
             }
         }))
         .await?;
-    transport
-        .publish("in-place", &Event::new("x").with_id("x"))
+    broker
+        .producer()
+        .publish("in-place", Event::new("x").with_id("x"))
         .await?;
-    let dlq = transport.dead_letters();
+    let dlq = broker.dead_letters();
     let mut entries = Vec::new();
     for _ in 0..200 {
         entries = dlq.list("in-place", &DlqFilter::all()).await?;
@@ -129,7 +136,7 @@ async fn the_policy_advances_without_rewritten_metadata() -> Result<(), Box<dyn 
         "attempt and policy position from the broker's counts"
     );
     assert_eq!(entries.len(), 1, "the spent event reached the DLQ");
-    let meta = &entries[0].event.meta;
+    let meta = entries[0].event.metadata();
     assert_eq!(
         meta.dead.as_ref().map(|d| d.reason),
         Some(DeadReason::Exhausted)

@@ -8,13 +8,14 @@ use retry_core::prelude::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_key_does_not_starve_the_others() -> Result<(), Box<dyn std::error::Error>> {
-    let broker = Arc::new(MemoryTransport::new());
+    let broker = Broker::memory();
+    let producer = broker.producer();
     let done: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
     let record = done.clone();
-    let handle = Consumer::builder(broker.clone(), "keys")
+    let handle = broker
+        .consumer("keys")
         .concurrency(2)
-        .ordered_by_key(true)
-        .build()?
+        .ordered_by_key(ParkedAfterDead::FollowToDlq)
         .start(handler_fn(move |event: Event, _ctx: Context| {
             let record = record.clone();
             async move {
@@ -32,24 +33,23 @@ async fn a_slow_key_does_not_starve_the_others() -> Result<(), Box<dyn std::erro
         .await?;
     let start = Instant::now();
     for i in 0..5 {
-        broker
-            .publish("keys", &Event::new(format!("a{i}")).with_key("A"))
+        producer
+            .publish("keys", Event::new(format!("a{i}")).with_key("A"))
             .await?;
     }
     for i in 0..3 {
-        broker
+        producer
             .publish(
                 "keys",
-                &Event::new(format!("b{i}")).with_key(format!("B{i}")),
+                Event::new(format!("b{i}")).with_key(format!("B{i}")),
             )
             .await?;
     }
-    for _ in 0..300 {
-        if done.lock().unwrap_or_else(|p| p.into_inner()).len() == 8 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    tokio::time::timeout(
+        Duration::from_secs(3),
+        handle.wait_until(|s| s.succeeded >= 8),
+    )
+    .await?;
     handle.shutdown().await?;
     let done = done.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let order: Vec<&str> = done.iter().map(|(id, _)| id.as_str()).collect();

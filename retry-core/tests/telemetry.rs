@@ -1,7 +1,6 @@
 //! The runtime records its metrics through the `metrics` facade: attempts, retries scheduled, dead letters
 //! by reason, success after retry, handler latency and retry lateness.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_util::CompositeKey;
@@ -41,10 +40,10 @@ fn the_runtime_records_its_metrics() -> Result<(), Box<dyn std::error::Error>> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let broker = Arc::new(MemoryTransport::new());
-        let handle = Consumer::builder(broker.clone(), "metrics")
+        let broker = Broker::memory();
+        let handle = broker
+            .consumer("metrics")
             .policy(RetryPolicy::parse("20ms x2")?)
-            .build()?
             .start(handler_fn(|event: Event, ctx: Context| async move {
                 match (event.payload.as_ref(), ctx.attempt) {
                     (b"flaky", 1) => Err(HandlerError::deferred("not yet")),
@@ -53,15 +52,14 @@ fn the_runtime_records_its_metrics() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }))
             .await?;
-        broker.publish("metrics", &Event::new("flaky")).await?;
-        broker.publish("metrics", &Event::new("bad")).await?;
-        for _ in 0..250 {
-            let s = handle.stats();
-            if s.succeeded == 1 && s.dead_lettered == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let producer = broker.producer();
+        producer.publish("metrics", Event::new("flaky")).await?;
+        producer.publish("metrics", Event::new("bad")).await?;
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            handle.wait_until(|s| s.succeeded == 1 && s.dead_lettered == 1),
+        )
+        .await?;
         handle.shutdown().await?;
         Ok::<_, Box<dyn std::error::Error>>(())
     })?;

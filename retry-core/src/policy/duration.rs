@@ -8,29 +8,7 @@
 use std::fmt;
 use std::time::Duration;
 
-/// The accepted units, largest first, with their length in milliseconds.
-///
-/// Formatting walks this table in order and picks the first unit that divides
-/// the value exactly; `ms` (1) always does.
-const UNITS: [(&str, u64); 5] = [
-    ("d", 86_400_000),
-    ("h", 3_600_000),
-    ("m", 60_000),
-    ("s", 1_000),
-    ("ms", 1),
-];
-
-/// The length in milliseconds of a unit suffix; the empty suffix means
-/// milliseconds.
-pub(crate) fn unit_millis(unit: &str) -> Option<u64> {
-    if unit.is_empty() {
-        return Some(1);
-    }
-    UNITS
-        .iter()
-        .find(|(name, _)| *name == unit)
-        .map(|&(_, millis)| millis)
-}
+pub(crate) use crate::time::unit_millis;
 
 /// The duration as whole milliseconds, or `None` when it has a sub-millisecond
 /// part or does not fit in a `u64` of milliseconds.
@@ -61,13 +39,7 @@ impl DurationLit {
 
 impl fmt::Display for DurationLit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let ms = self.0;
-        let (name, size) = UNITS
-            .iter()
-            .copied()
-            .find(|&(_, size)| ms != 0 && ms.is_multiple_of(size))
-            .unwrap_or(("ms", 1));
-        write!(f, "{}{}", ms / size, name)
+        crate::time::write_millis(f, self.0)
     }
 }
 

@@ -60,6 +60,85 @@ where
     }
 }
 
+/// A handler for JSON events: decodes the payload into `T` and calls an async closure with it; a payload
+/// that does not decode is poison and goes to the DLQ at once, without calling the closure.
+pub struct JsonHandler<T, F> {
+    f: F,
+    _payload: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T, F: Clone> Clone for JsonHandler<T, F> {
+    fn clone(&self) -> Self {
+        Self {
+            f: self.f.clone(),
+            _payload: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T, F> std::fmt::Debug for JsonHandler<T, F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JsonHandler")
+            .field("payload", &std::any::type_name::<T>())
+            .finish()
+    }
+}
+
+/// Wraps an async closure taking a decoded JSON payload and the context as a [`Handler`].
+///
+/// ```
+/// use retry_core::runtime::{Context, json_handler};
+///
+/// #[derive(serde::Deserialize)]
+/// struct Order { id: u64, quantity: i64 }
+///
+/// let handler = json_handler(|order: Order, _ctx: Context| async move {
+///     if order.quantity < 1 {
+///         return Err(retry_core::classify::HandlerError::non_retryable("quantity must be positive"));
+///     }
+///     Ok(())
+/// });
+/// # let _ = handler;
+/// ```
+pub fn json_handler<T, F, Fut>(f: F) -> JsonHandler<T, F>
+where
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(T, Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    JsonHandler {
+        f,
+        _payload: std::marker::PhantomData,
+    }
+}
+
+#[async_trait]
+impl<T, F, Fut> Handler for JsonHandler<T, F>
+where
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(T, Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    async fn handle(&self, event: &Event, ctx: &Context) -> Result<(), HandlerError> {
+        let value: T = decode_json(event)?;
+        (self.f)(value, ctx.clone()).await
+    }
+}
+
+/// A context for unit tests of handlers and middleware: first attempt of event `e` on topic `t`.
+#[cfg(test)]
+pub(crate) fn test_context() -> Context {
+    Context {
+        topic: "t".into(),
+        event_id: "e".into(),
+        attempt: 1,
+        retries: 0,
+        due_at: None,
+        lateness: None,
+        replay_count: 0,
+    }
+}
+
 /// The payload could not be decoded: the event is poison and goes to the DLQ at once, with this reason.
 #[derive(Debug, thiserror::Error)]
 #[error("undecodable payload: {0}")]
@@ -84,5 +163,37 @@ mod tests {
         assert!(crate::classify::chain(err.as_error()).any(|e| e.is::<UndecodablePayload>()));
         let ok: serde_json::Value = decode_json(&Event::new("{\"a\":1}")).unwrap();
         assert_eq!(ok["a"], 1);
+    }
+
+    #[tokio::test]
+    async fn json_handlers_decode_or_refuse_as_poison() {
+        #[derive(serde::Deserialize)]
+        struct Order {
+            id: u64,
+        }
+        let handler = json_handler(|order: Order, _ctx: Context| async move {
+            if order.id == 7 {
+                Ok(())
+            } else {
+                Err(HandlerError::deferred("not 7"))
+            }
+        });
+        let ctx = test_context();
+        assert!(
+            handler
+                .handle(&Event::new("{\"id\":7}"), &ctx)
+                .await
+                .is_ok()
+        );
+        let other = handler
+            .handle(&Event::new("{\"id\":8}"), &ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(other.stated_kind(), Some(ErrorKind::Deferred));
+        let poison = handler
+            .handle(&Event::new("[1,2]"), &ctx)
+            .await
+            .unwrap_err();
+        assert!(crate::classify::chain(poison.as_error()).any(|e| e.is::<UndecodablePayload>()));
     }
 }

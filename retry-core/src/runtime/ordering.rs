@@ -19,8 +19,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::adapter::Delivery;
 use crate::time::Timestamp;
-use crate::transport::Delivery;
 
 /// Deliveries waiting for their key to be free.
 #[derive(Default)]
@@ -255,24 +255,24 @@ mod tests {
     struct NoReceipt;
 
     #[async_trait::async_trait]
-    impl crate::transport::Receipt for NoReceipt {
-        async fn ack(&mut self) -> Result<(), crate::transport::TransportError> {
+    impl crate::adapter::Receipt for NoReceipt {
+        async fn ack(&mut self) -> Result<(), crate::error::Error> {
             Ok(())
         }
         async fn retry(
             &mut self,
             _: &crate::event::Event,
             _: Duration,
-        ) -> Result<(), crate::transport::TransportError> {
+        ) -> Result<(), crate::error::Error> {
             Ok(())
         }
         async fn dead_letter(
             &mut self,
             _: &crate::event::Event,
-        ) -> Result<(), crate::transport::TransportError> {
+        ) -> Result<(), crate::error::Error> {
             Ok(())
         }
-        async fn release(&mut self, _: Duration) -> Result<(), crate::transport::TransportError> {
+        async fn release(&mut self, _: Duration) -> Result<(), crate::error::Error> {
             Ok(())
         }
     }

@@ -14,10 +14,10 @@ use futures::FutureExt;
 use rand::RngCore;
 use tracing::{Instrument, debug, info_span, warn};
 
-use super::Shared;
 use super::handler::{Context, UndecodablePayload};
 use super::ordering::Verdict;
-use super::stats::bump;
+use super::receive::Shared;
+use crate::adapter::{Delivery, Receipt};
 use crate::classify::{ErrorKind, HandlerError, chain};
 use crate::decide::{Attempt, Outcome, decide};
 use crate::event::Event;
@@ -26,7 +26,6 @@ use crate::lifecycle::{Input, State};
 use crate::metadata::{self, DeadInfo, DeadReason};
 use crate::telemetry;
 use crate::time::Timestamp;
-use crate::transport::{Delivery, Receipt};
 
 /// Handles one delivery to a settled (or released) end.
 pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
@@ -35,7 +34,7 @@ pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
         info,
         mut receipt,
     } = delivery;
-    bump(&shared.counters.received);
+    shared.counters.bump(&shared.counters.received);
     let now = Timestamp::now();
     let mut event = match Event::from_raw(message.clone()) {
         Ok(event) => event,
@@ -197,7 +196,7 @@ impl Handling<'_> {
             match outcome {
                 Outcome::RetryInPlace(pause_for) => {
                     in_place_retries += 1;
-                    bump(&shared.counters.in_place_retries);
+                    shared.counters.bump(&shared.counters.in_place_retries);
                     telemetry::in_place_retry(&shared.spec.topic);
                     if !self.wait(pause_for).await {
                         return self.release_on_shutdown().await;
@@ -210,7 +209,7 @@ impl Handling<'_> {
                         self.step(Input::Block);
                     }
                     holds += 1;
-                    bump(&shared.counters.holds);
+                    shared.counters.bump(&shared.counters.holds);
                     telemetry::hold(&shared.spec.topic);
                     if let Err(e) = self
                         .receipt
@@ -265,7 +264,9 @@ impl Handling<'_> {
             match store.begin(&self.id).await {
                 Ok(Begin::Fresh) => return true,
                 Ok(Begin::Done) => {
-                    bump(&self.shared.counters.duplicates_skipped);
+                    self.shared
+                        .counters
+                        .bump(&self.shared.counters.duplicates_skipped);
                     telemetry::duplicate_skipped(&self.shared.spec.topic);
                     debug!("duplicate delivery skipped");
                     self.settle_ack().await;
@@ -313,7 +314,7 @@ impl Handling<'_> {
             lateness,
             replay_count: meta.replay_count,
         };
-        bump(&self.shared.counters.attempts);
+        self.shared.counters.bump(&self.shared.counters.attempts);
         let started = Instant::now();
         let result = AssertUnwindSafe(self.shared.handler.handle(&self.event, &ctx))
             .catch_unwind()
@@ -353,9 +354,9 @@ impl Handling<'_> {
             return;
         }
         self.step(Input::Ack);
-        bump(&shared.counters.succeeded);
+        shared.counters.bump(&shared.counters.succeeded);
         if self.event.meta.attempts > 0 {
-            bump(&shared.counters.succeeded_after_retry);
+            shared.counters.bump(&shared.counters.succeeded_after_retry);
             telemetry::success_after_retry(&shared.spec.topic);
         }
         if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
@@ -386,7 +387,7 @@ impl Handling<'_> {
         self.abandon_idempotency().await;
         match self.receipt.retry(&self.event, delay).await {
             Ok(()) => {
-                bump(&shared.counters.retries_scheduled);
+                shared.counters.bump(&shared.counters.retries_scheduled);
                 telemetry::retry_scheduled(&shared.spec.topic);
                 if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
                     parking.head_retrying(&key, &self.id, due, Timestamp::now());
@@ -402,13 +403,13 @@ impl Handling<'_> {
         self.event.meta.parked_behind = Some(head);
         self.event.meta.due_at = Some(Timestamp::now().plus(delay));
         match self.receipt.retry(&self.event, delay).await {
-            Ok(()) => bump(&shared.counters.parked),
+            Ok(()) => shared.counters.bump(&shared.counters.parked),
             Err(e) => settle_failed(shared, self.receipt, "park", e).await,
         }
     }
 
     async fn release(&mut self, after: Duration) {
-        bump(&self.shared.counters.released);
+        self.shared.counters.bump(&self.shared.counters.released);
         if let Err(e) = self.receipt.release(after).await {
             self.shared
                 .counters
@@ -439,7 +440,7 @@ async fn dead_letter(
     warn!(%reason, error = ?event.meta.last_error, "dead-lettering");
     match receipt.dead_letter(&event).await {
         Ok(()) => {
-            bump(&shared.counters.dead_lettered);
+            shared.counters.bump(&shared.counters.dead_lettered);
             telemetry::dead_letter(&shared.spec.topic, reason);
             true
         }
@@ -456,7 +457,7 @@ async fn settle_failed(
     shared: &Shared,
     receipt: &mut dyn Receipt,
     what: &str,
-    error: crate::transport::TransportError,
+    error: crate::error::Error,
 ) {
     let message = format!("{what} failed: {error}");
     tracing::error!(%message, "settle failed; the delivery is released for redelivery");
@@ -464,7 +465,7 @@ async fn settle_failed(
     shared
         .counters
         .error(&shared.counters.settle_errors, message);
-    bump(&shared.counters.released);
+    shared.counters.bump(&shared.counters.released);
     if let Err(e) = receipt.release(shared.settle_backoff).await {
         shared.counters.error(
             &shared.counters.settle_errors,

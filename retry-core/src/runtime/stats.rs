@@ -1,7 +1,9 @@
 //! Counters a running consumer keeps about itself, readable without a metrics exporter.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::sync::watch;
 
 /// A snapshot of a consumer's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -36,7 +38,9 @@ pub struct Stats {
     pub last_error: Option<String>,
 }
 
-#[derive(Debug, Default)]
+/// The live counters; every change is announced on a watch channel, so waiting for a condition on them
+/// needs no polling.
+#[derive(Debug)]
 pub(crate) struct Counters {
     pub(crate) received: AtomicU64,
     pub(crate) attempts: AtomicU64,
@@ -52,16 +56,64 @@ pub(crate) struct Counters {
     pub(crate) settle_errors: AtomicU64,
     pub(crate) receive_errors: AtomicU64,
     last_error: Mutex<Option<String>>,
+    stopped: AtomicBool,
+    changes: watch::Sender<u64>,
 }
 
-pub(crate) fn bump(counter: &AtomicU64) {
-    counter.fetch_add(1, Ordering::Relaxed);
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            received: AtomicU64::new(0),
+            attempts: AtomicU64::new(0),
+            succeeded: AtomicU64::new(0),
+            succeeded_after_retry: AtomicU64::new(0),
+            retries_scheduled: AtomicU64::new(0),
+            in_place_retries: AtomicU64::new(0),
+            holds: AtomicU64::new(0),
+            dead_lettered: AtomicU64::new(0),
+            parked: AtomicU64::new(0),
+            duplicates_skipped: AtomicU64::new(0),
+            released: AtomicU64::new(0),
+            settle_errors: AtomicU64::new(0),
+            receive_errors: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+            stopped: AtomicBool::new(false),
+            changes: watch::Sender::new(0),
+        }
+    }
 }
 
 impl Counters {
+    /// Adds one to `counter` and announces the change.
+    pub(crate) fn bump(&self, counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        self.announce();
+    }
+
+    /// Counts an error and keeps its message as the last error.
     pub(crate) fn error(&self, counter: &AtomicU64, message: String) {
-        bump(counter);
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(message);
+        self.bump(counter);
+    }
+
+    /// Marks the consumer stopped and announces it.
+    pub(crate) fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.announce();
+    }
+
+    /// Whether the consumer has stopped.
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
+    }
+
+    /// A receiver told of every change.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn announce(&self) {
+        self.changes.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     pub(crate) fn snapshot(&self) -> Stats {

@@ -1,0 +1,211 @@
+//! What a transport can do, and how it honours a delay.
+//!
+//! The start-up check ([`crate::check`]) and the conformance suite read these; the suite adapts its
+//! expectations to them, never the reverse, so an adapter states the truth here.
+
+use std::time::Duration;
+
+/// How a broker honours a delay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DelayCapability {
+    /// The smallest step of delay the broker distinguishes; delays are rounded *up* to it (never early).
+    pub granularity: Duration,
+    /// The longest delay one native hop carries, if limited.
+    pub max_native: Option<Duration>,
+    /// What happens to a delay longer than `max_native`.
+    pub beyond_max: BeyondMax,
+}
+
+/// What a transport does with a delay longer than its native maximum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BeyondMax {
+    /// It refuses the policy at start-up.
+    Refuse,
+    /// It carries the delay in several hops of at most the native maximum.
+    Split,
+}
+
+/// What a transport can do.
+///
+/// Built with [`Capabilities::new`] and the setters, so that a capability added later does not break
+/// adapters written before it (it starts out `false`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// How delays are honoured.
+    pub delay: DelayCapability,
+    /// Per-key ordering of retries (parking) can be kept.
+    pub per_key_order: bool,
+    /// Consumption can be paused while a blocking error holds an event.
+    pub blocking_pause: bool,
+    /// DLQ entries can be replayed.
+    pub replay: bool,
+    /// Several consumers can share a subscription (a consumer group) and take over each other's work.
+    pub shared_subscription: bool,
+    /// Work of a consumer that dies without settling is delivered again.
+    pub crash_redelivery: bool,
+}
+
+impl Capabilities {
+    /// A transport that honours delays as `delay` says and can do nothing else yet.
+    pub const fn new(delay: DelayCapability) -> Self {
+        Self {
+            delay,
+            per_key_order: false,
+            blocking_pause: false,
+            replay: false,
+            shared_subscription: false,
+            crash_redelivery: false,
+        }
+    }
+
+    /// Sets whether per-key ordering can be kept.
+    pub const fn per_key_order(mut self, yes: bool) -> Self {
+        self.per_key_order = yes;
+        self
+    }
+
+    /// Sets whether consumption can be paused.
+    pub const fn blocking_pause(mut self, yes: bool) -> Self {
+        self.blocking_pause = yes;
+        self
+    }
+
+    /// Sets whether DLQ entries can be replayed.
+    pub const fn replay(mut self, yes: bool) -> Self {
+        self.replay = yes;
+        self
+    }
+
+    /// Sets whether consumers of one group share the work.
+    pub const fn shared_subscription(mut self, yes: bool) -> Self {
+        self.shared_subscription = yes;
+        self
+    }
+
+    /// Sets whether work of a crashed consumer is delivered again.
+    pub const fn crash_redelivery(mut self, yes: bool) -> Self {
+        self.crash_redelivery = yes;
+        self
+    }
+}
+
+/// How one delay will be honoured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Honour {
+    /// Exactly as asked.
+    Exact,
+    /// Rounded up to the broker's granularity.
+    Rounded {
+        /// The delay that will apply.
+        to: Duration,
+    },
+    /// Carried in several hops.
+    Split {
+        /// How many hops.
+        hops: u32,
+    },
+    /// Cannot be honoured.
+    Refused {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for Honour {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Honour::Exact => f.write_str("exact"),
+            Honour::Rounded { to } => {
+                write!(f, "rounded up to {}", crate::time::format_duration(*to))
+            }
+            Honour::Split { hops } => write!(f, "split into {hops} hops"),
+            Honour::Refused { reason } => write!(f, "refused: {reason}"),
+        }
+    }
+}
+
+impl DelayCapability {
+    /// Delays of any length, to the millisecond (the in-memory transport).
+    pub const EXACT: DelayCapability = DelayCapability {
+        granularity: Duration::from_millis(1),
+        max_native: None,
+        beyond_max: BeyondMax::Refuse,
+    };
+
+    /// How `delay` will be honoured.
+    pub fn honour(&self, delay: Duration) -> Honour {
+        if let Some(max) = self.max_native
+            && delay > max
+        {
+            return match self.beyond_max {
+                BeyondMax::Refuse => Honour::Refused {
+                    reason: format!(
+                        "longer than the broker's maximum of {}",
+                        crate::time::format_duration(max)
+                    ),
+                },
+                BeyondMax::Split => {
+                    let hops = delay.as_millis().div_ceil(max.as_millis().max(1));
+                    Honour::Split {
+                        hops: u32::try_from(hops).unwrap_or(u32::MAX),
+                    }
+                }
+            };
+        }
+        let g = self.granularity.as_millis().max(1);
+        let ms = delay.as_millis();
+        if ms.is_multiple_of(g) {
+            Honour::Exact
+        } else {
+            let up = ms.div_ceil(g) * g;
+            Honour::Rounded {
+                to: Duration::from_millis(u64::try_from(up).unwrap_or(u64::MAX)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn honour_rounds_up_splits_and_refuses() {
+        let second = DelayCapability {
+            granularity: Duration::from_secs(1),
+            max_native: Some(Duration::from_secs(900)),
+            beyond_max: BeyondMax::Split,
+        };
+        assert_eq!(second.honour(Duration::from_secs(5)), Honour::Exact);
+        assert_eq!(
+            second.honour(Duration::from_millis(1_500)),
+            Honour::Rounded {
+                to: Duration::from_secs(2)
+            }
+        );
+        assert_eq!(
+            second.honour(Duration::from_secs(3_600)),
+            Honour::Split { hops: 4 }
+        );
+        let refuse = DelayCapability {
+            beyond_max: BeyondMax::Refuse,
+            ..second
+        };
+        assert!(matches!(
+            refuse.honour(Duration::from_secs(901)),
+            Honour::Refused { .. }
+        ));
+        assert_eq!(
+            DelayCapability::EXACT.honour(Duration::from_millis(1_234)),
+            Honour::Exact
+        );
+    }
+
+    #[test]
+    fn new_capabilities_start_false() {
+        let c = Capabilities::new(DelayCapability::EXACT).replay(true);
+        assert!(c.replay && !c.per_key_order && !c.blocking_pause);
+        assert!(!c.shared_subscription && !c.crash_redelivery);
+    }
+}

@@ -1,0 +1,235 @@
+//! The one error type of broker operations: connecting, publishing, consuming, settling, dead-letter
+//! operations and administration.
+//!
+//! Code that reacts to an error branches on its [`Kind`] — never on its text — and asks
+//! [`Error::is_temporary`] whether trying again can help. The message says what went wrong in words, the
+//! operation says what was being attempted ("dead-letter to orders.dlq"), and the broker client's own
+//! error stays reachable as [`std::error::Error::source`], so nothing the client said is lost.
+
+use std::borrow::Cow;
+use std::fmt;
+
+type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What kind of failure an [`Error`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Kind {
+    /// The broker could not be reached, or the connection broke.
+    Connection,
+    /// A topic, queue or entry does not exist.
+    NotFound,
+    /// The broker refused the operation or did not confirm it (an unwritable DLQ, a message too large).
+    Rejected,
+    /// The settings, URL or topology are wrong.
+    Config,
+    /// What was handed in is not valid (a payload that cannot be encoded, a header producers may not
+    /// write).
+    InvalidInput,
+    /// The broker took longer than allowed to answer.
+    Timeout,
+    /// The transport or subscription was closed.
+    Closed,
+    /// The delivery was already settled.
+    AlreadySettled,
+    /// The broker or this adapter cannot do what was asked.
+    Unsupported,
+    /// Anything else the broker client reported.
+    Other,
+}
+
+impl Kind {
+    /// The kind's stable name (`connection`, `not_found`, …), for logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Connection => "connection",
+            Kind::NotFound => "not_found",
+            Kind::Rejected => "rejected",
+            Kind::Config => "config",
+            Kind::InvalidInput => "invalid_input",
+            Kind::Timeout => "timeout",
+            Kind::Closed => "closed",
+            Kind::AlreadySettled => "already_settled",
+            Kind::Unsupported => "unsupported",
+            Kind::Other => "other",
+        }
+    }
+
+    /// Whether an error of this kind usually heals when tried again later.
+    fn temporary_by_default(self) -> bool {
+        matches!(self, Kind::Connection | Kind::Timeout)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An error from a broker, its client, or the adapter's own checks.
+///
+/// ```
+/// use retry_core::error::{Error, Kind};
+///
+/// let e = Error::new(Kind::Rejected, "the DLQ is not writable").with_operation("dead-letter to orders.dlq");
+/// assert_eq!(e.kind(), Kind::Rejected);
+/// assert!(!e.is_temporary());
+/// assert_eq!(e.to_string(), "dead-letter to orders.dlq: the DLQ is not writable");
+/// ```
+pub struct Error {
+    kind: Kind,
+    message: Cow<'static, str>,
+    operation: Option<Cow<'static, str>>,
+    temporary: bool,
+    source: Option<Source>,
+}
+
+impl Error {
+    /// An error of `kind` with a message in words.
+    pub fn new(kind: Kind, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            operation: None,
+            temporary: kind.temporary_by_default(),
+            source: None,
+        }
+    }
+
+    /// An error of `kind` caused by a client error: the message is the client's, and the client error
+    /// stays reachable as the source.
+    pub fn from_source(kind: Kind, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::new(kind, source.to_string()).with_source(source)
+    }
+
+    /// Names what was being attempted (shown before the message).
+    pub fn with_operation(mut self, operation: impl Into<Cow<'static, str>>) -> Self {
+        self.operation = Some(operation.into());
+        self
+    }
+
+    /// Keeps the client's error as the source.
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// Overrides whether trying again later can help (by default: for connection and timeout errors).
+    pub fn temporary(mut self, temporary: bool) -> Self {
+        self.temporary = temporary;
+        self
+    }
+
+    /// The kind of failure.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// What was being attempted, if known.
+    pub fn operation(&self) -> Option<&str> {
+        self.operation.as_deref()
+    }
+
+    /// The message, without the operation.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether trying the operation again later can help.
+    pub fn is_temporary(&self) -> bool {
+        self.temporary
+    }
+
+    /// The delivery was already settled.
+    pub fn already_settled() -> Self {
+        Self::new(Kind::AlreadySettled, "the delivery was already settled")
+    }
+
+    /// The transport or subscription is closed.
+    pub fn closed() -> Self {
+        Self::new(Kind::Closed, "the transport is closed")
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.operation {
+            Some(op) => write!(f, "{op}: {}", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.kind);
+        if let Some(op) = &self.operation {
+            d.field("operation", op);
+        }
+        d.field("message", &self.message)
+            .field("temporary", &self.temporary);
+        if let Some(source) = &self.source {
+            d.field("source", source);
+        }
+        d.finish()
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A `map_err` helper: turns a client error into an [`Error`] of `kind` for `operation`.
+///
+/// ```
+/// use retry_core::error::{Kind, wrap};
+///
+/// let io = std::io::Error::other("broken pipe");
+/// let e = Err::<(), _>(io).map_err(wrap(Kind::Connection, "publish to orders")).unwrap_err();
+/// assert_eq!(e.to_string(), "publish to orders: broken pipe");
+/// assert!(e.is_temporary());
+/// ```
+pub fn wrap<E>(kind: Kind, operation: impl Into<Cow<'static, str>>) -> impl FnOnce(E) -> Error
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let operation = operation.into();
+    move |e| Error::from_source(kind, e).with_operation(operation)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn the_source_is_kept_and_temporary_follows_the_kind() {
+        let e = Error::from_source(Kind::Connection, std::io::Error::other("reset"))
+            .with_operation("consume orders");
+        assert_eq!(e.to_string(), "consume orders: reset");
+        assert!(e.is_temporary());
+        assert_eq!(e.source().unwrap().to_string(), "reset");
+        let e = Error::new(Kind::NotFound, "no such queue");
+        assert!(!e.is_temporary());
+        assert!(e.source().is_none());
+        assert!(
+            Error::new(Kind::Rejected, "x")
+                .temporary(true)
+                .is_temporary()
+        );
+    }
+
+    #[test]
+    fn kinds_have_stable_names() {
+        assert_eq!(Kind::NotFound.to_string(), "not_found");
+        assert_eq!(Error::already_settled().kind(), Kind::AlreadySettled);
+        assert_eq!(Error::closed().kind(), Kind::Closed);
+    }
+}

@@ -1,0 +1,302 @@
+//! The receive loop: take deliveries while there is room, hand each to a task, hold consumption while a
+//! blocking error is active, and drain on shutdown.
+//!
+//! The loop never sleeps on a message: retries wait in the broker, in-place retries and blocking holds
+//! wait inside the task that handles the event. A blocking error pauses the subscription (the loop stops
+//! taking deliveries) until the held event gets past it. Shutdown stops receiving, lets in-flight handlers
+//! finish within a grace period and releases whatever is left to the broker — nothing is lost.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::builder::{ConsumerBuilder, ConsumerError};
+use super::handle::ConsumerHandle;
+use super::handler::Handler;
+use super::ordering::{self, KeyQueues, Parking};
+use super::process;
+use super::stats::Counters;
+use crate::adapter::{Delivery, Subscription, SubscriptionSpec};
+use crate::check::DelayReport;
+use crate::classify::Classifier;
+use crate::decide::Policies;
+use crate::error::Kind;
+use crate::idempotency::IdempotencyStore;
+
+/// Subscribes and spawns the receive loop.
+pub(super) async fn start(
+    b: ConsumerBuilder,
+    report: &DelayReport,
+    handler: Arc<dyn Handler>,
+) -> Result<ConsumerHandle, ConsumerError> {
+    #[cfg(feature = "tower")]
+    let handler = b.layers.apply(handler);
+    let subscription = b.broker.transport().subscribe(&b.spec).await?;
+    info!(
+        topic = %b.spec.topic,
+        transport = b.broker.name(),
+        policy = %b.policies.deferred,
+        "consumer started\n{report}"
+    );
+    let shutdown = CancellationToken::new();
+    let counters = Arc::new(Counters::default());
+    let (pause_tx, pause_rx) = watch::channel(0usize);
+    let shared = Arc::new(Shared {
+        spec: b.spec.clone(),
+        policies: b.policies,
+        classifier: b.classifier,
+        idempotency: b.idempotency,
+        parking: b.ordering.map(|o| {
+            Parking::new(
+                o.follow_to_dlq,
+                Duration::from_millis(50),
+                Duration::from_secs(300),
+            )
+        }),
+        handler,
+        counters: counters.clone(),
+        pause: PauseGate { holds: pause_tx },
+        shutdown: shutdown.clone(),
+        rng: Mutex::new(
+            b.seed
+                .map_or_else(|| StdRng::from_rng(&mut rand::rng()), StdRng::seed_from_u64),
+        ),
+        settle_backoff: b.settle_backoff,
+    });
+    let run = ReceiveLoop {
+        shared,
+        subscription,
+        pause: pause_rx,
+        tasks: JoinSet::new(),
+        slots: Arc::new(Semaphore::new(b.spec.max_in_flight)),
+        queue_slots: Arc::new(Semaphore::new(b.spec.max_in_flight.saturating_mul(4))),
+        keys: Arc::new(KeyQueues::default()),
+        grace: b.shutdown_grace,
+    };
+    let stopped = StopGuard(counters.clone());
+    let task = tokio::spawn(async move {
+        let _stopped = stopped;
+        run.run().await
+    });
+    Ok(ConsumerHandle::new(task, shutdown, counters))
+}
+
+/// Marks the consumer stopped when its task ends, however it ends (returned, panicked, aborted).
+struct StopGuard(Arc<Counters>);
+
+impl Drop for StopGuard {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
+}
+
+/// State shared by the receive loop and the tasks handling deliveries.
+pub(crate) struct Shared {
+    pub(super) spec: SubscriptionSpec,
+    pub(super) policies: Policies,
+    pub(super) classifier: Classifier,
+    pub(super) idempotency: Option<Arc<dyn IdempotencyStore>>,
+    pub(super) parking: Option<Parking>,
+    pub(super) handler: Arc<dyn Handler>,
+    pub(super) counters: Arc<Counters>,
+    pub(super) pause: PauseGate,
+    pub(super) shutdown: CancellationToken,
+    pub(super) rng: Mutex<StdRng>,
+    pub(super) settle_backoff: Duration,
+}
+
+/// Counts blocking holds; the receive loop pauses while any is active.
+pub(super) struct PauseGate {
+    holds: watch::Sender<usize>,
+}
+
+/// One active hold; dropping it ends the hold.
+pub(super) struct PauseGuard<'a>(&'a PauseGate);
+
+impl PauseGate {
+    pub(super) fn hold(&self) -> PauseGuard<'_> {
+        self.holds.send_modify(|n| *n += 1);
+        PauseGuard(self)
+    }
+}
+
+impl Drop for PauseGuard<'_> {
+    fn drop(&mut self) {
+        self.0.holds.send_modify(|n| *n = n.saturating_sub(1));
+    }
+}
+
+struct ReceiveLoop {
+    shared: Arc<Shared>,
+    subscription: Box<dyn Subscription>,
+    pause: watch::Receiver<usize>,
+    tasks: JoinSet<()>,
+    slots: Arc<Semaphore>,
+    /// Deliveries waiting behind their key (per-key ordering) hold one of these instead of a work permit,
+    /// so one busy key cannot take every slot from the others; 4 × concurrency of them.
+    queue_slots: Arc<Semaphore>,
+    keys: Arc<KeyQueues>,
+    grace: Duration,
+}
+
+impl ReceiveLoop {
+    async fn run(mut self) -> Result<(), ConsumerError> {
+        let shutdown = self.shared.shutdown.clone();
+        let mut receive_backoff = Duration::from_millis(100);
+        loop {
+            self.reap_finished_tasks();
+            if shutdown.is_cancelled() {
+                break;
+            }
+            if *self.pause.borrow_and_update() > 0 {
+                self.hold_consumption().await;
+                continue;
+            }
+            // `biased`: once shutdown is asked for, no new delivery is taken.
+            let permit = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                _ = self.pause.changed() => continue,
+                permit = self.slots.clone().acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => break,
+                },
+            };
+            let next = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                _ = self.pause.changed() => continue,
+                next = self.subscription.next() => next,
+            };
+            match next {
+                Ok(Some(delivery)) => {
+                    receive_backoff = Duration::from_millis(100);
+                    self.dispatch(delivery, permit);
+                }
+                Ok(None) => break,
+                Err(e) if e.kind() == Kind::Closed => break,
+                Err(e) => {
+                    warn!(error = %e, "receive failed; retrying");
+                    self.shared
+                        .counters
+                        .error(&self.shared.counters.receive_errors, e.to_string());
+                    tokio::select! {
+                        () = tokio::time::sleep(receive_backoff) => {}
+                        () = shutdown.cancelled() => break,
+                    }
+                    receive_backoff = (receive_backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+        self.drain().await
+    }
+
+    /// Logs tasks that ended by panicking (a panicking handler is caught in `process`; this catches the
+    /// rest, e.g. a panicking idempotency store).
+    fn reap_finished_tasks(&mut self) {
+        while let Some(result) = self.tasks.try_join_next() {
+            if let Err(e) = result
+                && e.is_panic()
+            {
+                tracing::error!(error = %e, "a delivery task panicked; its delivery was released");
+            }
+        }
+    }
+
+    /// Pauses the subscription until no blocking hold is active (or shutdown). A broker error pausing or
+    /// resuming is counted and logged; consumption stays held by the loop either way.
+    async fn hold_consumption(&mut self) {
+        if let Err(e) = self.subscription.pause().await {
+            warn!(error = %e, "pausing the subscription failed");
+            self.shared
+                .counters
+                .error(&self.shared.counters.receive_errors, e.to_string());
+        }
+        loop {
+            tokio::select! {
+                changed = self.pause.changed() => {
+                    if changed.is_err() || *self.pause.borrow_and_update() == 0 {
+                        break;
+                    }
+                }
+                () = self.shared.shutdown.cancelled() => break,
+            }
+        }
+        if let Err(e) = self.subscription.resume().await {
+            warn!(error = %e, "resuming the subscription failed");
+            self.shared
+                .counters
+                .error(&self.shared.counters.receive_errors, e.to_string());
+        }
+    }
+
+    fn dispatch(&mut self, delivery: Delivery, permit: tokio::sync::OwnedSemaphorePermit) {
+        let shared = self.shared.clone();
+        let ordered_key = shared.parking.as_ref().and(delivery.message.key.clone());
+        match ordered_key {
+            None => {
+                self.tasks.spawn(async move {
+                    process::process(shared, delivery).await;
+                    drop(permit);
+                });
+            }
+            Some(key) => {
+                let queue_slots = self.queue_slots.clone();
+                let claimed = self.keys.claim_or_queue(&key, delivery, permit, || {
+                    queue_slots.try_acquire_owned().ok()
+                });
+                let Some((mut delivery, task_permit)) = claimed else {
+                    return;
+                };
+                // Frees the key (releasing whatever queued behind it) even if processing panics.
+                let mut key_guard = ordering::KeyGuard::new(self.keys.clone(), key);
+                self.tasks.spawn(async move {
+                    // The task holds one work permit for its whole life: one key, one event at a time.
+                    let _task_permit = task_permit;
+                    loop {
+                        if shared.shutdown.is_cancelled() {
+                            drop(delivery); // released to the broker unsettled
+                        } else {
+                            process::process(shared.clone(), delivery).await;
+                        }
+                        match key_guard.next() {
+                            // The queued delivery's own permit (a queue slot) is no longer needed.
+                            Some((next, _queued_permit)) => delivery = next,
+                            None => break,
+                        }
+                    }
+                });
+            }
+        }
+    }
+
+    /// Waits for in-flight work within the grace period, then releases what is left and leaves.
+    async fn drain(mut self) -> Result<(), ConsumerError> {
+        let finished = tokio::time::timeout(self.grace, async {
+            while let Some(result) = self.tasks.join_next().await {
+                if let Err(e) = result
+                    && e.is_panic()
+                {
+                    tracing::error!(error = %e, "a delivery task panicked; its delivery was released");
+                }
+            }
+        })
+        .await;
+        if finished.is_err() {
+            warn!(
+                remaining = self.tasks.len(),
+                "shutdown grace elapsed; releasing in-flight events to the broker"
+            );
+            self.tasks.shutdown().await;
+        }
+        self.subscription.close().await?;
+        info!(topic = %self.shared.spec.topic, "consumer stopped");
+        Ok(())
+    }
+}
