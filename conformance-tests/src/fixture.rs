@@ -1,97 +1,103 @@
-//! What a scenario needs from an adapter: a transport, fresh topics, and a few fault switches.
+//! What a scenario needs from an adapter: a broker, fresh topics, a delay unit, and a few fault switches.
+//!
+//! An adapter's own test builds one [`Fixture`] over a real broker and hands it to [`crate::run`].
+//! Topics are declared and deleted through the broker's [`Admin`](retry_core::adapter::Admin), the same
+//! on every broker; only the faults, which each broker injects its own way, are the adapter's to write.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use retry_core::memory::MemoryTransport;
-use retry_core::transport::{Capabilities, Transport, TransportError};
+use retry_core::adapter::Capabilities;
+use retry_core::broker::Broker;
+use retry_core::error::Error;
 
-/// Faults a fixture can inject; scenarios that need one are skipped (with the reason) where it is absent.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct FixtureCapabilities {
-    /// [`Fixture::set_dlq_writable`] works.
-    pub dlq_fault: bool,
+/// Faults a broker's test can inject; a scenario that needs one is skipped, with the reason, where the
+/// fixture has none.
+#[async_trait]
+pub trait Faults: Send + Sync + 'static {
+    /// Makes the DLQ of `topic` refuse writes (`false`) or accept them again (`true`).
+    async fn set_dlq_writable(&self, topic: &str, writable: bool) -> Result<(), Error>;
 }
 
 /// One adapter under test.
-#[async_trait]
-pub trait Fixture: Send + Sync + 'static {
-    /// The adapter's name in test names and the report ("memory", "kafka", ...).
-    fn name(&self) -> &'static str;
-
-    /// The transport under test (shared by all scenarios; each uses its own topics).
-    fn transport(&self) -> Arc<dyn Transport>;
-
-    /// The transport's capabilities; scenarios adapt their expectations to these.
-    fn capabilities(&self) -> Capabilities {
-        self.transport().capabilities()
-    }
-
-    /// Faults this fixture can inject.
-    fn fixture_capabilities(&self) -> FixtureCapabilities;
-
-    /// A new topic (queue) with a unique name, created with whatever the adapter needs (DLQ, retry route).
-    async fn fresh_topic(&self, scenario: &str) -> Result<String, TransportError>;
-
-    /// Makes the DLQ of `topic` unwritable (`false`) or writable again (`true`).
-    async fn set_dlq_writable(&self, topic: &str, writable: bool) -> Result<(), TransportError>;
-
-    /// Removes what [`Fixture::fresh_topic`] created (best effort).
-    async fn cleanup(&self, topic: &str) {
-        let _ = topic;
-    }
-
-    /// The base delay scenarios use: long enough that the broker distinguishes it, short enough that the
-    /// suite stays quick.
-    fn delay_unit(&self) -> Duration;
+#[derive(Clone)]
+pub struct Fixture {
+    name: &'static str,
+    broker: Broker,
+    delay_unit: Duration,
+    faults: Option<Arc<dyn Faults>>,
 }
 
-/// A fixture as the harness keeps it (an adapter fixture's `make` ends with this), or why it could not
-/// be made.
-pub fn made<F: Fixture>(fixture: Result<F, TransportError>) -> Result<Arc<dyn Fixture>, String> {
-    fixture
-        .map(|f| Arc::new(f) as Arc<dyn Fixture>)
-        .map_err(|e| e.to_string())
-}
-
-/// The in-memory transport as a fixture: always available.
-#[derive(Clone, Debug, Default)]
-pub struct MemoryFixture {
-    transport: MemoryTransport,
-}
-
-impl MemoryFixture {
-    /// A fixture over a new in-memory broker.
-    pub fn new() -> Self {
-        Self::default()
+impl std::fmt::Debug for Fixture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fixture")
+            .field("name", &self.name)
+            .field("broker", &self.broker)
+            .field("delay_unit", &self.delay_unit)
+            .field("faults", &self.faults.is_some())
+            .finish()
     }
 }
 
-#[async_trait]
-impl Fixture for MemoryFixture {
-    fn name(&self) -> &'static str {
-        "memory"
+impl Fixture {
+    /// A fixture named `name` (in test names and the report) over `broker`. `delay_unit` is the base delay
+    /// scenarios use: long enough that the broker distinguishes it (at least its granularity), short
+    /// enough that the suite stays quick.
+    pub fn new(name: &'static str, broker: Broker, delay_unit: Duration) -> Self {
+        Self {
+            name,
+            broker,
+            delay_unit,
+            faults: None,
+        }
     }
 
-    fn transport(&self) -> Arc<dyn Transport> {
-        Arc::new(self.transport.clone())
+    /// Adds the faults this broker's test can inject.
+    pub fn with_faults(mut self, faults: impl Faults) -> Self {
+        self.faults = Some(Arc::new(faults));
+        self
     }
 
-    fn fixture_capabilities(&self) -> FixtureCapabilities {
-        FixtureCapabilities { dlq_fault: true }
+    /// The adapter's name.
+    pub fn name(&self) -> &'static str {
+        self.name
     }
 
-    async fn fresh_topic(&self, scenario: &str) -> Result<String, TransportError> {
-        Ok(format!("{scenario}-{}", uuid::Uuid::new_v4().simple()))
+    /// The broker under test (shared by all scenarios; each uses its own topics).
+    pub fn broker(&self) -> &Broker {
+        &self.broker
     }
 
-    async fn set_dlq_writable(&self, topic: &str, writable: bool) -> Result<(), TransportError> {
-        self.transport.set_dlq_writable(topic, writable);
-        Ok(())
+    /// The broker's capabilities; scenarios adapt their expectations to these.
+    pub fn capabilities(&self) -> Capabilities {
+        self.broker.capabilities()
     }
 
-    fn delay_unit(&self) -> Duration {
-        Duration::from_millis(100)
+    /// The base delay of the scenarios.
+    pub fn delay_unit(&self) -> Duration {
+        self.delay_unit
+    }
+
+    /// The fault switches, if the adapter's test gave any.
+    pub fn faults(&self) -> Option<&dyn Faults> {
+        self.faults.as_deref()
+    }
+
+    /// A new topic with a unique name, declared with everything it needs (DLQ, delay route).
+    pub async fn fresh_topic(&self, scenario: &str) -> Result<String, Error> {
+        let topic = format!("conformance-{scenario}-{}", uuid::Uuid::new_v4().simple());
+        self.broker.admin().declare(&topic, None).await?;
+        Ok(topic)
+    }
+
+    /// Deletes what [`Fixture::fresh_topic`] created (best effort: a broker whose adapter cannot delete
+    /// topics keeps them, and a failed deletion is only reported).
+    pub async fn cleanup(&self, topic: &str) {
+        match self.broker.admin().delete(topic).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == retry_core::error::Kind::Unsupported => {}
+            Err(e) => eprintln!("{}: leaving {topic} behind: {e}", self.name),
+        }
     }
 }

@@ -1,18 +1,21 @@
 //! The event-retry conformance suite: retry and DLQ semantics written once, run against every adapter.
 //!
-//! The scenarios ([`scenarios`]) are generic over a [`fixture::Fixture`]; the test binary
-//! (`tests/conformance.rs`) runs all of them against the in-memory transport and every broker named by
-//! the `RETRY_TEST_*` env vars, and writes a Markdown report (see [`report`]). A third-party adapter can
-//! run the same checks by implementing the fixture and calling [`harness`]-style code of its own.
+//! The suite is a library that each adapter's own tests call, so an adapter outside this repository runs
+//! exactly the same checks: build a [`Fixture`] over a real broker (a [`Broker`](retry_core::broker::Broker),
+//! a delay unit, and the faults the broker's test can inject) and hand it to [`run`] from a
+//! `harness = false` test binary. Each run writes the adapter's part of the report; the parts make one
+//! Markdown table (`target/conformance/report.md`) of every scenario × every adapter. The suite depends on
+//! no adapter.
+//!
+//! The in-memory transport runs it the same way (`retry-core/tests/conformance.rs`).
 
 #[cfg(feature = "testcontainers")]
 pub mod containers;
 pub mod fixture;
-pub mod harness;
-pub mod kafka;
 pub mod probe;
-pub mod pulsar;
-pub mod rabbitmq;
 pub mod report;
 pub mod scenarios;
-pub mod sqs;
+pub mod suite;
+
+pub use fixture::{Faults, Fixture};
+pub use suite::{Adapter, BoxFuture, Connect, run};

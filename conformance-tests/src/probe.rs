@@ -2,14 +2,14 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use retry_core::classify::HandlerError;
-use retry_core::event::{Event, Headers};
+use retry_core::event::Event;
+use retry_core::headers::Headers;
 use retry_core::runtime::{Context, Handler};
 use retry_core::time::Timestamp;
 
@@ -149,7 +149,7 @@ impl Handler for ProbeHandler {
                 at: Instant::now(),
                 ended: None,
                 due_at: ctx.due_at,
-                last_delay: event.meta.last_delay,
+                last_delay: event.metadata().last_delay,
                 wall: Timestamp::now(),
             });
             let nth = calls.iter().filter(|c| c.id == ctx.event_id).count() - 1;
@@ -212,9 +212,6 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
-
-/// A boxed future, as scenario functions return.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// Fails with `message` unless `condition` holds.
 pub fn ensure(condition: bool, message: impl FnOnce() -> String) -> Result<(), String> {

@@ -1,12 +1,22 @@
-//! The Markdown report: scenario × adapter, pass / fail / skip with the reason, lateness figures.
+//! The report: scenario × adapter, pass / fail / skip with the reason, lateness figures.
+//!
+//! Each adapter's run writes its own part (`target/conformance/<adapter>.json`) and then rebuilds
+//! `target/conformance/report.md` from every part present, so one report covers every adapter although
+//! each runs in its own test binary. The README's conformance table is the same table without the
+//! figures; [`readme_table`] renders it and `conformance-report --check README.md` fails when the README
+//! says something the latest parts do not.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use serde::{Deserialize, Serialize};
+
+use crate::scenarios::Scenario;
+
 /// One cell of the table.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Cell {
     /// Passed, with an optional note (lateness figures).
     Pass(Option<String>),
@@ -16,112 +26,313 @@ pub enum Cell {
     Skip(String),
 }
 
-/// Results gathered while the trials run.
-#[derive(Default)]
-pub struct Report {
-    scenarios: Mutex<BTreeMap<u8, &'static str>>,
-    cells: Mutex<BTreeMap<(u8, String), Cell>>,
+/// One scenario's row in an adapter's part.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Row {
+    /// Its number.
+    pub number: u8,
+    /// Its test name.
+    pub name: String,
+    /// What it asserts, in words.
+    pub title: String,
+    /// How it went.
+    pub cell: Cell,
 }
+
+/// One adapter's results, as written to its part of the report.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Part {
+    /// The adapter.
+    pub adapter: String,
+    /// Its rows, by scenario number.
+    pub rows: BTreeMap<u8, Row>,
+}
+
+/// Results gathered while one adapter's trials run.
+#[derive(Debug)]
+pub struct Report {
+    part: Mutex<Part>,
+}
+
+/// The adapters in the report's column order; others follow alphabetically.
+const COLUMN_ORDER: [&str; 5] = ["memory", "kafka", "rabbitmq", "sqs", "pulsar"];
 
 fn escape(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
 }
 
 impl Report {
+    /// An empty report for `adapter`.
+    pub fn new(adapter: &str) -> Self {
+        Self {
+            part: Mutex::new(Part {
+                adapter: adapter.to_string(),
+                rows: BTreeMap::new(),
+            }),
+        }
+    }
+
     /// Records one result.
-    pub fn record(&self, number: u8, scenario: &'static str, adapter: &str, cell: Cell) {
-        self.scenarios
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(number, scenario);
-        self.cells
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert((number, adapter.to_string()), cell);
+    pub fn record(&self, scenario: &Scenario, cell: Cell) {
+        let mut part = self.part.lock().unwrap_or_else(|p| p.into_inner());
+        part.rows.insert(
+            scenario.number,
+            Row {
+                number: scenario.number,
+                name: scenario.name.to_string(),
+                title: scenario.title.to_string(),
+                cell,
+            },
+        );
     }
 
-    /// The table, adapters in the given order.
-    pub fn to_markdown(&self, adapters: &[&str]) -> String {
-        let scenarios = self.scenarios.lock().unwrap_or_else(|p| p.into_inner());
-        let cells = self.cells.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = String::from("# Conformance report\n\n| # | scenario |");
-        for a in adapters {
-            let _ = write!(out, " {a} |");
-        }
-        out.push_str("\n|---|---|");
-        out.push_str(&"---|".repeat(adapters.len()));
-        out.push('\n');
-        let mut totals = vec![(0, 0, 0); adapters.len()];
-        for (number, name) in scenarios.iter() {
-            let _ = write!(out, "| {number} | {name} |");
-            for (i, a) in adapters.iter().enumerate() {
-                let text = match cells.get(&(*number, (*a).to_string())) {
-                    Some(Cell::Pass(None)) => {
-                        totals[i].0 += 1;
-                        "pass".to_string()
-                    }
-                    Some(Cell::Pass(Some(note))) => {
-                        totals[i].0 += 1;
-                        format!("pass ({})", escape(note))
-                    }
-                    Some(Cell::Fail(why)) => {
-                        totals[i].1 += 1;
-                        format!("**FAIL**: {}", escape(why))
-                    }
-                    Some(Cell::Skip(why)) => {
-                        totals[i].2 += 1;
-                        format!("skip: {}", escape(why))
-                    }
-                    None => "not run".to_string(),
-                };
-                let _ = write!(out, " {text} |");
-            }
-            out.push('\n');
-        }
-        out.push_str("| | **total** |");
-        for (pass, fail, skip) in totals {
-            let _ = write!(out, " {pass} pass, {fail} fail, {skip} skip |");
-        }
-        out.push('\n');
-        out
-    }
-
-    /// Where the report is written: `RETRY_TEST_REPORT`, else `target/conformance/report.md`.
-    pub fn path() -> PathBuf {
-        if let Some(p) = std::env::var_os("RETRY_TEST_REPORT") {
-            return PathBuf::from(p);
-        }
-        let target = std::env::var_os("CARGO_TARGET_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-        target.join("conformance").join("report.md")
+    /// Writes this adapter's part and rebuilds `report.md` from every part in the directory; returns
+    /// the report's path.
+    pub fn write(&self) -> std::io::Result<PathBuf> {
+        let dir = directory();
+        std::fs::create_dir_all(&dir)?;
+        let part = self.part.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let json = serde_json::to_string_pretty(&part).map_err(std::io::Error::other)?;
+        std::fs::write(dir.join(format!("{}.json", part.adapter)), json)?;
+        let parts = read_parts(&dir)?;
+        let path = dir.join("report.md");
+        std::fs::write(&path, to_markdown(&parts))?;
+        Ok(path)
     }
 }
 
+/// Where the parts and the report live: `RETRY_TEST_REPORT_DIR`, else `conformance/` in the target
+/// directory of the running binary's workspace (`target/conformance`), so an adapter outside this
+/// repository gets its report in its own target directory.
+pub fn directory() -> PathBuf {
+    if let Some(p) = std::env::var_os("RETRY_TEST_REPORT_DIR") {
+        return PathBuf::from(p);
+    }
+    if let Some(target) = std::env::var_os("CARGO_TARGET_DIR") {
+        return PathBuf::from(target).join("conformance");
+    }
+    // A test binary is `<target>/<profile>/deps/<name>`, a binary `<target>/<profile>/<name>`.
+    let exe = std::env::current_exe().unwrap_or_default();
+    let target = exe
+        .ancestors()
+        .find(|dir| dir.file_name().is_some_and(|n| n == "target"))
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("target"));
+    target.join("conformance")
+}
+
+/// Every adapter part in `dir`, in column order.
+pub fn read_parts(dir: &Path) -> std::io::Result<Vec<Part>> {
+    let mut parts = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let text = std::fs::read_to_string(&path)?;
+            let part: Part = serde_json::from_str(&text)
+                .map_err(|e| std::io::Error::other(format!("{}: {e}", path.display())))?;
+            parts.push(part);
+        }
+    }
+    parts.sort_by_key(|p| {
+        let rank = COLUMN_ORDER
+            .iter()
+            .position(|a| *a == p.adapter)
+            .unwrap_or(COLUMN_ORDER.len());
+        (rank, p.adapter.clone())
+    });
+    Ok(parts)
+}
+
+/// Every scenario of any part, by number, with its title.
+fn scenarios_of(parts: &[Part]) -> BTreeMap<u8, (String, String)> {
+    parts
+        .iter()
+        .flat_map(|p| p.rows.values())
+        .map(|r| (r.number, (r.name.clone(), r.title.clone())))
+        .collect()
+}
+
+/// The full table, with notes and failures.
+pub fn to_markdown(parts: &[Part]) -> String {
+    let mut out = String::from("# Conformance report\n\n| # | scenario |");
+    for p in parts {
+        let _ = write!(out, " {} |", p.adapter);
+    }
+    out.push_str("\n|---|---|");
+    out.push_str(&"---|".repeat(parts.len()));
+    out.push('\n');
+    let mut totals = vec![(0, 0, 0); parts.len()];
+    for (number, (name, _)) in scenarios_of(parts) {
+        let _ = write!(out, "| {number} | {name} |");
+        for (i, p) in parts.iter().enumerate() {
+            let text = match p.rows.get(&number).map(|r| &r.cell) {
+                Some(Cell::Pass(None)) => {
+                    totals[i].0 += 1;
+                    "pass".to_string()
+                }
+                Some(Cell::Pass(Some(note))) => {
+                    totals[i].0 += 1;
+                    format!("pass ({})", escape(note))
+                }
+                Some(Cell::Fail(why)) => {
+                    totals[i].1 += 1;
+                    format!("**FAIL**: {}", escape(why))
+                }
+                Some(Cell::Skip(why)) => {
+                    totals[i].2 += 1;
+                    format!("skip: {}", escape(why))
+                }
+                None => "not run".to_string(),
+            };
+            let _ = write!(out, " {text} |");
+        }
+        out.push('\n');
+    }
+    out.push_str("| | **total** |");
+    for (pass, fail, skip) in totals {
+        let _ = write!(out, " {pass} pass, {fail} fail, {skip} skip |");
+    }
+    out.push('\n');
+    out
+}
+
+/// The README's table: what each scenario asserts, and per adapter `pass`, `FAIL` or `skip: <reason>`
+/// (no figures, so it changes only when a result does).
+pub fn readme_table(parts: &[Part]) -> String {
+    let mut out = String::from("| # | scenario |");
+    for p in parts {
+        let _ = write!(out, " {} |", p.adapter);
+    }
+    out.push_str("\n|---|---|");
+    out.push_str(&"---|".repeat(parts.len()));
+    out.push('\n');
+    for (number, (_, title)) in scenarios_of(parts) {
+        let _ = write!(out, "| {number} | {} |", escape(&title));
+        for p in parts {
+            let text = match p.rows.get(&number).map(|r| &r.cell) {
+                Some(Cell::Pass(_)) => "pass".to_string(),
+                Some(Cell::Fail(_)) => "**FAIL**".to_string(),
+                Some(Cell::Skip(why)) => format!("skip: {}", escape(why)),
+                None => "not run".to_string(),
+            };
+            let _ = write!(out, " {text} |");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The markers around the generated table in a README.
+pub const README_BEGIN: &str =
+    "<!-- conformance table: generated by `conformance-report --readme`; do not edit -->";
+/// The end marker.
+pub const README_END: &str = "<!-- end of conformance table -->";
+
+/// `readme` with the text between the markers replaced by `table`; an error when a marker is missing.
+pub fn replace_table(readme: &str, table: &str) -> Result<String, String> {
+    let begin = readme
+        .find(README_BEGIN)
+        .ok_or_else(|| format!("the README has no line {README_BEGIN:?}"))?;
+    let after_begin = begin + README_BEGIN.len();
+    let end = readme[after_begin..]
+        .find(README_END)
+        .map(|i| after_begin + i)
+        .ok_or_else(|| format!("the README has no line {README_END:?} after the table"))?;
+    Ok(format!(
+        "{}\n{}{}",
+        &readme[..after_begin],
+        table,
+        &readme[end..]
+    ))
+}
+
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
+    fn part(adapter: &str, cells: &[(u8, Cell)]) -> Part {
+        Part {
+            adapter: adapter.into(),
+            rows: cells
+                .iter()
+                .map(|(n, c)| {
+                    (
+                        *n,
+                        Row {
+                            number: *n,
+                            name: format!("s{n}"),
+                            title: format!("scenario {n}"),
+                            cell: c.clone(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
     #[test]
     fn table_counts_each_kind() {
-        let r = Report::default();
-        r.record(1, "one", "memory", Cell::Pass(None));
-        r.record(2, "two", "memory", Cell::Pass(Some("p99 3 ms".into())));
-        r.record(
-            1,
-            "one",
-            "kafka",
-            Cell::Skip("RETRY_TEST_KAFKA not set".into()),
-        );
-        r.record(2, "two", "kafka", Cell::Fail("a|b".into()));
-        let md = r.to_markdown(&["memory", "kafka"]);
+        let parts = vec![
+            part(
+                "memory",
+                &[
+                    (1, Cell::Pass(None)),
+                    (2, Cell::Pass(Some("p99 3 ms".into()))),
+                ],
+            ),
+            part(
+                "kafka",
+                &[
+                    (1, Cell::Skip("RETRY_TEST_KAFKA is not set".into())),
+                    (2, Cell::Fail("a|b".into())),
+                ],
+            ),
+        ];
+        let md = to_markdown(&parts);
         assert!(
-            md.contains("| 2 | two | pass (p99 3 ms) | **FAIL**: a\\|b |"),
+            md.contains("| 2 | s2 | pass (p99 3 ms) | **FAIL**: a\\|b |"),
             "{md}"
         );
         assert!(
             md.contains("2 pass, 0 fail, 0 skip | 0 pass, 1 fail, 1 skip |"),
             "{md}"
         );
+        let table = readme_table(&parts);
+        assert!(
+            table.contains("| 2 | scenario 2 | pass | **FAIL** |"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn the_readme_table_is_replaced_between_the_markers() {
+        let readme = format!("intro\n{README_BEGIN}\nold\n{README_END}\nrest\n");
+        let new = replace_table(&readme, "| new |\n").unwrap();
+        assert_eq!(
+            new,
+            format!("intro\n{README_BEGIN}\n| new |\n{README_END}\nrest\n")
+        );
+        assert!(replace_table("no markers", "x").is_err());
+    }
+
+    #[test]
+    fn parts_are_read_back_in_column_order() {
+        let dir = std::env::temp_dir().join(format!("conformance-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for p in [part("pulsar", &[]), part("zeta", &[]), part("memory", &[])] {
+            std::fs::write(
+                dir.join(format!("{}.json", p.adapter)),
+                serde_json::to_string(&p).unwrap(),
+            )
+            .unwrap();
+        }
+        let order: Vec<String> = read_parts(&dir)
+            .unwrap()
+            .into_iter()
+            .map(|p| p.adapter)
+            .collect();
+        assert_eq!(order, ["memory", "pulsar", "zeta"]);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -9,12 +9,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
 use retry_core::policy::RetryPolicy;
-use retry_core::runtime::{Consumer, Context, handler_fn};
+use retry_core::runtime::{Context, handler_fn};
 use retry_core::time::Timestamp;
-use retry_core::transport::Transport;
 
 /// A bench's error.
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -67,17 +67,20 @@ pub fn work(payload: &[u8]) -> u64 {
 
 /// Publishes `messages` events of ~230 bytes (ids `m0`, `m1`, …), `at_once` at a time.
 pub async fn publish_all(
-    transport: &dyn Transport,
+    broker: &Broker,
     topic: &str,
     messages: usize,
     at_once: usize,
 ) -> Result<(), Error> {
+    let producer = broker.producer();
+    let producer = &producer;
     futures::stream::iter(0..messages)
         .map(|i| async move {
             let body = format!("{{\"id\":{i},\"pad\":\"{}\"}}", "x".repeat(200));
-            transport
-                .publish(topic, &Event::new(body).with_id(format!("m{i}")))
+            producer
+                .publish(topic, Event::new(body).with_id(format!("m{i}")))
                 .await
+                .map(drop)
         })
         .buffer_unordered(at_once)
         .try_collect::<Vec<()>>()
@@ -88,7 +91,7 @@ pub async fn publish_all(
 /// One SDK round: a consumer of `topic` (already filled with `messages` events) with `concurrency`,
 /// doing [`work`] per event; its rate in messages per second, from its start to the last success.
 pub async fn sdk_round(
-    transport: Arc<dyn Transport>,
+    broker: &Broker,
     topic: &str,
     messages: usize,
     concurrency: usize,
@@ -103,14 +106,14 @@ pub async fn sdk_round(
         }
     });
     let started = Instant::now();
-    let consumer = Consumer::builder(transport, topic)
+    let consumer = broker
+        .consumer(topic)
         .concurrency(concurrency)
-        .build()?
         .start(handler)
         .await?;
-    while consumer.stats().succeeded < messages as u64 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    consumer
+        .wait_until(|s| s.succeeded >= messages as u64)
+        .await;
     let rate = messages as f64 / started.elapsed().as_secs_f64();
     consumer.shutdown().await?;
     Ok(rate)
@@ -158,7 +161,7 @@ impl Throughput {
 /// 1.2–59.8 s; lateness is the retry's start minus its due time (wall clock). Prints p50, p99 and max
 /// with `describe` (how the broker delays); an early retry, or retries not done within `deadline`, fail.
 pub async fn lateness(
-    transport: Arc<dyn Transport>,
+    broker: &Broker,
     topic: &str,
     retries: usize,
     deadline: Duration,
@@ -183,24 +186,26 @@ pub async fn lateness(
         }
     });
     // Uniform delays over [1.2 s, 59.8 s].
-    let consumer = Consumer::builder(transport.clone(), topic)
+    let consumer = broker
+        .consumer(topic)
         .policy(RetryPolicy::parse("30500ms x1; jitter=±96%")?)
         .concurrency(32)
-        .build()?
         .start(handler)
         .await?;
+    let producer = broker.producer();
     for i in 0..retries {
         let id = format!("late-{i}");
-        transport
-            .publish(topic, &Event::new(id.clone()).with_id(id))
+        producer
+            .publish(topic, Event::new(id.clone()).with_id(id))
             .await?;
     }
-    let until = Instant::now() + deadline;
-    while consumer.stats().succeeded_after_retry < retries as u64 {
-        if Instant::now() > until {
-            return Err(format!("retries did not finish: {:?}", consumer.stats()).into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let finished = tokio::time::timeout(
+        deadline,
+        consumer.wait_until(|s| s.succeeded_after_retry >= retries as u64),
+    )
+    .await;
+    if finished.is_err() {
+        return Err(format!("retries did not finish: {:?}", consumer.stats()).into());
     }
     consumer.shutdown().await?;
     let mut late = late_ms.lock().unwrap_or_else(|p| p.into_inner()).clone();

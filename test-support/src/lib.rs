@@ -3,12 +3,12 @@
 //! * [`broker`]: which broker a test binary runs against (`RETRY_TEST_<BROKER>`), whether
 //!   `RETRY_TEST_REQUIRE` names it (a missing broker then fails instead of skipping loudly), and the
 //!   trials of a `harness = false` test binary;
-//! * [`bench`]: a bench binary's start, its parts, the SDK's throughput round and the retry lateness
+//! * [`bench`](mod@bench): a bench binary's start, its parts, the SDK's throughput round and the retry lateness
 //!   part, which are the same on every broker;
 //! * [`restart`]: delayed retries surviving a restart of the broker (`scripts/brokers restart`).
 //!
-//! Adapters use it as a dev-dependency; it depends only on `retry-core`, so the conformance suite (which
-//! depends on the adapters) can use it too.
+//! Adapters use it as a dev-dependency; it depends only on `retry-core`, so the conformance suite uses it
+//! too (for finding brokers and `RETRY_TEST_REQUIRE`).
 
 pub mod bench;
 pub mod broker;

@@ -4,11 +4,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
 use retry_core::policy::RetryPolicy;
-use retry_core::runtime::{Consumer, Context, Stats, handler_fn};
-use retry_core::transport::Transport;
+use retry_core::runtime::{Context, Stats, handler_fn};
 
 /// How long the test waits, for a broker's own pace.
 #[derive(Clone, Copy, Debug)]
@@ -24,7 +24,7 @@ pub struct Waits {
 /// have run exactly twice, its retry no earlier than `delay` after its failure. Returns the consumer's
 /// statistics (taken before it shuts down), for checks of the broker's own.
 pub async fn delayed_retries_survive_restart(
-    transport: Arc<dyn Transport>,
+    under_test: &Broker,
     broker: &str,
     topic: &str,
     events: usize,
@@ -49,27 +49,28 @@ pub async fn delayed_retries_survive_restart(
     });
     let policy =
         RetryPolicy::parse(&format!("{}ms x1", delay.as_millis())).map_err(|e| e.to_string())?;
-    let consumer = Consumer::builder(transport.clone(), topic)
+    let consumer = under_test
+        .consumer(topic)
         .policy(policy)
         .concurrency(8)
-        .build()
-        .map_err(|e| e.to_string())?
         .start(handler)
         .await
         .map_err(|e| e.to_string())?;
+    let producer = under_test.producer();
     for i in 0..events {
         let id = format!("e{i:02}");
-        transport
-            .publish(topic, &Event::new(id.clone()).with_id(id))
+        producer
+            .publish(topic, Event::new(id.clone()).with_id(id))
             .await
             .map_err(|e| e.to_string())?;
     }
-    let deadline = Instant::now() + waits.scheduled;
-    while consumer.stats().retries_scheduled < events as u64 {
-        if Instant::now() > deadline {
-            return Err(format!("retries not scheduled: {:?}", consumer.stats()));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    let scheduled = tokio::time::timeout(
+        waits.scheduled,
+        consumer.wait_until(|s| s.retries_scheduled >= events as u64),
+    )
+    .await;
+    if scheduled.is_err() {
+        return Err(format!("retries not scheduled: {:?}", consumer.stats()));
     }
     let restarted_at = Instant::now();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/brokers");

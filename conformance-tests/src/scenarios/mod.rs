@@ -1,0 +1,188 @@
+//! The scenarios, written once, run against every adapter.
+//!
+//! Each scenario uses topics of its own, so scenarios run concurrently; delays are multiples of the
+//! fixture's [`Fixture::delay_unit`], so a broker with one-second granularity gets one-second delays and the
+//! in-memory transport gets tenths. A scenario that needs a capability the adapter lacks is skipped with
+//! the reason, never silently passed. Each scenario's title says exactly what it asserts; the report and
+//! the README show it.
+
+mod dead_letters;
+mod delivery;
+mod fidelity;
+mod groups;
+mod holds;
+mod retry;
+mod support;
+
+use std::sync::Arc;
+
+use retry_core::adapter::Capabilities;
+
+use crate::fixture::Fixture;
+use crate::suite::BoxFuture;
+
+/// How a scenario ended, when it did not fail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// It passed; the note carries figures for the report (lateness).
+    Pass(Option<String>),
+    /// It was skipped, for this reason.
+    Skip(String),
+}
+
+/// A scenario's result: `Err` is a failure with its explanation.
+pub type ScenarioResult = Result<Verdict, String>;
+
+type Run = fn(Arc<Fixture>) -> BoxFuture<ScenarioResult>;
+/// Why a scenario must be skipped for a broker with these capabilities (and fault switches or not).
+type Needs = fn(&Capabilities, bool) -> Option<&'static str>;
+
+/// One scenario of the suite.
+#[derive(Clone, Copy)]
+pub struct Scenario {
+    /// Its number in the suite (the report and the README list them in this order).
+    pub number: u8,
+    /// Its name in test names and the report.
+    pub name: &'static str,
+    /// What it asserts, in words (the README's table).
+    pub title: &'static str,
+    /// Why it must be skipped for an adapter, if it must.
+    pub needs: Needs,
+    /// Runs it.
+    pub run: Run,
+}
+
+impl std::fmt::Debug for Scenario {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scenario")
+            .field("number", &self.number)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Scenario {
+    /// Its test name: `07_per_key_ordering`.
+    pub fn test_name(&self) -> String {
+        format!("{:02}_{}", self.number, self.name)
+    }
+}
+
+fn always(_: &Capabilities, _: bool) -> Option<&'static str> {
+    None
+}
+
+macro_rules! scenario {
+    ($number:literal, $area:ident :: $name:ident, $needs:expr, $title:literal) => {
+        Scenario {
+            number: $number,
+            name: stringify!($name),
+            title: $title,
+            needs: $needs,
+            run: |f| Box::pin($area::$name(f)),
+        }
+    };
+}
+
+/// All scenarios, in order.
+pub fn all() -> Vec<Scenario> {
+    vec![
+        scenario!(
+            1,
+            delivery::success_acked_once,
+            always,
+            "success acked once; nothing in retry or DLQ"
+        ),
+        scenario!(
+            2,
+            retry::transient_then_success,
+            always,
+            "transient failures then success; attempts counted; every retry waits at least its delay"
+        ),
+        scenario!(
+            3,
+            retry::policy_spent_to_dlq,
+            always,
+            "policy spent → DLQ with complete metadata; handler ran 1 + retries times"
+        ),
+        scenario!(
+            4,
+            retry::non_retryable_to_dlq,
+            always,
+            "non-retryable → DLQ after one call"
+        ),
+        scenario!(
+            5,
+            delivery::non_blocking_isolation,
+            always,
+            "events behind a retrying one finish before its retry fires"
+        ),
+        scenario!(
+            6,
+            holds::blocking_pauses_in_order,
+            |c, _| (!c.blocking_pause).then_some("the transport cannot pause consumption"),
+            "blocking kind pauses consumption and keeps order until healed"
+        ),
+        scenario!(
+            7,
+            holds::per_key_ordering,
+            |c, _| (!c.per_key_order).then_some("the transport cannot keep per-key order"),
+            "per-key ordering: a retrying key's later events run after it, in order; other keys go on; parked events follow a dead head to the DLQ"
+        ),
+        scenario!(
+            8,
+            groups::crash_mid_handle_redelivered,
+            |c, _| (!c.crash_redelivery)
+                .then_some("the transport does not redeliver after a crash"),
+            "crash mid-handle (consumer aborted, nothing settled) → redelivered to a new consumer, each event handled once"
+        ),
+        scenario!(
+            9,
+            dead_letters::dlq_replay,
+            |c, _| (!c.replay).then_some("the transport cannot replay its DLQ"),
+            "DLQ replay → processed unedited, attempts restarted, replay count recorded, DLQ emptied"
+        ),
+        scenario!(
+            10,
+            fidelity::poison_input_to_dlq,
+            always,
+            "poison input (bad/oversized metadata, undecodable payload) → DLQ with reason; consumer alive"
+        ),
+        scenario!(
+            11,
+            delivery::duplicate_delivery_idempotent,
+            always,
+            "duplicate delivery with the idempotency store → one side effect"
+        ),
+        scenario!(
+            12,
+            fidelity::bytes_preserved_every_hop,
+            always,
+            "payload, key, headers byte for byte through every hop and into the DLQ"
+        ),
+        scenario!(
+            13,
+            retry::delay_precision,
+            always,
+            "delay precision: 80 retries with random delays, never early, lateness p50/p99"
+        ),
+        scenario!(
+            14,
+            groups::rebalance_during_retries,
+            |c, _| (!c.shared_subscription).then_some("the transport has no shared subscription"),
+            "two consumers, rebalance during retries: exact counts"
+        ),
+        scenario!(
+            15,
+            dead_letters::dlq_unwritable_not_acked,
+            |_, faults| (!faults).then_some("the fixture cannot make the DLQ unwritable"),
+            "DLQ unwritable → settle error surfaced, nothing in the DLQ, the event comes back and lands once it heals"
+        ),
+        scenario!(
+            16,
+            delivery::graceful_shutdown,
+            always,
+            "graceful shutdown: in-flight work finishes or is released"
+        ),
+    ]
+}

@@ -1,0 +1,198 @@
+//! The driver an adapter's test binary calls: find the broker, register one named trial per scenario,
+//! run them concurrently, and write this adapter's part of the report.
+//!
+//! A broker is found through its URL variable (`RETRY_TEST_KAFKA`, …). An adapter whose broker is not
+//! configured is skipped loudly — every scenario is listed as skipped, with the reason, and counted —
+//! unless `RETRY_TEST_REQUIRE` names it; then its absence is a failing test.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+
+use crate::fixture::Fixture;
+use crate::report::{Cell, Report};
+use crate::scenarios::{self, Verdict};
+
+/// A boxed future, as a connect function returns.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// Connects a fixture to the broker at a URL.
+pub type Connect = fn(String) -> BoxFuture<Result<Fixture, String>>;
+
+/// An adapter to run the suite against.
+#[derive(Clone, Copy, Debug)]
+pub struct Adapter {
+    /// Its name in `RETRY_TEST_REQUIRE`, test names and the report ("kafka").
+    pub name: &'static str,
+    /// The variable holding its broker URL (`RETRY_TEST_KAFKA`); `None` for a broker that is always
+    /// there (the in-memory one).
+    pub url_env: Option<&'static str>,
+    /// Builds the fixture for the URL (an empty URL when `url_env` is `None`).
+    pub connect: Connect,
+}
+
+const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Runs every scenario against `adapter` as a `harness = false` test binary, writes its part of the
+/// report, and exits the process with the tests' status.
+///
+/// ```no_run
+/// // tests/conformance.rs of an adapter, with `harness = false` in its Cargo.toml:
+/// use std::time::Duration;
+/// use conformance_tests::{Adapter, Fixture};
+///
+/// fn main() {
+///     conformance_tests::run(Adapter {
+///         name: "memory",
+///         url_env: None,
+///         connect: |_url| Box::pin(async {
+///             Ok(Fixture::new("memory", retry_core::broker::Broker::memory(), Duration::from_millis(100)))
+///         }),
+///     })
+/// }
+/// ```
+pub fn run(adapter: Adapter) -> ! {
+    let mut args = Arguments::from_args();
+    if args.test_threads.is_none() {
+        // Scenarios mostly wait on timers and brokers; run many at once so the suite stays short.
+        args.test_threads = Some(16);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Arc::new(rt),
+        Err(e) => {
+            eprintln!("cannot start the tokio runtime: {e}");
+            std::process::exit(2);
+        }
+    };
+    let report = Arc::new(Report::new(adapter.name));
+    let mut trials = Vec::new();
+    let required = test_support::broker::required_brokers()
+        .iter()
+        .any(|b| b == adapter.name);
+
+    let url = match adapter.url_env {
+        None => Some(String::new()),
+        Some(env) => {
+            test_support::broker::url(env).or_else(|| container_url(adapter.name, &runtime))
+        }
+    };
+    let unavailable = match url {
+        None => Some(format!(
+            "{} is not set",
+            adapter.url_env.unwrap_or_default()
+        )),
+        Some(url) => match runtime.block_on(async {
+            tokio::time::timeout(Duration::from_secs(60), (adapter.connect)(url.clone())).await
+        }) {
+            Ok(Ok(fixture)) => {
+                trials.extend(trials_for(Arc::new(fixture), &runtime, &report));
+                None
+            }
+            Ok(Err(e)) => Some(format!("cannot connect to {url}: {e}")),
+            Err(_) => Some(format!("connecting to {url} took longer than 60 s")),
+        },
+    };
+    if let Some(reason) = unavailable {
+        if required {
+            let message = format!(
+                "{} is required by RETRY_TEST_REQUIRE but unavailable: {reason}",
+                adapter.name
+            );
+            trials.push(Trial::test(
+                format!("{}::available", adapter.name),
+                move || Err(Failed::from(message)),
+            ));
+        }
+        for s in scenarios::all() {
+            eprintln!("SKIP {}::{}: {reason}", adapter.name, s.test_name());
+            report.record(&s, Cell::Skip(reason.clone()));
+            trials.push(
+                Trial::test(format!("{}::{}", adapter.name, s.test_name()), || Ok(()))
+                    .with_ignored_flag(true),
+            );
+        }
+    }
+
+    let conclusion = libtest_mimic::run(&args, trials);
+    match report.write() {
+        Ok(path) => println!("\nreport written to {}", path.display()),
+        Err(e) => eprintln!("could not write the report: {e}"),
+    }
+    println!(
+        "conformance {}: {} passed, {} failed, {} skipped",
+        adapter.name, conclusion.num_passed, conclusion.num_failed, conclusion.num_ignored
+    );
+    conclusion.exit();
+}
+
+/// A broker started as a container for `name`, where the `testcontainers` feature is on and a Docker
+/// engine answers.
+#[cfg(feature = "testcontainers")]
+fn container_url(name: &str, runtime: &tokio::runtime::Runtime) -> Option<String> {
+    match runtime.block_on(crate::containers::start(name)) {
+        Ok(url) => {
+            eprintln!("{name}: started a container at {url}");
+            Some(url)
+        }
+        Err(e) => {
+            eprintln!("{name}: no URL is set and no container could be started: {e}");
+            None
+        }
+    }
+}
+
+#[cfg(not(feature = "testcontainers"))]
+fn container_url(_name: &str, _runtime: &tokio::runtime::Runtime) -> Option<String> {
+    None
+}
+
+fn trials_for(
+    fixture: Arc<Fixture>,
+    runtime: &Arc<tokio::runtime::Runtime>,
+    report: &Arc<Report>,
+) -> Vec<Trial> {
+    let caps = fixture.capabilities();
+    let has_faults = fixture.faults().is_some();
+    scenarios::all()
+        .into_iter()
+        .map(|s| {
+            let name = format!("{}::{}", fixture.name(), s.test_name());
+            if let Some(reason) = (s.needs)(&caps, has_faults) {
+                eprintln!("SKIP {name}: {reason}");
+                report.record(&s, Cell::Skip(reason.to_string()));
+                return Trial::test(name, || Ok(())).with_ignored_flag(true);
+            }
+            let (fixture, runtime, report) = (fixture.clone(), runtime.clone(), report.clone());
+            Trial::test(name.clone(), move || {
+                let outcome = runtime.block_on(async {
+                    tokio::time::timeout(SCENARIO_TIMEOUT, (s.run)(fixture)).await
+                });
+                let cell = match outcome {
+                    Ok(Ok(Verdict::Pass(note))) => Cell::Pass(note),
+                    Ok(Ok(Verdict::Skip(reason))) => Cell::Skip(reason),
+                    Ok(Err(failure)) => Cell::Fail(failure),
+                    Err(_) => Cell::Fail(format!("did not finish within {SCENARIO_TIMEOUT:?}")),
+                };
+                report.record(&s, cell.clone());
+                match cell {
+                    Cell::Pass(Some(note)) => {
+                        println!("  {name}: {note}");
+                        Ok(())
+                    }
+                    Cell::Pass(None) => Ok(()),
+                    Cell::Skip(reason) => {
+                        eprintln!("SKIP {name}: {reason}");
+                        Ok(())
+                    }
+                    Cell::Fail(failure) => Err(Failed::from(failure)),
+                }
+            })
+        })
+        .collect()
+}
