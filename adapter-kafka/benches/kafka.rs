@@ -17,18 +17,17 @@
 //! cargo bench -p event-retry-kafka --bench kafka -- sdk          # one SDK round alone, for profiling
 //! ```
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use event_retry_kafka::{KafkaConfig, KafkaTransport, bootstrap_of};
 use rdkafka::Message;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
+use retry_core::adapter::Admin;
+use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
-use retry_core::memory::MemoryTransport;
-use retry_core::runtime::{Consumer as RetryConsumer, Context, handler_fn};
-use retry_core::transport::Transport;
+use retry_core::runtime::{Context, handler_fn};
 use test_support::bench::{self, Error, Throughput, work};
 
 const MESSAGES: usize = 50_000;
@@ -45,7 +44,7 @@ fn main() -> Result<(), Error> {
 
 async fn prefill(transport: &KafkaTransport, topic: &str) -> Result<(), Error> {
     transport.declare(topic, None).await?;
-    bench::publish_all(transport, topic, MESSAGES, 1024).await
+    bench::publish_all(&Broker::new(transport.clone()), topic, MESSAGES, 1024).await
 }
 
 async fn raw_run(url: &str, transport: &KafkaTransport, topic: &str) -> Result<f64, Error> {
@@ -71,26 +70,32 @@ async fn raw_run(url: &str, transport: &KafkaTransport, topic: &str) -> Result<f
 
 async fn sdk_run(transport: &KafkaTransport, topic: &str) -> Result<f64, Error> {
     prefill(transport, topic).await?;
-    bench::sdk_round(Arc::new(transport.clone()), topic, MESSAGES, CONCURRENCY).await
+    bench::sdk_round(
+        &Broker::new(transport.clone()),
+        topic,
+        MESSAGES,
+        CONCURRENCY,
+    )
+    .await
 }
 
 /// The same handler and concurrency through the in-memory transport: the runtime without a broker.
 async fn memory_run() -> Result<f64, Error> {
-    let transport = MemoryTransport::new();
-    bench::publish_all(&transport, "ceiling", MESSAGES, 1).await?;
+    let broker = Broker::memory();
+    bench::publish_all(&broker, "ceiling", MESSAGES, 1).await?;
     let handler = handler_fn(move |event: Event, _ctx: Context| async move {
         std::hint::black_box(work(&event.payload));
         Ok::<(), HandlerError>(())
     });
     let started = Instant::now();
-    let consumer = RetryConsumer::builder(Arc::new(transport) as Arc<dyn Transport>, "ceiling")
+    let consumer = broker
+        .consumer("ceiling")
         .concurrency(CONCURRENCY)
-        .build()?
         .start(handler)
         .await?;
-    while consumer.stats().succeeded < MESSAGES as u64 {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    consumer
+        .wait_until(|s| s.succeeded >= MESSAGES as u64)
+        .await;
     let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
     consumer.shutdown().await?;
     Ok(rate)
@@ -135,7 +140,7 @@ async fn run(url: &str) -> Result<(), Error> {
         let topic = format!("bench-lateness-{}", uuid::Uuid::new_v4().simple());
         let describe = transport.config().to_string();
         bench::lateness(
-            Arc::new(transport),
+            &Broker::new(transport),
             &topic,
             RETRIES,
             Duration::from_secs(150),

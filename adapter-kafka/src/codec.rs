@@ -11,7 +11,8 @@ use std::borrow::Cow;
 use bytes::{Bytes, BytesMut};
 use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
-use retry_core::event::{Headers as EventHeaders, RawMessage};
+use retry_core::event::RawMessage;
+use retry_core::headers::Headers as EventHeaders;
 use retry_core::metadata::{self, names};
 use retry_core::time::Timestamp;
 

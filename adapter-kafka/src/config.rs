@@ -14,8 +14,10 @@
 
 use std::time::Duration;
 
+use retry_core::adapter::{BeyondMax, DelayCapability};
+use retry_core::error::{Error, Kind};
+use retry_core::options::Options;
 use retry_core::time::format_duration;
-use retry_core::transport::{BeyondMax, DelayCapability, TransportError};
 
 /// The adapter's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,9 +75,53 @@ impl Default for KafkaConfig {
 const MAX_LEVELS: u32 = 40;
 
 impl KafkaConfig {
+    /// The settings from text options (URL query parameters or the config file's `[broker]` section),
+    /// starting from the defaults: `granularity`, `max_delay`, `revoke_grace` (durations such as `100ms`),
+    /// `create_topics` (true/false), `partitions`, `replication_factor`, `retry_infix`, `delay_infix`,
+    /// `dlq_suffix`, `dlq_group`, and `rdkafka.<property>` for any librdkafka client property
+    /// (`rdkafka.fetch.queue.backoff.ms=10`). An unknown key is an error.
+    pub fn from_options(options: &Options) -> Result<Self, Error> {
+        let mut c = Self::default();
+        let mut read = options.reader("Kafka");
+        if let Some(v) = read.duration("granularity")? {
+            c.granularity = v;
+        }
+        if let Some(v) = read.duration("max_delay")? {
+            c.max_delay = v;
+        }
+        if let Some(v) = read.bool("create_topics")? {
+            c.create_topics = v;
+        }
+        if let Some(v) = read.number("partitions")? {
+            c.partitions = v;
+        }
+        if let Some(v) = read.number("replication_factor")? {
+            c.replication_factor = Some(v);
+        }
+        if let Some(v) = read.string("retry_infix") {
+            c.retry_infix = v;
+        }
+        if let Some(v) = read.string("delay_infix") {
+            c.delay_infix = v;
+        }
+        if let Some(v) = read.string("dlq_suffix") {
+            c.dlq_suffix = v;
+        }
+        if let Some(v) = read.string("dlq_group") {
+            c.dlq_group = v;
+        }
+        if let Some(v) = read.duration("revoke_grace")? {
+            c.revoke_grace = v;
+        }
+        c.client = read.prefixed("rdkafka.");
+        read.finish()?;
+        c.validate()?;
+        Ok(c)
+    }
+
     /// Checks the settings.
-    pub fn validate(&self) -> Result<(), TransportError> {
-        let bad = |m: &str| Err(TransportError::Config(m.to_string()));
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: &str| Err(Error::new(Kind::Config, m.to_string()));
         if self.granularity < Duration::from_millis(1) {
             return bad("granularity must be at least 1 ms");
         }
@@ -178,11 +224,14 @@ pub(crate) fn valid_name(name: &str) -> bool {
 }
 
 /// Checks a topic or group name the adapter derives names from.
-pub(crate) fn check_name(what: &str, name: &str) -> Result<(), TransportError> {
+pub(crate) fn check_name(what: &str, name: &str) -> Result<(), Error> {
     if name.is_empty() || !valid_name(name) || name.len() > 200 {
-        return Err(TransportError::Config(format!(
-            "{what} {name:?} is not a usable Kafka name: 1–200 characters of [a-zA-Z0-9._-]"
-        )));
+        return Err(Error::new(
+            Kind::Config,
+            format!(
+                "{what} {name:?} is not a usable Kafka name: 1–200 characters of [a-zA-Z0-9._-]"
+            ),
+        ));
     }
     Ok(())
 }
@@ -202,7 +251,7 @@ impl std::fmt::Display for KafkaConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use retry_core::transport::Honour;
+    use retry_core::adapter::Honour;
 
     #[test]
     fn levels_cover_the_maximum() {
@@ -234,6 +283,34 @@ mod tests {
         assert_eq!(c.level_topics("orders").len(), 20);
         assert!(check_name("topic", "orders").is_ok());
         assert!(check_name("topic", "ord ers").is_err());
+    }
+
+    #[test]
+    fn options_set_every_field_and_refuse_unknown_keys() {
+        let options = Options::new()
+            .set("granularity", "250ms")
+            .set("max_delay", "1h")
+            .set("create_topics", "false")
+            .set("partitions", "4")
+            .set("replication_factor", "3")
+            .set("dlq_suffix", ".dead")
+            .set("revoke_grace", "3s")
+            .set("rdkafka.fetch.queue.backoff.ms", "10");
+        let c = KafkaConfig::from_options(&options).unwrap_or_default();
+        assert_eq!(c.granularity, Duration::from_millis(250));
+        assert_eq!(c.max_delay, Duration::from_secs(3600));
+        assert!(!c.create_topics);
+        assert_eq!((c.partitions, c.replication_factor), (4, Some(3)));
+        assert_eq!(c.dlq_topic("orders"), "orders.dead");
+        assert_eq!(c.revoke_grace, Duration::from_secs(3));
+        assert_eq!(
+            c.client,
+            vec![("fetch.queue.backoff.ms".to_string(), "10".to_string())]
+        );
+        let typo = KafkaConfig::from_options(&Options::new().set("granularty", "1s"));
+        assert_eq!(typo.err().map(|e| e.kind()), Some(Kind::Config));
+        let invalid = KafkaConfig::from_options(&Options::new().set("partitions", "0"));
+        assert_eq!(invalid.err().map(|e| e.kind()), Some(Kind::Config));
     }
 
     #[test]

@@ -8,6 +8,9 @@
 //! was acknowledged, so a replay is never repeated once it is marked, and never marked before it is safe.
 //! Operations are meant for one operator at a time: two running at once on one DLQ may both replay an
 //! entry.
+//!
+//! This module is the Kafka side of a DLQ operation only (read, replay one, mark removed, commit); the
+//! operation itself — filters, limits, "replay, confirm, then remove" — is `retry_core::dlq`.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -16,13 +19,12 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
-use retry_core::dlq::{DeadLetter, DeadLetterQueue, DlqFilter, ReplayReport};
-use retry_core::event::Event;
-use retry_core::metadata;
-use retry_core::transport::TransportError;
+use retry_core::adapter::{DlqSession, StoredDeadLetter};
+use retry_core::error::{Error, Kind, wrap};
+use retry_core::event::{Event, RawMessage};
 
 use crate::codec;
-use crate::link::{Link, REQUEST_TIMEOUT, connection};
+use crate::link::{Link, REQUEST_TIMEOUT};
 
 /// How long reading a DLQ to its end may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
@@ -33,19 +35,6 @@ const MAX_MARKS: usize = 4_000;
 const MAX_MARKED: usize = 1_000_000;
 /// The tag that starts the marks, so metadata written by something else is not misread.
 const MARKS_TAG: &str = "event-retry/v1:";
-
-/// The DLQs of one transport.
-pub(crate) struct KafkaDlq {
-    pub(crate) link: Arc<Link>,
-}
-
-/// What an operation does with the entries it selects.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Action {
-    List,
-    Replay,
-    Purge,
-}
 
 /// One DLQ partition as an operation sees it.
 #[derive(Debug, Default)]
@@ -116,8 +105,9 @@ fn decode_marks(text: &str) -> BTreeSet<i64> {
 struct Read {
     partition: i32,
     offset: i64,
+    /// The consumer group that dead-lettered it (its replay goes back to that group's retry topic).
     group: Option<String>,
-    entry: DeadLetter,
+    message: RawMessage,
 }
 
 /// A DLQ read to its end, with the consumer that will commit the marks.
@@ -128,25 +118,65 @@ struct Snapshot {
     entries: Vec<Read>,
 }
 
-impl KafkaDlq {
-    /// Reads `source`'s DLQ from the marks to its end (on a blocking thread).
-    async fn read(&self, source: &str) -> Result<Option<Snapshot>, TransportError> {
-        let link = self.link.clone();
-        let topic = link.config.dlq_topic(source);
-        tokio::task::spawn_blocking(move || read_blocking(&link, topic))
-            .await
-            .map_err(|e| TransportError::Connection(format!("DLQ read task: {e}")))?
+/// Opens one operation on `source`'s DLQ: reads it from the marks to its end (on a blocking thread);
+/// `None` when the DLQ topic does not exist (nothing was dead-lettered).
+pub(crate) async fn open(
+    link: Arc<Link>,
+    source: &str,
+) -> Result<Option<Box<dyn DlqSession>>, Error> {
+    let topic = link.config.dlq_topic(source);
+    let reader = link.clone();
+    let snapshot = tokio::task::spawn_blocking(move || read_blocking(&reader, topic))
+        .await
+        .map_err(wrap(Kind::Other, "read the DLQ"))??;
+    Ok(snapshot.map(|snapshot| {
+        Box::new(KafkaDlqSession {
+            link,
+            snapshot,
+            read: 0,
+            removed: Vec::new(),
+        }) as Box<dyn DlqSession>
+    }))
+}
+
+/// One DLQ operation: a snapshot of the DLQ, and the entries removed so far (committed at the end).
+struct KafkaDlqSession {
+    link: Arc<Link>,
+    snapshot: Snapshot,
+    read: usize,
+    removed: Vec<(i32, i64)>,
+}
+
+#[async_trait]
+impl DlqSession for KafkaDlqSession {
+    async fn next(&mut self) -> Result<Option<StoredDeadLetter>, Error> {
+        let Some(read) = self.snapshot.entries.get(self.read) else {
+            return Ok(None);
+        };
+        self.read += 1;
+        Ok(Some(StoredDeadLetter::new(
+            format!("{}:{}", read.partition, read.offset),
+            read.message.clone(),
+        )))
     }
 
-    /// Sends a DLQ entry back: to the retry topic of the group that dead-lettered it (due at once, so
-    /// other groups of the topic do not handle it again), else to the origin topic.
-    async fn replay_one(&self, source: &str, read: &Read) -> Result<(), TransportError> {
-        let (event, origin) = read.entry.for_replay(source);
+    async fn check_removal(&mut self, entries: &[usize]) -> Result<(), Error> {
+        check_marks_fit(&self.snapshot, entries)
+    }
+
+    /// Sends the entry back: to the retry topic of the group that dead-lettered it (due at once, so
+    /// other groups of the topic do not handle it again), else to the origin topic; in the partition the
+    /// DLQ kept from the source (when the target has it).
+    async fn replay(&mut self, entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
+        let read = self
+            .snapshot
+            .entries
+            .get(entry)
+            .ok_or_else(|| Error::new(Kind::NotFound, format!("no DLQ entry #{entry}")))?;
         let target = match &read.group {
-            Some(group) => self.link.config.retry_topic(&origin, group),
-            None => origin,
+            Some(group) => self.link.config.retry_topic(origin, group),
+            None => origin.to_string(),
         };
-        // The DLQ keeps the source's partition: the replay goes back to it (when the target has it).
         self.link.partitions(&target).await?;
         self.link
             .send(
@@ -157,67 +187,36 @@ impl KafkaDlq {
                 &format!("replay to {target}"),
             )
             .await
+            .map(drop)
     }
 
-    /// Applies `action` to the entries passing `filter`; returns them.
-    async fn each(
-        &self,
-        source: &str,
-        filter: &DlqFilter,
-        action: Action,
-    ) -> Result<Vec<DeadLetter>, TransportError> {
-        let Some(mut snapshot) = self.read(source).await? else {
-            return Ok(Vec::new());
-        };
-        let limit = filter.limit.unwrap_or(usize::MAX);
-        let chosen: Vec<usize> = snapshot
-            .entries
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| filter.matches(&r.entry))
-            .map(|(i, _)| i)
-            .take(limit)
-            .collect();
-        if action == Action::List || chosen.is_empty() {
-            return Ok(chosen
-                .into_iter()
-                .map(|i| snapshot.entries[i].entry.clone())
-                .collect());
-        }
-        check_marks_fit(&snapshot, &chosen)?;
-        let mut removed = Vec::new();
-        let mut failure = None;
-        for &i in &chosen {
-            let read = &snapshot.entries[i];
-            if action == Action::Replay
-                && let Err(e) = self.replay_one(source, read).await
-            {
-                failure = Some(e);
-                break;
+    async fn remove(&mut self, entries: &[usize]) -> Result<(), Error> {
+        for &i in entries {
+            if let Some(read) = self.snapshot.entries.get(i) {
+                self.removed.push((read.partition, read.offset));
             }
-            removed.push(i);
         }
-        let done: Vec<DeadLetter> = removed
-            .iter()
-            .map(|&i| snapshot.entries[i].entry.clone())
-            .collect();
-        let marks: Vec<(i32, i64)> = removed
-            .iter()
-            .map(|&i| (snapshot.entries[i].partition, snapshot.entries[i].offset))
-            .collect();
-        snapshot.entries.clear();
-        tokio::task::spawn_blocking(move || commit_marks(&mut snapshot, &marks))
+        Ok(())
+    }
+
+    /// Commits the marks of the removed entries; nothing needs giving back (nothing was taken).
+    async fn finish(self: Box<Self>) -> Result<(), Error> {
+        if self.removed.is_empty() {
+            return Ok(());
+        }
+        let KafkaDlqSession {
+            mut snapshot,
+            removed,
+            ..
+        } = *self;
+        tokio::task::spawn_blocking(move || commit_marks(&mut snapshot, &removed))
             .await
-            .map_err(|e| TransportError::Connection(format!("DLQ commit task: {e}")))??;
-        match failure {
-            Some(e) => Err(e),
-            None => Ok(done),
-        }
+            .map_err(wrap(Kind::Other, "record the DLQ marks"))?
     }
 }
 
 /// Refuses an operation whose marks would not fit in a commit, before it does anything.
-fn check_marks_fit(snapshot: &Snapshot, chosen: &[usize]) -> Result<(), TransportError> {
+fn check_marks_fit(snapshot: &Snapshot, chosen: &[usize]) -> Result<(), Error> {
     for view in &snapshot.views {
         let mut trial = PartitionView {
             partition: view.partition,
@@ -234,17 +233,20 @@ fn check_marks_fit(snapshot: &Snapshot, chosen: &[usize]) -> Result<(), Transpor
             .collect();
         let (_, marks) = trial.remove(&offsets);
         if marks.len() > MAX_MARKS || trial.removed.len() > MAX_MARKED {
-            return Err(TransportError::Config(format!(
-                "this would leave too many scattered removals in partition {} of {} to record; \
-                 replay or purge the older entries first (e.g. without a filter, or with --limit)",
-                view.partition, snapshot.topic
-            )));
+            return Err(Error::new(
+                Kind::Unsupported,
+                format!(
+                    "this would leave too many scattered removals in partition {} of {} to record; \
+                     replay or purge the older entries first (e.g. without a filter, or with --limit)",
+                    view.partition, snapshot.topic
+                ),
+            ));
         }
     }
     Ok(())
 }
 
-fn commit_marks(snapshot: &mut Snapshot, marks: &[(i32, i64)]) -> Result<(), TransportError> {
+fn commit_marks(snapshot: &mut Snapshot, marks: &[(i32, i64)]) -> Result<(), Error> {
     let mut tpl = TopicPartitionList::new();
     for view in &mut snapshot.views {
         let offsets: Vec<i64> = marks
@@ -257,7 +259,7 @@ fn commit_marks(snapshot: &mut Snapshot, marks: &[(i32, i64)]) -> Result<(), Tra
         }
         let (position, metadata) = view.remove(&offsets);
         tpl.add_partition_offset(&snapshot.topic, view.partition, Offset::Offset(position))
-            .map_err(connection("record the DLQ marks"))?;
+            .map_err(wrap(Kind::Other, "record the DLQ marks"))?;
         if let Some(mut element) = tpl.find_partition(&snapshot.topic, view.partition) {
             element.set_metadata(metadata);
         }
@@ -268,36 +270,39 @@ fn commit_marks(snapshot: &mut Snapshot, marks: &[(i32, i64)]) -> Result<(), Tra
     snapshot
         .consumer
         .commit(&tpl, CommitMode::Sync)
-        .map_err(|e| TransportError::Rejected {
-            operation: format!("record the DLQ marks of {}", snapshot.topic),
-            reason: e.to_string(),
+        .map_err(|e| {
+            Error::from_source(Kind::Rejected, e)
+                .with_operation(format!("record the DLQ marks of {}", snapshot.topic))
         })
 }
 
-fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, TransportError> {
+fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Error> {
     let partitions = match link.partitions_blocking(&topic) {
         Ok(n) => n,
         // No DLQ topic yet: nothing was dead-lettered.
-        Err(TransportError::Config(_)) => return Ok(None),
+        Err(e) if e.kind() == Kind::NotFound => return Ok(None),
         Err(e) => return Err(e),
     };
     let consumer: BaseConsumer = link
         .consumer_config(&link.config.dlq_group)
         .create()
-        .map_err(|e| TransportError::Config(format!("Kafka consumer settings: {e}")))?;
+        .map_err(crate::link::settings_error("consumer"))?;
     let mut all = TopicPartitionList::new();
     for p in 0..partitions {
         all.add_partition(&topic, p);
     }
     let committed = consumer
         .committed_offsets(all, REQUEST_TIMEOUT)
-        .map_err(connection(&format!("read the DLQ marks of {topic}")))?;
+        .map_err(wrap(
+            Kind::Connection,
+            format!("read the DLQ marks of {topic}"),
+        ))?;
     let mut views = Vec::new();
     let mut assign = TopicPartitionList::new();
     for p in 0..partitions {
         let (low, high) = consumer
             .fetch_watermarks(&topic, p, REQUEST_TIMEOUT)
-            .map_err(connection(&format!("read the end of {topic}")))?;
+            .map_err(wrap(Kind::Connection, format!("read the end of {topic}")))?;
         let (done, removed) = match committed.find_partition(&topic, p) {
             Some(e) => match e.offset() {
                 Offset::Offset(o) => (o, decode_marks(e.metadata())),
@@ -311,7 +316,7 @@ fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Transpo
         if start < high {
             assign
                 .add_partition_offset(&topic, p, Offset::Offset(start))
-                .map_err(connection("assign the DLQ"))?;
+                .map_err(wrap(Kind::Other, "assign the DLQ"))?;
         }
         views.push(PartitionView {
             partition: p,
@@ -325,19 +330,20 @@ fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Transpo
     if assign.count() > 0 {
         consumer
             .assign(&assign)
-            .map_err(connection(&format!("read {topic}")))?;
+            .map_err(wrap(Kind::Connection, format!("read {topic}")))?;
         let deadline = Instant::now() + READ_TIMEOUT;
         let mut seen: Vec<i64> = views.iter().map(|v| v.done_below - 1).collect();
         while views.iter().zip(&seen).any(|(v, s)| *s < v.end - 1) {
             if Instant::now() > deadline {
-                return Err(TransportError::Connection(format!(
-                    "reading {topic} to its end took longer than {READ_TIMEOUT:?}"
-                )));
+                return Err(Error::new(
+                    Kind::Timeout,
+                    format!("reading {topic} to its end took longer than {READ_TIMEOUT:?}"),
+                ));
             }
             let Some(message) = consumer.poll(Duration::from_millis(200)) else {
                 continue;
             };
-            let message = message.map_err(connection(&format!("read {topic}")))?;
+            let message = message.map_err(wrap(Kind::Connection, format!("read {topic}")))?;
             let (p, offset) = (message.partition(), message.offset());
             let Some(i) = views.iter().position(|v| v.partition == p) else {
                 continue;
@@ -351,20 +357,11 @@ fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Transpo
                 continue;
             }
             let decoded = codec::decode(&message);
-            let (meta, headers, _) = metadata::decode_lenient(&decoded.raw.headers);
             entries.push(Read {
                 partition: p,
                 offset,
                 group: decoded.group,
-                entry: DeadLetter {
-                    id: format!("{p}:{offset}"),
-                    event: Event {
-                        payload: decoded.raw.payload,
-                        key: decoded.raw.key,
-                        headers,
-                        meta,
-                    },
-                },
+                message: decoded.raw,
             });
         }
     }
@@ -374,33 +371,6 @@ fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Transpo
         views,
         entries,
     }))
-}
-
-#[async_trait]
-impl DeadLetterQueue for KafkaDlq {
-    async fn list(
-        &self,
-        source_topic: &str,
-        filter: &DlqFilter,
-    ) -> Result<Vec<DeadLetter>, TransportError> {
-        self.each(source_topic, filter, Action::List).await
-    }
-
-    async fn replay(
-        &self,
-        source_topic: &str,
-        filter: &DlqFilter,
-    ) -> Result<ReplayReport, TransportError> {
-        let replayed = self.each(source_topic, filter, Action::Replay).await?;
-        Ok(ReplayReport {
-            replayed: replayed.len(),
-            ids: replayed.into_iter().map(|e| e.id).collect(),
-        })
-    }
-
-    async fn purge(&self, source_topic: &str, filter: &DlqFilter) -> Result<usize, TransportError> {
-        Ok(self.each(source_topic, filter, Action::Purge).await?.len())
-    }
 }
 
 #[cfg(test)]

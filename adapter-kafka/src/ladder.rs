@@ -18,8 +18,8 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::producer::DeliveryFuture;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+use retry_core::error::{Error, Kind, wrap};
 use retry_core::time::Timestamp;
-use retry_core::transport::TransportError;
 use tracing::{debug, warn};
 
 use crate::codec::{self, Decoded};
@@ -120,7 +120,7 @@ pub(crate) struct Ladder {
 
 impl Ladder {
     /// Starts a member of `source`'s ladder group.
-    pub(crate) fn start(link: Arc<Link>, source: &str) -> Result<Self, TransportError> {
+    pub(crate) fn start(link: Arc<Link>, source: &str) -> Result<Self, Error> {
         let joined = Arc::new(AtomicBool::new(false));
         let context = LadderContext {
             state: Mutex::new(LadderState::default()),
@@ -132,12 +132,12 @@ impl Ladder {
         config.set("fetch.wait.max.ms", LADDER_FETCH_WAIT_MS);
         let consumer: BaseConsumer<LadderContext> = config
             .create_with_context(context)
-            .map_err(|e| TransportError::Config(format!("Kafka consumer settings: {e}")))?;
+            .map_err(crate::link::settings_error("consumer"))?;
         let levels = link.config.level_topics(source);
         let names: Vec<&str> = levels.iter().map(String::as_str).collect();
         consumer
             .subscribe(&names)
-            .map_err(|e| TransportError::Connection(format!("subscribe to the ladder: {e}")))?;
+            .map_err(wrap(Kind::Connection, "subscribe to the ladder"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let forwarder = Forwarder {
             link,
@@ -148,7 +148,7 @@ impl Ladder {
         let thread = std::thread::Builder::new()
             .name(format!("kafka-ladder-{source}"))
             .spawn(move || forwarder.run())
-            .map_err(|e| TransportError::Connection(format!("start the ladder thread: {e}")))?;
+            .map_err(wrap(Kind::Other, "start the ladder thread"))?;
         Ok(Self {
             joined,
             stop,
@@ -312,16 +312,15 @@ impl Forwarder {
         }
     }
 
-    fn start_forward(
-        &self,
-        entry: &Entry,
-        now: Timestamp,
-    ) -> Result<DeliveryFuture, TransportError> {
+    fn start_forward(&self, entry: &Entry, now: Timestamp) -> Result<DeliveryFuture, Error> {
         let (topic, headers) = self.target(entry, now);
         self.link.partitions_blocking(&topic)?;
         let extra: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
         self.link
             .start_send(&topic, Some(entry.tp.1), &entry.decoded.raw, &extra)
+            .map_err(|e| {
+                Error::from_source(Kind::Rejected, e).with_operation(format!("forward to {topic}"))
+            })
     }
 
     /// Forwards the ready records, then commits, per partition, the offsets up to the first failure;
@@ -332,13 +331,13 @@ impl Forwarder {
             return;
         }
         let now = Timestamp::now();
-        let sends: Vec<Result<DeliveryFuture, TransportError>> =
+        let sends: Vec<Result<DeliveryFuture, Error>> =
             ready.iter().map(|e| self.start_forward(e, now)).collect();
-        let results: Vec<Result<(), TransportError>> = futures::executor::block_on(async {
+        let results: Vec<Result<(), Error>> = futures::executor::block_on(async {
             let mut out = Vec::with_capacity(sends.len());
             for send in sends {
                 out.push(match send {
-                    Ok(delivery) => delivered(delivery.await, "forward a delayed record"),
+                    Ok(delivery) => delivered(delivery.await, "forward a delayed record").map(drop),
                     Err(e) => Err(e),
                 });
             }
@@ -358,7 +357,7 @@ impl Forwarder {
                 Err(e) => {
                     warn!(error = %e, topic = %entry.tp.0, partition = entry.tp.1, offset = entry.offset, "forwarding a delayed record failed; trying again");
                     let mut entry = entry;
-                    if matches!(e, TransportError::Config(_)) {
+                    if e.kind() == Kind::NotFound {
                         entry.missing_target += 1;
                     }
                     failed.insert(entry.tp.clone(), vec![entry]);

@@ -15,6 +15,7 @@
 //! # Ok(()) }
 //! ```
 
+mod admin;
 mod codec;
 pub mod config;
 mod dlq;
@@ -29,16 +30,33 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use rdkafka::producer::Producer;
-use retry_core::dlq::DeadLetterQueue;
-use retry_core::event::Event;
-use retry_core::transport::{
-    Capabilities, Subscription, SubscriptionSpec, Transport, TransportError,
+use retry_core::adapter::{
+    Admin, Capabilities, ConnectFuture, DlqSession, Published, Scheme, Subscription,
+    SubscriptionSpec, Transport,
 };
+use retry_core::error::{Error, Kind, wrap};
+use retry_core::event::Event;
+use retry_core::options::Options;
 
 pub use crate::config::KafkaConfig;
 use crate::config::check_name;
-use crate::dlq::KafkaDlq;
 use crate::link::{Link, REQUEST_TIMEOUT};
+
+/// `kafka://host:port[,host:port…]` in `event_retry::connect`; the URL's query parameters are
+/// [`KafkaConfig::from_options`]'s keys.
+pub const SCHEME: Scheme = Scheme {
+    schemes: &["kafka"],
+    broker: "Apache Kafka",
+    connect: connect_url,
+};
+
+fn connect_url(url: String, options: Options) -> ConnectFuture {
+    Box::pin(async move {
+        let config = KafkaConfig::from_options(&options)?;
+        let transport = KafkaTransport::connect_with(&url, config).await?;
+        Ok(Arc::new(transport) as Arc<dyn Transport>)
+    })
+}
 
 /// A Kafka cluster as an event-retry transport. Cheap to clone; clones share one producer.
 #[derive(Clone)]
@@ -57,25 +75,26 @@ impl std::fmt::Debug for KafkaTransport {
 
 /// The bootstrap servers of a `kafka://host:port[,host:port…]` URL (a bare `host:port` list is taken
 /// as it is).
-pub fn bootstrap_of(url: &str) -> Result<String, TransportError> {
+pub fn bootstrap_of(url: &str) -> Result<String, Error> {
     let rest = url.strip_prefix("kafka://").unwrap_or(url);
     let rest = rest.trim_end_matches('/');
-    if rest.is_empty() || rest.contains('/') || rest.contains('@') {
-        return Err(TransportError::Config(format!(
-            "{url:?} is not a Kafka URL: expected kafka://host:port[,host:port...]"
-        )));
+    if rest.is_empty() || rest.contains(['/', '@', '?']) {
+        return Err(Error::new(
+            Kind::Config,
+            format!("{url:?} is not a Kafka URL: expected kafka://host:port[,host:port...]"),
+        ));
     }
     Ok(rest.to_string())
 }
 
 impl KafkaTransport {
     /// Connects to `url` (`kafka://host:port[,host:port…]`) with the default settings.
-    pub async fn connect(url: &str) -> Result<Self, TransportError> {
+    pub async fn connect(url: &str) -> Result<Self, Error> {
         Self::connect_with(url, KafkaConfig::default()).await
     }
 
     /// Connects with explicit settings; fails when the cluster does not answer.
-    pub async fn connect_with(url: &str, config: KafkaConfig) -> Result<Self, TransportError> {
+    pub async fn connect_with(url: &str, config: KafkaConfig) -> Result<Self, Error> {
         config.validate()?;
         let bootstrap = bootstrap_of(url)?;
         let link = Arc::new(Link::new(&bootstrap, config)?);
@@ -87,24 +106,14 @@ impl KafkaTransport {
                 .map(drop)
         })
         .await
-        .map_err(|e| TransportError::Connection(format!("connect task: {e}")))?
-        .map_err(|e| TransportError::Connection(format!("connect to {bootstrap}: {e}")))?;
+        .map_err(wrap(Kind::Other, "connect"))?
+        .map_err(wrap(Kind::Connection, format!("connect to {bootstrap}")))?;
         Ok(Self { link })
     }
 
     /// The settings in use.
     pub fn config(&self) -> &KafkaConfig {
         &self.link.config
-    }
-
-    /// Creates `topic`, its ladder and its DLQ now if they are missing (they are otherwise made when the
-    /// first consumer subscribes), and the retry topic of `group` if given.
-    pub async fn declare(&self, topic: &str, group: Option<&str>) -> Result<(), TransportError> {
-        check_name("topic", topic)?;
-        if let Some(group) = group {
-            check_name("group", group)?;
-        }
-        self.link.ensure_topics(topic, group).await
     }
 }
 
@@ -115,20 +124,19 @@ impl Transport for KafkaTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            delay: self.link.config.delay_capability(),
-            per_key_order: true,
-            blocking_pause: true,
-            replay: true,
-            shared_subscription: true,
-            crash_redelivery: true,
-        }
+        Capabilities::new(self.link.config.delay_capability())
+            .per_key_order(true)
+            .blocking_pause(true)
+            .replay(true)
+            .shared_subscription(true)
+            .crash_redelivery(true)
     }
 
-    async fn publish(&self, topic: &str, event: &Event) -> Result<(), TransportError> {
+    async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
         check_name("topic", topic)?;
         self.link.ensure_topic(topic).await?;
-        self.link
+        let (partition, offset) = self
+            .link
             .send(
                 topic,
                 None,
@@ -136,13 +144,11 @@ impl Transport for KafkaTransport {
                 &[],
                 &format!("publish to {topic}"),
             )
-            .await
+            .await?;
+        Ok(Published::accepted().at(partition, offset))
     }
 
-    async fn subscribe(
-        &self,
-        spec: &SubscriptionSpec,
-    ) -> Result<Box<dyn Subscription>, TransportError> {
+    async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
         check_name("topic", &spec.topic)?;
         check_name("group", &spec.group)?;
         self.link
@@ -153,10 +159,16 @@ impl Transport for KafkaTransport {
         ))
     }
 
-    fn dead_letters(&self) -> Arc<dyn DeadLetterQueue> {
-        Arc::new(KafkaDlq {
-            link: self.link.clone(),
-        })
+    async fn open_dead_letters(
+        &self,
+        source_topic: &str,
+    ) -> Result<Option<Box<dyn DlqSession>>, Error> {
+        check_name("topic", source_topic)?;
+        dlq::open(self.link.clone(), source_topic).await
+    }
+
+    fn admin(&self) -> &dyn Admin {
+        self
     }
 }
 

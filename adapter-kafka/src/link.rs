@@ -11,9 +11,9 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
+use retry_core::error::{Error, Kind, wrap};
 use retry_core::event::RawMessage;
 use retry_core::time::Timestamp;
-use retry_core::transport::TransportError;
 
 use crate::codec::{self, Route};
 use crate::config::KafkaConfig;
@@ -33,13 +33,22 @@ pub(crate) struct Link {
     partitions: Mutex<HashMap<String, i32>>,
 }
 
-pub(crate) fn connection(what: &str) -> impl FnOnce(KafkaError) -> TransportError + '_ {
-    move |e| TransportError::Connection(format!("{what}: {e}"))
+/// Where the broker put a record: its partition and offset.
+pub(crate) type Position = (i32, i64);
+
+/// A client settings error (librdkafka refused a setting).
+pub(crate) fn settings_error(what: &'static str) -> impl FnOnce(KafkaError) -> Error {
+    wrap(Kind::Config, format!("Kafka {what} settings"))
+}
+
+/// `topic` does not exist.
+fn missing(topic: &str) -> Error {
+    Error::new(Kind::NotFound, format!("topic {topic} does not exist"))
 }
 
 impl Link {
     /// Creates the clients (librdkafka connects lazily; `connect` checks the broker answers).
-    pub(crate) fn new(bootstrap: &str, config: KafkaConfig) -> Result<Self, TransportError> {
+    pub(crate) fn new(bootstrap: &str, config: KafkaConfig) -> Result<Self, Error> {
         let base = client_config(bootstrap, &config);
         let producer: FutureProducer = base
             .clone()
@@ -48,10 +57,8 @@ impl Link {
             .set("linger.ms", "2")
             .set("message.timeout.ms", SEND_TIMEOUT.as_millis().to_string())
             .create()
-            .map_err(|e| TransportError::Config(format!("Kafka producer settings: {e}")))?;
-        let admin = base
-            .create()
-            .map_err(|e| TransportError::Config(format!("Kafka admin settings: {e}")))?;
+            .map_err(settings_error("producer"))?;
+        let admin = base.create().map_err(settings_error("admin"))?;
         Ok(Self {
             bootstrap: bootstrap.to_string(),
             config,
@@ -77,7 +84,7 @@ impl Link {
     }
 
     /// The partition count of `topic`, from the cache or the broker.
-    pub(crate) fn partitions_blocking(&self, topic: &str) -> Result<i32, TransportError> {
+    pub(crate) fn partitions_blocking(&self, topic: &str) -> Result<i32, Error> {
         if let Some(n) = self.lock_partitions().get(topic) {
             return Ok(*n);
         }
@@ -88,22 +95,27 @@ impl Link {
         self.remember(topics.into_iter().zip(counts.iter().copied()).collect());
         match counts[..] {
             [n] if n > 0 => Ok(n),
-            _ => Err(TransportError::Config(format!(
-                "topic {topic} does not exist"
-            ))),
+            _ => Err(missing(topic)),
         }
     }
 
-    /// The partition count of `topic`, from the cache or the broker; an error if it does not exist.
-    pub(crate) async fn partitions(&self, topic: &str) -> Result<i32, TransportError> {
+    /// The partition count of `topic`, from the cache or the broker; an error of kind
+    /// [`Kind::NotFound`] if it does not exist.
+    pub(crate) async fn partitions(&self, topic: &str) -> Result<i32, Error> {
         if let Some(n) = self.cached_partitions(topic) {
             return Ok(n);
         }
         match self.fetch_partitions(vec![topic.to_string()]).await?[..] {
             [n] if n > 0 => Ok(n),
-            _ => Err(TransportError::Config(format!(
-                "topic {topic} does not exist"
-            ))),
+            _ => Err(missing(topic)),
+        }
+    }
+
+    /// Forgets the cached partition counts of `topics` (after they were deleted).
+    pub(crate) fn forget(&self, topics: &[String]) {
+        let mut cache = self.lock_partitions();
+        for t in topics {
+            cache.remove(t);
         }
     }
 
@@ -122,7 +134,7 @@ impl Link {
         &self,
         source: &str,
         group: Option<&str>,
-    ) -> Result<(), TransportError> {
+    ) -> Result<(), Error> {
         let mut derived = self.config.level_topics(source);
         derived.push(self.config.dlq_topic(source));
         if let Some(group) = group {
@@ -133,7 +145,7 @@ impl Link {
     }
 
     /// Makes sure `topic` exists (creating it when allowed), for a producer.
-    pub(crate) async fn ensure_topic(&self, topic: &str) -> Result<(), TransportError> {
+    pub(crate) async fn ensure_topic(&self, topic: &str) -> Result<(), Error> {
         if self.cached_partitions(topic).is_some() {
             return Ok(());
         }
@@ -142,7 +154,7 @@ impl Link {
 
     /// Creates the topics of `all` that are missing, with the partition count of the first (or the
     /// configured count if the first is missing too), and waits until the broker shows them.
-    async fn create_missing(&self, all: Vec<String>) -> Result<(), TransportError> {
+    async fn create_missing(&self, all: Vec<String>) -> Result<(), Error> {
         let counts = self.fetch_partitions(all.clone()).await?;
         let missing: Vec<&String> = all
             .iter()
@@ -154,10 +166,13 @@ impl Link {
             return Ok(());
         }
         if !self.config.create_topics {
-            return Err(TransportError::Config(format!(
-                "missing topics {missing:?} (create_topics is off: create them with {} partitions)",
-                counts[0].max(1)
-            )));
+            return Err(Error::new(
+                Kind::NotFound,
+                format!(
+                    "missing topics {missing:?} (create_topics is off: create them with {} partitions)",
+                    counts[0].max(1)
+                ),
+            ));
         }
         let partitions = if counts[0] > 0 {
             counts[0]
@@ -174,15 +189,15 @@ impl Link {
             .admin
             .create_topics(new.iter(), &options)
             .await
-            .map_err(connection("create topics"))?;
+            .map_err(wrap(Kind::Connection, "create topics"))?;
         for result in results {
             if let Err((topic, code)) = result
                 && code != RDKafkaErrorCode::TopicAlreadyExists
             {
-                return Err(TransportError::Rejected {
-                    operation: format!("create topic {topic}"),
-                    reason: code.to_string(),
-                });
+                return Err(
+                    Error::from_source(Kind::Rejected, KafkaError::AdminOp(code))
+                        .with_operation(format!("create topic {topic}")),
+                );
             }
         }
         // Wait until the broker's metadata shows them, so a consumer subscribing next finds them.
@@ -193,20 +208,44 @@ impl Link {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
-                return Err(TransportError::Connection(format!(
-                    "created topics {missing:?} but the broker does not show them"
-                )));
+                return Err(Error::new(
+                    Kind::Timeout,
+                    format!("created topics {missing:?} but the broker does not show them"),
+                ));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
-    async fn fetch_partitions(&self, topics: Vec<String>) -> Result<Vec<i32>, TransportError> {
+    /// Deletes `topics` (those already missing are fine) and forgets their partition counts.
+    pub(crate) async fn delete_topics(&self, topics: &[String]) -> Result<(), Error> {
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        let options = AdminOptions::new().operation_timeout(Some(REQUEST_TIMEOUT));
+        let results = self
+            .admin
+            .delete_topics(&names, &options)
+            .await
+            .map_err(wrap(Kind::Connection, "delete topics"))?;
+        self.forget(topics);
+        for result in results {
+            if let Err((topic, code)) = result
+                && code != RDKafkaErrorCode::UnknownTopicOrPartition
+            {
+                return Err(
+                    Error::from_source(Kind::Rejected, KafkaError::AdminOp(code))
+                        .with_operation(format!("delete topic {topic}")),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    async fn fetch_partitions(&self, topics: Vec<String>) -> Result<Vec<i32>, Error> {
         let reader = self.clone_for_blocking();
         let asked = topics.clone();
         let counts = tokio::task::spawn_blocking(move || reader.fetch_partitions_blocking(&asked))
             .await
-            .map_err(|e| TransportError::Connection(format!("metadata task: {e}")))??;
+            .map_err(wrap(Kind::Other, "read the cluster's metadata"))??;
         self.remember(topics.into_iter().zip(counts.iter().copied()).collect());
         Ok(counts)
     }
@@ -228,14 +267,15 @@ impl Link {
     }
 
     /// Starts producing `raw` (plus `extra` headers) to `topic` (partition `partition` modulo the topic's
-    /// count, if given and the count is known); the future resolves when the broker acknowledged it.
+    /// count, if given and the count is known); the future resolves when the broker acknowledged it. The
+    /// error is the client's, so a caller can tell a full local queue from a refusal.
     pub(crate) fn start_send(
         &self,
         topic: &str,
         partition: Option<i32>,
         raw: &RawMessage,
         extra: &[(&str, &[u8])],
-    ) -> Result<DeliveryFuture, TransportError> {
+    ) -> Result<DeliveryFuture, KafkaError> {
         let mut record = FutureRecord::<[u8], [u8]>::to(topic)
             .payload(&raw.payload[..])
             .headers(codec::headers(raw, extra));
@@ -245,15 +285,11 @@ impl Link {
         if let (Some(p), Some(n)) = (partition, self.cached_partitions(topic)) {
             record = record.partition(p.rem_euclid(n.max(1)));
         }
-        self.producer
-            .send_result(record)
-            .map_err(|(e, _)| TransportError::Rejected {
-                operation: format!("produce to {topic}"),
-                reason: e.to_string(),
-            })
+        self.producer.send_result(record).map_err(|(e, _)| e)
     }
 
-    /// Produces and waits for the broker's acknowledgement; a failure is an error for `operation`.
+    /// Produces and waits for the broker's acknowledgement; returns where the record landed, or an
+    /// error for `operation`.
     pub(crate) async fn send(
         &self,
         topic: &str,
@@ -261,22 +297,23 @@ impl Link {
         raw: &RawMessage,
         extra: &[(&str, &[u8])],
         operation: &str,
-    ) -> Result<(), TransportError> {
+    ) -> Result<Position, Error> {
         let mut attempts = 0;
         loop {
-            let sent = match self.start_send(topic, partition, raw, extra) {
-                Ok(delivery) => delivered(delivery.await, operation),
-                Err(e) => Err(e),
-            };
-            match sent {
-                // The local queue was full: wait for room rather than fail (bounded).
-                Err(TransportError::Rejected { reason, .. })
-                    if reason.contains("Queue full") && attempts < 300 =>
+            match self.start_send(topic, partition, raw, extra) {
+                Ok(delivery) => return delivered(delivery.await, operation),
+                // The local queue is full: wait for room rather than fail (bounded).
+                Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
+                    if attempts < 300 =>
                 {
                     attempts += 1;
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                other => return other,
+                Err(e) => {
+                    return Err(
+                        Error::from_source(Kind::Rejected, e).with_operation(operation.to_string())
+                    );
+                }
             }
         }
     }
@@ -291,7 +328,7 @@ impl Link {
         raw: &RawMessage,
         delay: Duration,
         operation: &str,
-    ) -> Result<(), TransportError> {
+    ) -> Result<(), Error> {
         let now = Timestamp::now();
         // Whole milliseconds: one more keeps a sub-millisecond remainder and the clock's rounding from
         // making the retry early.
@@ -313,7 +350,10 @@ impl Link {
             self.config.granularity,
             self.config.levels(),
         ) {
-            Hop::Due => self.send(to, Some(partition), raw, &[], operation).await,
+            Hop::Due => self
+                .send(to, Some(partition), raw, &[], operation)
+                .await
+                .map(drop),
             Hop::Level { level, leave_at } => {
                 let route = Route {
                     hop_due: leave_at,
@@ -325,6 +365,7 @@ impl Link {
                 let level_topic = self.config.level_topic(source, level);
                 self.send(&level_topic, Some(partition), raw, &extra, operation)
                     .await
+                    .map(drop)
             }
         }
     }
@@ -336,12 +377,12 @@ struct MetadataReader {
 }
 
 impl MetadataReader {
-    fn fetch_partitions_blocking(&self, topics: &[String]) -> Result<Vec<i32>, TransportError> {
+    fn fetch_partitions_blocking(&self, topics: &[String]) -> Result<Vec<i32>, Error> {
         let metadata = self
             .producer
             .client()
             .fetch_metadata(None, REQUEST_TIMEOUT)
-            .map_err(connection("read the cluster's metadata"))?;
+            .map_err(wrap(Kind::Connection, "read the cluster's metadata"))?;
         Ok(topics
             .iter()
             .map(|t| {
@@ -357,24 +398,24 @@ impl MetadataReader {
     }
 }
 
-/// The outcome of a delivery future.
+/// The outcome of a delivery future: where the record landed, or why the broker did not take it.
 pub(crate) fn delivered(
     result: Result<
         rdkafka::producer::future_producer::OwnedDeliveryResult,
         futures::channel::oneshot::Canceled,
     >,
     operation: &str,
-) -> Result<(), TransportError> {
+) -> Result<Position, Error> {
     match result {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err((e, _))) => Err(TransportError::Rejected {
-            operation: operation.to_string(),
-            reason: e.to_string(),
-        }),
-        Err(_) => Err(TransportError::Rejected {
-            operation: operation.to_string(),
-            reason: "the producer went away before the broker answered".to_string(),
-        }),
+        Ok(Ok(delivery)) => Ok((delivery.partition, delivery.offset)),
+        Ok(Err((e, _))) => {
+            let kind = match e {
+                KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut) => Kind::Timeout,
+                _ => Kind::Rejected,
+            };
+            Err(Error::from_source(kind, e).with_operation(operation.to_string()))
+        }
+        Err(e) => Err(Error::from_source(Kind::Closed, e).with_operation(operation.to_string())),
     }
 }
 

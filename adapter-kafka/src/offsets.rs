@@ -103,13 +103,25 @@ impl Offsets {
     /// The positions to commit (those that moved since the last call, restricted to `only` if given),
     /// marked as committed.
     pub(crate) fn take_commits(&mut self, only: Option<&[Tp]>) -> Vec<(Tp, i64)> {
+        self.commits(only, false)
+    }
+
+    /// Every commit point of the partitions in `only` (all, if `None`), also those already handed to an
+    /// asynchronous commit: before a partition is let go (revoke, close) its position is committed
+    /// synchronously whatever an asynchronous commit still in flight does, because if that one fails
+    /// the partition is no longer ours to commit again, and its new owner would repeat what was done.
+    pub(crate) fn final_commits(&mut self, only: Option<&[Tp]>) -> Vec<(Tp, i64)> {
+        self.commits(only, true)
+    }
+
+    fn commits(&mut self, only: Option<&[Tp]>, again: bool) -> Vec<(Tp, i64)> {
         let mut out = Vec::new();
         for (tp, p) in &mut self.partitions {
             if only.is_some_and(|o| !o.contains(tp)) {
                 continue;
             }
             if let Some(point) = Self::point(p)
-                && p.committed != Some(point)
+                && (again || p.committed != Some(point))
             {
                 p.committed = Some(point);
                 out.push((tp.clone(), point));
@@ -197,5 +209,14 @@ mod tests {
         assert_eq!(c, vec![(tp(1), 1)]);
         o.commit_failed(&c);
         assert_eq!(o.take_commits(Some(&only)), vec![(tp(1), 1)]);
+        assert!(
+            o.take_commits(Some(&only)).is_empty(),
+            "already handed to a commit"
+        );
+        assert_eq!(
+            o.final_commits(Some(&only)),
+            vec![(tp(1), 1)],
+            "a partition let go commits its position again"
+        );
     }
 }

@@ -14,11 +14,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use retry_core::adapter::{
+    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, Unsettled,
+};
+use retry_core::error::{Error, Kind, wrap};
 use retry_core::event::{Event, RawMessage};
 use retry_core::metadata::Origin;
-use retry_core::transport::{
-    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, TransportError,
-};
 use tokio::sync::mpsc;
 
 use crate::codec;
@@ -39,7 +40,7 @@ const JOIN_WAIT: Duration = Duration::from_secs(10);
 pub(crate) async fn subscribe(
     link: Arc<Link>,
     spec: SubscriptionSpec,
-) -> Result<KafkaSubscription, TransportError> {
+) -> Result<KafkaSubscription, Error> {
     let retry_topic = link.config.retry_topic(&spec.topic, &spec.group);
     let (commands, command_rx) = std::sync::mpsc::channel();
     let context = Worker::new(command_rx, link.config.revoke_grace);
@@ -56,10 +57,13 @@ pub(crate) async fn subscribe(
     }
     let consumer: BaseConsumer<Worker> = config
         .create_with_context(context)
-        .map_err(|e| TransportError::Config(format!("Kafka consumer settings: {e}")))?;
+        .map_err(crate::link::settings_error("consumer"))?;
     consumer
         .subscribe(&[spec.topic.as_str(), retry_topic.as_str()])
-        .map_err(|e| TransportError::Connection(format!("subscribe to {}: {e}", spec.topic)))?;
+        .map_err(wrap(
+            Kind::Connection,
+            format!("subscribe to {}", spec.topic),
+        ))?;
     let ladder = Ladder::start(link.clone(), &spec.topic)?;
     // Room for a few batches of records between the thread and the runtime, so the thread seldom waits
     // for the runtime; a record whose partition was revoked meanwhile is dropped by `next`.
@@ -68,7 +72,7 @@ pub(crate) async fn subscribe(
     std::thread::Builder::new()
         .name(format!("kafka-{}", spec.topic))
         .spawn(move || worker::run(consumer, out))
-        .map_err(|e| TransportError::Connection(format!("start the consumer thread: {e}")))?;
+        .map_err(wrap(Kind::Other, "start the consumer thread"))?;
     // Return once both members joined their groups, so the first retries do not wait for the ladder's
     // consumer to start (bounded: a member that gets no partitions may not be told).
     let deadline = tokio::time::Instant::now() + JOIN_WAIT;
@@ -100,7 +104,7 @@ pub(crate) struct KafkaSubscription {
     link: Arc<Link>,
     spec: SubscriptionSpec,
     names: Arc<Names>,
-    rx: mpsc::Receiver<Result<Vec<Record>, TransportError>>,
+    rx: mpsc::Receiver<Result<Vec<Record>, Error>>,
     /// Records received and not yet handed to the runtime.
     batch: std::collections::VecDeque<Record>,
     commands: Sender<Command>,
@@ -112,25 +116,25 @@ impl KafkaSubscription {
     fn delivery(&self, record: Record) -> Delivery {
         let (topic, partition) = record.tp.clone();
         Delivery {
-            info: DeliveryInfo {
-                message_id: format!("{topic}/{partition}/{}", record.offset),
-                origin: Origin {
+            info: DeliveryInfo::new(
+                format!("{topic}/{partition}/{}", record.offset),
+                Origin {
                     topic: self.spec.topic.clone(),
                     partition: Some(partition),
                     offset: Some(record.offset),
                 },
-                broker_attempts: None,
-                broker_retries: None,
-            },
+            ),
             receipt: Box::new(KafkaReceipt {
                 link: self.link.clone(),
                 worker: self.worker.clone(),
                 names: self.names.clone(),
-                tp: record.tp,
-                offset: record.offset,
-                epoch: record.epoch,
+                partition,
+                position: Unsettled::new(Position {
+                    tp: record.tp,
+                    offset: record.offset,
+                    epoch: record.epoch,
+                }),
                 original: record.decoded.raw.clone(),
-                settled: false,
             }),
             message: record.decoded.raw,
         }
@@ -139,7 +143,7 @@ impl KafkaSubscription {
 
 #[async_trait]
 impl Subscription for KafkaSubscription {
-    async fn next(&mut self) -> Result<Option<Delivery>, TransportError> {
+    async fn next(&mut self) -> Result<Option<Delivery>, Error> {
         loop {
             if let Some(record) = self.batch.pop_front() {
                 // A record of a partition revoked since it was read belongs to its new owner.
@@ -157,36 +161,36 @@ impl Subscription for KafkaSubscription {
             match self.rx.recv().await {
                 Some(Ok(records)) => self.batch.extend(records),
                 Some(Err(e)) => return Err(e),
-                None => return Err(TransportError::Closed),
+                None => return Err(Error::closed()),
             }
         }
     }
 
-    async fn pause(&mut self) -> Result<(), TransportError> {
+    async fn pause(&mut self) -> Result<(), Error> {
         self.commands
             .send(Command::Pause)
-            .map_err(|_| TransportError::Closed)
+            .map_err(|_| Error::closed())
     }
 
-    async fn resume(&mut self) -> Result<(), TransportError> {
+    async fn resume(&mut self) -> Result<(), Error> {
         self.commands
             .send(Command::Resume)
-            .map_err(|_| TransportError::Closed)
+            .map_err(|_| Error::closed())
     }
 
-    async fn close(mut self: Box<Self>) -> Result<(), TransportError> {
+    async fn close(mut self: Box<Self>) -> Result<(), Error> {
         let (done, closed) = tokio::sync::oneshot::channel();
         let ladder = self.ladder.take();
         if self.commands.send(Command::Close(done)).is_ok() {
             tokio::time::timeout(Duration::from_secs(30), closed)
                 .await
                 .map_err(|_| {
-                    TransportError::Connection(format!(
-                        "closing the consumer of {} timed out",
-                        self.spec.topic
-                    ))
+                    Error::new(
+                        Kind::Timeout,
+                        format!("closing the consumer of {} timed out", self.spec.topic),
+                    )
                 })?
-                .map_err(|_| TransportError::Closed)?;
+                .map_err(|_| Error::closed())?;
         }
         if let Some(ladder) = ladder {
             ladder.stop().await;
@@ -203,46 +207,39 @@ struct Names {
     group: String,
 }
 
+/// Where a record sits: what its settle reports to the consumer thread.
+struct Position {
+    tp: Tp,
+    offset: i64,
+    epoch: u64,
+}
+
 /// Settles one record.
 struct KafkaReceipt {
     link: Arc<Link>,
     worker: Arc<Worker>,
     names: Arc<Names>,
-    tp: Tp,
-    offset: i64,
-    epoch: u64,
+    partition: i32,
+    position: Unsettled<Position>,
     original: RawMessage,
-    settled: bool,
 }
 
 impl KafkaReceipt {
-    fn unsettled(&self) -> Result<(), TransportError> {
-        if self.settled {
-            Err(TransportError::AlreadySettled)
-        } else {
-            Ok(())
-        }
-    }
-
-    fn finish(&mut self) -> Result<(), TransportError> {
-        self.unsettled()?;
-        self.settled = true;
+    /// Reports the record settled; the consumer thread commits its offset once everything before it in
+    /// the partition is settled too.
+    fn finish(&mut self) -> Result<(), Error> {
+        let p = self.position.take()?;
         // If the consumer is gone, the offset stays uncommitted and the record is consumed again.
-        self.worker.settled(&self.tp, self.offset, self.epoch);
+        self.worker.settled(&p.tp, p.offset, p.epoch);
         Ok(())
     }
 
-    async fn delay(
-        &self,
-        raw: &RawMessage,
-        delay: Duration,
-        operation: &str,
-    ) -> Result<(), TransportError> {
+    async fn delay(&self, raw: &RawMessage, delay: Duration, operation: &str) -> Result<(), Error> {
         self.link
             .send_delayed(
                 &self.names.source,
                 &self.names.retry_topic,
-                self.tp.1,
+                self.partition,
                 raw,
                 delay,
                 operation,
@@ -253,24 +250,24 @@ impl KafkaReceipt {
 
 #[async_trait]
 impl Receipt for KafkaReceipt {
-    async fn ack(&mut self) -> Result<(), TransportError> {
+    async fn ack(&mut self) -> Result<(), Error> {
         self.finish()
     }
 
-    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), TransportError> {
-        self.unsettled()?;
+    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
+        self.position.get()?;
         let operation = format!("retry of {} through the delay ladder", self.names.source);
         self.delay(&event.to_raw(), delay, &operation).await?;
         self.finish()
     }
 
-    async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
-        self.unsettled()?;
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
+        self.position.get()?;
         let dlq = &self.names.dlq_topic;
         self.link
             .send(
                 dlq,
-                Some(self.tp.1),
+                Some(self.partition),
                 &event.to_raw(),
                 &[(codec::GROUP, self.names.group.as_bytes())],
                 &format!("dead-letter to {dlq}"),
@@ -279,8 +276,8 @@ impl Receipt for KafkaReceipt {
         self.finish()
     }
 
-    async fn release(&mut self, after: Duration) -> Result<(), TransportError> {
-        self.unsettled()?;
+    async fn release(&mut self, after: Duration) -> Result<(), Error> {
+        self.position.get()?;
         // Kafka cannot hand one record back: a copy comes back through the retry topic instead, and
         // if it cannot be produced the offset stays uncommitted.
         let original = self.original.clone();

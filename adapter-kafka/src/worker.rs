@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
-use retry_core::transport::TransportError;
+use retry_core::error::{Error, Kind, wrap};
 use tracing::{debug, warn};
 
 use crate::codec::{self, Decoded};
@@ -196,9 +196,25 @@ impl Worker {
         }
     }
 
-    /// Commits the settled prefixes (of `only`, if given).
+    /// Commits the settled prefixes (of `only`, if given) not committed yet, without waiting.
     fn commit(&self, consumer: &BaseConsumer<Worker>, only: Option<&[Tp]>, mode: CommitMode) {
         let commits = self.lock().offsets.take_commits(only);
+        self.send_commits(consumer, commits, mode);
+    }
+
+    /// Commits the settled prefixes of partitions being let go (of `only`, if given) and waits for the
+    /// broker, also where an asynchronous commit of the same position is still in flight.
+    fn commit_before_letting_go(&self, consumer: &BaseConsumer<Worker>, only: Option<&[Tp]>) {
+        let commits = self.lock().offsets.final_commits(only);
+        self.send_commits(consumer, commits, CommitMode::Sync);
+    }
+
+    fn send_commits(
+        &self,
+        consumer: &BaseConsumer<Worker>,
+        commits: Vec<(Tp, i64)>,
+        mode: CommitMode,
+    ) {
         if commits.is_empty() {
             return;
         }
@@ -275,7 +291,7 @@ impl ConsumerContext for Worker {
                 // A close asked for meanwhile ends the wait and is seen again by the main loop.
                 self.serve_commands(consumer, Duration::from_millis(20));
             }
-            self.commit(consumer, Some(&revoked), CommitMode::Sync);
+            self.commit_before_letting_go(consumer, Some(&revoked));
         }
         let mut state = self.lock();
         for tp in &revoked {
@@ -317,7 +333,7 @@ impl ConsumerContext for Worker {
 /// Runs the consumer until the subscription closes or goes away.
 pub(crate) fn run(
     consumer: BaseConsumer<Worker>,
-    out: tokio::sync::mpsc::Sender<Result<Vec<Record>, TransportError>>,
+    out: tokio::sync::mpsc::Sender<Result<Vec<Record>, Error>>,
 ) {
     let worker = consumer.context().clone();
     let mut last_commit = Instant::now();
@@ -381,7 +397,7 @@ pub(crate) fn run(
             Some(Err(e)) => {
                 warn!(error = %e, "consumer error");
                 if out
-                    .try_send(Err(TransportError::Connection(format!("consume: {e}"))))
+                    .try_send(Err(wrap(Kind::Connection, "consume")(e)))
                     .is_err()
                 {
                     debug!("the consumer error was not handed out: the channel is full");
@@ -392,7 +408,7 @@ pub(crate) fn run(
     // Whatever was settled is committed before leaving, whether the subscription closed or was dropped.
     worker.lock().closing = true;
     worker.serve_commands(&consumer, Duration::ZERO);
-    worker.commit(&consumer, None, CommitMode::Sync);
+    worker.commit_before_letting_go(&consumer, None);
     // Dropping leaves the group (the revoke commits again, without waiting).
     drop(consumer);
     if let Some(done) = worker.lock().close_waiter.take() {

@@ -24,13 +24,15 @@ use std::time::{Duration, Instant};
 
 use event_retry_kafka::{KafkaConfig, KafkaTransport};
 use libtest_mimic::Arguments;
+use retry_core::adapter::{Admin, Transport};
+use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::dlq::DlqFilter;
+use retry_core::error::Kind;
 use retry_core::event::Event;
 use retry_core::policy::RetryPolicy;
-use retry_core::runtime::{Consumer, Context, handler_fn};
+use retry_core::runtime::{Context, ParkedAfterDead, handler_fn};
 use retry_core::time::Timestamp;
-use retry_core::transport::Transport;
 use test_support::broker::{Test, runtime};
 
 const EVENTS: usize = 20;
@@ -115,7 +117,8 @@ fn child(url: String, topic: String) -> Result<(), String> {
         });
         let policy = RetryPolicy::parse(&format!("{}ms x1", DELAY.as_millis()))
             .map_err(|e| e.to_string())?;
-        let consumer = Consumer::builder(Arc::new(transport) as Arc<dyn Transport>, &topic)
+        let consumer = Broker::new(transport)
+            .consumer(&topic)
             .group("crash")
             .policy(policy)
             .concurrency(8)
@@ -124,12 +127,13 @@ fn child(url: String, topic: String) -> Result<(), String> {
             .start(handler)
             .await
             .map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while consumer.stats().retries_scheduled < EVENTS as u64 {
-            if Instant::now() > deadline {
-                return Err(format!("retries not scheduled: {:?}", consumer.stats()));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let reached = tokio::time::timeout(
+            Duration::from_secs(60),
+            consumer.wait_until(|s| s.retries_scheduled >= EVENTS as u64),
+        )
+        .await;
+        if reached.is_err() {
+            return Err(format!("retries not scheduled: {:?}", consumer.stats()));
         }
         // Offsets are committed within 50 ms of a settle.
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -200,7 +204,7 @@ fn killed_process_loses_no_delayed_retry(url: String) -> Result<(), String> {
                 Ok::<(), HandlerError>(())
             }
         });
-        let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+        let consumer = Broker::new(transport.clone()).consumer(&topic)
             .group("crash")
             .policy(RetryPolicy::parse(&format!("{}ms x1", DELAY.as_millis())).map_err(|e| e.to_string())?)
             .build()
@@ -259,7 +263,8 @@ fn dlq_marks_are_committed_offsets(url: String) -> Result<(), String> {
                 Err(HandlerError::non_retryable("bad"))
             }
         });
-        let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
             .group("marks")
             .build()
             .map_err(|e| e.to_string())?
@@ -272,15 +277,16 @@ fn dlq_marks_are_committed_offsets(url: String) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while consumer.stats().dead_lettered < 4 {
-            if Instant::now() > deadline {
-                return Err(format!("{:?}", consumer.stats()));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let reached = tokio::time::timeout(
+            Duration::from_secs(30),
+            consumer.wait_until(|s| s.dead_lettered >= 4),
+        )
+        .await;
+        if reached.is_err() {
+            return Err(format!("{:?}", consumer.stats()));
         }
         consumer.shutdown().await.map_err(|e| e.to_string())?;
-        let dlq = transport.dead_letters();
+        let dlq = Broker::new(transport.clone()).dead_letters();
         let all = dlq
             .list(&topic, &DlqFilter::all())
             .await
@@ -316,6 +322,7 @@ fn dlq_marks_are_committed_offsets(url: String) -> Result<(), String> {
         }
         // A new connection (a new process, say) sees the marks.
         let again = connect(&url).await?;
+        let again = Broker::new(again);
         let left = again
             .dead_letters()
             .list(&topic, &DlqFilter::all())
@@ -375,7 +382,8 @@ fn bytes_of(s: &'static str) -> bytes::Bytes {
 fn delay_beyond_the_ladder_is_refused(url: String) -> Result<(), String> {
     runtime()?.block_on(async move {
         let transport = connect(&url).await?;
-        let built = Consumer::builder(Arc::new(transport) as Arc<dyn Transport>, "refused")
+        let built = Broker::new(transport)
+            .consumer("refused")
             .policy(RetryPolicy::parse("5s x1, 11m x1").map_err(|e| e.to_string())?)
             .build();
         match built {
@@ -412,7 +420,8 @@ fn missing_topics_are_named_when_not_created(url: String) -> Result<(), String> 
         )
         .await
         .map_err(|e| e.to_string())?;
-        let built = Consumer::builder(Arc::new(strict.clone()) as Arc<dyn Transport>, &topic)
+        let built = Broker::new(strict.clone())
+            .consumer(&topic)
             .group("manual")
             .build()
             .map_err(|e| e.to_string())?
@@ -434,7 +443,7 @@ fn missing_topics_are_named_when_not_created(url: String) -> Result<(), String> 
         // Nothing was created: asking again gives the same answer.
         let again = strict.declare(&topic, Some("manual")).await;
         match again {
-            Err(e) if e.to_string().contains(&dlq) => Ok(()),
+            Err(e) if e.kind() == Kind::NotFound && e.to_string().contains(&dlq) => Ok(()),
             other => Err(format!("declare with creation off: {other:?}")),
         }
     })
@@ -465,7 +474,8 @@ fn ladder_partitions_given_back_keep_moving(url: String) -> Result<(), String> {
                 }
             }
         });
-        let stays = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+        let stays = Broker::new(transport.clone())
+            .consumer(&topic)
             .group("stays")
             .policy(RetryPolicy::parse("6s x1").map_err(|e| e.to_string())?)
             .build()
@@ -483,17 +493,19 @@ fn ladder_partitions_given_back_keep_moving(url: String) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while stays.stats().retries_scheduled < EVENTS as u64 {
-            if Instant::now() > deadline {
-                return Err(format!("retries not scheduled: {:?}", stays.stats()));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let reached = tokio::time::timeout(
+            Duration::from_secs(30),
+            stays.wait_until(|s| s.retries_scheduled >= EVENTS as u64),
+        )
+        .await;
+        if reached.is_err() {
+            return Err(format!("retries not scheduled: {:?}", stays.stats()));
         }
         // Heads now wait (paused) in the ladder. Another group's consumer joins the topic's ladder group,
         // takes some of its partitions, and leaves again: they come back to the first member.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let visitor = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+        let visitor = Broker::new(transport.clone())
+            .consumer(&topic)
             .group("visits")
             .build()
             .map_err(|e| e.to_string())?
@@ -504,15 +516,16 @@ fn ladder_partitions_given_back_keep_moving(url: String) -> Result<(), String> {
             .map_err(|e| e.to_string())?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         visitor.shutdown().await.map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + Duration::from_secs(40);
-        while stays.stats().succeeded_after_retry < EVENTS as u64 {
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "retries stuck after the ladder's partitions came back: {:?}",
-                    stays.stats()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let reached = tokio::time::timeout(
+            Duration::from_secs(40),
+            stays.wait_until(|s| s.succeeded_after_retry >= EVENTS as u64),
+        )
+        .await;
+        if reached.is_err() {
+            return Err(format!(
+                "retries stuck after the ladder's partitions came back: {:?}",
+                stays.stats()
+            ));
         }
         stays.shutdown().await.map_err(|e| e.to_string())?;
         let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -556,12 +569,13 @@ fn ordered_group_keeps_key_order_across_members(url: String) -> Result<(), Strin
                 }
             });
             members.push(
-                Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+                Broker::new(transport.clone())
+                    .consumer(&topic)
                     .group("ord")
                     .name(name)
                     .policy(RetryPolicy::parse("1s x3").map_err(|e| e.to_string())?)
                     .concurrency(8)
-                    .ordered_by_key(true)
+                    .ordered_by_key(ParkedAfterDead::FollowToDlq)
                     .build()
                     .map_err(|e| e.to_string())?
                     .start(handler)
