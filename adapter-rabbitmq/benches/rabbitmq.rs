@@ -21,6 +21,8 @@ use futures::{StreamExt, TryStreamExt};
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
+use retry_core::adapter::Admin;
+use retry_core::broker::Broker;
 use test_support::bench::{self, Error, Throughput, work};
 
 const MESSAGES: usize = 20_000;
@@ -34,8 +36,8 @@ fn main() -> Result<(), Error> {
 }
 
 async fn prefill(transport: &RabbitTransport, topic: &str) -> Result<(), Error> {
-    transport.declare(topic).await?;
-    bench::publish_all(transport, topic, MESSAGES, 256).await
+    transport.declare(topic, None).await?;
+    bench::publish_all(&Broker::new(transport.clone()), topic, MESSAGES, 256).await
 }
 
 async fn raw_run(url: &str, transport: &RabbitTransport, topic: &str) -> Result<f64, Error> {
@@ -70,14 +72,14 @@ async fn raw_run(url: &str, transport: &RabbitTransport, topic: &str) -> Result<
     let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
     std::hint::black_box(sink);
     conn.close(200, "done".into()).await?;
-    transport.delete_topic(topic).await?;
+    transport.delete(topic).await?;
     Ok(rate)
 }
 
 async fn sdk_run(transport: &RabbitTransport, topic: &str) -> Result<f64, Error> {
     prefill(transport, topic).await?;
-    let rate = bench::sdk_round(Arc::new(transport.clone()), topic, MESSAGES, PREFETCH).await?;
-    transport.delete_topic(topic).await?;
+    let rate = bench::sdk_round(&Broker::new(transport.clone()), topic, MESSAGES, PREFETCH).await?;
+    transport.delete(topic).await?;
     Ok(rate)
 }
 
@@ -90,14 +92,14 @@ async fn run(url: &str) -> Result<(), Error> {
         let topic = format!("bench-lateness-{}", uuid::Uuid::new_v4().simple());
         let describe = format!("granularity {:?}", transport.config().granularity);
         bench::lateness(
-            Arc::new(transport.clone()),
+            &Broker::new(transport.clone()),
             &topic,
             RETRIES,
             Duration::from_secs(120),
             &describe,
         )
         .await?;
-        transport.delete_topic(&topic).await?;
+        transport.delete(&topic).await?;
     }
     Ok(())
 }

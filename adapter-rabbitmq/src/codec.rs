@@ -9,7 +9,8 @@
 use bytes::Bytes;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
-use retry_core::event::{Headers, RawMessage};
+use retry_core::event::RawMessage;
+use retry_core::headers::Headers;
 
 /// The header carrying the event's key (AMQP has no key).
 pub(crate) const KEY_HEADER: &str = "x-retry-key";

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use retry_core::transport::TransportError;
+use retry_core::error::{Error, Kind};
+use retry_core::options::Options;
 
 /// The queue type for every queue the adapter declares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -69,7 +70,54 @@ impl Default for RabbitConfig {
 /// RabbitMQ refuses a TTL above 2³² − 1 ms.
 const MAX_TTL_MS: u128 = u32::MAX as u128;
 
+/// AMQP URI query parameters lapin itself reads; they pass through to the connection URL.
+pub(crate) const URI_PARAMETERS: [&str; 5] = [
+    "heartbeat",
+    "connection_timeout",
+    "channel_max",
+    "frame_max",
+    "auth_mechanism",
+];
+
 impl RabbitConfig {
+    /// The settings from text options (URL query parameters or the config file's `[broker]` section),
+    /// starting from the defaults: `granularity` (a duration such as `100ms`), `levels`, `queue_type`
+    /// (`classic` or `quorum`), `delivery_limit`, `prefix`, `dlq_suffix` and `declare` (true/false). The
+    /// AMQP URI's own parameters (`heartbeat`, `connection_timeout`, `channel_max`, `frame_max`,
+    /// `auth_mechanism`) are returned apart, for the connection URL. An unknown key is an error.
+    pub fn from_options(options: &Options) -> Result<(Self, Vec<(String, String)>), Error> {
+        let mut c = Self::default();
+        let mut read = options.reader("RabbitMQ");
+        if let Some(v) = read.duration("granularity")? {
+            c.granularity = v;
+        }
+        if let Some(v) = read.number("levels")? {
+            c.levels = v;
+        }
+        if let Some(i) = read.choice("queue_type", &["classic", "quorum"])? {
+            c.queue_type = [QueueType::Classic, QueueType::Quorum][i];
+        }
+        if let Some(v) = read.number("delivery_limit")? {
+            c.delivery_limit = v;
+        }
+        if let Some(v) = read.string("prefix") {
+            c.prefix = v;
+        }
+        if let Some(v) = read.string("dlq_suffix") {
+            c.dlq_suffix = v;
+        }
+        if let Some(v) = read.bool("declare")? {
+            c.declare = v;
+        }
+        let uri: Vec<(String, String)> = URI_PARAMETERS
+            .iter()
+            .filter_map(|k| read.string(k).map(|v| ((*k).to_string(), v)))
+            .collect();
+        read.finish()?;
+        c.validate()?;
+        Ok((c, uri))
+    }
+
     /// The longest delay the ladder carries: granularity × (2^levels − 1).
     pub fn max_delay(&self) -> Duration {
         let units = (1u64 << self.levels.min(63)) - 1;
@@ -79,35 +127,43 @@ impl RabbitConfig {
     }
 
     /// Checks the settings, with the reason when they cannot work.
-    pub fn validate(&self) -> Result<(), TransportError> {
+    pub fn validate(&self) -> Result<(), Error> {
         let g = self.granularity.as_millis();
         if g == 0 || !self.granularity.as_nanos().is_multiple_of(1_000_000) {
-            return Err(TransportError::Config(format!(
-                "granularity must be a whole number of milliseconds ≥ 1 ms, got {:?}",
-                self.granularity
-            )));
+            return Err(Error::new(
+                Kind::Config,
+                format!(
+                    "granularity must be a whole number of milliseconds ≥ 1 ms, got {:?}",
+                    self.granularity
+                ),
+            ));
         }
         if !(1..=32).contains(&self.levels) {
-            return Err(TransportError::Config(format!(
-                "levels must be between 1 and 32, got {}",
-                self.levels
-            )));
+            return Err(Error::new(
+                Kind::Config,
+                format!("levels must be between 1 and 32, got {}", self.levels),
+            ));
         }
         let top = g << (self.levels - 1);
         if top > MAX_TTL_MS {
-            return Err(TransportError::Config(format!(
-                "the top delay level would need a TTL of {top} ms, above RabbitMQ's limit of {MAX_TTL_MS} ms: \
+            return Err(Error::new(
+                Kind::Config,
+                format!(
+                    "the top delay level would need a TTL of {top} ms, above RabbitMQ's limit of {MAX_TTL_MS} ms: \
                  lower levels or granularity"
-            )));
+                ),
+            ));
         }
         if self.prefix.is_empty() || self.dlq_suffix.is_empty() {
-            return Err(TransportError::Config(
-                "prefix and dlq_suffix must not be empty".to_string(),
+            return Err(Error::new(
+                Kind::Config,
+                "prefix and dlq_suffix must not be empty",
             ));
         }
         if self.queue_type == QueueType::Quorum && self.delivery_limit == 0 {
-            return Err(TransportError::Config(
-                "a quorum work queue needs a delivery limit ≥ 1".to_string(),
+            return Err(Error::new(
+                Kind::Config,
+                "a quorum work queue needs a delivery limit ≥ 1",
             ));
         }
         Ok(())
@@ -123,6 +179,33 @@ mod tests {
         let c = RabbitConfig::default();
         assert!(c.validate().is_ok());
         assert_eq!(c.max_delay(), Duration::from_millis(100 * ((1 << 24) - 1)));
+    }
+
+    #[test]
+    fn options_set_every_field_and_pass_uri_parameters_through() {
+        let options = Options::new()
+            .set("granularity", "250ms")
+            .set("levels", "10")
+            .set("queue_type", "quorum")
+            .set("delivery_limit", "50")
+            .set("prefix", "svc")
+            .set("dlq_suffix", ".dead")
+            .set("declare", "false")
+            .set("heartbeat", "10");
+        let (c, uri) = RabbitConfig::from_options(&options).unwrap_or_default();
+        assert_eq!(c.granularity, Duration::from_millis(250));
+        assert_eq!((c.levels, c.delivery_limit), (10, 50));
+        assert_eq!(c.queue_type, QueueType::Quorum);
+        assert_eq!((c.prefix.as_str(), c.dlq_suffix.as_str()), ("svc", ".dead"));
+        assert!(!c.declare);
+        assert_eq!(uri, vec![("heartbeat".to_string(), "10".to_string())]);
+        let typo = RabbitConfig::from_options(&Options::new().set("granularty", "1s"));
+        assert_eq!(typo.err().map(|e| e.kind()), Some(Kind::Config));
+        let bad = RabbitConfig::from_options(&Options::new().set("queue_type", "stream"));
+        assert!(
+            bad.err()
+                .is_some_and(|e| e.to_string().contains("classic, quorum"))
+        );
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! A topic is a durable work queue of that name; every consumer of it shares its messages (the queue is
 //! the consumer group). A retry is a copy sent through a fixed ladder of delay levels — queues with a
-//! fixed TTL that dead-letter into the next level and finally back to the work queue (see [`topology`]'s
+//! fixed TTL that dead-letter into the next level and finally back to the work queue (see the `topology` module's
 //! docs in the source) — so any delay up to the ladder's maximum is exact to its granularity, and is
 //! acknowledged only after the broker confirmed the copy. Dead letters go to `<topic>.dlq` with their
 //! metadata as headers. A blocking error cancels the consumer until the dependency heals. An ordered
@@ -15,6 +15,7 @@
 //! # Ok(()) }
 //! ```
 
+mod admin;
 mod codec;
 pub mod config;
 mod dlq;
@@ -26,17 +27,39 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use lapin::options::QueueDeleteOptions;
-use retry_core::dlq::DeadLetterQueue;
-use retry_core::event::Event;
-use retry_core::transport::{
-    BeyondMax, Capabilities, DelayCapability, Subscription, SubscriptionSpec, Transport,
-    TransportError,
+use retry_core::adapter::{
+    Admin, BeyondMax, Capabilities, ConnectFuture, DelayCapability, DlqSession, Published, Scheme,
+    Subscription, SubscriptionSpec, Transport,
 };
+use retry_core::error::Error;
+use retry_core::event::Event;
+use retry_core::options::Options;
 
 pub use crate::config::{QueueType, RabbitConfig};
-use crate::dlq::RabbitDlq;
-use crate::link::Link;
+use crate::link::{Link, amqp_error};
 use crate::subscription::RabbitSubscription;
+
+/// `amqp://` and `amqps://` in `event_retry::connect`; the URL's query parameters are
+/// [`RabbitConfig::from_options`]'s keys, and the AMQP URI's own (`heartbeat`, …) pass through.
+pub const SCHEME: Scheme = Scheme {
+    schemes: &["amqp", "amqps"],
+    broker: "RabbitMQ",
+    connect: connect_url,
+};
+
+fn connect_url(url: String, options: Options) -> ConnectFuture {
+    Box::pin(async move {
+        let (config, uri) = RabbitConfig::from_options(&options)?;
+        let url = if uri.is_empty() {
+            url
+        } else {
+            let query: Vec<String> = uri.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            format!("{url}?{}", query.join("&"))
+        };
+        let transport = RabbitTransport::connect_with(&url, config).await?;
+        Ok(Arc::new(transport) as Arc<dyn Transport>)
+    })
+}
 
 /// A RabbitMQ broker as an event-retry transport. Cheap to clone; clones share one connection.
 #[derive(Clone)]
@@ -54,13 +77,13 @@ impl std::fmt::Debug for RabbitTransport {
 
 impl RabbitTransport {
     /// Connects to `url` (`amqp://user:pass@host:port/vhost`, `amqps://...`) with the default settings.
-    pub async fn connect(url: &str) -> Result<Self, TransportError> {
+    pub async fn connect(url: &str) -> Result<Self, Error> {
         Self::connect_with(url, RabbitConfig::default()).await
     }
 
     /// Connects with explicit settings; fails at once when the settings are invalid or the broker cannot
     /// be reached.
-    pub async fn connect_with(url: &str, config: RabbitConfig) -> Result<Self, TransportError> {
+    pub async fn connect_with(url: &str, config: RabbitConfig) -> Result<Self, Error> {
         let link = Arc::new(Link::new(url.to_string(), config)?);
         link.connection().await?;
         Ok(Self { link })
@@ -71,40 +94,21 @@ impl RabbitTransport {
         &self.link.config
     }
 
-    /// The name of `topic`'s DLQ queue.
-    pub fn dlq_name(&self, topic: &str) -> String {
-        self.link.names.dlq(topic)
-    }
-
-    /// Declares the delay ladder and `topic`'s work queue and DLQ now (they are otherwise declared on first
-    /// use); with declaring off, checks that they exist.
-    pub async fn declare(&self, topic: &str) -> Result<(), TransportError> {
-        self.link.forget(topic);
-        self.link.ensure_topic(topic).await
-    }
-
-    /// Deletes `topic`'s work queue and DLQ with every message in them (the shared ladder stays).
-    pub async fn delete_topic(&self, topic: &str) -> Result<(), TransportError> {
-        self.link.forget(topic);
-        for queue in [topic.to_string(), self.link.names.dlq(topic)] {
-            self.delete_queue(&queue).await?;
-        }
-        Ok(())
-    }
-
-    /// Deletes `topic`'s DLQ queue with its entries; until [`RabbitTransport::declare`] creates it again,
-    /// dead-lettering from `topic` fails (and the originals stay unacknowledged).
-    pub async fn delete_dlq(&self, topic: &str) -> Result<(), TransportError> {
+    /// Deletes `topic`'s DLQ queue with its entries; until the topic is declared again
+    /// ([`Admin::declare`]), dead-lettering from `topic` fails (and the originals stay unacknowledged).
+    /// For fault tests.
+    pub async fn delete_dlq(&self, topic: &str) -> Result<(), Error> {
+        // The topic stays marked declared, so nothing declares the DLQ again behind the test's back.
         self.delete_queue(&self.link.names.dlq(topic)).await
     }
 
-    async fn delete_queue(&self, queue: &str) -> Result<(), TransportError> {
+    pub(crate) async fn delete_queue(&self, queue: &str) -> Result<(), Error> {
         let ch = self.link.channel().await?;
         let result = ch
             .queue_delete(queue.into(), QueueDeleteOptions::default())
             .await
             .map(drop)
-            .map_err(|e| TransportError::Config(format!("delete queue {queue}: {e}")));
+            .map_err(|e| amqp_error(e, format!("delete queue {queue}")));
         let _ = ch.close(200, "deleted".into()).await;
         result
     }
@@ -122,40 +126,27 @@ impl Transport for RabbitTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            delay: DelayCapability {
-                granularity: self.link.config.granularity,
-                max_native: Some(self.link.config.max_delay()),
-                beyond_max: BeyondMax::Refuse,
-            },
-            per_key_order: true,
-            blocking_pause: true,
-            replay: true,
-            shared_subscription: true,
-            crash_redelivery: true,
-        }
+        Capabilities::new(DelayCapability {
+            granularity: self.link.config.granularity,
+            max_native: Some(self.link.config.max_delay()),
+            beyond_max: BeyondMax::Refuse,
+        })
+        .per_key_order(true)
+        .blocking_pause(true)
+        .replay(true)
+        .shared_subscription(true)
+        .crash_redelivery(true)
     }
 
-    async fn publish(&self, topic: &str, event: &Event) -> Result<(), TransportError> {
-        self.link.ensure_topic(topic).await?;
-        let id = event
-            .id()
-            .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string);
-        self.link
-            .publish(
-                "",
-                topic,
-                &event.to_raw(),
-                &id,
-                &format!("publish to {topic}"),
-            )
-            .await
+    async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
+        let id = self
+            .link
+            .publish_event(topic, event, &format!("publish to {topic}"))
+            .await?;
+        Ok(Published::accepted().with_message_id(id))
     }
 
-    async fn subscribe(
-        &self,
-        spec: &SubscriptionSpec,
-    ) -> Result<Box<dyn Subscription>, TransportError> {
+    async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
         self.link.ensure_topic(&spec.topic).await?;
         Ok(Box::new(RabbitSubscription::new(
             self.link.clone(),
@@ -163,9 +154,15 @@ impl Transport for RabbitTransport {
         )))
     }
 
-    fn dead_letters(&self) -> Arc<dyn DeadLetterQueue> {
-        Arc::new(RabbitDlq {
-            link: self.link.clone(),
-        })
+    async fn open_dead_letters(
+        &self,
+        source_topic: &str,
+    ) -> Result<Option<Box<dyn DlqSession>>, Error> {
+        crate::topology::check_topic(&self.link.names, source_topic)?;
+        dlq::open(self.link.clone(), source_topic).await
+    }
+
+    fn admin(&self) -> &dyn Admin {
+        self
     }
 }

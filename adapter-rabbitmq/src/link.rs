@@ -16,8 +16,8 @@ use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
+use retry_core::error::{Error, Kind};
 use retry_core::event::RawMessage;
-use retry_core::transport::TransportError;
 use tokio::sync::Mutex;
 
 use crate::codec;
@@ -41,23 +41,43 @@ pub(crate) struct Link {
     declared: std::sync::Mutex<HashSet<String>>,
 }
 
-pub(crate) fn connection_error(what: &str) -> impl FnOnce(lapin::Error) -> TransportError + '_ {
-    move |e| TransportError::Connection(format!("{what}: {e}"))
+/// The error of a lapin call for `operation`: the broker's soft errors keep their meaning (a missing
+/// queue is [`Kind::NotFound`], a refused access [`Kind::Rejected`]); anything else is a connection
+/// problem. The lapin error stays the source.
+pub(crate) fn amqp_error(e: lapin::Error, operation: impl Into<String>) -> Error {
+    use lapin::protocol::AMQPSoftError;
+    let kind = if is_soft_error(&e, AMQPSoftError::NOTFOUND) {
+        Kind::NotFound
+    } else if is_soft_error(&e, AMQPSoftError::ACCESSREFUSED)
+        || is_soft_error(&e, AMQPSoftError::PRECONDITIONFAILED)
+        || is_soft_error(&e, AMQPSoftError::RESOURCELOCKED)
+    {
+        Kind::Rejected
+    } else {
+        Kind::Connection
+    };
+    Error::from_source(kind, e).with_operation(operation.into())
 }
 
-async fn bounded<T>(
-    what: &str,
-    fut: impl Future<Output = Result<T, TransportError>>,
-) -> Result<T, TransportError> {
+/// A `map_err` for a lapin call for `operation` (see [`amqp_error`]).
+pub(crate) fn connection_error(operation: &str) -> impl FnOnce(lapin::Error) -> Error + '_ {
+    move |e| amqp_error(e, operation)
+}
+
+async fn bounded<T>(what: &str, fut: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
     tokio::time::timeout(BROKER_TIMEOUT, fut)
         .await
         .map_err(|_| {
-            TransportError::Connection(format!("{what}: no answer within {BROKER_TIMEOUT:?}"))
+            Error::new(
+                Kind::Timeout,
+                format!("no answer within {BROKER_TIMEOUT:?}"),
+            )
+            .with_operation(what.to_string())
         })?
 }
 
 impl Link {
-    pub(crate) fn new(url: String, config: RabbitConfig) -> Result<Self, TransportError> {
+    pub(crate) fn new(url: String, config: RabbitConfig) -> Result<Self, Error> {
         config.validate()?;
         Ok(Self {
             url,
@@ -71,7 +91,7 @@ impl Link {
     }
 
     /// A live connection: the current one, or a new one when it broke.
-    pub(crate) async fn connection(&self) -> Result<Arc<Connection>, TransportError> {
+    pub(crate) async fn connection(&self) -> Result<Arc<Connection>, Error> {
         let mut slot = self.connection.lock().await;
         if let Some(conn) = slot.as_ref()
             && conn.status().connected()
@@ -81,7 +101,9 @@ impl Link {
         let conn = bounded("connect", async {
             Connection::connect(&self.url, ConnectionProperties::default())
                 .await
-                .map_err(|e| TransportError::Connection(format!("connect to RabbitMQ: {e}")))
+                .map_err(|e| {
+                    Error::from_source(Kind::Connection, e).with_operation("connect to RabbitMQ")
+                })
         })
         .await?;
         let conn = Arc::new(conn);
@@ -90,7 +112,7 @@ impl Link {
     }
 
     /// A new channel on the live connection.
-    pub(crate) async fn channel(&self) -> Result<Channel, TransportError> {
+    pub(crate) async fn channel(&self) -> Result<Channel, Error> {
         let conn = self.connection().await?;
         bounded("open a channel", async {
             conn.create_channel()
@@ -109,7 +131,7 @@ impl Link {
         raw: &RawMessage,
         message_id: &str,
         operation: &str,
-    ) -> Result<(), TransportError> {
+    ) -> Result<(), Error> {
         // One publish at a time per channel, so a return is paired with its own confirm.
         let slot = self.next_publisher.fetch_add(1, Ordering::Relaxed) % PUBLISHERS;
         let mut publisher = self.publishers[slot].lock().await;
@@ -142,9 +164,8 @@ impl Link {
             .map_err(connection_error(operation))
         })
         .await?;
-        let rejected = |reason: String| TransportError::Rejected {
-            operation: operation.to_string(),
-            reason,
+        let rejected = |reason: String| {
+            Error::new(Kind::Rejected, reason).with_operation(operation.to_string())
         };
         match confirmation {
             Confirmation::Ack(None) => Ok(()),
@@ -161,8 +182,25 @@ impl Link {
         }
     }
 
+    /// Publishes a new event to `topic`'s work queue (a publish, or a DLQ replay) with its event id as the
+    /// AMQP message id, and waits for the confirm; returns that id.
+    pub(crate) async fn publish_event(
+        &self,
+        topic: &str,
+        event: &retry_core::event::Event,
+        operation: &str,
+    ) -> Result<String, Error> {
+        self.ensure_topic(topic).await?;
+        let id = event
+            .id()
+            .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string);
+        self.publish("", topic, &event.to_raw(), &id, operation)
+            .await?;
+        Ok(id)
+    }
+
     /// Declares (or, with `declare` off, checks) the ladder and `topic`'s queues, once per transport.
-    pub(crate) async fn ensure_topic(&self, topic: &str) -> Result<(), TransportError> {
+    pub(crate) async fn ensure_topic(&self, topic: &str) -> Result<(), Error> {
         topology::check_topic(&self.names, topic)?;
         if self.is_declared(topic) {
             return Ok(());
@@ -188,9 +226,7 @@ impl Link {
                     )
                     .await
                     .map_err(|e| {
-                        TransportError::Config(format!(
-                            "queue {queue} is missing and declaring is off: {e}"
-                        ))
+                        amqp_error(e, format!("check queue {queue} (declaring is off)"))
                     })?;
                 }
                 Ok(())

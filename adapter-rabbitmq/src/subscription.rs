@@ -22,11 +22,12 @@ use lapin::options::{
 use lapin::protocol::AMQPSoftError;
 use lapin::types::FieldTable;
 use lapin::{Channel, Consumer};
+use retry_core::adapter::{
+    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, Unsettled,
+};
+use retry_core::error::{Error, Kind};
 use retry_core::event::{Event, RawMessage};
 use retry_core::metadata::Origin;
-use retry_core::transport::{
-    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, TransportError,
-};
 use tracing::debug;
 
 use crate::codec;
@@ -64,7 +65,7 @@ impl RabbitSubscription {
     }
 
     /// Consumes the queue on a new channel (after closing a half-started one).
-    async fn start(&mut self) -> Result<(), TransportError> {
+    async fn start(&mut self) -> Result<(), Error> {
         loop {
             // After a pause the channel still carries deliveries in hand (and their acks): consume on it
             // again. A consume cut short by a cancelled call may have left a consumer nobody reads on
@@ -126,10 +127,10 @@ impl RabbitSubscription {
                     tokio::time::sleep(STANDBY_INTERVAL).await;
                 }
                 Err(e) => {
-                    return Err(TransportError::Connection(format!(
-                        "consume {}: {e}",
-                        self.spec.topic
-                    )));
+                    return Err(crate::link::amqp_error(
+                        e,
+                        format!("consume {}", self.spec.topic),
+                    ));
                 }
             }
         }
@@ -145,20 +146,18 @@ impl RabbitSubscription {
             .map(|id| id.to_string())
             .unwrap_or_else(|| format!("{}/{}", self.spec.topic, d.delivery_tag));
         Delivery {
-            info: DeliveryInfo {
-                message_id: message_id.clone(),
-                origin: Origin {
+            info: DeliveryInfo::new(
+                message_id.clone(),
+                Origin {
                     topic: self.spec.topic.clone(),
                     partition: None,
                     offset: None,
                 },
-                broker_attempts: None,
-                broker_retries: None,
-            },
+            ),
             receipt: Box::new(RabbitReceipt {
                 link: self.link.clone(),
                 _channel: channel,
-                acker: Some(d.acker),
+                acker: Unsettled::new(d.acker),
                 topic: self.spec.topic.clone(),
                 original: message.clone(),
                 message_id,
@@ -175,7 +174,7 @@ impl RabbitSubscription {
 
 #[async_trait]
 impl Subscription for RabbitSubscription {
-    async fn next(&mut self) -> Result<Option<Delivery>, TransportError> {
+    async fn next(&mut self) -> Result<Option<Delivery>, Error> {
         loop {
             if let Some(draining) = self.draining.as_mut() {
                 match draining.next().await {
@@ -197,23 +196,26 @@ impl Subscription for RabbitSubscription {
                 Some(Ok(d)) => return Ok(Some(self.deliver(d))),
                 Some(Err(e)) => {
                     self.reset();
-                    return Err(TransportError::Connection(format!(
-                        "consuming {}: {e}",
-                        self.spec.topic
-                    )));
+                    return Err(crate::link::amqp_error(
+                        e,
+                        format!("consume {}", self.spec.topic),
+                    ));
                 }
                 None => {
                     self.reset();
-                    return Err(TransportError::Connection(format!(
-                        "the broker ended the consumer of {} (queue deleted or channel closed)",
-                        self.spec.topic
-                    )));
+                    return Err(Error::new(
+                        Kind::Connection,
+                        format!(
+                            "the broker ended the consumer of {} (queue deleted or channel closed)",
+                            self.spec.topic
+                        ),
+                    ));
                 }
             }
         }
     }
 
-    async fn pause(&mut self) -> Result<(), TransportError> {
+    async fn pause(&mut self) -> Result<(), Error> {
         self.paused = true;
         // An ordered (exclusive) consumer keeps its consumer: cancelling it would hand the queue to a
         // standby consumer, and later events of the held key with it. Prefetch bounds what it is sent.
@@ -232,12 +234,12 @@ impl Subscription for RabbitSubscription {
         Ok(())
     }
 
-    async fn resume(&mut self) -> Result<(), TransportError> {
+    async fn resume(&mut self) -> Result<(), Error> {
         self.paused = false;
         Ok(())
     }
 
-    async fn close(mut self: Box<Self>) -> Result<(), TransportError> {
+    async fn close(mut self: Box<Self>) -> Result<(), Error> {
         if let (Some(consumer), Some(channel)) = (self.consumer.take(), self.channel.as_ref()) {
             let _ = channel
                 .basic_cancel(consumer.tag(), BasicCancelOptions::default())
@@ -252,32 +254,31 @@ struct RabbitReceipt {
     link: Arc<Link>,
     /// Keeps the channel open until the delivery is settled (acks go on the channel it came from).
     _channel: Option<Arc<Channel>>,
-    acker: Option<Acker>,
+    acker: Unsettled<Acker>,
     topic: String,
     original: RawMessage,
     message_id: String,
 }
 
 impl RabbitReceipt {
-    fn acker(&self) -> Result<&Acker, TransportError> {
-        self.acker.as_ref().ok_or(TransportError::AlreadySettled)
-    }
-
-    async fn ack(&mut self) -> Result<(), TransportError> {
-        let acker = self.acker.take().ok_or(TransportError::AlreadySettled)?;
+    async fn ack(&mut self) -> Result<(), Error> {
+        let acker = self.acker.take()?;
         match acker.ack(BasicAckOptions::default()).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(TransportError::Connection(
-                "ack: the channel is gone; the broker redelivers the message".into(),
+            Ok(false) => Err(Error::new(
+                Kind::Connection,
+                "the channel is gone; the broker redelivers the message",
+            )
+            .with_operation("ack")),
+            Err(e) => Err(crate::link::amqp_error(
+                e,
+                "ack (the broker redelivers the message)",
             )),
-            Err(e) => Err(TransportError::Connection(format!(
-                "ack: {e}; the broker redelivers the message"
-            ))),
         }
     }
 
-    async fn requeue(&mut self) -> Result<(), TransportError> {
-        let acker = self.acker.take().ok_or(TransportError::AlreadySettled)?;
+    async fn requeue(&mut self) -> Result<(), Error> {
+        let acker = self.acker.take()?;
         acker
             .nack(BasicNackOptions {
                 requeue: true,
@@ -295,19 +296,20 @@ impl RabbitReceipt {
         id: &str,
         delay: Duration,
         operation: &str,
-    ) -> Result<(), TransportError> {
+    ) -> Result<(), Error> {
         // Rounded up to whole granularity steps, counting the delay's fraction of a millisecond too.
         let g = self.link.config.granularity.as_nanos().max(1);
         let units = delay.as_nanos().div_ceil(g);
         let max = (1u128 << self.link.config.levels) - 1;
         if units > max {
-            return Err(TransportError::Rejected {
-                operation: operation.to_string(),
-                reason: format!(
+            return Err(Error::new(
+                Kind::Unsupported,
+                format!(
                     "a delay of {delay:?} exceeds the ladder's maximum of {:?}",
                     self.link.config.max_delay()
                 ),
-            });
+            )
+            .with_operation(operation.to_string()));
         }
         let key = self.link.names.routing_key(units as u64, &self.topic);
         self.link
@@ -318,12 +320,12 @@ impl RabbitReceipt {
 
 #[async_trait]
 impl Receipt for RabbitReceipt {
-    async fn ack(&mut self) -> Result<(), TransportError> {
+    async fn ack(&mut self) -> Result<(), Error> {
         RabbitReceipt::ack(self).await
     }
 
-    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), TransportError> {
-        self.acker()?;
+    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
+        self.acker.get()?;
         let id = event.id().unwrap_or(&self.message_id).to_string();
         let operation = format!("retry of {id} through the delay ladder");
         self.delay_copy(&event.to_raw(), &id, delay, &operation)
@@ -331,8 +333,8 @@ impl Receipt for RabbitReceipt {
         RabbitReceipt::ack(self).await
     }
 
-    async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
-        self.acker()?;
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
+        self.acker.get()?;
         let dlq = self.link.names.dlq(&self.topic);
         let entry_id = uuid::Uuid::new_v4().to_string();
         let operation = format!("dead-letter to {dlq}");
@@ -342,8 +344,8 @@ impl Receipt for RabbitReceipt {
         RabbitReceipt::ack(self).await
     }
 
-    async fn release(&mut self, after: Duration) -> Result<(), TransportError> {
-        self.acker()?;
+    async fn release(&mut self, after: Duration) -> Result<(), Error> {
+        self.acker.get()?;
         if after.is_zero() {
             return self.requeue().await;
         }
@@ -361,7 +363,7 @@ impl Receipt for RabbitReceipt {
 
 impl Drop for RabbitReceipt {
     fn drop(&mut self) {
-        let Some(acker) = self.acker.take() else {
+        let Some(acker) = self.acker.take_unsettled() else {
             return;
         };
         let channel = self._channel.take();

@@ -16,7 +16,7 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, ExchangeKind};
-use retry_core::transport::TransportError;
+use retry_core::error::{Error, Kind};
 
 use crate::config::{QueueType, RabbitConfig};
 
@@ -82,8 +82,8 @@ impl Names {
 }
 
 /// Checks that `topic` can name a queue and travel in a routing key.
-pub(crate) fn check_topic(names: &Names, topic: &str) -> Result<(), TransportError> {
-    let bad = |why: &str| Err(TransportError::Config(format!("topic {topic:?}: {why}")));
+pub(crate) fn check_topic(names: &Names, topic: &str) -> Result<(), Error> {
+    let bad = |why: &str| Err(Error::new(Kind::Config, format!("topic {topic:?}: {why}")));
     let longest = topic.len() + names.dlq_suffix.len();
     if topic.is_empty() {
         return bad("empty");
@@ -124,8 +124,8 @@ fn durable() -> QueueDeclareOptions {
     }
 }
 
-fn failed(what: String) -> impl FnOnce(lapin::Error) -> TransportError {
-    move |e| TransportError::Config(format!("declaring {what}: {e}"))
+fn failed(what: String) -> impl FnOnce(lapin::Error) -> Error {
+    move |e| crate::link::amqp_error(e, format!("declare {what}"))
 }
 
 fn type_args(queue_type: QueueType) -> Vec<(&'static str, AMQPValue)> {
@@ -140,7 +140,7 @@ pub(crate) async fn declare_ladder(
     channel: &Channel,
     names: &Names,
     config: &RabbitConfig,
-) -> Result<(), TransportError> {
+) -> Result<(), Error> {
     let topic = ExchangeKind::Topic;
     let ex_opts = ExchangeDeclareOptions {
         durable: true,
@@ -215,7 +215,7 @@ pub(crate) async fn declare_topic(
     names: &Names,
     config: &RabbitConfig,
     topic: &str,
-) -> Result<(), TransportError> {
+) -> Result<(), Error> {
     declare_dlq(channel, names, config, topic).await?;
     let dlq = names.dlq(topic);
     let mut args = type_args(config.queue_type);
@@ -253,7 +253,7 @@ pub(crate) async fn declare_dlq(
     names: &Names,
     config: &RabbitConfig,
     topic: &str,
-) -> Result<(), TransportError> {
+) -> Result<(), Error> {
     let dlq = names.dlq(topic);
     channel
         .queue_declare(

@@ -17,12 +17,13 @@ use std::time::{Duration, Instant};
 
 use event_retry_rabbitmq::{QueueType, RabbitConfig, RabbitTransport};
 use libtest_mimic::Arguments;
+use retry_core::adapter::{Admin, Transport};
+use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::dlq::DlqFilter;
 use retry_core::event::Event;
 use retry_core::policy::RetryPolicy;
-use retry_core::runtime::{Consumer, Context, handler_fn};
-use retry_core::transport::Transport;
+use retry_core::runtime::{Context, handler_fn};
 use test_support::broker::{Test, runtime};
 use test_support::restart::{Waits, delayed_retries_survive_restart};
 
@@ -82,7 +83,8 @@ fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
             }
         });
         let policy = RetryPolicy::parse("700ms x3").map_err(|e| e.to_string())?;
-        let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
             .policy(policy)
             .build()
             .map_err(|e| e.to_string())?
@@ -97,7 +99,7 @@ fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         let dead = loop {
-            let dead = transport
+            let dead = Broker::new(transport.clone())
                 .dead_letters()
                 .list(&topic, &DlqFilter::all())
                 .await
@@ -131,13 +133,13 @@ fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
                 ));
             }
         }
-        let meta = &dead[0].event.meta;
+        let meta = dead[0].event.metadata();
         if meta.event_id.as_deref() != Some("bad")
             || dead[0].event.key.as_deref() != Some(&b"k"[..])
         {
             return Err(format!("wrong DLQ entry: {:?}", dead[0]));
         }
-        let report = transport
+        let report = Broker::new(transport.clone())
             .dead_letters()
             .replay(&topic, &DlqFilter::all())
             .await
@@ -145,21 +147,19 @@ fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
         if report.replayed != 1 {
             return Err(format!("replayed {}", report.replayed));
         }
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while consumer.stats().succeeded < 2 {
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "the replayed event did not succeed: {:?}",
-                    consumer.stats()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let replayed = tokio::time::timeout(
+            Duration::from_secs(15),
+            consumer.wait_until(|s| s.succeeded >= 2),
+        )
+        .await;
+        if replayed.is_err() {
+            return Err(format!(
+                "the replayed event did not succeed: {:?}",
+                consumer.stats()
+            ));
         }
         consumer.shutdown().await.map_err(|e| e.to_string())?;
-        transport
-            .delete_topic(&topic)
-            .await
-            .map_err(|e| e.to_string())?;
+        transport.delete(&topic).await.map_err(|e| e.to_string())?;
         Ok(())
     })
 }
@@ -173,7 +173,7 @@ fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
             after_due: Duration::from_secs(60),
         };
         let stats = delayed_retries_survive_restart(
-            Arc::new(transport.clone()),
+            &Broker::new(transport.clone()),
             "rabbitmq",
             &topic,
             EVENTS,
@@ -186,7 +186,7 @@ fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
                 "the consumer should have lost its connection and reconnected, then finished every retry: {stats:?}"
             ));
         }
-        let _ = transport.delete_topic(&topic).await;
+        let _ = transport.delete(&topic).await;
         Ok(())
     })
 }
@@ -202,11 +202,11 @@ fn returns_are_paired_with_their_own_publish(url: String) -> Result<(), String> 
         let broken = format!("returns-broken-{}", uuid::Uuid::new_v4().simple());
         let healthy = format!("returns-healthy-{}", uuid::Uuid::new_v4().simple());
         transport
-            .declare(&broken)
+            .declare(&broken, None)
             .await
             .map_err(|e| e.to_string())?;
         transport
-            .declare(&healthy)
+            .declare(&healthy, None)
             .await
             .map_err(|e| e.to_string())?;
         transport
@@ -216,15 +216,15 @@ fn returns_are_paired_with_their_own_publish(url: String) -> Result<(), String> 
         let handler = handler_fn(|_event: Event, _ctx: Context| async {
             Err::<(), _>(HandlerError::non_retryable("bad"))
         });
-        let consumer =
-            Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &broken)
-                .concurrency(16)
-                .settle_backoff(Duration::from_millis(50))
-                .build()
-                .map_err(|e| e.to_string())?
-                .start(handler)
-                .await
-                .map_err(|e| e.to_string())?;
+        let consumer = Broker::new(transport.clone())
+            .consumer(&broken)
+            .concurrency(16)
+            .settle_backoff(Duration::from_millis(50))
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
         for i in 0..50 {
             let id = format!("b{i}");
             transport
@@ -260,23 +260,23 @@ fn returns_are_paired_with_their_own_publish(url: String) -> Result<(), String> 
             ));
         }
         transport
-            .declare(&broken)
+            .declare(&broken, None)
             .await
             .map_err(|e| e.to_string())?;
         let deadline = Instant::now() + Duration::from_secs(30);
         let handler = handler_fn(|_event: Event, _ctx: Context| async {
             Err::<(), _>(HandlerError::non_retryable("bad"))
         });
-        let consumer =
-            Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &broken)
-                .concurrency(16)
-                .build()
-                .map_err(|e| e.to_string())?
-                .start(handler)
-                .await
-                .map_err(|e| e.to_string())?;
+        let consumer = Broker::new(transport.clone())
+            .consumer(&broken)
+            .concurrency(16)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
         loop {
-            let dead = transport
+            let dead = Broker::new(transport.clone())
                 .dead_letters()
                 .list(&broken, &DlqFilter::all())
                 .await
@@ -294,10 +294,7 @@ fn returns_are_paired_with_their_own_publish(url: String) -> Result<(), String> 
         }
         consumer.shutdown().await.map_err(|e| e.to_string())?;
         for topic in [&broken, &healthy] {
-            transport
-                .delete_topic(topic)
-                .await
-                .map_err(|e| e.to_string())?;
+            transport.delete(topic).await.map_err(|e| e.to_string())?;
         }
         Ok(())
     })
