@@ -12,12 +12,13 @@
 //! cargo bench -p event-retry-sqs --bench sqs -- throughput   # or lateness
 //! ```
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use event_retry_sqs::SqsTransport;
+use retry_core::adapter::Admin;
+use retry_core::broker::Broker;
 use test_support::bench::{self, Error, Throughput, work};
 
 const MESSAGES: usize = 3_000;
@@ -33,8 +34,8 @@ fn main() -> Result<(), Error> {
 }
 
 async fn prefill(transport: &SqsTransport, topic: &str) -> Result<(), Error> {
-    transport.declare(topic).await?;
-    bench::publish_all(transport, topic, MESSAGES, 32).await
+    transport.declare(topic, None).await?;
+    bench::publish_all(&Broker::new(transport.clone()), topic, MESSAGES, 32).await
 }
 
 fn raw_client(url: &str) -> Client {
@@ -93,14 +94,20 @@ async fn raw_run(client: &Client, transport: &SqsTransport, topic: &str) -> Resu
     }
     std::hint::black_box(sink);
     let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
-    transport.delete_topic(topic).await?;
+    transport.delete(topic).await?;
     Ok(rate)
 }
 
 async fn sdk_run(transport: &SqsTransport, topic: &str) -> Result<f64, Error> {
     prefill(transport, topic).await?;
-    let rate = bench::sdk_round(Arc::new(transport.clone()), topic, MESSAGES, CONCURRENCY).await?;
-    transport.delete_topic(topic).await?;
+    let rate = bench::sdk_round(
+        &Broker::new(transport.clone()),
+        topic,
+        MESSAGES,
+        CONCURRENCY,
+    )
+    .await?;
+    transport.delete(topic).await?;
     Ok(rate)
 }
 
@@ -130,14 +137,14 @@ async fn run(url: &str) -> Result<(), Error> {
     if bench::wants("lateness") {
         let topic = format!("bench-lateness-{}", uuid::Uuid::new_v4().simple());
         bench::lateness(
-            Arc::new(transport.clone()),
+            &Broker::new(transport.clone()),
             &topic,
             RETRIES,
             Duration::from_secs(150),
             "granularity 1 s",
         )
         .await?;
-        transport.delete_topic(&topic).await?;
+        transport.delete(&topic).await?;
     }
     Ok(())
 }

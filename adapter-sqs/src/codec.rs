@@ -13,9 +13,10 @@ use aws_sdk_sqs::types::{Message, MessageAttributeValue};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
-use retry_core::event::{Event, Headers, RawMessage};
+use retry_core::error::{Error, Kind};
+use retry_core::event::{Event, RawMessage};
+use retry_core::headers::Headers;
 use retry_core::metadata::{self, Packing};
-use retry_core::transport::TransportError;
 
 /// The attribute carrying the key.
 pub(crate) const KEY: &str = "x-retry-key";
@@ -56,7 +57,7 @@ fn valid_name(name: &str) -> bool {
         && !lower.starts_with("amazon.")
 }
 
-fn value(bytes: &[u8]) -> Result<MessageAttributeValue, TransportError> {
+fn value(bytes: &[u8]) -> Result<MessageAttributeValue, Error> {
     let built = if bytes.is_empty() {
         MessageAttributeValue::builder()
             .data_type(EMPTY)
@@ -73,7 +74,8 @@ fn value(bytes: &[u8]) -> Result<MessageAttributeValue, TransportError> {
             .binary_value(Blob::new(bytes.to_vec()))
             .build()
     };
-    built.map_err(|e| TransportError::Config(format!("message attribute: {e}")))
+    built
+        .map_err(|e| Error::from_source(Kind::Other, e).with_operation("build a message attribute"))
 }
 
 fn bytes_of(value: &MessageAttributeValue) -> Bytes {
@@ -90,8 +92,8 @@ fn bytes_of(value: &MessageAttributeValue) -> Bytes {
 }
 
 /// Encodes `event` (metadata packed) for sending.
-pub(crate) fn encode(event: &Event) -> Result<Outgoing, TransportError> {
-    let headers = metadata::encode_with(&event.meta, &event.headers, Packing::Single);
+pub(crate) fn encode(event: &Event) -> Result<Outgoing, Error> {
+    let headers = metadata::encode_with(event.metadata(), &event.headers, Packing::Single);
     encode_raw(&RawMessage {
         payload: event.payload.clone(),
         key: event.key.clone(),
@@ -100,19 +102,23 @@ pub(crate) fn encode(event: &Event) -> Result<Outgoing, TransportError> {
 }
 
 /// Encodes a message as it travelled (headers already encoded).
-pub(crate) fn encode_raw(raw: &RawMessage) -> Result<Outgoing, TransportError> {
+pub(crate) fn encode_raw(raw: &RawMessage) -> Result<Outgoing, Error> {
     let mut attributes = HashMap::new();
     for (name, v) in raw.headers.iter() {
         if !valid_name(name) || name == KEY || name == BODY {
-            return Err(TransportError::Config(format!(
-                "header {name:?} cannot be an SQS message attribute name (letters, digits, '_', '-', '.'; \
+            return Err(Error::new(
+                Kind::InvalidInput,
+                format!(
+                    "header {name:?} cannot be an SQS message attribute name (letters, digits, '_', '-', '.'; \
                  not AWS./Amazon.; not {KEY} or {BODY})"
-            )));
+                ),
+            ));
         }
         if attributes.insert(name.to_string(), value(v)?).is_some() {
-            return Err(TransportError::Config(format!(
-                "header {name:?} appears twice; SQS message attributes are unique by name"
-            )));
+            return Err(Error::new(
+                Kind::InvalidInput,
+                format!("header {name:?} appears twice; SQS message attributes are unique by name"),
+            ));
         }
     }
     if let Some(key) = &raw.key {
@@ -130,10 +136,13 @@ pub(crate) fn encode_raw(raw: &RawMessage) -> Result<Outgoing, TransportError> {
     if attributes.len() > MAX_ATTRIBUTES {
         let mut names: Vec<&String> = attributes.keys().collect();
         names.sort();
-        return Err(TransportError::Config(format!(
-            "SQS carries at most {MAX_ATTRIBUTES} message attributes; this message needs {}: {names:?}",
-            attributes.len()
-        )));
+        return Err(Error::new(
+            Kind::InvalidInput,
+            format!(
+                "SQS carries at most {MAX_ATTRIBUTES} message attributes; this message needs {}: {names:?}",
+                attributes.len()
+            ),
+        ));
     }
     Ok(Outgoing { body, attributes })
 }
@@ -192,7 +201,7 @@ mod tests {
             .with_header("b-text", "héllo")
             .with_header("c-empty", "")
             .with_id("e1");
-        event.meta.attempts = 2;
+        retry_core::adapter::metadata_mut(&mut event).attempts = 2;
         let out = encode(&event).unwrap();
         assert_ne!(
             out.body.as_bytes(),

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use retry_core::transport::TransportError;
+use retry_core::error::{Error, Kind};
+use retry_core::options::Options;
 
 /// The adapter's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,9 +47,46 @@ impl Default for SqsConfig {
 }
 
 impl SqsConfig {
+    /// The settings from text options (URL query parameters or the config file's `[broker]` section),
+    /// starting from the defaults: `visibility`, `max_visibility`, `max_send_delay`, `wait` (durations
+    /// such as `30s`), `dlq_suffix`, `create_queues`, `max_receive_count`, `set_redrive`; and `region`,
+    /// returned apart for the client. An unknown key is an error.
+    pub fn from_options(options: &Options) -> Result<(Self, Option<String>), Error> {
+        let mut c = Self::default();
+        let mut read = options.reader("Amazon SQS");
+        if let Some(v) = read.duration("visibility")? {
+            c.visibility = v;
+        }
+        if let Some(v) = read.duration("max_visibility")? {
+            c.max_visibility = v;
+        }
+        if let Some(v) = read.duration("max_send_delay")? {
+            c.max_send_delay = v;
+        }
+        if let Some(v) = read.duration("wait")? {
+            c.wait = v;
+        }
+        if let Some(v) = read.string("dlq_suffix") {
+            c.dlq_suffix = v;
+        }
+        if let Some(v) = read.bool("create_queues")? {
+            c.create_queues = v;
+        }
+        if let Some(v) = read.number("max_receive_count")? {
+            c.max_receive_count = v;
+        }
+        if let Some(v) = read.bool("set_redrive")? {
+            c.set_redrive = v;
+        }
+        let region = read.string("region");
+        read.finish()?;
+        c.validate()?;
+        Ok((c, region))
+    }
+
     /// Checks the settings against what SQS accepts.
-    pub fn validate(&self) -> Result<(), TransportError> {
-        let bad = |why: String| Err(TransportError::Config(why));
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |why: String| Err(Error::new(Kind::Config, why));
         let whole = |d: Duration| d.subsec_nanos() == 0;
         if !whole(self.visibility)
             || self.visibility.is_zero()
@@ -99,6 +137,33 @@ mod tests {
         let c = SqsConfig::default();
         assert!(c.validate().is_ok());
         assert_eq!(c.max_visibility, Duration::from_secs(43_200));
+    }
+
+    #[test]
+    fn options_set_every_field() {
+        let options = Options::new()
+            .set("visibility", "20s")
+            .set("max_visibility", "1h")
+            .set("max_send_delay", "60s")
+            .set("wait", "2s")
+            .set("dlq_suffix", "-dead")
+            .set("create_queues", "false")
+            .set("max_receive_count", "10")
+            .set("set_redrive", "true")
+            .set("region", "eu-west-1");
+        let (c, region) = SqsConfig::from_options(&options).unwrap_or_default();
+        assert_eq!(c.visibility, Duration::from_secs(20));
+        assert_eq!(c.max_visibility, Duration::from_secs(3600));
+        assert_eq!(c.max_send_delay, Duration::from_secs(60));
+        assert_eq!(c.wait, Duration::from_secs(2));
+        assert_eq!(c.dlq_suffix, "-dead");
+        assert!(!c.create_queues && c.set_redrive);
+        assert_eq!(c.max_receive_count, 10);
+        assert_eq!(region.as_deref(), Some("eu-west-1"));
+        let typo = SqsConfig::from_options(&Options::new().set("visiblity", "1s"));
+        assert_eq!(typo.err().map(|e| e.kind()), Some(Kind::Config));
+        let fraction = SqsConfig::from_options(&Options::new().set("wait", "1500ms"));
+        assert!(fraction.is_err(), "SQS waits whole seconds");
     }
 
     #[test]

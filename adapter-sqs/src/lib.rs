@@ -16,11 +16,12 @@
 //! # Ok(()) }
 //! ```
 
+mod admin;
 mod codec;
 pub mod config;
 mod dlq;
+mod link;
 mod queues;
-mod shared;
 mod subscription;
 mod url;
 
@@ -28,29 +29,45 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use aws_sdk_sqs::Client;
-use retry_core::dlq::DeadLetterQueue;
-use retry_core::event::Event;
-use retry_core::transport::{
-    BeyondMax, Capabilities, DelayCapability, Subscription, SubscriptionSpec, Transport,
-    TransportError,
+use retry_core::adapter::{
+    Admin, BeyondMax, Capabilities, ConnectFuture, DelayCapability, DlqSession, Published, Scheme,
+    Subscription, SubscriptionSpec, Transport,
 };
+use retry_core::error::{Error, Kind};
+use retry_core::event::Event;
+use retry_core::options::Options;
 
 pub use crate::config::SqsConfig;
-use crate::dlq::SqsDlq;
-use crate::queues::{Queues, check_redrive, check_retention, sdk_error};
-use crate::shared::{SendOptions, Shared, group_of};
+use crate::link::{Link, sdk_error};
+use crate::queues::{Queues, check_redrive, check_retention};
 use crate::subscription::SqsSubscription;
+
+/// `sqs://…`, an `https://` SQS queue URL, or `http://` to an SQS-compatible endpoint on this machine,
+/// in `event_retry::connect`; the URL's query parameters are [`SqsConfig::from_options`]'s keys.
+pub const SCHEME: Scheme = Scheme {
+    schemes: &["sqs", "https", "http"],
+    broker: "Amazon SQS",
+    connect: connect_url,
+};
+
+fn connect_url(url: String, options: Options) -> ConnectFuture {
+    Box::pin(async move {
+        let (config, region) = SqsConfig::from_options(&options)?;
+        let transport = SqsTransport::connect_in(&url, config, region).await?;
+        Ok(Arc::new(transport) as Arc<dyn Transport>)
+    })
+}
 
 /// An SQS endpoint as an event-retry transport. Cheap to clone.
 #[derive(Clone)]
 pub struct SqsTransport {
-    shared: Arc<Shared>,
+    link: Arc<Link>,
 }
 
 impl std::fmt::Debug for SqsTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SqsTransport")
-            .field("config", &self.shared.queues.config)
+            .field("config", &self.link.queues.config)
             .finish_non_exhaustive()
     }
 }
@@ -60,74 +77,67 @@ impl SqsTransport {
     /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`), `sqs://key:secret@host:port`
     /// or `http://host:port` (an SQS-compatible endpoint; `?region=` sets the region), or an `https://`
     /// queue URL (its endpoint and region).
-    pub async fn connect(url: &str) -> Result<Self, TransportError> {
+    pub async fn connect(url: &str) -> Result<Self, Error> {
         Self::connect_with(url, SqsConfig::default()).await
     }
 
     /// Connects by URL with explicit settings, and checks the endpoint answers.
-    pub async fn connect_with(url: &str, config: SqsConfig) -> Result<Self, TransportError> {
-        let client = url::client_for(url)?;
+    pub async fn connect_with(url: &str, config: SqsConfig) -> Result<Self, Error> {
+        Self::connect_in(url, config, None).await
+    }
+
+    /// Connects with a region that overrides the URL's and the environment's.
+    async fn connect_in(
+        url: &str,
+        config: SqsConfig,
+        region: Option<String>,
+    ) -> Result<Self, Error> {
+        let client = url::client_for(url, region)?;
         let transport = Self::from_client(client, config)?;
         transport
-            .shared
+            .link
             .queues
             .client
             .list_queues()
             .max_results(1)
             .send()
             .await
-            .map_err(|e| sdk_error(&format!("reach SQS at {url}"), e))?;
+            .map_err(|e| {
+                sdk_error(
+                    &format!("reach SQS at {}", retry_core::options::redact_url(url)),
+                    e,
+                )
+            })?;
         Ok(transport)
     }
 
     /// Uses a client built elsewhere (e.g. from `aws_config::load_from_env()`, for the whole AWS
     /// credential chain).
-    pub fn from_client(client: Client, config: SqsConfig) -> Result<Self, TransportError> {
+    pub fn from_client(client: Client, config: SqsConfig) -> Result<Self, Error> {
         config.validate()?;
         Ok(Self {
-            shared: Arc::new(Shared::new(Queues::new(client, config))),
+            link: Arc::new(Link::new(Queues::new(client, config))),
         })
     }
 
     /// The settings in use.
     pub fn config(&self) -> &SqsConfig {
-        &self.shared.queues.config
-    }
-
-    /// Resolves `topic`'s queue and DLQ now (creating them when missing and allowed).
-    pub async fn declare(&self, topic: &str) -> Result<(), TransportError> {
-        self.shared.queues.forget(topic);
-        self.shared.queues.resolve(topic).await.map(drop)
-    }
-
-    /// The name of `topic`'s DLQ queue.
-    pub async fn dlq_name(&self, topic: &str) -> Result<String, TransportError> {
-        Ok(self.shared.queues.resolve(topic).await?.dlq_name)
+        &self.link.queues.config
     }
 
     /// Deletes `topic`'s DLQ queue with its entries; dead-lettering from `topic` then fails (and the
-    /// originals stay in the source queue) until [`SqsTransport::declare`] creates it again.
-    pub async fn delete_dlq(&self, topic: &str) -> Result<(), TransportError> {
-        let name = self.dlq_name(topic).await?;
+    /// originals stay in the source queue) until the topic is declared again ([`Admin::declare`]). For
+    /// fault tests.
+    pub async fn delete_dlq(&self, topic: &str) -> Result<(), Error> {
+        let name = self.link.queues.resolve(topic).await?.dlq_name;
         self.delete_queue(&name).await
     }
 
-    /// Deletes `topic`'s queue and its DLQ with every message in them.
-    pub async fn delete_topic(&self, topic: &str) -> Result<(), TransportError> {
-        let dlq = self.dlq_name(topic).await.ok();
-        self.shared.queues.forget(topic);
-        self.delete_queue(topic).await?;
-        if let Some(dlq) = dlq {
-            self.delete_queue(&dlq).await?;
-        }
-        Ok(())
-    }
-
-    async fn delete_queue(&self, name: &str) -> Result<(), TransportError> {
-        let Some(url) = self.shared.queues.url_of(name).await? else {
+    pub(crate) async fn delete_queue(&self, name: &str) -> Result<(), Error> {
+        let Some(url) = self.link.queues.url_of(name).await? else {
             return Ok(());
         };
-        self.shared
+        self.link
             .queues
             .client
             .delete_queue()
@@ -146,44 +156,27 @@ impl Transport for SqsTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            delay: DelayCapability {
-                granularity: std::time::Duration::from_secs(1),
-                max_native: Some(self.shared.queues.config.max_visibility),
-                beyond_max: BeyondMax::Split,
-            },
-            per_key_order: false,
-            blocking_pause: true,
-            replay: true,
-            shared_subscription: true,
-            crash_redelivery: true,
-        }
+        Capabilities::new(DelayCapability {
+            granularity: std::time::Duration::from_secs(1),
+            max_native: Some(self.link.queues.config.max_visibility),
+            beyond_max: BeyondMax::Split,
+        })
+        .blocking_pause(true)
+        .replay(true)
+        .shared_subscription(true)
+        .crash_redelivery(true)
     }
 
-    async fn publish(&self, topic: &str, event: &Event) -> Result<(), TransportError> {
-        let queue = self.shared.queues.resolve(topic).await?;
-        let out = codec::encode(event)?;
-        let group = group_of(event.key.as_deref());
-        self.shared
-            .send(
-                &queue,
-                &queue.url,
-                out,
-                SendOptions {
-                    group,
-                    ..SendOptions::default()
-                },
-                &format!("publish to {topic}"),
-            )
+    async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
+        self.link
+            .send_event(topic, event, &format!("publish to {topic}"))
             .await
+            .map(|id| Published::accepted().with_message_id(id))
     }
 
-    async fn subscribe(
-        &self,
-        spec: &SubscriptionSpec,
-    ) -> Result<Box<dyn Subscription>, TransportError> {
-        let queue = self.shared.queues.resolve(&spec.topic).await?;
-        let config = &self.shared.queues.config;
+    async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
+        let queue = self.link.queues.resolve(&spec.topic).await?;
+        let config = &self.link.queues.config;
         check_redrive(
             &spec.topic,
             &queue,
@@ -194,24 +187,32 @@ impl Transport for SqsTransport {
         check_retention(&spec.topic, &queue, spec.longest_delay)?;
         if queue.fifo
             && let Some(longest) = spec.longest_delay
-            && longest > self.shared.queues.config.max_visibility
+            && longest > self.link.queues.config.max_visibility
         {
-            return Err(TransportError::Config(format!(
-                "{} is a FIFO queue: retries use visibility only, which ends {:?} after the receive, but the \
-                 policy asks for {longest:?}",
-                spec.topic, self.shared.queues.config.max_visibility
-            )));
+            return Err(Error::new(
+                Kind::Config,
+                format!(
+                    "{} is a FIFO queue: retries use visibility only, which ends {:?} after the receive, but the \
+                     policy asks for {longest:?}",
+                    spec.topic, self.link.queues.config.max_visibility
+                ),
+            ));
         }
         Ok(Box::new(SqsSubscription::new(
-            self.shared.clone(),
+            self.link.clone(),
             spec.clone(),
             queue,
         )))
     }
 
-    fn dead_letters(&self) -> Arc<dyn DeadLetterQueue> {
-        Arc::new(SqsDlq {
-            shared: self.shared.clone(),
-        })
+    async fn open_dead_letters(
+        &self,
+        source_topic: &str,
+    ) -> Result<Option<Box<dyn DlqSession>>, Error> {
+        dlq::open(self.link.clone(), source_topic).await
+    }
+
+    fn admin(&self) -> &dyn Admin {
+        self
     }
 }

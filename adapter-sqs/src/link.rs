@@ -1,16 +1,54 @@
-//! State shared by a transport's subscriptions and receipts: the client, the queues, sending, and the
-//! metadata of visibility retries this process scheduled.
+//! The link to SQS shared by a transport's subscriptions, receipts and DLQ sessions: the client and the
+//! queues, sending, the errors of the AWS SDK told apart by kind, and the metadata of visibility retries
+//! this process scheduled (a visibility retry cannot rewrite the message, so the process keeps it).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_sqs::types::MessageAttributeValue;
+use retry_core::error::{Error, Kind};
 use retry_core::metadata::RetryMetadata;
-use retry_core::transport::TransportError;
 
 use crate::codec::Outgoing;
-use crate::queues::{QueueInfo, Queues, sdk_error};
+use crate::queues::{QueueInfo, Queues};
+
+/// The error of an SQS call for `operation`, by kind: a missing queue is [`Kind::NotFound`], throttling
+/// and transport failures are temporary ([`Kind::Connection`], [`Kind::Timeout`]), a request SQS refused
+/// is [`Kind::Rejected`]. The SDK's error stays the source.
+pub(crate) fn sdk_error<E, R>(operation: &str, e: SdkError<E, R>) -> Error
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + Send + Sync + 'static,
+{
+    let kind = match &e {
+        SdkError::TimeoutError(_) => Kind::Timeout,
+        SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => Kind::Connection,
+        SdkError::ServiceError(service) => match service.err().code() {
+            _ if is_missing(&e) => Kind::NotFound,
+            Some(code) if code.contains("Throttl") || code.contains("Unavailable") => {
+                Kind::Connection
+            }
+            _ => Kind::Rejected,
+        },
+        _ => Kind::Other,
+    };
+    let message = DisplayErrorContext(&e).to_string();
+    Error::new(kind, message)
+        .with_operation(operation.to_string())
+        .with_source(e)
+}
+
+/// Whether SQS said the queue does not exist.
+pub(crate) fn is_missing<E, R>(e: &SdkError<E, R>) -> bool
+where
+    E: ProvideErrorMetadata,
+{
+    e.as_service_error()
+        .and_then(|s| s.code())
+        .is_some_and(|c| c.contains("NonExistentQueue") || c.contains("QueueDoesNotExist"))
+}
 
 /// The attribute marking a copy the adapter sent to carry a retry (its counts are in its metadata).
 pub(crate) const COPY: &str = "x-retry-copy";
@@ -20,12 +58,12 @@ pub(crate) const COPY: &str = "x-retry-copy";
 const RECALL_CAPACITY: usize = 100_000;
 
 /// Everything a transport's parts share.
-pub(crate) struct Shared {
+pub(crate) struct Link {
     pub(crate) queues: Queues,
     recall: Mutex<HashMap<String, (RetryMetadata, Instant)>>,
 }
 
-impl Shared {
+impl Link {
     pub(crate) fn new(queues: Queues) -> Self {
         Self {
             queues,
@@ -41,23 +79,24 @@ impl Shared {
         mut out: Outgoing,
         options: SendOptions,
         operation: &str,
-    ) -> Result<(), TransportError> {
+    ) -> Result<String, Error> {
         let SendOptions { group, delay, copy } = options;
         if copy {
             let marker = MessageAttributeValue::builder()
                 .data_type("String")
                 .string_value("1")
                 .build()
-                .map_err(|e| TransportError::Config(e.to_string()))?;
+                .map_err(|e| Error::from_source(Kind::Other, e))?;
             out.attributes.insert(COPY.to_string(), marker);
             if out.attributes.len() > crate::codec::MAX_ATTRIBUTES {
-                return Err(TransportError::Rejected {
-                    operation: operation.to_string(),
-                    reason: format!(
+                return Err(Error::new(
+                    Kind::Unsupported,
+                    format!(
                         "carrying this retry needs one more message attribute than SQS's {} allows",
                         crate::codec::MAX_ATTRIBUTES
                     ),
-                });
+                )
+                .with_operation(operation.to_string()));
             }
         }
         let mut req = self
@@ -77,13 +116,24 @@ impl Shared {
             let secs = seconds_up(delay.min(self.queues.config.max_send_delay));
             req = req.delay_seconds(secs);
         }
-        req.send()
-            .await
-            .map(drop)
-            .map_err(|e| TransportError::Rejected {
-                operation: operation.to_string(),
-                reason: sdk_error("send", e).to_string(),
-            })
+        let sent = req.send().await.map_err(|e| sdk_error(operation, e))?;
+        Ok(sent.message_id().unwrap_or_default().to_string())
+    }
+
+    /// Sends a new event to `topic`'s queue (a publish, or a DLQ replay); returns SQS's message id.
+    pub(crate) async fn send_event(
+        &self,
+        topic: &str,
+        event: &retry_core::event::Event,
+        operation: &str,
+    ) -> Result<String, Error> {
+        let queue = self.queues.resolve(topic).await?;
+        let out = crate::codec::encode(event)?;
+        let options = SendOptions {
+            group: group_of(event.key.as_deref()),
+            ..SendOptions::default()
+        };
+        self.send(&queue, &queue.url, out, options, operation).await
     }
 
     /// Remembers the metadata of a visibility retry of `message_id`, to give it back when the message
@@ -99,7 +149,7 @@ impl Shared {
         }
     }
 
-    /// Takes what [`Shared::remember`] kept for `message_id`.
+    /// Takes what [`Link::remember`] kept for `message_id`.
     pub(crate) fn recall(&self, message_id: &str) -> Option<RetryMetadata> {
         let mut recall = self.recall.lock().unwrap_or_else(|p| p.into_inner());
         recall.remove(message_id).map(|(meta, _)| meta)

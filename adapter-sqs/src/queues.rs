@@ -9,9 +9,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use aws_sdk_sqs::Client;
-use aws_sdk_sqs::error::DisplayErrorContext;
 use aws_sdk_sqs::types::QueueAttributeName;
-use retry_core::transport::TransportError;
+use retry_core::error::{Error, Kind};
 use tracing::warn;
 
 use crate::config::SqsConfig;
@@ -36,18 +35,7 @@ pub(crate) struct Queues {
     known: Mutex<HashMap<String, QueueInfo>>,
 }
 
-pub(crate) fn sdk_error<E: std::error::Error + 'static>(what: &str, e: E) -> TransportError {
-    TransportError::Connection(format!("{what}: {}", DisplayErrorContext(&e)))
-}
-
-fn is_missing<E, R>(e: &aws_sdk_sqs::error::SdkError<E, R>) -> bool
-where
-    E: aws_sdk_sqs::error::ProvideErrorMetadata,
-{
-    e.as_service_error()
-        .and_then(|s| s.code())
-        .is_some_and(|c| c.contains("NonExistentQueue") || c.contains("QueueDoesNotExist"))
-}
+use crate::link::{is_missing, sdk_error};
 
 /// `orders` → `orders-dlq`; `orders.fifo` → `orders-dlq.fifo`.
 pub(crate) fn dlq_name_for(topic: &str, suffix: &str) -> String {
@@ -83,7 +71,7 @@ impl Queues {
     }
 
     /// The URL of queue `name`, if it exists.
-    pub(crate) async fn url_of(&self, name: &str) -> Result<Option<String>, TransportError> {
+    pub(crate) async fn url_of(&self, name: &str) -> Result<Option<String>, Error> {
         match self.client.get_queue_url().queue_name(name).send().await {
             Ok(out) => Ok(out.queue_url),
             Err(e) if is_missing(&e) => Ok(None),
@@ -95,7 +83,7 @@ impl Queues {
         &self,
         name: &str,
         attributes: Vec<(QueueAttributeName, String)>,
-    ) -> Result<String, TransportError> {
+    ) -> Result<String, Error> {
         let mut req = self.client.create_queue().queue_name(name);
         if name.ends_with(".fifo") {
             req = req.attributes(QueueAttributeName::FifoQueue, "true");
@@ -107,10 +95,10 @@ impl Queues {
             .await
             .map_err(|e| sdk_error(&format!("create queue {name}"), e))?
             .queue_url
-            .ok_or_else(|| TransportError::Config(format!("create queue {name}: no URL returned")))
+            .ok_or_else(|| Error::new(Kind::Other, format!("create queue {name}: no URL returned")))
     }
 
-    async fn arn_of(&self, url: &str) -> Result<String, TransportError> {
+    async fn arn_of(&self, url: &str) -> Result<String, Error> {
         self.client
             .get_queue_attributes()
             .queue_url(url)
@@ -120,7 +108,7 @@ impl Queues {
             .map_err(|e| sdk_error("read a queue ARN", e))?
             .attributes
             .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
-            .ok_or_else(|| TransportError::Config(format!("queue {url} has no ARN")))
+            .ok_or_else(|| Error::new(Kind::Other, format!("queue {url} has no ARN")))
     }
 
     fn redrive(&self, dlq_arn: &str) -> String {
@@ -131,7 +119,7 @@ impl Queues {
     }
 
     /// Creates the DLQ of `topic` if it is missing; returns its URL.
-    pub(crate) async fn ensure_dlq(&self, dlq_name: &str) -> Result<String, TransportError> {
+    pub(crate) async fn ensure_dlq(&self, dlq_name: &str) -> Result<String, Error> {
         match self.url_of(dlq_name).await? {
             Some(url) => Ok(url),
             None => self.create(dlq_name, Vec::new()).await,
@@ -139,7 +127,7 @@ impl Queues {
     }
 
     /// Resolves `topic` (creating it and its DLQ when missing and allowed).
-    pub(crate) async fn resolve(&self, topic: &str) -> Result<QueueInfo, TransportError> {
+    pub(crate) async fn resolve(&self, topic: &str) -> Result<QueueInfo, Error> {
         if let Some(info) = self.cached(topic) {
             return Ok(info);
         }
@@ -156,9 +144,10 @@ impl Queues {
                 .await?
             }
             None => {
-                return Err(TransportError::Config(format!(
-                    "queue {topic} does not exist and creating queues is off"
-                )));
+                return Err(Error::new(
+                    Kind::NotFound,
+                    format!("queue {topic} does not exist and creating queues is off"),
+                ));
             }
         };
         let attributes = self
@@ -208,9 +197,12 @@ impl Queues {
             self.ensure_dlq(&dlq_name).await?
         } else {
             self.url_of(&dlq_name).await?.ok_or_else(|| {
-                TransportError::Config(format!(
-                    "the DLQ {dlq_name} of {topic} does not exist and creating queues is off"
-                ))
+                Error::new(
+                    Kind::NotFound,
+                    format!(
+                        "the DLQ {dlq_name} of {topic} does not exist and creating queues is off"
+                    ),
+                )
             })?
         };
         let info = QueueInfo {
@@ -230,8 +222,8 @@ impl Queues {
 }
 
 /// The DLQ name and `maxReceiveCount` of a `RedrivePolicy` attribute.
-pub(crate) fn parse_redrive(text: &str) -> Result<(String, u32), TransportError> {
-    let bad = || TransportError::Config(format!("unreadable RedrivePolicy {text:?}"));
+pub(crate) fn parse_redrive(text: &str) -> Result<(String, u32), Error> {
+    let bad = || Error::new(Kind::Config, format!("unreadable RedrivePolicy {text:?}"));
     let json: serde_json::Value = serde_json::from_str(text).map_err(|_| bad())?;
     let arn = json["deadLetterTargetArn"].as_str().ok_or_else(bad)?;
     let count = match &json["maxReceiveCount"] {
@@ -254,7 +246,7 @@ pub(crate) fn check_redrive(
     deliveries: Option<u32>,
     longest_delay: Option<Duration>,
     max_visibility: Duration,
-) -> Result<(), TransportError> {
+) -> Result<(), Error> {
     let Some(max) = info.max_receive_count else {
         return Ok(());
     };
@@ -268,11 +260,14 @@ pub(crate) fn check_redrive(
     match deliveries {
         Some(deliveries) if max <= deliveries.saturating_add(hops) => {
             let needed = deliveries.saturating_add(hops);
-            Err(TransportError::Config(format!(
-                "the redrive policy of {topic} moves a message to {} after {max} receives, but the retry policy \
+            Err(Error::new(
+                Kind::Config,
+                format!(
+                    "the redrive policy of {topic} moves a message to {} after {max} receives, but the retry policy \
                  needs up to {needed} deliveries: raise maxReceiveCount above {needed} (leave room for restarts)",
-                info.dlq_name
-            )))
+                    info.dlq_name
+                ),
+            ))
         }
         Some(_) => Ok(()),
         None => {
@@ -292,17 +287,20 @@ pub(crate) fn check_retention(
     topic: &str,
     info: &QueueInfo,
     longest_delay: Option<Duration>,
-) -> Result<(), TransportError> {
+) -> Result<(), Error> {
     let Some(longest) = longest_delay else {
         return Ok(());
     };
     let room = Duration::from_secs(3_600);
     if longest + room > info.retention {
-        return Err(TransportError::Config(format!(
-            "{topic} keeps messages for {:?} (MessageRetentionPeriod), but the retry policy asks for a delay of \
+        return Err(Error::new(
+            Kind::Config,
+            format!(
+                "{topic} keeps messages for {:?} (MessageRetentionPeriod), but the retry policy asks for a delay of \
              {longest:?}: raise the retention above the longest delay plus an hour, or shorten the policy",
-            info.retention
-        )));
+                info.retention
+            ),
+        ));
     }
     Ok(())
 }

@@ -17,25 +17,24 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
+use retry_core::adapter::{Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec};
+use retry_core::error::{Error, Kind};
 use retry_core::event::{Event, RawMessage};
 use retry_core::metadata::{self, Origin, Packing};
 use retry_core::time::Timestamp;
-use retry_core::transport::{
-    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, TransportError,
-};
 use tokio::sync::Mutex;
 use tracing::debug;
 
 use crate::codec;
-use crate::queues::{QueueInfo, sdk_error};
-use crate::shared::{COPY, SendOptions, Shared, group_of, seconds_up};
+use crate::link::{COPY, Link, SendOptions, group_of, sdk_error, seconds_up};
+use crate::queues::QueueInfo;
 
 /// Room left before a visibility window or retention ends, for clocks and requests in flight.
 const MARGIN: Duration = Duration::from_secs(2);
 
 /// A receive running in the background: it goes on while the runtime handles the previous batch, and a
 /// cancelled `next` leaves it to the following call.
-type Receive = tokio::task::JoinHandle<Result<Vec<Received>, TransportError>>;
+type Receive = tokio::task::JoinHandle<Result<Vec<Received>, Error>>;
 
 /// A message and when it was received.
 pub(crate) struct Received {
@@ -45,7 +44,7 @@ pub(crate) struct Received {
 
 /// One consumer of a queue.
 pub(crate) struct SqsSubscription {
-    shared: Arc<Shared>,
+    link: Arc<Link>,
     spec: SubscriptionSpec,
     queue: QueueInfo,
     buffer: VecDeque<Received>,
@@ -54,9 +53,9 @@ pub(crate) struct SqsSubscription {
 }
 
 impl SqsSubscription {
-    pub(crate) fn new(shared: Arc<Shared>, spec: SubscriptionSpec, queue: QueueInfo) -> Self {
+    pub(crate) fn new(link: Arc<Link>, spec: SubscriptionSpec, queue: QueueInfo) -> Self {
         Self {
-            shared,
+            link,
             spec,
             queue,
             buffer: VecDeque::new(),
@@ -66,8 +65,8 @@ impl SqsSubscription {
     }
 
     fn receive(&self) -> Receive {
-        let client = self.shared.queues.client.clone();
-        let config = &self.shared.queues.config;
+        let client = self.link.queues.client.clone();
+        let config = &self.link.queues.config;
         let url = self.queue.url.clone();
         let batch = i32::try_from(self.spec.max_in_flight.clamp(1, 10)).unwrap_or(10);
         let visibility = seconds_up(config.visibility);
@@ -100,7 +99,7 @@ impl SqsSubscription {
 /// The parts of a subscription a delivery is built from (borrowed apart from the pending receive, which
 /// is not `Sync`).
 struct Parts<'a> {
-    shared: &'a Arc<Shared>,
+    link: &'a Arc<Link>,
     spec: &'a SubscriptionSpec,
     queue: &'a QueueInfo,
 }
@@ -118,12 +117,12 @@ impl Parts<'_> {
         }
         let remaining = due
             .since(now)
-            .min(self.shared.queues.config.max_visibility - MARGIN);
+            .min(self.link.queues.config.max_visibility - MARGIN);
         let Some(handle) = m.receipt_handle() else {
             return false;
         };
         let hidden = self
-            .shared
+            .link
             .queues
             .client
             .change_message_visibility()
@@ -159,14 +158,14 @@ impl Parts<'_> {
             .and_then(|a| a.get(&MessageSystemAttributeName::SentTimestamp))
             .and_then(|s| s.parse::<u64>().ok())
             .map(Timestamp::from_millis);
-        if !copy && let Some(meta) = self.shared.recall(&message_id) {
+        if !copy && let Some(meta) = self.link.recall(&message_id) {
             let (_, foreign, _) = metadata::decode_lenient(&raw.headers);
             raw.headers = metadata::encode_with(&meta, &foreign, Packing::Single);
         }
         // A copy counts in its metadata; the original's receive count includes every earlier delivery.
         let broker_count = (!copy).then(|| receive_count.unwrap_or(1).saturating_sub(1));
         let receipt = SqsReceipt::new(
-            self.shared.clone(),
+            self.link.clone(),
             self.spec.topic.clone(),
             self.queue.clone(),
             m.receipt_handle().unwrap_or_default().to_string(),
@@ -177,15 +176,19 @@ impl Parts<'_> {
         );
         Some(Delivery {
             message: raw,
-            info: DeliveryInfo {
-                message_id,
-                origin: Origin {
-                    topic: self.spec.topic.clone(),
-                    partition: None,
-                    offset: None,
-                },
-                broker_attempts: broker_count,
-                broker_retries: broker_count,
+            info: {
+                let info = DeliveryInfo::new(
+                    message_id,
+                    Origin {
+                        topic: self.spec.topic.clone(),
+                        partition: None,
+                        offset: None,
+                    },
+                );
+                match broker_count {
+                    Some(n) => info.with_broker_counts(n, n),
+                    None => info,
+                }
             },
             receipt: Box::new(receipt),
         })
@@ -198,7 +201,7 @@ impl SqsSubscription {
         for r in self.buffer.drain(..) {
             if let Some(handle) = r.message.receipt_handle() {
                 let _ = self
-                    .shared
+                    .link
                     .queues
                     .client
                     .change_message_visibility()
@@ -214,8 +217,8 @@ impl SqsSubscription {
 
 #[async_trait]
 impl Subscription for SqsSubscription {
-    async fn next(&mut self) -> Result<Option<Delivery>, TransportError> {
-        let visibility = self.shared.queues.config.visibility;
+    async fn next(&mut self) -> Result<Option<Delivery>, Error> {
+        let visibility = self.link.queues.config.visibility;
         let fresh_for = visibility.saturating_sub(MARGIN.min(visibility / 2));
         loop {
             if let Some(r) = self.buffer.pop_front() {
@@ -228,7 +231,7 @@ impl Subscription for SqsSubscription {
                     self.pending = Some(self.receive());
                 }
                 let parts = Parts {
-                    shared: &self.shared,
+                    link: &self.link,
                     spec: &self.spec,
                     queue: &self.queue,
                 };
@@ -249,13 +252,13 @@ impl Subscription for SqsSubscription {
             let result = pending.await;
             self.pending = None;
             let received = result.map_err(|e| {
-                TransportError::Connection(format!("the receive task failed: {e}"))
+                Error::from_source(Kind::Other, e).with_operation("receive (the task failed)")
             })??;
             self.buffer.extend(received);
         }
     }
 
-    async fn pause(&mut self) -> Result<(), TransportError> {
+    async fn pause(&mut self) -> Result<(), Error> {
         self.paused = true;
         // A receive in flight ends within the long-poll wait; what it brings goes back too.
         if let Some(pending) = self.pending.take()
@@ -267,12 +270,12 @@ impl Subscription for SqsSubscription {
         Ok(())
     }
 
-    async fn resume(&mut self) -> Result<(), TransportError> {
+    async fn resume(&mut self) -> Result<(), Error> {
         self.paused = false;
         Ok(())
     }
 
-    async fn close(mut self: Box<Self>) -> Result<(), TransportError> {
+    async fn close(mut self: Box<Self>) -> Result<(), Error> {
         if let Some(pending) = self.pending.take()
             && let Ok(Ok(received)) = pending.await
         {
@@ -296,7 +299,7 @@ impl Drop for SqsSubscription {
         if pending.is_none() && buffered.is_empty() {
             return;
         }
-        let (client, url) = (self.shared.queues.client.clone(), self.queue.url.clone());
+        let (client, url) = (self.link.queues.client.clone(), self.queue.url.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 let mut handles = buffered;
@@ -325,7 +328,7 @@ impl Drop for SqsSubscription {
 
 /// Settles one received message. Dropping it unsettled makes the message visible again at once.
 struct SqsReceipt {
-    shared: Arc<Shared>,
+    link: Arc<Link>,
     topic: String,
     queue: QueueInfo,
     handle: String,
@@ -341,7 +344,7 @@ struct SqsReceipt {
 impl SqsReceipt {
     #[allow(clippy::too_many_arguments)]
     fn new(
-        shared: Arc<Shared>,
+        link: Arc<Link>,
         topic: String,
         queue: QueueInfo,
         handle: String,
@@ -351,11 +354,11 @@ impl SqsReceipt {
         sent_at: Option<Timestamp>,
     ) -> Self {
         let settled = Arc::new(Mutex::new(false));
-        let visibility = shared.queues.config.visibility;
-        let max_visibility = shared.queues.config.max_visibility;
+        let visibility = link.queues.config.visibility;
+        let max_visibility = link.queues.config.max_visibility;
         let beat = {
-            let (shared, url, handle, settled) = (
-                shared.clone(),
+            let (link, url, handle, settled) = (
+                link.clone(),
                 queue.url.clone(),
                 handle.clone(),
                 settled.clone(),
@@ -373,7 +376,7 @@ impl SqsReceipt {
                     if *guard || left.is_zero() {
                         return;
                     }
-                    let _ = shared
+                    let _ = link
                         .queues
                         .client
                         .change_message_visibility()
@@ -386,7 +389,7 @@ impl SqsReceipt {
             })
         };
         Self {
-            shared,
+            link,
             topic,
             queue,
             handle,
@@ -400,17 +403,17 @@ impl SqsReceipt {
     }
 
     /// Marks the receipt settling (stops the heartbeat); an error if it already was.
-    async fn settle(&self) -> Result<tokio::sync::OwnedMutexGuard<bool>, TransportError> {
+    async fn settle(&self) -> Result<tokio::sync::OwnedMutexGuard<bool>, Error> {
         let guard = self.settled.clone().lock_owned().await;
         if *guard {
-            return Err(TransportError::AlreadySettled);
+            return Err(Error::already_settled());
         }
         self.heartbeat.abort();
         Ok(guard)
     }
 
-    async fn change_visibility(&self, d: Duration, operation: &str) -> Result<(), TransportError> {
-        self.shared
+    async fn change_visibility(&self, d: Duration, operation: &str) -> Result<(), Error> {
+        self.link
             .queues
             .client
             .change_message_visibility()
@@ -420,14 +423,11 @@ impl SqsReceipt {
             .send()
             .await
             .map(drop)
-            .map_err(|e| TransportError::Rejected {
-                operation: operation.to_string(),
-                reason: sdk_error("change visibility", e).to_string(),
-            })
+            .map_err(|e| sdk_error(operation, e))
     }
 
-    async fn delete(&self) -> Result<(), TransportError> {
-        self.shared
+    async fn delete(&self) -> Result<(), Error> {
+        self.link
             .queues
             .client
             .delete_message()
@@ -442,7 +442,7 @@ impl SqsReceipt {
     /// Whether a visibility retry of `delay` ends inside the receive's visibility window and the
     /// queue's retention; otherwise it must be carried by a copy.
     fn fits_visibility(&self, delay: Duration) -> bool {
-        let config = &self.shared.queues.config;
+        let config = &self.link.queues.config;
         let window_ends = self.received_at.elapsed() + delay + MARGIN <= config.max_visibility;
         let age = self
             .sent_at
@@ -454,37 +454,38 @@ impl SqsReceipt {
 
 #[async_trait]
 impl Receipt for SqsReceipt {
-    async fn ack(&mut self) -> Result<(), TransportError> {
+    async fn ack(&mut self) -> Result<(), Error> {
         let mut settled = self.settle().await?;
         self.delete().await?;
         *settled = true;
         Ok(())
     }
 
-    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), TransportError> {
+    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
         let mut settled = self.settle().await?;
         let operation = format!("retry of {} on {}", self.message_id, self.topic);
         if !self.copy && self.fits_visibility(delay) {
             let until = Instant::now()
                 + delay
-                + self.shared.queues.config.visibility
+                + self.link.queues.config.visibility
                 + Duration::from_secs(60);
-            self.shared
-                .remember(&self.message_id, event.meta.clone(), until);
+            self.link
+                .remember(&self.message_id, event.metadata().clone(), until);
             if let Err(e) = self.change_visibility(delay, &operation).await {
-                self.shared.forget(&self.message_id);
+                self.link.forget(&self.message_id);
                 return Err(e);
             }
         } else if self.queue.fifo {
-            return Err(TransportError::Rejected {
-                operation,
-                reason: format!(
+            return Err(Error::new(
+                Kind::Unsupported,
+                format!(
                     "a FIFO queue cannot carry a delay of {delay:?} beyond the visibility window (no per-message delay)"
                 ),
-            });
+            )
+            .with_operation(operation));
         } else {
             let out = codec::encode(event)?;
-            self.shared
+            self.link
                 .send(
                     &self.queue,
                     &self.queue.url,
@@ -496,19 +497,20 @@ impl Receipt for SqsReceipt {
                     },
                     &operation,
                 )
-                .await?;
+                .await
+                .map(drop)?;
             self.delete().await?;
         }
         *settled = true;
         Ok(())
     }
 
-    async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         let mut settled = self.settle().await?;
         let operation = format!("dead-letter to {}", self.queue.dlq_name);
         let out = codec::encode(event)?;
         let group = group_of(event.key.as_deref());
-        self.shared
+        self.link
             .send(
                 &self.queue,
                 &self.queue.dlq_url,
@@ -519,16 +521,17 @@ impl Receipt for SqsReceipt {
                 },
                 &operation,
             )
-            .await?;
+            .await
+            .map(drop)?;
         self.delete().await?;
         *settled = true;
         Ok(())
     }
 
-    async fn release(&mut self, after: Duration) -> Result<(), TransportError> {
+    async fn release(&mut self, after: Duration) -> Result<(), Error> {
         let mut settled = self.settle().await?;
         let after = after.min(
-            self.shared
+            self.link
                 .queues
                 .config
                 .max_visibility
@@ -539,12 +542,12 @@ impl Receipt for SqsReceipt {
         Ok(())
     }
 
-    async fn keep_alive(&mut self, for_at_least: Duration) -> Result<(), TransportError> {
+    async fn keep_alive(&mut self, for_at_least: Duration) -> Result<(), Error> {
         let guard = self.settled.lock().await;
         if *guard {
-            return Err(TransportError::AlreadySettled);
+            return Err(Error::already_settled());
         }
-        let config = &self.shared.queues.config;
+        let config = &self.link.queues.config;
         let left = config
             .max_visibility
             .saturating_sub(self.received_at.elapsed() + MARGIN);
@@ -558,7 +561,7 @@ impl Drop for SqsReceipt {
         self.heartbeat.abort();
         let settled = self.settled.clone();
         let (client, url, handle) = (
-            self.shared.queues.client.clone(),
+            self.link.queues.client.clone(),
             self.queue.url.clone(),
             self.handle.clone(),
         );

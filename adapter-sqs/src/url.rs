@@ -1,6 +1,7 @@
 //! From a URL to an SQS client: endpoint, region and credentials.
 //!
-//! * `sqs://` — AWS's own endpoint for the region in `?region=`, `AWS_REGION` or `AWS_DEFAULT_REGION`;
+//! * `sqs://` — AWS's own endpoint for the region in the `region` option (`?region=`), `AWS_REGION` or
+//!   `AWS_DEFAULT_REGION`;
 //! * `sqs://host:port`, `http://host:port` — an SQS-compatible endpoint (plain HTTP on loopback, HTTPS
 //!   elsewhere with `sqs://`);
 //! * `https://sqs.<region>.amazonaws.com/<account>/<queue>` — a queue URL: its endpoint and region.
@@ -12,7 +13,7 @@
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
-use retry_core::transport::TransportError;
+use retry_core::error::{Error, Kind};
 
 /// What a URL says.
 #[derive(Debug, PartialEq, Eq)]
@@ -23,7 +24,7 @@ pub(crate) struct Target {
     pub(crate) loopback: bool,
 }
 
-fn percent_decode(s: &str) -> Result<String, TransportError> {
+fn percent_decode(s: &str) -> Result<String, Error> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -32,7 +33,9 @@ fn percent_decode(s: &str) -> Result<String, TransportError> {
             let hex = s
                 .get(i + 1..i + 3)
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| TransportError::Config(format!("bad percent-encoding in {s:?}")))?;
+                .ok_or_else(|| {
+                    Error::new(Kind::Config, format!("bad percent-encoding in {s:?}"))
+                })?;
             out.push(hex);
             i += 3;
         } else {
@@ -41,11 +44,11 @@ fn percent_decode(s: &str) -> Result<String, TransportError> {
         }
     }
     String::from_utf8(out)
-        .map_err(|_| TransportError::Config("credentials are not UTF-8".to_string()))
+        .map_err(|_| Error::new(Kind::Config, "credentials are not UTF-8".to_string()))
 }
 
-pub(crate) fn parse(url: &str) -> Result<Target, TransportError> {
-    let bad = |why: &str| TransportError::Config(format!("SQS URL {url:?}: {why}"));
+pub(crate) fn parse(url: &str) -> Result<Target, Error> {
+    let bad = |why: &str| Error::new(Kind::Config, format!("SQS URL {url:?}: {why}"));
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| bad("expected scheme://"))?;
@@ -103,19 +106,19 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-/// A client for `url`.
-pub(crate) fn client_for(url: &str) -> Result<Client, TransportError> {
+/// A client for `url`; `region` (the `region` option) overrides the URL's and the environment's.
+pub(crate) fn client_for(url: &str, region: Option<String>) -> Result<Client, Error> {
     let target = parse(url)?;
-    let region = target
-        .region
-        .clone()
+    let region = region
+        .or_else(|| target.region.clone())
         .or_else(|| env("AWS_REGION"))
         .or_else(|| env("AWS_DEFAULT_REGION"))
         .or_else(|| target.loopback.then(|| "us-east-1".to_string()))
         .ok_or_else(|| {
-            TransportError::Config(format!(
-                "SQS URL {url:?}: no region (add ?region= or set AWS_REGION)"
-            ))
+            Error::new(
+                Kind::Config,
+                format!("SQS URL {url:?}: no region (add ?region= or set AWS_REGION)"),
+            )
         })?;
     let credentials = match (
         &target.user,
@@ -130,10 +133,13 @@ pub(crate) fn client_for(url: &str) -> Result<Client, TransportError> {
             Credentials::new("local", "local", None, None, "loopback")
         }
         _ => {
-            return Err(TransportError::Config(format!(
-                "SQS URL {url:?}: no credentials (key:secret@ in the URL, AWS_ACCESS_KEY_ID and \
+            return Err(Error::new(
+                Kind::Config,
+                format!(
+                    "SQS URL {url:?}: no credentials (key:secret@ in the URL, AWS_ACCESS_KEY_ID and \
                  AWS_SECRET_ACCESS_KEY, or a client from aws-config through SqsTransport::from_client)"
-            )));
+                ),
+            ));
         }
     };
     let mut builder = aws_sdk_sqs::Config::builder()

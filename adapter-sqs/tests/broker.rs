@@ -18,12 +18,13 @@ use std::time::{Duration, Instant};
 
 use event_retry_sqs::{SqsConfig, SqsTransport};
 use libtest_mimic::Arguments;
+use retry_core::adapter::{Admin, Transport};
+use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::dlq::DlqFilter;
 use retry_core::event::Event;
 use retry_core::policy::RetryPolicy;
-use retry_core::runtime::{Consumer, ConsumerHandle, Context, handler_fn};
-use retry_core::transport::Transport;
+use retry_core::runtime::{ConsumerHandle, Context, handler_fn};
 use test_support::broker::Test;
 
 type Calls = Arc<Mutex<HashMap<String, Vec<Instant>>>>;
@@ -85,7 +86,8 @@ async fn start(
     policy: &str,
     handler: impl retry_core::runtime::Handler,
 ) -> Result<ConsumerHandle, String> {
-    Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, topic)
+    Broker::new(transport.clone())
+        .consumer(topic)
         .policy(RetryPolicy::parse(policy).map_err(|e| e.to_string())?)
         .build()
         .map_err(|e| e.to_string())?
@@ -125,7 +127,8 @@ fn long_delay_is_carried_not_capped(url: String) -> Result<(), String> {
         let handler = recording(calls.clone(), |_, n| {
             (n == 1).then(|| HandlerError::deferred("later"))
         });
-        let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
             .policy(RetryPolicy::parse("7s x1").map_err(|e| e.to_string())?)
             .build()
             .map_err(|e| e.to_string())?;
@@ -171,10 +174,7 @@ fn long_delay_is_carried_not_capped(url: String) -> Result<(), String> {
             return Err(format!("{stats:?}"));
         }
         consumer.shutdown().await.map_err(|e| e.to_string())?;
-        transport
-            .delete_topic(&topic)
-            .await
-            .map_err(|e| e.to_string())
+        transport.delete(&topic).await.map_err(|e| e.to_string())
     })
 }
 
@@ -230,10 +230,7 @@ fn a_long_handler_keeps_its_message_hidden(url: String) -> Result<(), String> {
         }
         a.shutdown().await.map_err(|e| e.to_string())?;
         b.shutdown().await.map_err(|e| e.to_string())?;
-        transport
-            .delete_topic(&topic)
-            .await
-            .map_err(|e| e.to_string())
+        transport.delete(&topic).await.map_err(|e| e.to_string())
     })
 }
 
@@ -247,7 +244,10 @@ fn redrive_below_the_policy_is_refused(url: String) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?;
         let topic = format!("redrive-{}", uuid::Uuid::new_v4().simple());
-        transport.declare(&topic).await.map_err(|e| e.to_string())?;
+        transport
+            .declare(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?;
         let calls: Calls = Arc::default();
         let refused = start(
             &transport,
@@ -266,10 +266,7 @@ fn redrive_below_the_policy_is_refused(url: String) -> Result<(), String> {
         };
         let fine = start(&transport, &topic, "1s x1", recording(calls, |_, _| None)).await?;
         fine.shutdown().await.map_err(|e| e.to_string())?;
-        transport
-            .delete_topic(&topic)
-            .await
-            .map_err(|e| e.to_string())?;
+        transport.delete(&topic).await.map_err(|e| e.to_string())?;
         result
     })
 }
@@ -280,11 +277,15 @@ fn fifo_queue_retries_and_dead_letters(url: String) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?;
         let topic = format!("fifo-{}.fifo", uuid::Uuid::new_v4().simple());
-        transport.declare(&topic).await.map_err(|e| e.to_string())?;
-        let dlq = transport
-            .dlq_name(&topic)
+        transport
+            .declare(&topic, None)
             .await
             .map_err(|e| e.to_string())?;
+        let dlq = transport
+            .names(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?
+            .dlq;
         if !dlq.ends_with("-dlq.fifo") {
             return Err(format!("FIFO DLQ named {dlq}"));
         }
@@ -305,7 +306,7 @@ fn fifo_queue_retries_and_dead_letters(url: String) -> Result<(), String> {
             consumer.stats().succeeded >= 2
         })
         .await?;
-        let dead = transport
+        let dead = Broker::new(transport.clone())
             .dead_letters()
             .list(&topic, &DlqFilter::all())
             .await
@@ -330,9 +331,6 @@ fn fifo_queue_retries_and_dead_letters(url: String) -> Result<(), String> {
             ));
         }
         consumer.shutdown().await.map_err(|e| e.to_string())?;
-        transport
-            .delete_topic(&topic)
-            .await
-            .map_err(|e| e.to_string())
+        transport.delete(&topic).await.map_err(|e| e.to_string())
     })
 }
