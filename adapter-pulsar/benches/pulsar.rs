@@ -21,6 +21,7 @@ use event_retry_pulsar::{PulsarConfig, PulsarTransport};
 use futures::StreamExt;
 use pulsar::consumer::InitialPosition;
 use pulsar::{Consumer, ConsumerOptions, Pulsar, SubType, TokioExecutor};
+use retry_core::broker::Broker;
 use test_support::bench::{self, Error, Throughput, work};
 
 const MESSAGES: usize = 20_000;
@@ -48,7 +49,7 @@ async fn prefill(
         .build()
         .await?;
     sub.close().await?;
-    bench::publish_all(transport, topic, MESSAGES, 256).await
+    bench::publish_all(&Broker::new(transport.clone()), topic, MESSAGES, 256).await
 }
 
 async fn raw_run(
@@ -106,7 +107,7 @@ async fn sdk_run(
     topic: &str,
 ) -> Result<f64, Error> {
     prefill(transport, client, topic, &format!("{topic}-consumers")).await?;
-    bench::sdk_round(Arc::new(transport.clone()), topic, MESSAGES, PREFETCH).await
+    bench::sdk_round(&Broker::new(transport.clone()), topic, MESSAGES, PREFETCH).await
 }
 
 async fn throughput(url: &str, transport: &PulsarTransport) -> Result<(), Error> {
@@ -144,7 +145,7 @@ async fn run(url: &str) -> Result<(), Error> {
             transport.config().tick
         );
         bench::lateness(
-            Arc::new(transport),
+            &Broker::new(transport),
             &topic,
             RETRIES,
             Duration::from_secs(150),

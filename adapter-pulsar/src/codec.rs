@@ -14,9 +14,10 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use pulsar::producer;
 use pulsar::proto::MessageMetadata;
-use retry_core::event::{Headers, RawMessage};
+use retry_core::error::{Error, Kind};
+use retry_core::event::RawMessage;
+use retry_core::headers::Headers;
 use retry_core::metadata;
-use retry_core::transport::TransportError;
 
 /// The property naming the headers sent as base64.
 pub(crate) const BINARY: &str = "x-retry-binary";
@@ -28,14 +29,15 @@ pub(crate) const GROUP: &str = "x-retry-group";
 pub(crate) fn encode(
     raw: &RawMessage,
     deliver_at: Option<i64>,
-) -> Result<producer::Message, TransportError> {
+) -> Result<producer::Message, Error> {
     let mut properties = HashMap::with_capacity(raw.headers.len() + 1);
     let mut binary = Vec::new();
     for (name, value) in raw.headers.iter() {
         if name == BINARY || name.contains('\n') {
-            return Err(TransportError::Config(format!(
-                "header name {name:?} cannot be a Pulsar property"
-            )));
+            return Err(Error::new(
+                Kind::InvalidInput,
+                format!("header name {name:?} cannot be a Pulsar property"),
+            ));
         }
         let text = match std::str::from_utf8(value) {
             Ok(text) => text.to_string(),
@@ -49,9 +51,10 @@ pub(crate) fn encode(
         if properties.insert(name.to_string(), text).is_some()
             && !name.starts_with(metadata::PREFIX)
         {
-            return Err(TransportError::Config(format!(
-                "header {name:?} appears twice; Pulsar properties are unique by name"
-            )));
+            return Err(Error::new(
+                Kind::InvalidInput,
+                format!("header {name:?} appears twice; Pulsar properties are unique by name"),
+            ));
         }
     }
     if !binary.is_empty() {

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use retry_core::transport::{BeyondMax, DelayCapability, TransportError};
+use retry_core::adapter::{BeyondMax, DelayCapability};
+use retry_core::error::{Error, Kind};
+use retry_core::options::Options;
 
 /// The adapter's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -42,24 +44,61 @@ impl Default for PulsarConfig {
 }
 
 impl PulsarConfig {
+    /// The settings from text options (URL query parameters or the config file's `[broker]` section),
+    /// starting from the defaults: `namespace`, `retry_suffix`, `dlq_suffix`, `dlq_subscription`, `tick`
+    /// and `max_delay` (durations such as `100ms`), `strict_deliver_at` (true/false). An unknown key is an
+    /// error.
+    pub fn from_options(options: &Options) -> Result<Self, Error> {
+        let mut c = Self::default();
+        let mut read = options.reader("Apache Pulsar");
+        if let Some(v) = read.string("namespace") {
+            c.namespace = v;
+        }
+        if let Some(v) = read.string("retry_suffix") {
+            c.retry_suffix = v;
+        }
+        if let Some(v) = read.string("dlq_suffix") {
+            c.dlq_suffix = v;
+        }
+        if let Some(v) = read.string("dlq_subscription") {
+            c.dlq_subscription = v;
+        }
+        if let Some(v) = read.duration("tick")? {
+            c.tick = v;
+        }
+        if let Some(v) = read.bool("strict_deliver_at")? {
+            c.strict_deliver_at = v;
+        }
+        if let Some(v) = read.duration("max_delay")? {
+            c.max_delay = Some(v);
+        }
+        read.finish()?;
+        c.validate()?;
+        Ok(c)
+    }
+
     /// Checks the settings.
-    pub fn validate(&self) -> Result<(), TransportError> {
+    pub fn validate(&self) -> Result<(), Error> {
         if self.namespace.split('/').count() != 2 || self.namespace.split('/').any(str::is_empty) {
-            return Err(TransportError::Config(format!(
-                "namespace must be tenant/namespace, got {:?}",
-                self.namespace
-            )));
+            return Err(Error::new(
+                Kind::Config,
+                format!(
+                    "namespace must be tenant/namespace, got {:?}",
+                    self.namespace
+                ),
+            ));
         }
         if self.retry_suffix.is_empty()
             || self.dlq_suffix.is_empty()
             || self.retry_suffix == self.dlq_suffix
         {
-            return Err(TransportError::Config(
-                "retry_suffix and dlq_suffix must be non-empty and different".to_string(),
+            return Err(Error::new(
+                Kind::Config,
+                "retry_suffix and dlq_suffix must be non-empty and different",
             ));
         }
         if self.tick.is_zero() {
-            return Err(TransportError::Config("tick must be positive".to_string()));
+            return Err(Error::new(Kind::Config, "tick must be positive"));
         }
         Ok(())
     }
@@ -97,7 +136,7 @@ impl PulsarConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use retry_core::transport::Honour;
+    use retry_core::adapter::Honour;
 
     #[test]
     fn names() {
@@ -118,6 +157,30 @@ mod tests {
             ..PulsarConfig::default()
         };
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn options_set_every_field() {
+        let options = Options::new()
+            .set("namespace", "acme/prod")
+            .set("retry_suffix", "-again")
+            .set("dlq_suffix", "-dead")
+            .set("dlq_subscription", "ops")
+            .set("tick", "1s")
+            .set("strict_deliver_at", "true")
+            .set("max_delay", "10d");
+        let c = PulsarConfig::from_options(&options).unwrap_or_default();
+        assert_eq!(c.dlq_topic("orders"), "persistent://acme/prod/orders-dead");
+        assert_eq!(
+            c.retry_topic("orders", "g"),
+            "persistent://acme/prod/orders-g-again"
+        );
+        assert_eq!(c.dlq_subscription, "ops");
+        assert_eq!(c.tick, Duration::from_secs(1));
+        assert!(c.strict_deliver_at);
+        assert_eq!(c.max_delay, Some(Duration::from_secs(864_000)));
+        let typo = PulsarConfig::from_options(&Options::new().set("tik", "1s"));
+        assert_eq!(typo.err().map(|e| e.kind()), Some(Kind::Config));
     }
 
     #[test]

@@ -14,33 +14,50 @@
 //! # Ok(()) }
 //! ```
 
+mod admin;
 mod codec;
 pub mod config;
 mod dlq;
 mod link;
 mod subscription;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use pulsar::{Pulsar, TokioExecutor};
-use retry_core::dlq::DeadLetterQueue;
-use retry_core::event::Event;
-use retry_core::transport::{
-    Capabilities, Subscription, SubscriptionSpec, Transport, TransportError,
+use retry_core::adapter::{
+    Admin, Capabilities, ConnectFuture, DlqSession, Published, Scheme, Subscription,
+    SubscriptionSpec, Transport,
 };
-use tokio::sync::Mutex;
+use retry_core::error::{Error, Kind};
+use retry_core::event::Event;
+use retry_core::options::Options;
 
 pub use crate::config::PulsarConfig;
-use crate::dlq::PulsarDlq;
+use crate::dlq::DlqConsumers;
 use crate::link::Link;
+
+/// `pulsar://` and `pulsar+ssl://` in `event_retry::connect`; the URL's query parameters are
+/// [`PulsarConfig::from_options`]'s keys.
+pub const SCHEME: Scheme = Scheme {
+    schemes: &["pulsar", "pulsar+ssl"],
+    broker: "Apache Pulsar",
+    connect: connect_url,
+};
+
+fn connect_url(url: String, options: Options) -> ConnectFuture {
+    Box::pin(async move {
+        let config = PulsarConfig::from_options(&options)?;
+        let transport = PulsarTransport::connect_with(&url, config).await?;
+        Ok(Arc::new(transport) as Arc<dyn Transport>)
+    })
+}
 
 /// A Pulsar cluster as an event-retry transport. Cheap to clone; clones share one client.
 #[derive(Clone)]
 pub struct PulsarTransport {
     link: Arc<Link>,
-    dlq: Arc<PulsarDlq>,
+    dlq: Arc<DlqConsumers>,
 }
 
 impl std::fmt::Debug for PulsarTransport {
@@ -53,23 +70,25 @@ impl std::fmt::Debug for PulsarTransport {
 
 impl PulsarTransport {
     /// Connects to `url` (`pulsar://host:6650`, `pulsar+ssl://...`) with the default settings.
-    pub async fn connect(url: &str) -> Result<Self, TransportError> {
+    pub async fn connect(url: &str) -> Result<Self, Error> {
         Self::connect_with(url, PulsarConfig::default()).await
     }
 
     /// Connects with explicit settings.
-    pub async fn connect_with(url: &str, config: PulsarConfig) -> Result<Self, TransportError> {
+    pub async fn connect_with(url: &str, config: PulsarConfig) -> Result<Self, Error> {
         config.validate()?;
         let client: Pulsar<TokioExecutor> = Pulsar::builder(url, TokioExecutor)
             .build()
             .await
-            .map_err(|e| TransportError::Connection(format!("connect to {url}: {e}")))?;
+            .map_err(|e| {
+                Error::from_source(Kind::Connection, e).with_operation(format!(
+                    "connect to {}",
+                    retry_core::options::redact_url(url)
+                ))
+            })?;
         let link = Arc::new(Link::new(client, config));
         Ok(Self {
-            dlq: Arc::new(PulsarDlq {
-                link: link.clone(),
-                consumers: Arc::new(Mutex::new(HashMap::new())),
-            }),
+            dlq: Arc::default(),
             link,
         })
     }
@@ -77,14 +96,6 @@ impl PulsarTransport {
     /// The settings in use.
     pub fn config(&self) -> &PulsarConfig {
         &self.link.config
-    }
-
-    /// Creates `topic`'s DLQ subscription now (it is otherwise made on first use), so dead letters are
-    /// kept from the start.
-    pub async fn declare(&self, topic: &str) -> Result<(), TransportError> {
-        self.link.forget(topic);
-        self.dlq.forget(topic).await;
-        self.link.ensure_topic(topic).await
     }
 }
 
@@ -95,17 +106,15 @@ impl Transport for PulsarTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            delay: self.link.config.delay_capability(),
-            per_key_order: true,
-            blocking_pause: true,
-            replay: true,
-            shared_subscription: true,
-            crash_redelivery: true,
-        }
+        Capabilities::new(self.link.config.delay_capability())
+            .per_key_order(true)
+            .blocking_pause(true)
+            .replay(true)
+            .shared_subscription(true)
+            .crash_redelivery(true)
     }
 
-    async fn publish(&self, topic: &str, event: &Event) -> Result<(), TransportError> {
+    async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
         self.link.ensure_topic(topic).await?;
         let message = codec::encode(&event.to_raw(), None)?;
         self.link
@@ -115,19 +124,24 @@ impl Transport for PulsarTransport {
                 &format!("publish to {topic}"),
             )
             .await
+            .map(|id| Published::accepted().with_message_id(id))
     }
 
-    async fn subscribe(
-        &self,
-        spec: &SubscriptionSpec,
-    ) -> Result<Box<dyn Subscription>, TransportError> {
+    async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
         self.link.ensure_topic(&spec.topic).await?;
         Ok(Box::new(
             subscription::subscribe(self.link.clone(), spec.clone()).await?,
         ))
     }
 
-    fn dead_letters(&self) -> Arc<dyn DeadLetterQueue> {
-        self.dlq.clone()
+    async fn open_dead_letters(
+        &self,
+        source_topic: &str,
+    ) -> Result<Option<Box<dyn DlqSession>>, Error> {
+        dlq::open(self.link.clone(), &self.dlq, source_topic).await
+    }
+
+    fn admin(&self) -> &dyn Admin {
+        self
     }
 }

@@ -9,7 +9,7 @@ use pulsar::consumer::InitialPosition;
 use pulsar::{
     Consumer, ConsumerOptions, Producer, ProducerOptions, Pulsar, SubType, TokioExecutor, producer,
 };
-use retry_core::transport::TransportError;
+use retry_core::error::{Error, Kind};
 use tokio::sync::Mutex;
 
 use crate::config::PulsarConfig;
@@ -27,8 +27,10 @@ pub(crate) struct Link {
     declared: std::sync::Mutex<HashSet<String>>,
 }
 
-pub(crate) fn error(what: &str) -> impl FnOnce(pulsar::Error) -> TransportError + '_ {
-    move |e| TransportError::Connection(format!("{what}: {e}"))
+/// A `map_err` for a client call for `operation`: the client's error as the source of a connection
+/// error (the client reports broker refusals through its connection, so it cannot be told apart here).
+pub(crate) fn error(operation: &str) -> impl FnOnce(pulsar::Error) -> Error + '_ {
+    move |e| Error::from_source(Kind::Connection, e).with_operation(operation.to_string())
 }
 
 impl Link {
@@ -41,7 +43,7 @@ impl Link {
         }
     }
 
-    async fn producer(&self, topic: &str) -> Result<SharedProducer, TransportError> {
+    async fn producer(&self, topic: &str) -> Result<SharedProducer, Error> {
         let mut producers = self.producers.lock().await;
         if let Some(p) = producers.get(topic) {
             return Ok(p.clone());
@@ -67,18 +69,14 @@ impl Link {
         self.producers.lock().await.remove(topic);
     }
 
-    /// Sends `message` to `topic` and waits for the broker's receipt; a failure is an error for `operation`
-    /// (and the producer is made again for the next send).
+    /// Sends `message` to `topic` and waits for the broker's receipt; returns the message's id
+    /// (`ledger:entry`), or an error for `operation` (and the producer is made again for the next send).
     pub(crate) async fn send(
         &self,
         topic: &str,
         message: producer::Message,
         operation: &str,
-    ) -> Result<(), TransportError> {
-        let rejected = |reason: String| TransportError::Rejected {
-            operation: operation.to_string(),
-            reason,
-        };
+    ) -> Result<String, Error> {
         let producer = self.producer(topic).await?;
         let sent = tokio::time::timeout(SEND_TIMEOUT, async {
             let receipt = producer.lock().await.send_non_blocking(message).await?;
@@ -86,20 +84,26 @@ impl Link {
         })
         .await;
         match sent {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(receipt)) => Ok(receipt
+                .message_id
+                .map(|id| format!("{}:{}", id.ledger_id, id.entry_id))
+                .unwrap_or_default()),
             Ok(Err(e)) => {
                 self.forget_producer(topic).await;
-                Err(rejected(e.to_string()))
+                Err(Error::from_source(Kind::Rejected, e).with_operation(operation.to_string()))
             }
             Err(_) => {
                 self.forget_producer(topic).await;
-                Err(rejected(format!("no receipt within {SEND_TIMEOUT:?}")))
+                Err(
+                    Error::new(Kind::Timeout, format!("no receipt within {SEND_TIMEOUT:?}"))
+                        .with_operation(operation.to_string()),
+                )
             }
         }
     }
 
     /// Makes sure `topic`'s DLQ has the subscription DLQ operations read, so dead letters are kept.
-    pub(crate) async fn ensure_topic(&self, topic: &str) -> Result<(), TransportError> {
+    pub(crate) async fn ensure_topic(&self, topic: &str) -> Result<(), Error> {
         if self.lock_declared().contains(topic) {
             return Ok(());
         }
@@ -118,7 +122,7 @@ impl Link {
     pub(crate) async fn dlq_consumer(
         &self,
         topic: &str,
-    ) -> Result<Consumer<Vec<u8>, TokioExecutor>, TransportError> {
+    ) -> Result<Consumer<Vec<u8>, TokioExecutor>, Error> {
         let dlq = self.config.dlq_topic(topic);
         self.client
             .consumer()

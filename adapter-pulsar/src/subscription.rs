@@ -16,12 +16,13 @@ use futures::StreamExt;
 use pulsar::consumer::{InitialPosition, Message};
 use pulsar::proto::MessageIdData;
 use pulsar::{Consumer, ConsumerOptions, SubType, TokioExecutor};
+use retry_core::adapter::{
+    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, Unsettled,
+};
+use retry_core::error::{Error, Kind};
 use retry_core::event::{Event, RawMessage};
 use retry_core::metadata::Origin;
 use retry_core::time::Timestamp;
-use retry_core::transport::{
-    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, TransportError,
-};
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -42,7 +43,7 @@ enum Command {
 pub(crate) async fn subscribe(
     link: Arc<Link>,
     spec: SubscriptionSpec,
-) -> Result<PulsarSubscription, TransportError> {
+) -> Result<PulsarSubscription, Error> {
     let topics = [
         link.config.full_name(&spec.topic),
         link.config.retry_topic(&spec.topic, &spec.group),
@@ -184,23 +185,21 @@ fn id_text(id: &MessageIdData) -> String {
 
 #[async_trait]
 impl Subscription for PulsarSubscription {
-    async fn next(&mut self) -> Result<Option<Delivery>, TransportError> {
+    async fn next(&mut self) -> Result<Option<Delivery>, Error> {
         match self.rx.recv().await {
             Some(Ok(message)) => {
                 let id = message.message_id().clone();
                 let topic = message.topic.clone();
                 let raw = codec::decode(message.payload.data, &message.payload.metadata);
                 Ok(Some(Delivery {
-                    info: DeliveryInfo {
-                        message_id: id_text(&id),
-                        origin: Origin {
+                    info: DeliveryInfo::new(
+                        id_text(&id),
+                        Origin {
                             topic: self.spec.topic.clone(),
                             partition: None,
                             offset: None,
                         },
-                        broker_attempts: None,
-                        broker_retries: None,
-                    },
+                    ),
                     receipt: Box::new(PulsarReceipt {
                         link: self.link.clone(),
                         commands: self.commands.clone(),
@@ -211,21 +210,19 @@ impl Subscription for PulsarSubscription {
                             .retry_topic(&self.spec.topic, &self.spec.group),
                         group: self.spec.group.clone(),
                         message_topic: topic,
-                        id: Some(id),
+                        id: Unsettled::new(id),
                         original: raw.clone(),
                     }),
                     message: raw,
                 }))
             }
-            Some(Err(e)) => Err(TransportError::Connection(format!(
-                "receive from {}: {e}",
-                self.spec.topic
-            ))),
-            None => Err(TransportError::Closed),
+            Some(Err(e)) => Err(Error::from_source(Kind::Connection, e)
+                .with_operation(format!("receive from {}", self.spec.topic))),
+            None => Err(Error::closed()),
         }
     }
 
-    async fn close(self: Box<Self>) -> Result<(), TransportError> {
+    async fn close(self: Box<Self>) -> Result<(), Error> {
         let (done, closed) = tokio::sync::oneshot::channel();
         if self.commands.send(Command::Close(done)).is_err() {
             return Ok(());
@@ -234,10 +231,10 @@ impl Subscription for PulsarSubscription {
             .await
             .map(drop)
             .map_err(|_| {
-                TransportError::Connection(format!(
-                    "closing the consumer of {} timed out",
-                    self.spec.topic
-                ))
+                Error::new(
+                    Kind::Timeout,
+                    format!("closing the consumer of {} timed out", self.spec.topic),
+                )
             })
     }
 }
@@ -252,20 +249,17 @@ struct PulsarReceipt {
     /// The consumer group, recorded on dead letters so a replay goes back to this group only.
     group: String,
     message_topic: String,
-    id: Option<MessageIdData>,
+    id: Unsettled<MessageIdData>,
     original: RawMessage,
 }
 
 impl PulsarReceipt {
-    fn unsettled(&self) -> Result<(), TransportError> {
-        self.id
-            .as_ref()
-            .map(drop)
-            .ok_or(TransportError::AlreadySettled)
+    fn unsettled(&self) -> Result<(), Error> {
+        self.id.get().map(drop)
     }
 
-    fn finish(&mut self, ack: bool) -> Result<(), TransportError> {
-        let id = self.id.take().ok_or(TransportError::AlreadySettled)?;
+    fn finish(&mut self, ack: bool) -> Result<(), Error> {
+        let id = self.id.take()?;
         let topic = self.message_topic.clone();
         let command = if ack {
             Command::Ack(topic, id)
@@ -273,8 +267,9 @@ impl PulsarReceipt {
             Command::Nack(topic, id)
         };
         self.commands.send(command).map_err(|_| {
-            TransportError::Connection(
-                "the consumer is gone; the broker redelivers the message".into(),
+            Error::new(
+                Kind::Closed,
+                "the consumer is gone; the broker redelivers the message",
             )
         })
     }
@@ -297,19 +292,22 @@ impl PulsarReceipt {
         raw: &RawMessage,
         delay: Duration,
         operation: &str,
-    ) -> Result<(), TransportError> {
+    ) -> Result<(), Error> {
         let message = codec::encode(raw, Some(self.deliver_at(delay)))?;
-        self.link.send(&self.retry_topic, message, operation).await
+        self.link
+            .send(&self.retry_topic, message, operation)
+            .await
+            .map(drop)
     }
 }
 
 #[async_trait]
 impl Receipt for PulsarReceipt {
-    async fn ack(&mut self) -> Result<(), TransportError> {
+    async fn ack(&mut self) -> Result<(), Error> {
         self.finish(true)
     }
 
-    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), TransportError> {
+    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
         self.unsettled()?;
         let operation = format!("retry through {}", self.retry_topic);
         self.send_retry_copy(&event.to_raw(), delay, &operation)
@@ -317,7 +315,7 @@ impl Receipt for PulsarReceipt {
         self.finish(true)
     }
 
-    async fn dead_letter(&mut self, event: &Event) -> Result<(), TransportError> {
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         self.unsettled()?;
         let dlq = self.link.config.dlq_topic(&self.source);
         let mut message = codec::encode(&event.to_raw(), None)?;
@@ -330,7 +328,7 @@ impl Receipt for PulsarReceipt {
         self.finish(true)
     }
 
-    async fn release(&mut self, after: Duration) -> Result<(), TransportError> {
+    async fn release(&mut self, after: Duration) -> Result<(), Error> {
         self.unsettled()?;
         if !after.is_zero() {
             let original = self.original.clone();

@@ -14,11 +14,12 @@ use std::time::{Duration, Instant};
 
 use event_retry_pulsar::{PulsarConfig, PulsarTransport};
 use libtest_mimic::Arguments;
+use retry_core::adapter::Transport;
+use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
 use retry_core::policy::RetryPolicy;
-use retry_core::runtime::{Consumer, Context, handler_fn};
-use retry_core::transport::Transport;
+use retry_core::runtime::{Context, handler_fn};
 use test_support::broker::Test;
 use test_support::restart::{Waits, delayed_retries_survive_restart};
 
@@ -78,7 +79,7 @@ fn groups_retry_on_their_own(url: String) -> Result<(), String> {
                     }
                 }
             });
-            let consumer = Consumer::builder(Arc::new(transport.clone()) as Arc<dyn Transport>, &topic)
+            let consumer = Broker::new(transport.clone()).consumer(&topic)
                 .group(group)
                 .policy(RetryPolicy::parse("500ms x2").map_err(|e| e.to_string())?)
                 .build()
@@ -102,7 +103,7 @@ fn groups_retry_on_their_own(url: String) -> Result<(), String> {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let replayed = transport
+        let replayed = Broker::new(transport.clone())
             .dead_letters()
             .replay(&topic, &retry_core::dlq::DlqFilter::all())
             .await
@@ -139,8 +140,15 @@ fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
             scheduled: Duration::from_secs(30),
             after_due: Duration::from_secs(120),
         };
-        delayed_retries_survive_restart(Arc::new(transport), "pulsar", &topic, EVENTS, DELAY, waits)
-            .await
-            .map(drop)
+        delayed_retries_survive_restart(
+            &Broker::new(transport),
+            "pulsar",
+            &topic,
+            EVENTS,
+            DELAY,
+            waits,
+        )
+        .await
+        .map(drop)
     })
 }
