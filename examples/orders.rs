@@ -1,31 +1,41 @@
 //! One order service, any broker: the broker is a URL, the handler never changes.
 //!
 //! ```text
-//! cargo run --example orders                      # memory://orders-demo (in-process)
+//! cargo run --example orders                      # memory://orders-demo (in-process), 10 orders
 //! cargo run --example orders -- memory://demo 12  # another URL, 12 orders
 //! cargo run --example orders --features kafka -- kafka://127.0.0.1:19092
+//! cargo run --example orders --features kafka -- kafka://127.0.0.1:19092 serve   # until SIGTERM/ctrl-c
 //! ```
 //!
 //! Each broker adapter adds its scheme to `event_retry::connect` behind its cargo feature; without the
 //! feature, the URL is refused with an error that names it. Moving the service from one broker to another
-//! is a change of URL (and feature), not of handler code: that is the migration story in code.
+//! is a change of URL (and feature), not of handler code. Adapter settings go in the URL's query
+//! (`kafka://host:9092?granularity=100ms`) or in the config file's `[broker]` section.
+//!
+//! With a count, the example publishes that many orders, waits until each is acknowledged or
+//! dead-lettered, drains and prints the DLQ. With `serve`, it runs as a service would: one [`App`] with
+//! the orders consumer, stopped gracefully on SIGTERM or ctrl-c.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use event_retry::prelude::*;
 
+#[derive(Debug, serde::Deserialize)]
+struct Order {
+    id: u64,
+    quantity: i64,
+}
+
 /// The business logic: knows nothing about brokers.
-async fn handle_order(event: Event, ctx: Context) -> Result<(), HandlerError> {
-    let order: serde_json::Value = decode_json(&event)?;
-    let quantity = order["quantity"].as_i64().unwrap_or(0);
-    if quantity <= 0 {
+async fn handle_order(order: Order, ctx: Context) -> Result<(), HandlerError> {
+    if order.quantity <= 0 {
         return Err(HandlerError::non_retryable(format!(
-            "order {} has quantity {quantity}",
-            order["id"]
+            "order {} has quantity {}",
+            order.id, order.quantity
         )));
     }
     // Every fifth order finds its stock not replicated yet on the first try.
-    if order["id"].as_u64().unwrap_or(0).is_multiple_of(5) && ctx.attempt == 1 {
+    if order.id.is_multiple_of(5) && ctx.attempt == 1 {
         return Err(HandlerError::deferred("stock not replicated yet"));
     }
     Ok(())
@@ -47,39 +57,47 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let url = args
         .next()
         .unwrap_or_else(|| "memory://orders-demo".to_string());
-    let count: u64 = args.next().map(|n| n.parse()).transpose()?.unwrap_or(10);
+    let mode = args.next().unwrap_or_else(|| "10".to_string());
     let topic = "orders";
 
     let broker = event_retry::connect(&url).await?;
     println!("broker: {url} ({} transport)", broker.name());
-    let consumer = Consumer::builder(broker.clone(), topic)
+    let orders = broker
+        .consumer(topic)
         .name("order-service")
-        .policy(RetryPolicy::parse("500ms x3")?)
-        .build()?;
-    print!("{}", consumer.delay_report());
-    let handle = consumer.start(handler_fn(handle_order)).await?;
+        .policy(RetryPolicy::parse("500ms x3")?);
 
+    if mode == "serve" {
+        println!("serving {topic} until SIGTERM or ctrl-c");
+        App::new()
+            .consumer(orders, json_handler(handle_order))
+            .run_until(event_retry::shutdown_signal())
+            .await?;
+        println!("stopped");
+        return Ok(());
+    }
+
+    let count: u64 = mode.parse()?;
+    let consumer = orders.build()?;
+    print!("{}", consumer.delay_report());
+    let handle = consumer.start(json_handler(handle_order)).await?;
+
+    let producer = broker.producer();
     for id in 1..=count {
         let quantity = if id == 3 { -1 } else { 1 };
-        let body = serde_json::json!({ "id": id, "quantity": quantity }).to_string();
-        broker
-            .publish(
-                topic,
-                &Event::new(body)
-                    .with_id(format!("order-{id}"))
-                    .with_key(format!("customer-{}", id % 3)),
-            )
-            .await?;
+        let event = Event::json(&serde_json::json!({ "id": id, "quantity": quantity }))?
+            .with_id(format!("order-{id}"))
+            .with_key(format!("customer-{}", id % 3));
+        producer.publish(topic, event).await?;
     }
 
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while handle.stats().succeeded + handle.stats().dead_lettered < count {
-        if Instant::now() > deadline {
-            return Err("orders did not settle within 30 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let stats = handle.stats();
+    // Every order ends acknowledged or dead-lettered: wait for that (bounded), then drain and stop.
+    let stats = tokio::time::timeout(
+        Duration::from_secs(30),
+        handle.wait_until(|s| s.succeeded + s.dead_lettered >= count),
+    )
+    .await
+    .map_err(|_| "orders did not settle within 30 s")?;
     handle.shutdown().await?;
     println!(
         "{} orders: {} succeeded ({} after a retry), {} dead-lettered",
@@ -87,9 +105,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     );
     for entry in broker.dead_letters().list(topic, &DlqFilter::all()).await? {
         println!(
-            "  DLQ {}: {:?}",
+            "  DLQ {}: {}",
             entry.event.id().unwrap_or("?"),
-            entry.event.meta.last_error.as_deref().unwrap_or("")
+            entry.event.metadata().last_error.as_deref().unwrap_or("")
         );
     }
     Ok(())

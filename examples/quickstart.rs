@@ -23,7 +23,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Classify a library error by type: a gateway timeout heals within seconds, so retry it in place.
     let classifier = Classifier::new().on_type::<GatewayTimeout>(ErrorKind::Transient);
-    let consumer = Consumer::builder(broker.clone(), "orders")
+    let consumer = broker
+        .consumer("orders")
         .name("quickstart")
         .policy(RetryPolicy::parse("200ms x2, 400ms")?)
         .in_place(RetryPolicy::parse("50ms x2")?)
@@ -68,6 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }))
         .await?;
 
+    let producer = broker.producer();
     for order in [
         "order-1 book",
         "order-2 lamp",
@@ -75,24 +77,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "order-4 quantity=-1",
         "order-5 chair",
     ] {
-        broker
-            .publish(
-                "orders",
-                &Event::new(order).with_id(order.split(' ').next().unwrap_or(order)),
-            )
+        let id = order.split(' ').next().unwrap_or(order);
+        producer
+            .publish("orders", Event::new(order).with_id(id))
             .await?;
     }
 
-    // Three orders succeed and two are dead-lettered; wait for that (with a safety limit).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while handle.stats().succeeded + handle.stats().dead_lettered < 5 {
-        if Instant::now() > deadline {
-            return Err("the quickstart did not settle within 20 s".into());
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let stats = handle.stats();
+    // Three orders succeed and two are dead-lettered: wait for that (with a safety limit), then stop.
+    let settled = tokio::time::timeout(
+        Duration::from_secs(20),
+        handle.wait_until(|s| s.succeeded + s.dead_lettered >= 5),
+    )
+    .await
+    .map_err(|_| "the quickstart did not settle within 20 s")?;
     handle.shutdown().await?;
+    let stats = settled;
 
     println!(
         "\n{} succeeded ({} after a retry), {} retries scheduled, {} in-place retries, {} dead-lettered",
@@ -108,7 +107,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .list("orders", &DlqFilter::all())
         .await?
     {
-        let m = &entry.event.meta;
+        let m = entry.event.metadata();
         let dead = m
             .dead
             .as_ref()

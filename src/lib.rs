@@ -1,217 +1,316 @@
-#![doc = include_str!("../README.md")]
+//! Event consumers that survive failure, on Kafka, RabbitMQ, Amazon SQS and Apache Pulsar, with one
+//! handler API.
+//!
+//! You write a handler. event-retry delivers each event to it and, when it fails, decides from a retry
+//! policy and an error classification whether to retry in place, retry later through the broker's own
+//! delay mechanism, pause consumption until a dependency heals, or move the event to a dead letter queue
+//! with full diagnostics. Nothing is acknowledged before its retry or DLQ copy is durably accepted.
+//!
+//! # A tour
+//!
+//! **Connect** to a broker by URL; the adapter is a cargo feature (`kafka`, `rabbitmq`, `sqs`, `pulsar`),
+//! and `memory://` is an in-process broker that needs none. Adapter settings come from the URL's query,
+//! from [`Options`], or from the `[broker]` section of the config file, so moving a service between
+//! brokers is configuration only.
+//!
+//! ```
+//! # async fn demo() -> Result<(), event_retry::Error> {
+//! let broker = event_retry::connect("memory://shop").await?;
+//! // e.g. "kafka://127.0.0.1:9092?granularity=100ms", "amqp://app@mq:5672/%2f?queue_type=quorum"
+//! # let _ = broker;
+//! # Ok(()) }
+//! ```
+//!
+//! **Handle** events with an async function. Return an error to have the event retried or
+//! dead-lettered; say which kind of failure it is, or let a [`Classifier`] decide from its type and
+//! message.
+//!
+//! ```
+//! use event_retry::prelude::*;
+//!
+//! #[derive(serde::Deserialize)]
+//! struct Order {
+//!     id: u64,
+//!     quantity: i64,
+//! }
+//!
+//! async fn handle_order(order: Order, ctx: Context) -> Result<(), HandlerError> {
+//!     if order.quantity < 1 {
+//!         // Will fail again: straight to the DLQ.
+//!         return Err(HandlerError::non_retryable(format!("order {} has no quantity", order.id)));
+//!     }
+//!     if ctx.attempt == 1 && order.id % 5 == 0 {
+//!         // Only this event must wait: retried later through the broker.
+//!         return Err(HandlerError::deferred("stock not replicated yet"));
+//!     }
+//!     Ok(())
+//! }
+//! # let _ = json_handler(handle_order);
+//! ```
+//!
+//! **Consume** with a retry policy written in one string (`"5s x3, 30s x2"`, `"exp(1s, 10m, 2, 8)"`);
+//! a policy the broker cannot honour is refused when the consumer is built. **Publish** with a
+//! [`Producer`]: every event gets an id to deduplicate on, and no producer can forge retry metadata.
+//!
+//! ```
+//! use event_retry::prelude::*;
+//! # #[derive(serde::Deserialize)] struct Order { id: u64 }
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let broker = event_retry::connect("memory://tour").await?;
+//! let handle = broker
+//!     .consumer("orders")
+//!     .policy(RetryPolicy::parse("50ms x3")?)
+//!     .concurrency(16)
+//!     .start(json_handler(|order: Order, _ctx: Context| async move {
+//!         println!("order {}", order.id);
+//!         Ok(())
+//!     }))
+//!     .await?;
+//!
+//! broker.producer().publish_json("orders", &serde_json::json!({ "id": 1 })).await?;
+//!
+//! // Wait for the outcome without polling, then drain and stop.
+//! handle.wait_until(|stats| stats.succeeded == 1).await;
+//! handle.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! **Run a service**: several consumers under one [`App`], stopped together on SIGTERM or ctrl-c with a
+//! graceful drain (in-flight handlers finish within a grace period; the rest is released to the broker).
+//!
+//! ```no_run
+//! use event_retry::prelude::*;
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let broker = event_retry::connect("kafka://127.0.0.1:9092").await?;
+//! App::new()
+//!     .consumer(
+//!         broker.consumer("orders").policy(RetryPolicy::parse("5s x3, 1m x5")?),
+//!         handler_fn(|_event: Event, _ctx: Context| async { Ok(()) }),
+//!     )
+//!     .consumer(
+//!         broker.consumer("payments").ordered_by_key(ParkedAfterDead::FollowToDlq),
+//!         handler_fn(|_event: Event, _ctx: Context| async { Ok(()) }),
+//!     )
+//!     .run_until(event_retry::shutdown_signal())
+//!     .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! **Triage the DLQ**: list with filters, show, replay to the origin (payload unedited, attempts
+//! restarted, replay count raised, the entry removed only after the broker confirmed the copy), purge —
+//! the same on every broker. `retryctl dlq` is the same as a command.
+//!
+//! ```
+//! use event_retry::prelude::*;
+//! # async fn demo(broker: Broker) -> Result<(), event_retry::Error> {
+//! let dlq = broker.dead_letters();
+//! for entry in dlq.list("orders", &DlqFilter::all()).await? {
+//!     let meta = entry.event.metadata();
+//!     println!("{}: {:?} after {} attempts", entry.id, meta.last_error, meta.attempts);
+//! }
+//! let report = dlq.replay("orders", &DlqFilter::all()).await?;
+//! println!("replayed {}", report.replayed);
+//! # Ok(()) }
+//! ```
+//!
+//! Policies and classification rules can also come from one TOML file, globally and per topic
+//! ([`config`]); handlers compose with `tower` layers behind the `tower` feature ([`tower`]).
+//!
+//! # Writing an adapter
+//!
+//! The contract a broker adapter implements is [`adapter`]; nothing a service needs lives there.
 #![deny(missing_docs)]
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
-pub use retry_core::{
-    check, classify, config, decide, dlq, event, idempotency, lifecycle, memory, metadata, policy,
-    prelude, runtime, telemetry, time, transport,
+pub use retry_core::adapter::Published;
+pub use retry_core::broker::Broker;
+pub use retry_core::classify::{Classifier, ErrorKind, HandlerError};
+pub use retry_core::config::RetryConfig;
+pub use retry_core::decide::Policies;
+pub use retry_core::dlq::{DeadLetter, DeadLetters, DlqFilter, ReplayReport};
+pub use retry_core::error::Error;
+pub use retry_core::event::Event;
+pub use retry_core::headers::Headers;
+pub use retry_core::idempotency::{IdempotencyStore, InMemoryIdempotencyStore};
+pub use retry_core::options::Options;
+pub use retry_core::policy::RetryPolicy;
+pub use retry_core::producer::Producer;
+pub use retry_core::runtime::{
+    App, AppError, Consumer, ConsumerBuilder, ConsumerError, ConsumerHandle, Context, Handler,
+    ParkedAfterDead, Shutdown, Stats, decode_json, handler_fn, json_handler, shutdown_signal,
 };
+pub use retry_core::{adapter, check, classify, config, error, metadata, policy, telemetry, time};
 
-/// The Apache Kafka adapter (feature `kafka`).
-#[cfg(feature = "kafka")]
-pub use event_retry_kafka as kafka;
-/// The Apache Pulsar adapter (feature `pulsar`).
-#[cfg(feature = "pulsar")]
-pub use event_retry_pulsar as pulsar;
-/// The RabbitMQ adapter (feature `rabbitmq`).
-#[cfg(feature = "rabbitmq")]
-pub use event_retry_rabbitmq as rabbitmq;
-/// The Amazon SQS adapter (feature `sqs`).
-#[cfg(feature = "sqs")]
-pub use event_retry_sqs as sqs;
+/// Handlers as `tower` services, and `tower` layers around a consumer's handler (feature `tower`).
+#[cfg(feature = "tower")]
+pub use retry_core::runtime::tower;
 
-use retry_core::memory::MemoryTransport;
-use retry_core::transport::Transport;
+/// Lets a retry policy drive `backoff::backoff::Backoff` (feature `backoff`; the crate is unmaintained).
+#[cfg(feature = "backoff")]
+pub use retry_core::backoff_compat;
 
-/// Why [`connect`] could not give a transport.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnectError {
-    /// The text is not a URL of the form `scheme://rest`.
-    #[error(
-        "{url:?} is not a broker URL: expected scheme://..., e.g. memory://, kafka://host:9092, amqp://host:5672, sqs://..., pulsar://host:6650"
-    )]
-    InvalidUrl {
-        /// The text given.
-        url: String,
-    },
-    /// The scheme names a broker whose adapter is not compiled into this build.
-    #[error(
-        "{scheme}:// needs the {broker} adapter, which this build does not include: enable the `{feature}` feature of event-retry"
-    )]
-    AdapterMissing {
-        /// The URL scheme.
-        scheme: String,
-        /// The broker.
-        broker: &'static str,
-        /// The cargo feature that provides it.
-        feature: &'static str,
-    },
-    /// The adapter is compiled in, but could not connect (unreachable broker, bad settings).
-    #[error("{broker}: {source}")]
-    Broker {
-        /// The broker.
-        broker: &'static str,
-        /// What went wrong.
-        #[source]
-        source: retry_core::transport::TransportError,
-    },
-    /// The scheme is not one this SDK knows.
-    #[error(
-        "unknown broker URL scheme {scheme:?}: expected memory, kafka, amqp, amqps, sqs, https (an SQS queue URL), pulsar or pulsar+ssl"
-    )]
-    UnknownScheme {
-        /// The URL scheme.
-        scheme: String,
-    },
+/// The names a service needs, in one import.
+pub mod prelude {
+    pub use crate::{
+        App, Broker, Classifier, Consumer, ConsumerHandle, Context, DeadLetter, DeadLetters,
+        DlqFilter, ErrorKind, Event, Handler, HandlerError, Headers, IdempotencyStore,
+        InMemoryIdempotencyStore, ParkedAfterDead, Policies, Producer, RetryConfig, RetryPolicy,
+        decode_json, handler_fn, json_handler,
+    };
 }
 
-/// The broker a URL scheme names, and the feature that compiles its adapter in.
-fn broker_of(scheme: &str) -> Option<(&'static str, &'static str)> {
-    match scheme {
-        "kafka" => Some(("Kafka", "kafka")),
-        "amqp" | "amqps" => Some(("RabbitMQ", "rabbitmq")),
-        "sqs" | "https" => Some(("Amazon SQS", "sqs")),
-        "pulsar" | "pulsar+ssl" => Some(("Apache Pulsar", "pulsar")),
-        _ => None,
-    }
+use retry_core::adapter::Scheme;
+use retry_core::error::Kind;
+use retry_core::options::redact_url;
+
+/// The schemes of the adapters compiled into this build.
+fn compiled_schemes() -> Vec<Scheme> {
+    vec![
+        retry_core::memory::SCHEME,
+        #[cfg(feature = "kafka")]
+        event_retry_kafka::SCHEME,
+        #[cfg(feature = "rabbitmq")]
+        event_retry_rabbitmq::SCHEME,
+        #[cfg(feature = "sqs")]
+        event_retry_sqs::SCHEME,
+        #[cfg(feature = "pulsar")]
+        event_retry_pulsar::SCHEME,
+    ]
 }
 
-/// Connects to the broker a URL names, with the adapter compiled in for its scheme.
+/// Every adapter this SDK has, compiled in or not: its schemes, broker and cargo feature.
+const ADAPTERS: [(&[&str], &str, &str); 4] = [
+    (&["kafka"], "Apache Kafka", "kafka"),
+    (&["amqp", "amqps"], "RabbitMQ", "rabbitmq"),
+    (&["sqs", "https", "http"], "Amazon SQS", "sqs"),
+    (&["pulsar", "pulsar+ssl"], "Apache Pulsar", "pulsar"),
+];
+
+/// Connects to the broker a URL names, with the adapter's default settings (or those in the URL's query).
 ///
 /// * `memory://` — a new in-process broker; `memory://name` — the in-process broker called `name`, shared
 ///   by every `connect` of the same URL in this process (so a producer and a consumer meet).
-/// * `amqp://user:pass@host:port/vhost` (or `amqps://`) — RabbitMQ, with the `rabbitmq` feature and
-///   the adapter's default settings (`event_retry::rabbitmq::RabbitTransport::connect_with` takes others).
-/// * `sqs://` (AWS; region and credentials from the environment), `sqs://key:secret@host:port` or
-///   `http://127.0.0.1:9324` (an SQS-compatible endpoint), or an `https://` SQS queue URL — Amazon SQS,
-///   with the `sqs` feature (`event_retry::sqs::SqsTransport::from_client` takes an aws-config client).
-/// * `pulsar://host:6650` (or `pulsar+ssl://`) — Apache Pulsar, with the `pulsar` feature and the
-///   adapter's default settings (a broker tick of 1 s; `event_retry::pulsar::PulsarTransport::connect_with`
-///   takes others).
-/// * `kafka://host:port[,host:port…]` — Apache Kafka, with the `kafka` feature and the adapter's default
-///   settings (a ladder of 100 ms steps up to 1 day; `event_retry::kafka::KafkaTransport::connect_with`
-///   takes others).
+/// * `kafka://host:port[,host:port…]` — Apache Kafka (feature `kafka`).
+/// * `amqp://user:pass@host:port/vhost` or `amqps://…` — RabbitMQ (feature `rabbitmq`).
+/// * `sqs://` (AWS; region and credentials from the environment), `http://127.0.0.1:9324` (an
+///   SQS-compatible endpoint on this machine) or an `https://` SQS queue URL — Amazon SQS (feature `sqs`).
+/// * `pulsar://host:6650` or `pulsar+ssl://…` — Apache Pulsar (feature `pulsar`).
 ///
-/// Without an adapter's feature, its URLs give an error naming the feature to enable.
-pub async fn connect(url: &str) -> Result<Arc<dyn Transport>, ConnectError> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| ConnectError::InvalidUrl {
-            url: url.to_string(),
-        })?;
+/// Query parameters are the adapter's settings (`kafka://h:9092?granularity=100ms&partitions=4`); each
+/// adapter's README lists them, and an unknown one is an error. Without an adapter's feature, its URLs
+/// give an error of kind [`Unsupported`](error::Kind::Unsupported) naming the feature to enable.
+pub async fn connect(url: &str) -> Result<Broker, Error> {
+    connect_with(url, Options::new()).await
+}
+
+/// Connects like [`connect`], with adapter settings that override those in the URL's query.
+///
+/// ```
+/// # async fn demo() -> Result<(), event_retry::Error> {
+/// use event_retry::Options;
+///
+/// let err = event_retry::connect_with("memory://", Options::new().set("granularty", "1s"))
+///     .await
+///     .unwrap_err();
+/// assert_eq!(err.kind(), event_retry::error::Kind::Config); // a typo is an error, not ignored
+/// # Ok(()) }
+/// ```
+pub async fn connect_with(url: &str, options: Options) -> Result<Broker, Error> {
+    let (scheme, _) = url.split_once("://").ok_or_else(|| {
+        Error::new(
+            Kind::Config,
+            format!(
+                "{:?} is not a broker URL: expected scheme://..., e.g. memory://, kafka://host:9092, \
+                 amqp://host:5672, sqs://..., pulsar://host:6650",
+                redact_url(url)
+            ),
+        )
+    })?;
     let scheme = scheme.to_ascii_lowercase();
-    if scheme == "memory" {
-        return Ok(Arc::new(named_memory(rest)));
+    let (base, mut merged) = Options::split_url(url)?;
+    merged.extend(options);
+    if let Some(entry) = compiled_schemes().into_iter().find(|s| s.serves(&scheme)) {
+        let operation = format!("connect to {} at {}", entry.broker, redact_url(&base));
+        let transport: Arc<dyn retry_core::adapter::Transport> = (entry.connect)(base, merged)
+            .await
+            .map_err(|e| e.with_operation(operation))?;
+        return Ok(Broker::from(transport));
     }
-    #[cfg(feature = "kafka")]
-    if scheme == "kafka" {
-        return connected(
-            "Apache Kafka",
-            event_retry_kafka::KafkaTransport::connect(url).await,
-        );
-    }
-    #[cfg(feature = "rabbitmq")]
-    if scheme == "amqp" || scheme == "amqps" {
-        return connected(
-            "RabbitMQ",
-            event_retry_rabbitmq::RabbitTransport::connect(url).await,
-        );
-    }
-    #[cfg(feature = "sqs")]
-    if scheme == "sqs" || scheme == "https" || (scheme == "http" && is_loopback(rest)) {
-        return connected(
-            "Amazon SQS",
-            event_retry_sqs::SqsTransport::connect(url).await,
-        );
-    }
-    #[cfg(feature = "pulsar")]
-    if scheme == "pulsar" || scheme == "pulsar+ssl" {
-        return connected(
-            "Apache Pulsar",
-            event_retry_pulsar::PulsarTransport::connect(url).await,
-        );
-    }
-    match broker_of(&scheme) {
-        Some((broker, feature)) => Err(ConnectError::AdapterMissing {
-            scheme,
-            broker,
-            feature,
-        }),
-        None => Err(ConnectError::UnknownScheme { scheme }),
+    match ADAPTERS
+        .iter()
+        .find(|(schemes, _, _)| schemes.contains(&scheme.as_str()))
+    {
+        Some((_, broker, feature)) => Err(Error::new(
+            Kind::Unsupported,
+            format!(
+                "{scheme}:// needs the {broker} adapter, which this build does not include: enable the \
+                 `{feature}` feature of event-retry"
+            ),
+        )),
+        None => Err(Error::new(
+            Kind::Config,
+            format!(
+                "unknown broker URL scheme {scheme:?}: expected memory, kafka, amqp, amqps, sqs, https \
+                 (an SQS queue URL), http (a local SQS endpoint), pulsar or pulsar+ssl"
+            ),
+        )),
     }
 }
 
-/// A transport an adapter connected, or its error named after the broker.
-#[cfg(any(
-    feature = "kafka",
-    feature = "rabbitmq",
-    feature = "sqs",
-    feature = "pulsar"
-))]
-fn connected<T: Transport>(
-    broker: &'static str,
-    result: Result<T, retry_core::transport::TransportError>,
-) -> Result<Arc<dyn Transport>, ConnectError> {
-    result
-        .map(|t| Arc::new(t) as Arc<dyn Transport>)
-        .map_err(|source| ConnectError::Broker { broker, source })
-}
-
-/// Whether the authority of `rest` (after `scheme://`) is a loopback host (a local SQS endpoint).
-#[cfg(feature = "sqs")]
-fn is_loopback(rest: &str) -> bool {
-    let authority = rest.split(['/', '?']).next().unwrap_or_default();
-    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let host = host.rsplit_once(':').map_or(host, |(h, _)| h);
-    matches!(host, "127.0.0.1" | "localhost" | "[::1]")
-}
-
-fn named_memory(name: &str) -> MemoryTransport {
-    let name = name.trim_end_matches('/');
-    if name.is_empty() {
-        return MemoryTransport::new();
-    }
-    static BROKERS: OnceLock<Mutex<HashMap<String, MemoryTransport>>> = OnceLock::new();
-    let mut brokers = BROKERS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    brokers.entry(name.to_string()).or_default().clone()
+/// Connects to the broker the config file's `[broker]` section names, with its options.
+///
+/// ```
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = event_retry::RetryConfig::from_toml(
+///     "[default]\npolicy = \"5s x3\"\n\n[broker]\nurl = \"memory://svc\"\n",
+/// )?;
+/// let broker = event_retry::connect_config(&config).await?;
+/// assert_eq!(broker.name(), "memory");
+/// # Ok(()) }
+/// ```
+pub async fn connect_config(config: &RetryConfig) -> Result<Broker, Error> {
+    let section = config.broker.as_ref().ok_or_else(|| {
+        Error::new(
+            Kind::Config,
+            "the config file has no [broker] section (url = \"kafka://…\", options = { … })",
+        )
+    })?;
+    connect_with(&section.url, section.to_options()).await
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use retry_core::event::Event;
 
     #[tokio::test]
     async fn memory_urls_share_by_name() {
         let a = connect("memory://shared").await.unwrap();
         let b = connect("memory://shared").await.unwrap();
-        let lonely = connect("memory://").await.unwrap();
         assert_eq!(a.name(), "memory");
-        a.publish("t", &Event::new("x")).await.unwrap();
-        let spec = retry_core::transport::SubscriptionSpec {
-            topic: "t".into(),
-            group: "g".into(),
-            consumer: "c".into(),
-            ordered: false,
-            max_in_flight: 1,
-            max_deliveries: None,
-            longest_delay: None,
-        };
-        let mut sub = b.subscribe(&spec).await.unwrap();
-        assert!(
-            sub.next().await.unwrap().is_some(),
-            "same name, same broker"
-        );
-        let mut other = lonely.subscribe(&spec).await.unwrap();
-        let nothing =
-            tokio::time::timeout(std::time::Duration::from_millis(50), other.next()).await;
-        assert!(nothing.is_err(), "memory:// alone is a fresh broker");
+        let handle = b
+            .consumer("t")
+            .start(handler_fn(|_e: Event, _c: Context| async { Ok(()) }))
+            .await
+            .unwrap();
+        a.producer().publish("t", Event::new("x")).await.unwrap();
+        let stats = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            handle.wait_until(|s| s.succeeded == 1),
+        )
+        .await
+        .unwrap();
+        assert_eq!(stats.succeeded, 1, "same name, same broker");
+        handle.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn options_reach_the_adapter_and_typos_are_errors() {
+        let err = connect("memory://?unknown=1").await.unwrap_err();
+        assert_eq!(err.kind(), Kind::Config);
+        assert!(err.to_string().contains("unknown"), "{err}");
+        assert!(err.to_string().starts_with("connect to in-memory"), "{err}");
     }
 
     #[tokio::test]
@@ -231,15 +330,17 @@ mod tests {
         ];
         for (url, feature) in cases {
             let err = connect(url).await.err().unwrap();
+            assert_eq!(err.kind(), Kind::Unsupported, "{url}");
             assert!(err.to_string().contains(feature), "{url}: {err}");
         }
-        assert!(matches!(
-            connect("nats://x").await.err().unwrap(),
-            ConnectError::UnknownScheme { .. }
-        ));
-        assert!(matches!(
-            connect("localhost:9092").await.err().unwrap(),
-            ConnectError::InvalidUrl { .. }
-        ));
+        assert_eq!(
+            connect("nats://x").await.err().unwrap().kind(),
+            Kind::Config
+        );
+        let bare = connect("localhost:9092").await.err().unwrap();
+        assert_eq!(bare.kind(), Kind::Config);
+        assert!(bare.to_string().contains("not a broker URL"), "{bare}");
+        let secret = connect("nats://user:hunter2@x").await.err().unwrap();
+        assert!(!secret.to_string().contains("hunter2"), "{secret}");
     }
 }

@@ -9,12 +9,13 @@
 use std::io::Write;
 
 use clap::{Args, Parser, Subcommand};
+use event_retry::adapter::Honour;
 use event_retry::check::DelayReport;
 use event_retry::classify::ErrorKind;
-use event_retry::dlq::{DeadLetter, DlqFilter};
+use event_retry::error::Kind;
 use event_retry::policy::RetryPolicy;
 use event_retry::time::format_duration;
-use event_retry::transport::{Honour, Transport};
+use event_retry::{Broker, DeadLetter, DlqFilter};
 
 /// `retryctl` arguments.
 #[derive(Debug, Parser)]
@@ -134,12 +135,9 @@ pub enum CliError {
     /// The policy did not parse.
     #[error("invalid policy\n{0}")]
     Policy(String),
-    /// The broker URL could not be used.
+    /// The broker URL could not be used, or the broker failed.
     #[error(transparent)]
-    Connect(#[from] event_retry::ConnectError),
-    /// The broker failed.
-    #[error(transparent)]
-    Transport(#[from] event_retry::transport::TransportError),
+    Broker(#[from] event_retry::Error),
     /// The request is incomplete or unsafe.
     #[error("{0}")]
     Usage(String),
@@ -152,8 +150,16 @@ impl CliError {
     /// The process exit code: 2 for bad input, 1 for failures.
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Policy(_) | CliError::Usage(_) | CliError::Connect(_) => 2,
-            CliError::Transport(_) | CliError::Io(_) => 1,
+            CliError::Policy(_) | CliError::Usage(_) => 2,
+            CliError::Broker(e)
+                if matches!(
+                    e.kind(),
+                    Kind::Config | Kind::Unsupported | Kind::InvalidInput
+                ) =>
+            {
+                2
+            }
+            CliError::Broker(_) | CliError::Io(_) => 1,
         }
     }
 }
@@ -166,23 +172,23 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
             broker,
             limit,
         }) => {
-            let transport = match broker {
+            let broker = match broker {
                 Some(url) => Some(event_retry::connect(&url).await?),
                 None => None,
             };
-            explain(&policy, transport.as_deref(), limit, out)
+            explain(&policy, broker.as_ref(), limit, out)
         }
         Command::Dlq(args) => {
-            let transport = event_retry::connect(&args.url).await?;
-            dlq(transport.as_ref(), &args.topic, args.command, out).await
+            let broker = event_retry::connect(&args.url).await?;
+            dlq(&broker, &args.topic, args.command, out).await
         }
     }
 }
 
-/// Writes the schedule table of `policy` (and how `transport` honours each delay).
+/// Writes the schedule table of `policy` (and how `broker` honours each delay).
 pub fn explain(
     policy: &str,
-    transport: Option<&dyn Transport>,
+    broker: Option<&Broker>,
     limit: u32,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
@@ -193,7 +199,7 @@ pub fn explain(
         .map_or("unlimited".to_string(), |n| n.to_string());
     writeln!(out, "policy: {policy}")?;
     writeln!(out, "attempts: {attempts}")?;
-    let capability = transport.map(|t| (t.name(), t.capabilities().delay));
+    let capability = broker.map(|b| (b.name(), b.capabilities().delay));
     let header = capability.map_or(String::new(), |(name, _)| format!("  {name}"));
     writeln!(
         out,
@@ -237,7 +243,7 @@ pub fn explain(
 }
 
 fn describe(entry: &DeadLetter) -> String {
-    let m = &entry.event.meta;
+    let m = entry.event.metadata();
     let dead = m.dead.as_ref();
     format!(
         "{:<12} {:<18} {:<14} attempts={:<3} key={} error={}",
@@ -254,14 +260,14 @@ fn describe(entry: &DeadLetter) -> String {
     )
 }
 
-/// Runs a DLQ command against `transport`.
+/// Runs a DLQ command against `broker`.
 pub async fn dlq(
-    transport: &dyn Transport,
+    broker: &Broker,
     topic: &str,
     command: DlqCommand,
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let queue = transport.dead_letters();
+    let queue = broker.dead_letters();
     match command {
         DlqCommand::List(selection) => {
             let entries = queue.list(topic, &selection.filter()).await?;
@@ -290,7 +296,7 @@ pub async fn dlq(
                 e.payload.len(),
                 String::from_utf8_lossy(&e.payload)
             )?;
-            for (name, value) in event_retry::metadata::encode(&e.meta, &e.headers).iter() {
+            for (name, value) in event_retry::metadata::encode(e.metadata(), &e.headers).iter() {
                 writeln!(out, "header {name}: {}", String::from_utf8_lossy(value))?;
             }
         }
@@ -330,12 +336,7 @@ pub async fn dlq(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use event_retry::dlq::DeadLetterQueue;
-    use event_retry::event::Event;
-    use event_retry::memory::MemoryTransport;
-    use event_retry::metadata::{DeadInfo, DeadReason};
-    use event_retry::time::Timestamp;
-    use event_retry::transport::SubscriptionSpec;
+    use event_retry::{Context, Event, HandlerError, handler_fn};
 
     fn text(f: impl FnOnce(&mut Vec<u8>) -> Result<(), CliError>) -> Result<String, CliError> {
         let mut out = Vec::new();
@@ -365,7 +366,7 @@ mod tests {
 
     #[test]
     fn explain_with_a_broker_shows_how_it_honours_delays() {
-        let memory = MemoryTransport::new();
+        let memory = Broker::memory();
         let out = text(|o| explain("exp(1s, 8s, 2)", Some(&memory), 5, o)).unwrap();
         assert!(
             out.contains("memory") && out.contains("exact") && out.contains("first 5 retries"),
@@ -373,59 +374,60 @@ mod tests {
         );
     }
 
-    async fn dead_letters(t: &MemoryTransport, topic: &str, n: usize) {
-        let spec = SubscriptionSpec {
-            topic: topic.into(),
-            group: "g".into(),
-            consumer: "c".into(),
-            ordered: false,
-            max_in_flight: 1,
-            max_deliveries: None,
-            longest_delay: None,
-        };
-        let mut sub = t.subscribe(&spec).await.unwrap();
-        for i in 0..n {
-            t.publish(
-                topic,
-                &Event::new(format!("p{i}"))
-                    .with_id(format!("e{i}"))
-                    .with_key("k"),
-            )
+    /// Dead-letters `n` events of `topic` through a consumer whose handler refuses them.
+    async fn dead_letters(broker: &Broker, topic: &str, n: usize) {
+        let handle = broker
+            .consumer(topic)
+            .start(handler_fn(|_e: Event, _c: Context| async {
+                Err(HandlerError::non_retryable("boom"))
+            }))
             .await
             .unwrap();
-            let mut d = sub.next().await.unwrap().unwrap();
-            let mut e = Event::from_raw(d.message.clone()).unwrap();
-            e.meta.error_kind = Some(ErrorKind::NonRetryable);
-            e.meta.set_last_error("boom");
-            e.meta.dead = Some(DeadInfo {
-                reason: DeadReason::NonRetryable,
-                at: Timestamp::now(),
-                consumer: "c".into(),
-            });
-            d.receipt.dead_letter(&e).await.unwrap();
+        for i in 0..n {
+            broker
+                .producer()
+                .publish(
+                    topic,
+                    Event::new(format!("p{i}"))
+                        .with_id(format!("e{i}"))
+                        .with_key("k"),
+                )
+                .await
+                .unwrap();
         }
+        handle.wait_until(|s| s.dead_lettered >= n as u64).await;
+        handle.shutdown().await.unwrap();
     }
 
     #[tokio::test]
     async fn dlq_list_show_replay_purge() {
-        let t = MemoryTransport::new();
-        dead_letters(&t, "orders", 3).await;
+        let broker = Broker::memory();
+        dead_letters(&broker, "orders", 3).await;
         let list = |sel| async {
             let mut o = Vec::new();
-            dlq(&t, "orders", DlqCommand::List(sel), &mut o)
+            dlq(&broker, "orders", DlqCommand::List(sel), &mut o)
                 .await
                 .map(|()| String::from_utf8(o).unwrap())
         };
         let out = list(Selection::default()).await.unwrap();
         assert!(out.starts_with("3 dead letters from orders"), "{out}");
-        let id = t.list("orders", &DlqFilter::all()).await.unwrap()[0]
+        let id = broker
+            .dead_letters()
+            .list("orders", &DlqFilter::all())
+            .await
+            .unwrap()[0]
             .id
             .clone();
 
         let mut o = Vec::new();
-        dlq(&t, "orders", DlqCommand::Show { id: id.clone() }, &mut o)
-            .await
-            .unwrap();
+        dlq(
+            &broker,
+            "orders",
+            DlqCommand::Show { id: id.clone() },
+            &mut o,
+        )
+        .await
+        .unwrap();
         let shown = String::from_utf8(o).unwrap();
         assert!(
             shown.contains("x-retry-dead-reason: non_retryable")
@@ -435,7 +437,7 @@ mod tests {
 
         let mut o = Vec::new();
         let refused = dlq(
-            &t,
+            &broker,
             "orders",
             DlqCommand::Replay(Selection::default()),
             &mut o,
@@ -444,7 +446,7 @@ mod tests {
         .unwrap_err();
         assert!(refused.to_string().contains("--all"));
         dlq(
-            &t,
+            &broker,
             "orders",
             DlqCommand::Replay(Selection {
                 ids: vec![id],
@@ -454,7 +456,13 @@ mod tests {
         )
         .await
         .unwrap();
-        assert_eq!(t.pending("orders"), 1, "replayed to the origin");
+        // The replayed event is back in its topic: a subscriber gets it, with the replay count raised.
+        let spec = event_retry::adapter::SubscriptionSpec::new("orders", "g", "c");
+        let mut sub = broker.transport().subscribe(&spec).await.unwrap();
+        let back = sub.next().await.unwrap().unwrap();
+        let event = Event::from_raw(back.message).unwrap();
+        assert_eq!(event.metadata().replay_count, 1, "replayed to the origin");
+        drop(back.receipt);
 
         let purge_all = |yes| DlqCommand::Purge {
             selection: Selection {
@@ -463,20 +471,34 @@ mod tests {
             },
             yes,
         };
-        let unconfirmed = dlq(&t, "orders", purge_all(false), &mut o)
+        let unconfirmed = dlq(&broker, "orders", purge_all(false), &mut o)
             .await
             .unwrap_err();
         assert!(
             unconfirmed.to_string().contains("would remove 2"),
             "{unconfirmed}"
         );
-        dlq(&t, "orders", purge_all(true), &mut o).await.unwrap();
+        dlq(&broker, "orders", purge_all(true), &mut o)
+            .await
+            .unwrap();
         assert!(
             list(Selection::default())
                 .await
                 .unwrap()
                 .starts_with("0 dead letters")
         );
+    }
+
+    #[tokio::test]
+    async fn bad_urls_exit_with_2_and_broker_failures_with_1() {
+        let cli = Cli::try_parse_from([
+            "retryctl", "dlq", "--url", "nats://x", "--topic", "t", "list",
+        ])
+        .unwrap();
+        let err = run(cli, &mut Vec::new()).await.unwrap_err();
+        assert_eq!(err.exit_code(), 2, "{err}");
+        let failed = CliError::Broker(event_retry::Error::new(Kind::Connection, "refused"));
+        assert_eq!(failed.exit_code(), 1);
     }
 
     #[test]
