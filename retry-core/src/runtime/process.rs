@@ -354,11 +354,12 @@ impl Handling<'_> {
             return;
         }
         self.step(Input::Ack);
-        shared.counters.bump(&shared.counters.succeeded);
+        // `succeeded` last: whoever waits on it sees the success complete, its retry count included.
         if self.event.meta.attempts > 0 {
             shared.counters.bump(&shared.counters.succeeded_after_retry);
             telemetry::success_after_retry(&shared.spec.topic);
         }
+        shared.counters.bump(&shared.counters.succeeded);
         if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
             parking.resolved(&key, &self.id, false, Timestamp::now());
         }
