@@ -7,11 +7,13 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::{Adapter, Faults, Fixture};
+use conformance_tests::{Adapter, Faults, Fixture, Inspect};
 use event_retry_kafka::{KafkaConfig, KafkaTransport, bootstrap_of};
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
 use retry_core::broker::Broker;
 use retry_core::error::{Error, Kind, wrap};
 
@@ -57,20 +59,79 @@ impl Faults for DlqSize {
     }
 }
 
+/// Reads a group's committed offsets and the topic's ends with a raw rdkafka consumer.
+struct Offsets {
+    bootstrap: String,
+}
+
+impl Offsets {
+    fn held_blocking(&self, topic: &str, group: &str) -> Result<u64, Error> {
+        let timeout = Duration::from_secs(10);
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(wrap(Kind::Config, "create a raw consumer"))?;
+        let metadata = consumer
+            .fetch_metadata(Some(topic), timeout)
+            .map_err(wrap(Kind::Connection, "read the topic's metadata"))?;
+        let partitions = metadata
+            .topics()
+            .first()
+            .map_or(0, |t| t.partitions().len() as i32);
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..partitions {
+            tpl.add_partition(topic, p);
+        }
+        let committed = consumer
+            .committed_offsets(tpl, timeout)
+            .map_err(wrap(Kind::Connection, "read the committed offsets"))?;
+        let mut held = 0;
+        for p in 0..partitions {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, p, timeout)
+                .map_err(wrap(Kind::Connection, "read the watermarks"))?;
+            let from = match committed.find_partition(topic, p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) => o,
+                _ => low,
+            };
+            held += u64::try_from(high - from).unwrap_or(0);
+        }
+        Ok(held)
+    }
+}
+
+/// The group's uncommitted records of the topic: end offset minus committed offset, per partition.
+#[async_trait]
+impl Inspect for Offsets {
+    async fn held_in_source(&self, topic: &str, group: &str) -> Result<u64, Error> {
+        let (this, topic, group) = (
+            Offsets {
+                bootstrap: self.bootstrap.clone(),
+            },
+            topic.to_string(),
+            group.to_string(),
+        );
+        tokio::task::spawn_blocking(move || this.held_blocking(&topic, &group))
+            .await
+            .map_err(wrap(Kind::Other, "read the offsets"))?
+    }
+}
+
 async fn connect(url: String) -> Result<Fixture, String> {
     let transport = KafkaTransport::connect_with(&url, suite_config())
         .await
         .map_err(|e| e.to_string())?;
+    let bootstrap = bootstrap_of(&url).map_err(|e| e.to_string())?;
     let admin = ClientConfig::new()
-        .set(
-            "bootstrap.servers",
-            bootstrap_of(&url).map_err(|e| e.to_string())?,
-        )
+        .set("bootstrap.servers", &bootstrap)
         .create()
         .map_err(|e| e.to_string())?;
     let broker = Broker::new(transport.clone());
     Ok(Fixture::new("kafka", broker, Duration::from_millis(300))
-        .with_faults(DlqSize { transport, admin }))
+        .with_faults(DlqSize { transport, admin })
+        .with_inspect(Offsets { bootstrap }))
 }
 
 fn main() {

@@ -8,11 +8,11 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::{Adapter, Faults, Fixture};
+use conformance_tests::{Adapter, Faults, Fixture, Inspect};
 use event_retry_pulsar::{PulsarConfig, PulsarTransport};
 use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
-use retry_core::error::{Error, Kind};
+use retry_core::error::{Error, Kind, wrap};
 
 /// Terminates and deletes DLQ topics through the admin REST API.
 struct AdminApi {
@@ -21,8 +21,9 @@ struct AdminApi {
 }
 
 impl AdminApi {
-    /// Calls the admin REST API on the path of `topic` (`persistent/public/default/<topic>`).
-    async fn call(&self, method: &str, topic: &str, action: &str) -> Result<(), Error> {
+    /// Calls the admin REST API on the path of `topic` (`persistent/public/default/<topic>`); returns the
+    /// response body.
+    async fn call(&self, method: &str, topic: &str, action: &str) -> Result<String, Error> {
         let url = format!(
             "{}/admin/v2/persistent/public/default/{topic}{action}",
             self.admin
@@ -33,7 +34,7 @@ impl AdminApi {
             .await
             .map_err(|e| Error::from_source(Kind::Other, e).with_operation("run curl"))?;
         if out.status.success() {
-            Ok(())
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
             Err(Error::new(
                 Kind::Rejected,
@@ -52,8 +53,21 @@ impl Faults for AdminApi {
             self.call("DELETE", &dlq, "?force=true").await?;
             self.transport.declare(topic, None).await
         } else {
-            self.call("POST", &dlq, "/terminate").await
+            self.call("POST", &dlq, "/terminate").await.map(drop)
         }
+    }
+}
+
+/// The group's backlog on the topic (messages it has not acknowledged), from the broker's topic stats.
+#[async_trait]
+impl Inspect for AdminApi {
+    async fn held_in_source(&self, topic: &str, group: &str) -> Result<u64, Error> {
+        let body = self.call("GET", topic, "/stats").await?;
+        let stats: serde_json::Value = serde_json::from_str(&body)
+            .map_err(wrap(Kind::Other, format!("read the stats of {topic}")))?;
+        Ok(stats["subscriptions"][group]["msgBacklog"]
+            .as_u64()
+            .unwrap_or(0))
     }
 }
 
@@ -72,7 +86,12 @@ async fn connect(url: String) -> Result<Fixture, String> {
         Duration::from_millis(300),
     );
     Ok(match test_support::broker::url("RETRY_TEST_PULSAR_ADMIN") {
-        Some(admin) => fixture.with_faults(AdminApi { transport, admin }),
+        Some(admin) => fixture
+            .with_faults(AdminApi {
+                transport: transport.clone(),
+                admin: admin.clone(),
+            })
+            .with_inspect(AdminApi { transport, admin }),
         None => fixture,
     })
 }

@@ -240,12 +240,57 @@ impl Subscription for RabbitSubscription {
     }
 
     async fn close(mut self: Box<Self>) -> Result<(), Error> {
-        if let (Some(consumer), Some(channel)) = (self.consumer.take(), self.channel.as_ref()) {
-            let _ = channel
-                .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-                .await;
+        if let Some(work) = self.give_back() {
+            work.await;
         }
         Ok(())
+    }
+}
+
+impl RabbitSubscription {
+    /// Cancels the consumer and gives back (nack with requeue) what it was sent but never handed out, so
+    /// a consumer that stops — cleanly or not — holds nothing on a channel that stays open.
+    fn give_back(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let channel = self.channel.clone()?;
+        let consumers: Vec<Consumer> = self
+            .consumer
+            .take()
+            .into_iter()
+            .chain(self.draining.take())
+            .collect();
+        if consumers.is_empty() {
+            return None;
+        }
+        Some(async move {
+            for mut consumer in consumers {
+                let _ = channel
+                    .basic_cancel(consumer.tag(), BasicCancelOptions::default())
+                    .await;
+                // After the cancel the stream yields what the broker had already sent, then ends.
+                while let Ok(Some(Ok(d))) =
+                    tokio::time::timeout(Duration::from_secs(1), consumer.next()).await
+                {
+                    let _ = d
+                        .acker
+                        .nack(BasicNackOptions {
+                            requeue: true,
+                            multiple: false,
+                        })
+                        .await;
+                }
+            }
+        })
+    }
+}
+
+impl Drop for RabbitSubscription {
+    /// A subscription dropped without `close` (an aborted consumer) still gives back what it was sent.
+    fn drop(&mut self) {
+        if let Some(work) = self.give_back()
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            handle.spawn(work);
+        }
     }
 }
 

@@ -6,11 +6,14 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::{Adapter, Faults, Fixture};
+use conformance_tests::{Adapter, Faults, Fixture, Inspect};
 use event_retry_rabbitmq::RabbitTransport;
+use lapin::options::QueueDeclareOptions;
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties};
 use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
-use retry_core::error::Error;
+use retry_core::error::{Error, Kind, wrap};
 
 /// Deletes and re-declares a topic's DLQ queue.
 struct DlqQueue(RabbitTransport);
@@ -26,13 +29,47 @@ impl Faults for DlqQueue {
     }
 }
 
+/// Reads a work queue's message count with a raw lapin connection (a passive declare).
+struct QueueDepth {
+    url: String,
+}
+
+/// Messages ready in the topic's work queue (consumers of every group share it); with no consumer
+/// running, what is not acknowledged is back there.
+#[async_trait]
+impl Inspect for QueueDepth {
+    async fn held_in_source(&self, topic: &str, _group: &str) -> Result<u64, Error> {
+        let conn = Connection::connect(&self.url, ConnectionProperties::default())
+            .await
+            .map_err(wrap(Kind::Connection, "connect a raw client"))?;
+        let ch = conn
+            .create_channel()
+            .await
+            .map_err(wrap(Kind::Connection, "open a channel"))?;
+        let queue = ch
+            .queue_declare(
+                topic.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(wrap(Kind::NotFound, format!("check queue {topic}")))?;
+        let _ = conn.close(200, "done".into()).await;
+        Ok(u64::from(queue.message_count()))
+    }
+}
+
 async fn connect(url: String) -> Result<Fixture, String> {
     let transport = RabbitTransport::connect(&url)
         .await
         .map_err(|e| e.to_string())?;
     let broker = Broker::new(transport.clone());
     Ok(Fixture::new("rabbitmq", broker, Duration::from_millis(250))
-        .with_faults(DlqQueue(transport)))
+        .with_faults(DlqQueue(transport))
+        .with_inspect(QueueDepth { url }))
 }
 
 fn main() {

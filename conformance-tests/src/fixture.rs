@@ -20,6 +20,24 @@ pub trait Faults: Send + Sync + 'static {
     async fn set_dlq_writable(&self, topic: &str, writable: bool) -> Result<(), Error>;
 }
 
+/// The broker's own view of a topic, read with the broker's raw client (never through the adapter), for
+/// scenarios that claim something about the broker's state.
+#[async_trait]
+pub trait Inspect: Send + Sync + 'static {
+    /// How many messages of `topic` the broker still holds for consumer group `group` — not acknowledged,
+    /// not committed: what the group would be given again. Called when no consumer of the group runs.
+    async fn held_in_source(&self, topic: &str, group: &str) -> Result<u64, Error>;
+}
+
+/// What a fixture offers beyond the broker: scenarios that need more are skipped, with the reason.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Abilities {
+    /// [`Faults`] are given.
+    pub faults: bool,
+    /// [`Inspect`] is given.
+    pub inspect: bool,
+}
+
 /// One adapter under test.
 #[derive(Clone)]
 pub struct Fixture {
@@ -27,6 +45,7 @@ pub struct Fixture {
     broker: Broker,
     delay_unit: Duration,
     faults: Option<Arc<dyn Faults>>,
+    inspect: Option<Arc<dyn Inspect>>,
 }
 
 impl std::fmt::Debug for Fixture {
@@ -35,7 +54,7 @@ impl std::fmt::Debug for Fixture {
             .field("name", &self.name)
             .field("broker", &self.broker)
             .field("delay_unit", &self.delay_unit)
-            .field("faults", &self.faults.is_some())
+            .field("abilities", &self.abilities())
             .finish()
     }
 }
@@ -50,6 +69,26 @@ impl Fixture {
             broker,
             delay_unit,
             faults: None,
+            inspect: None,
+        }
+    }
+
+    /// Adds the broker's own view, read with its raw client.
+    pub fn with_inspect(mut self, inspect: impl Inspect) -> Self {
+        self.inspect = Some(Arc::new(inspect));
+        self
+    }
+
+    /// The broker's own view, if the adapter's test gave it.
+    pub fn inspect(&self) -> Option<&dyn Inspect> {
+        self.inspect.as_deref()
+    }
+
+    /// What this fixture offers beyond the broker.
+    pub fn abilities(&self) -> Abilities {
+        Abilities {
+            faults: self.faults.is_some(),
+            inspect: self.inspect.is_some(),
         }
     }
 

@@ -17,5 +17,5 @@ pub mod report;
 pub mod scenarios;
 pub mod suite;
 
-pub use fixture::{Faults, Fixture};
+pub use fixture::{Abilities, Faults, Fixture, Inspect};
 pub use suite::{Adapter, BoxFuture, Connect, run};

@@ -158,12 +158,12 @@ fn trials_for(
     report: &Arc<Report>,
 ) -> Vec<Trial> {
     let caps = fixture.capabilities();
-    let has_faults = fixture.faults().is_some();
+    let abilities = fixture.abilities();
     scenarios::all()
         .into_iter()
         .map(|s| {
             let name = format!("{}::{}", fixture.name(), s.test_name());
-            if let Some(reason) = (s.needs)(&caps, has_faults) {
+            if let Some(reason) = (s.needs)(&caps, &abilities) {
                 eprintln!("SKIP {name}: {reason}");
                 report.record(&s, Cell::Skip(reason.to_string()));
                 return Trial::test(name, || Ok(())).with_ignored_flag(true);

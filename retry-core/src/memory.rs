@@ -62,6 +62,8 @@ struct Queue {
     due: BinaryHeap<Reverse<(Instant, u64)>>,
     messages: HashMap<u64, Stored>,
     next_offset: i64,
+    /// Messages handed out and not settled yet.
+    in_flight: usize,
 }
 
 #[derive(Clone)]
@@ -107,6 +109,16 @@ impl MemoryTransport {
         } else {
             state.unwritable_dlq.insert(source_topic.to_string());
         }
+    }
+
+    /// Messages the broker still holds for `topic`: waiting (due or not) and handed out unsettled — what
+    /// a consumer group would get again after a crash.
+    pub fn held(&self, topic: &str) -> usize {
+        self.broker
+            .lock()
+            .topics
+            .get(topic)
+            .map_or(0, |q| q.messages.len() + q.in_flight)
     }
 
     /// Messages waiting in `topic` (due or not), not counting those handed out and unsettled.
@@ -248,6 +260,7 @@ impl MemorySubscription {
             }
             queue.due.pop();
             if let Some(stored) = queue.messages.remove(&seq) {
+                queue.in_flight += 1;
                 return Ok(Delivery {
                     message: stored.raw.clone(),
                     info: DeliveryInfo::new(
@@ -299,17 +312,35 @@ struct MemoryReceipt {
     original: Unsettled<Stored>,
 }
 
+impl MemoryReceipt {
+    /// Takes the original to settle it; it is no longer in flight.
+    fn settle(&mut self) -> Result<Stored, Error> {
+        let stored = self.original.take()?;
+        self.broker.landed(&self.topic);
+        Ok(stored)
+    }
+}
+
+impl Broker {
+    /// A delivery of `topic` was settled or given back.
+    fn landed(&self, topic: &str) {
+        if let Some(queue) = self.lock().topics.get_mut(topic) {
+            queue.in_flight = queue.in_flight.saturating_sub(1);
+        }
+    }
+}
+
 #[async_trait]
 impl Receipt for MemoryReceipt {
     async fn ack(&mut self) -> Result<(), Error> {
-        self.original.take().map(drop)
+        self.settle().map(drop)
     }
 
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
         self.original.get()?;
         self.broker
             .enqueue(&self.topic, event.to_raw(), Instant::now() + delay, None);
-        self.original.take().map(drop)
+        self.settle().map(drop)
     }
 
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
@@ -327,11 +358,11 @@ impl Receipt for MemoryReceipt {
             .or_default()
             .push(StoredDeadLetter::new(seq.to_string(), event.to_raw()));
         drop(state);
-        self.original.take().map(drop)
+        self.settle().map(drop)
     }
 
     async fn release(&mut self, after: Duration) -> Result<(), Error> {
-        let stored = self.original.take()?;
+        let stored = self.settle()?;
         self.broker.enqueue(
             &self.topic,
             stored.raw,
@@ -345,6 +376,7 @@ impl Receipt for MemoryReceipt {
 impl Drop for MemoryReceipt {
     fn drop(&mut self) {
         if let Some(stored) = self.original.take_unsettled() {
+            self.broker.landed(&self.topic);
             self.broker
                 .enqueue(&self.topic, stored.raw, Instant::now(), Some(stored.offset));
         }
@@ -425,6 +457,25 @@ mod tests {
         assert_eq!(
             d.receipt.ack().await.unwrap_err().kind(),
             Kind::AlreadySettled
+        );
+    }
+
+    #[tokio::test]
+    async fn held_counts_waiting_and_unsettled_messages() {
+        let t = MemoryTransport::new();
+        let mut sub = t.subscribe(&spec("h")).await.unwrap();
+        t.publish("h", &Event::new("a")).await.unwrap();
+        t.publish("h", &Event::new("b")).await.unwrap();
+        let mut d = sub.next().await.unwrap().unwrap();
+        assert_eq!((t.pending("h"), t.held("h")), (1, 2));
+        d.receipt.ack().await.unwrap();
+        assert_eq!(t.held("h"), 1);
+        let d = sub.next().await.unwrap().unwrap();
+        drop(d);
+        assert_eq!(
+            (t.pending("h"), t.held("h")),
+            (1, 1),
+            "a dropped one is back"
         );
     }
 

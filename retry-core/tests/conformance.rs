@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::{Adapter, Faults, Fixture};
+use conformance_tests::{Adapter, Faults, Fixture, Inspect};
 use retry_core::broker::Broker;
 use retry_core::error::Error;
 use retry_core::memory::MemoryTransport;
@@ -20,6 +20,14 @@ impl Faults for MemoryFaults {
     }
 }
 
+/// The in-memory broker's own count of what it holds for a topic (its consumers share one queue).
+#[async_trait]
+impl Inspect for MemoryFaults {
+    async fn held_in_source(&self, topic: &str, _group: &str) -> Result<u64, Error> {
+        Ok(self.0.held(topic) as u64)
+    }
+}
+
 fn main() {
     conformance_tests::run(Adapter {
         name: "memory",
@@ -29,7 +37,8 @@ fn main() {
                 let transport = MemoryTransport::new();
                 let broker = Broker::new(transport.clone());
                 Ok(Fixture::new("memory", broker, Duration::from_millis(100))
-                    .with_faults(MemoryFaults(transport)))
+                    .with_faults(MemoryFaults(transport.clone()))
+                    .with_inspect(MemoryFaults(transport)))
             })
         },
     })

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use retry_core::classify::HandlerError;
 use retry_core::dlq::DlqFilter;
@@ -74,22 +75,40 @@ pub(super) async fn dlq_replay(f: Arc<Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// Scenario 15: DLQ unwritable → the original is not acked, the error surfaces, nothing is lost.
-pub(super) async fn dlq_unwritable_not_acked(f: Arc<Fixture>) -> ScenarioResult {
+/// Scenario 15: an unwritable DLQ is a dependency outage. The error surfaces, consumption is held, the
+/// original is neither redelivered nor settled anywhere — after a crash in the outage the broker itself
+/// still holds it (read with the broker's raw client) — and the DLQ write is tried again; once the DLQ
+/// accepts, the entry lands there once.
+pub(super) async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s15").await.map_err(|e| e.to_string())?;
     let faults = f.faults().ok_or("the fixture has no fault switches")?;
+    let inspect = f
+        .inspect()
+        .ok_or("the fixture cannot read the broker's view")?;
+    let u = unit(&f);
     faults
         .set_dlq_writable(&topic, false)
         .await
         .map_err(|e| e.to_string())?;
-    let probe = Probe::new(|_, _| Act::Fail(HandlerError::non_retryable("bad")));
-    let c = start(builder(&f, &topic, "c1"), &probe).await?;
+    let probe = Probe::new(|e, _| {
+        if e.payload.as_ref() == b"victim" {
+            Act::Fail(HandlerError::non_retryable("bad"))
+        } else {
+            Act::Ok
+        }
+    });
+    let group = "g15";
+    let c1 = start(
+        builder(&f, &topic, "c1").group(group).concurrency(4),
+        &probe,
+    )
+    .await?;
     publish_ids(&f, &topic, &["victim"]).await?;
     wait_for("a surfaced settle error", patience(&f, 10), || {
-        c.stats().settle_errors >= 1
+        c1.stats().settle_errors >= 1
     })
     .await?;
-    let stats = c.stats();
+    let stats = c1.stats();
     ensure(
         stats
             .last_error
@@ -97,24 +116,71 @@ pub(super) async fn dlq_unwritable_not_acked(f: Arc<Fixture>) -> ScenarioResult 
             .is_some_and(|e| e.contains("dead-letter")),
         || format!("{stats:?}"),
     )?;
+    // Consumption is held from the first failure: an event published now waits.
+    tokio::time::sleep(u).await;
+    publish_ids(&f, &topic, &["behind"]).await?;
+    wait_for("the DLQ write tried again", patience(&f, 10), || {
+        c1.stats().settle_errors >= 3
+    })
+    .await?;
+    ensure(probe.calls_of("victim").len() == 1, || {
+        format!(
+            "the victim was handled {} times during the outage: it went round (redelivered or through \
+             the retry route) instead of waiting",
+            probe.calls_of("victim").len()
+        )
+    })?;
+    ensure(probe.calls_of("behind").is_empty(), || {
+        "consumption went on while the DLQ was unwritable".into()
+    })?;
     ensure(dlq(&f, &topic).await?.is_empty(), || {
         "an entry reached an unwritable DLQ".into()
     })?;
-    wait_for(
-        "a redelivery of the unsettled original",
-        patience(&f, 10),
-        || probe.calls_of("victim").len() >= 2,
-    )
-    .await?;
+    // A crash in the outage: whatever the consumer held must still be the broker's, unsettled.
+    c1.abort().await;
+    let deadline = std::time::Instant::now() + patience(&f, 10);
+    loop {
+        let held = inspect
+            .held_in_source(&topic, group)
+            .await
+            .map_err(|e| format!("read the broker's view: {e}"))?;
+        if held >= 2 {
+            break;
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "after a crash in the outage the broker holds {held} messages of {topic} for {group}, \
+                 want the original and the event behind it (2): the original was settled"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     faults
         .set_dlq_writable(&topic, true)
         .await
         .map_err(|e| e.to_string())?;
+    let c2 = start(builder(&f, &topic, "c2").group(group), &probe).await?;
     let entries = wait_dlq(&f, &topic, 1, patience(&f, 10)).await?;
+    wait_for("the event behind it", patience(&f, 10), || {
+        probe.success_counts().get("behind") == Some(&1)
+    })
+    .await?;
+    tokio::time::sleep(u * 3).await;
+    let entries = if entries.len() == 1 {
+        dlq(&f, &topic).await?
+    } else {
+        entries
+    };
     ensure(
-        entries[0].event.metadata().event_id.as_deref() == Some("victim"),
-        || "wrong DLQ entry".into(),
+        entries.len() == 1 && entries[0].event.metadata().event_id.as_deref() == Some("victim"),
+        || format!("{} DLQ entries, want the victim once", entries.len()),
     )?;
-    finish(&f, &topic, vec![c]).await?;
+    ensure(probe.calls_of("victim").len() == 2, || {
+        format!(
+            "the victim was handled {} times, want once per consumer",
+            probe.calls_of("victim").len()
+        )
+    })?;
+    finish(&f, &topic, vec![c2]).await?;
     Ok(Verdict::Pass(None))
 }

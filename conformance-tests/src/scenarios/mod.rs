@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use retry_core::adapter::Capabilities;
 
-use crate::fixture::Fixture;
+use crate::fixture::{Abilities, Fixture};
 use crate::suite::BoxFuture;
 
 /// How a scenario ended, when it did not fail.
@@ -34,8 +34,8 @@ pub enum Verdict {
 pub type ScenarioResult = Result<Verdict, String>;
 
 type Run = fn(Arc<Fixture>) -> BoxFuture<ScenarioResult>;
-/// Why a scenario must be skipped for a broker with these capabilities (and fault switches or not).
-type Needs = fn(&Capabilities, bool) -> Option<&'static str>;
+/// Why a scenario must be skipped for a broker with these capabilities and a fixture with these abilities.
+type Needs = fn(&Capabilities, &Abilities) -> Option<&'static str>;
 
 /// One scenario of the suite.
 #[derive(Clone, Copy)]
@@ -68,7 +68,7 @@ impl Scenario {
     }
 }
 
-fn always(_: &Capabilities, _: bool) -> Option<&'static str> {
+fn always(_: &Capabilities, _: &Abilities) -> Option<&'static str> {
     None
 }
 
@@ -174,9 +174,17 @@ pub fn all() -> Vec<Scenario> {
         ),
         scenario!(
             15,
-            dead_letters::dlq_unwritable_not_acked,
-            |_, faults| (!faults).then_some("the fixture cannot make the DLQ unwritable"),
-            "DLQ unwritable → settle error surfaced, nothing in the DLQ, the event comes back and lands once it heals"
+            dead_letters::dlq_unwritable_holds,
+            |_, a| {
+                if !a.faults {
+                    Some("the fixture cannot make the DLQ unwritable")
+                } else if !a.inspect {
+                    Some("the fixture cannot read the broker's own view")
+                } else {
+                    None
+                }
+            },
+            "DLQ unwritable → error surfaced, consumption held, the original neither redelivered nor settled (the broker still holds it), the write retried; one DLQ entry once it heals"
         ),
         scenario!(
             16,

@@ -149,6 +149,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn shutdown_during_a_dlq_outage_gives_the_event_back_unsettled() {
+        let transport = MemoryTransport::new();
+        transport.set_dlq_writable("d", false);
+        let broker = Broker::new(transport.clone());
+        let handle = broker
+            .consumer("d")
+            .blocking(RetryPolicy::parse("20ms").unwrap())
+            .start(handler_fn(|_e: Event, _c: Context| async {
+                Err(crate::classify::HandlerError::non_retryable("bad"))
+            }))
+            .await
+            .unwrap();
+        broker
+            .producer()
+            .publish("d", Event::new("x"))
+            .await
+            .unwrap();
+        let stats = tokio::time::timeout(
+            Duration::from_secs(5),
+            handle.wait_until(|s| s.settle_errors >= 3),
+        )
+        .await
+        .unwrap();
+        assert_eq!((stats.dead_lettered, stats.attempts), (0, 1), "{stats:?}");
+        tokio::time::timeout(Duration::from_secs(5), handle.shutdown())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            transport.held("d"),
+            1,
+            "the event is the broker's again, unsettled"
+        );
+    }
+
+    #[tokio::test]
     async fn ordering_needs_a_broker_that_keeps_it() {
         struct NoOrder(MemoryTransport);
         #[async_trait::async_trait]

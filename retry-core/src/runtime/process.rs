@@ -2,8 +2,11 @@
 //!
 //! The order of operations is the safety argument: the handler runs, the pure decision picks an outcome,
 //! and the receipt carries it out — an acknowledgement only after success, a retry or DLQ copy that the
-//! broker confirmed before the original is let go. When the broker does not accept a settle (an unwritable
-//! DLQ), the error is counted and surfaced and the delivery is released for redelivery: never dropped.
+//! broker confirmed before the original is let go. An unwritable DLQ is a dependency outage: the original
+//! stays unsettled where the broker keeps it, consumption is held (as for a blocking error), and the dead
+//! letter is tried again with the blocking backoff until the DLQ accepts it, each failure counted and
+//! surfaced. Any other settle the broker does not accept is counted and surfaced and the delivery released
+//! for redelivery: never dropped.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -20,6 +23,7 @@ use super::receive::Shared;
 use crate::adapter::{Delivery, Receipt};
 use crate::classify::{ErrorKind, HandlerError, chain};
 use crate::decide::{Attempt, Outcome, decide};
+use crate::error::Kind;
 use crate::event::Event;
 use crate::idempotency::Begin;
 use crate::lifecycle::{Input, State};
@@ -439,15 +443,57 @@ async fn dead_letter(
     });
     event.meta.due_at = None;
     warn!(%reason, error = ?event.meta.last_error, "dead-lettering");
-    match receipt.dead_letter(&event).await {
-        Ok(()) => {
-            shared.counters.bump(&shared.counters.dead_lettered);
-            telemetry::dead_letter(&shared.spec.topic, reason);
-            true
+    let mut hold = None;
+    let mut failures: u32 = 0;
+    loop {
+        let error = match receipt.dead_letter(&event).await {
+            Ok(()) => {
+                if hold.is_some() {
+                    tracing::info!("the DLQ accepts again: resuming consumption");
+                }
+                shared.counters.bump(&shared.counters.dead_lettered);
+                telemetry::dead_letter(&shared.spec.topic, reason);
+                return true;
+            }
+            Err(e) => e,
+        };
+        if matches!(error.kind(), Kind::AlreadySettled | Kind::Closed) {
+            shared.counters.error(
+                &shared.counters.settle_errors,
+                format!("dead-letter failed: {error}"),
+            );
+            return false;
         }
-        Err(e) => {
-            settle_failed(shared, receipt, "dead-letter", e).await;
-            false
+        // An unwritable DLQ is a dependency outage: the original stays unsettled where the broker keeps
+        // it (nothing is acknowledged, nothing goes through the retry route), consumption is held, and
+        // the write is tried again with the blocking backoff until the DLQ accepts it.
+        let message = format!("dead-letter failed: {error}");
+        if hold.is_none() {
+            tracing::error!(%message, "the DLQ does not accept the entry: holding consumption until it does");
+            hold = Some(shared.pause.hold());
+        }
+        telemetry::settle_error(&shared.spec.topic);
+        telemetry::hold(&shared.spec.topic);
+        shared
+            .counters
+            .error(&shared.counters.settle_errors, message);
+        shared.counters.bump(&shared.counters.holds);
+        let backoff = shared
+            .policies
+            .blocking
+            .nominal_delay(failures)
+            .unwrap_or(shared.settle_backoff)
+            .max(std::time::Duration::from_millis(10));
+        failures = failures.saturating_add(1);
+        if let Err(e) = receipt.keep_alive(backoff + Duration::from_secs(30)).await {
+            shared
+                .counters
+                .error(&shared.counters.settle_errors, e.to_string());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(backoff) => {}
+            // Shutdown: the delivery is left unsettled; dropping its receipt gives it back to the broker.
+            () = shared.shutdown.cancelled() => return false,
         }
     }
 }

@@ -20,7 +20,8 @@ pub struct Stats {
     pub retries_scheduled: u64,
     /// In-place retries.
     pub in_place_retries: u64,
-    /// Blocking holds.
+    /// Waits while consumption was held: a blocking error's backoffs, and the waits between dead-letter
+    /// writes a DLQ refused.
     pub holds: u64,
     /// Events dead-lettered.
     pub dead_lettered: u64,
@@ -30,7 +31,7 @@ pub struct Stats {
     pub duplicates_skipped: u64,
     /// Deliveries released unsettled (shutdown, or after a settle error).
     pub released: u64,
-    /// Settle operations the broker did not accept.
+    /// Settle operations the broker did not accept (each refused dead-letter write counts).
     pub settle_errors: u64,
     /// Errors receiving from the broker.
     pub receive_errors: u64,
