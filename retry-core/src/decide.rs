@@ -98,8 +98,9 @@ fn deferred(attempt: &Attempt<'_>, policies: &Policies, rng: &mut dyn RngCore) -
         return Outcome::Dead(DeadReason::Exhausted);
     };
     if let Some(budget) = policies.deferred.max_elapsed() {
-        let first_seen = meta.first_seen.unwrap_or(attempt.now);
-        if attempt.now.plus(delay).since(first_seen) > budget {
+        // A replay starts the budget again; the first-seen time stays as history.
+        let started = meta.replayed_at.or(meta.first_seen).unwrap_or(attempt.now);
+        if attempt.now.plus(delay).since(started) > budget {
             return Outcome::Dead(DeadReason::BudgetElapsed);
         }
     }
@@ -261,6 +262,29 @@ mod tests {
         assert_eq!(
             decide(Err(ErrorKind::Deferred), &at(108_000), &p, &mut rng),
             Outcome::Dead(DeadReason::BudgetElapsed)
+        );
+    }
+
+    #[test]
+    fn a_replay_starts_the_time_budget_again() {
+        let p = policies("5000x3; max-elapsed=12s");
+        let mut m = RetryMetadata {
+            retries: 3,
+            first_seen: Some(Timestamp::from_millis(100_000)),
+            ..RetryMetadata::default()
+        };
+        m.reset_for_replay(Timestamp::from_millis(900_000));
+        let attempt = Attempt {
+            meta: &m,
+            in_place_retries: 0,
+            holds: 0,
+            now: Timestamp::from_millis(901_000),
+        };
+        let mut rng = StdRng::seed_from_u64(1);
+        assert_eq!(
+            decide(Err(ErrorKind::Deferred), &attempt, &p, &mut rng),
+            Outcome::RetryAfter(Duration::from_secs(5)),
+            "800 s after first seen, but 1 s after the replay"
         );
     }
 

@@ -46,7 +46,7 @@ impl DeadLetter {
     /// and the topic it was dead-lettered from (`source_topic` when its metadata names none).
     pub fn for_replay(&self, source_topic: &str) -> (Event, String) {
         let mut event = self.event.clone();
-        event.metadata_mut().reset_for_replay();
+        event.metadata_mut().reset_for_replay(Timestamp::now());
         let origin = event
             .metadata()
             .origin

@@ -57,6 +57,8 @@ pub mod names {
     pub const LAST_DELAY: &str = "x-retry-last-delay-ms";
     /// How many times an operator replayed the event from a DLQ.
     pub const REPLAY_COUNT: &str = "x-retry-replay-count";
+    /// When an operator last replayed the event (ms since the epoch); a policy's time budget counts from it.
+    pub const REPLAYED_AT: &str = "x-retry-replayed-at";
     /// Event id of the event this one is parked behind (per-key ordering).
     pub const PARKED_BEHIND: &str = "x-retry-parked-behind";
     /// Why the event was dead-lettered.
@@ -166,6 +168,9 @@ pub struct RetryMetadata {
     pub last_delay: Option<Duration>,
     /// How many times an operator replayed the event.
     pub replay_count: u32,
+    /// When an operator last replayed it; a policy's `max-elapsed` budget counts from here, the history
+    /// (`first_seen`) stays.
+    pub replayed_at: Option<Timestamp>,
     /// The event id this event is parked behind (per-key ordering).
     pub parked_behind: Option<String>,
     /// Set on DLQ entries.
@@ -178,9 +183,11 @@ impl RetryMetadata {
         self.last_error = Some(truncate_utf8(message, MAX_ERROR_BYTES).to_string());
     }
 
-    /// Resets the retry history for an operator replay: attempts and policy position restart, the replay
-    /// count goes up, the event id, first-seen time and origin stay.
-    pub fn reset_for_replay(&mut self) {
+    /// Resets the retry history for an operator replay at `now`: attempts and policy position restart,
+    /// the replay count goes up and the time budget starts again from `now` (`replayed_at`); the event
+    /// id, first-seen time and origin stay.
+    pub fn reset_for_replay(&mut self, now: Timestamp) {
+        self.replayed_at = Some(now);
         self.attempts = 0;
         self.retries = 0;
         self.due_at = None;
@@ -278,6 +285,9 @@ fn for_each_field(meta: &RetryMetadata, mut emit: impl FnMut(&'static str, Value
     }
     if meta.replay_count > 0 {
         emit(names::REPLAY_COUNT, Value::Number(meta.replay_count.into()));
+    }
+    if let Some(t) = meta.replayed_at {
+        emit(names::REPLAYED_AT, Value::Number(t.as_millis()));
     }
     if let Some(p) = &meta.parked_behind {
         emit(names::PARKED_BEHIND, Value::Text(p));
@@ -421,13 +431,14 @@ enum Field {
     ErrorKind,
     LastDelay,
     ReplayCount,
+    ReplayedAt,
     ParkedBehind,
     DeadReason,
     DeadAt,
     DeadConsumer,
 }
 
-const FIELDS: [(&str, Field); 16] = [
+const FIELDS: [(&str, Field); 17] = [
     (names::EVENT_ID, Field::EventId),
     (names::ATTEMPTS, Field::Attempts),
     (names::RETRIES, Field::Retries),
@@ -440,6 +451,7 @@ const FIELDS: [(&str, Field); 16] = [
     (names::ERROR_KIND, Field::ErrorKind),
     (names::LAST_DELAY, Field::LastDelay),
     (names::REPLAY_COUNT, Field::ReplayCount),
+    (names::REPLAYED_AT, Field::ReplayedAt),
     (names::PARKED_BEHIND, Field::ParkedBehind),
     (names::DEAD_REASON, Field::DeadReason),
     (names::DEAD_AT, Field::DeadAt),
@@ -588,6 +600,9 @@ fn apply(
         Field::Retries => meta.retries = number(name, value)?,
         Field::FirstSeen => meta.first_seen = Some(Timestamp::from_millis(number(name, value)?)),
         Field::DueAt => meta.due_at = Some(Timestamp::from_millis(number(name, value)?)),
+        Field::ReplayedAt => {
+            meta.replayed_at = Some(Timestamp::from_millis(number(name, value)?));
+        }
         Field::OriginTopic => {
             meta.origin.get_or_insert_with(Origin::default).topic = text(value)?.to_string()
         }
@@ -643,6 +658,7 @@ mod tests {
             error_kind: Some(ErrorKind::Deferred),
             last_delay: Some(Duration::from_millis(5_000)),
             replay_count: 1,
+            replayed_at: Some(Timestamp::from_millis(1_700_000_001_000)),
             parked_behind: Some("evt-41".into()),
             dead: Some(DeadInfo {
                 reason: DeadReason::Exhausted,
@@ -730,8 +746,12 @@ mod tests {
     #[test]
     fn replay_reset_keeps_identity_and_counts_replays() {
         let mut m = full();
-        m.reset_for_replay();
+        m.reset_for_replay(Timestamp::from_millis(1_800_000_000_000));
         assert_eq!((m.attempts, m.retries, m.replay_count), (0, 0, 2));
+        assert_eq!(
+            m.replayed_at,
+            Some(Timestamp::from_millis(1_800_000_000_000))
+        );
         assert_eq!(m.event_id.as_deref(), Some("evt-42"));
         assert!(m.dead.is_none() && m.due_at.is_none());
         assert!(m.origin.is_some() && m.first_seen.is_some());
