@@ -16,7 +16,6 @@ use crate::PulsarTransport;
 impl Admin for PulsarTransport {
     async fn declare(&self, topic: &str, _group: Option<&str>) -> Result<(), Error> {
         self.link.forget(topic);
-        self.dlq.forget(topic).await;
         self.link.ensure_topic(topic).await
     }
 

@@ -4,10 +4,11 @@
 //! Pulsar removes a message from a subscription when it is acknowledged there, so that subscription *is*
 //! the DLQ's content: a session reads every entry it holds (until nothing more arrives for a moment),
 //! acknowledges what it removes — a replayed entry only after its copy was confirmed, the order being
-//! `retry_core::dlq`'s — and when it finishes negatively acknowledges the rest, which the broker
-//! redelivers for the next operation. The transport keeps one consumer per DLQ for this and lets one
-//! session use it at a time: closing and reopening consumers would race with the entries a closing one
-//! still holds.
+//! `retry_core::dlq`'s — and when it finishes closes its consumer, and the broker gives what it did not
+//! acknowledge to the next operation. Each session has a consumer of its own, closed (and the close
+//! awaited) before the session ends: a consumer left open would keep the entries it was sent in its
+//! receive queue, out of reach of any other process's operation (a `retryctl` run). Within one process
+//! the transport lets one session at a time work on a DLQ.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,26 +30,20 @@ use crate::link::{Link, error};
 const FIRST_WAIT: Duration = Duration::from_millis(1_500);
 const NEXT_WAIT: Duration = Duration::from_millis(300);
 
-type DlqConsumer = Arc<Mutex<Consumer<Vec<u8>, TokioExecutor>>>;
-
-/// The DLQ consumers of one transport, one per DLQ.
+/// One lock per DLQ: the operations of one transport on a DLQ run one at a time.
 #[derive(Default)]
-pub(crate) struct DlqConsumers(Mutex<HashMap<String, DlqConsumer>>);
+pub(crate) struct DlqConsumers(Mutex<HashMap<String, Arc<Mutex<()>>>>);
 
 impl DlqConsumers {
-    /// Drops the consumer of `topic`'s DLQ (after the DLQ topic was deleted or recreated).
-    pub(crate) async fn forget(&self, topic: &str) {
-        self.0.lock().await.remove(topic);
-    }
-
-    async fn get(&self, link: &Link, topic: &str) -> Result<DlqConsumer, Error> {
-        let mut consumers = self.0.lock().await;
-        if let Some(c) = consumers.get(topic) {
-            return Ok(c.clone());
-        }
-        let consumer = Arc::new(Mutex::new(link.dlq_consumer(topic).await?));
-        consumers.insert(topic.to_string(), consumer.clone());
-        Ok(consumer)
+    async fn lock(&self, topic: &str) -> OwnedMutexGuard<()> {
+        let lock = self
+            .0
+            .lock()
+            .await
+            .entry(topic.to_string())
+            .or_default()
+            .clone();
+        lock.lock_owned().await
     }
 }
 
@@ -58,10 +53,12 @@ pub(crate) async fn open(
     consumers: &DlqConsumers,
     source_topic: &str,
 ) -> Result<Option<Box<dyn DlqSession>>, Error> {
-    let consumer = consumers.get(&link, source_topic).await?.lock_owned().await;
+    let turn = consumers.lock(source_topic).await;
+    let consumer = link.dlq_consumer(source_topic).await?;
     Ok(Some(Box::new(PulsarDlqSession {
         link,
         topic: source_topic.to_string(),
+        _turn: turn,
         consumer,
         held: Vec::new(),
         removed: Vec::new(),
@@ -74,7 +71,9 @@ pub(crate) async fn open(
 struct PulsarDlqSession {
     link: Arc<Link>,
     topic: String,
-    consumer: OwnedMutexGuard<Consumer<Vec<u8>, TokioExecutor>>,
+    /// This session's turn on the DLQ, held until it ends.
+    _turn: OwnedMutexGuard<()>,
+    consumer: Consumer<Vec<u8>, TokioExecutor>,
     held: Vec<Message<Vec<u8>>>,
     removed: Vec<bool>,
     wait: Duration,
