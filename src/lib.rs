@@ -179,13 +179,80 @@ fn compiled_schemes() -> Vec<Scheme> {
     ]
 }
 
-/// Every adapter this SDK has, compiled in or not: its schemes, broker and cargo feature.
+/// The schemes adapters outside this crate registered with [`register_scheme`].
+static REGISTERED: std::sync::RwLock<Vec<Scheme>> = std::sync::RwLock::new(Vec::new());
+
+/// Makes an adapter built outside this crate reachable through [`connect`]: its URL schemes connect
+/// with its `connect` function. A registered scheme is tried before the built-in ones, so a service can
+/// also put its own build of an adapter in place of one compiled in.
+///
+/// ```
+/// use event_retry::adapter::{Error, Kind, Scheme};
+///
+/// // An adapter crate exports its entry; the service registers it once at start-up.
+/// const MY_BROKER: Scheme = Scheme {
+///     schemes: &["mybroker"],
+///     broker: "My broker",
+///     // A real adapter connects here and returns its transport.
+///     connect: |url, _options| {
+///         Box::pin(async move { Err(Error::new(Kind::Connection, format!("no server at {url}"))) })
+///     },
+/// };
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let before = event_retry::connect("mybroker://host:1234").await.unwrap_err();
+/// assert_eq!(before.kind(), Kind::Config); // an unknown scheme
+/// event_retry::register_scheme(MY_BROKER);
+/// let after = event_retry::connect("mybroker://host:1234").await.unwrap_err();
+/// assert_eq!(after.kind(), Kind::Connection); // the adapter's own connect ran
+/// assert!(after.to_string().starts_with("connect to My broker at mybroker://host:1234"), "{after}");
+/// # }
+/// ```
+pub fn register_scheme(scheme: Scheme) {
+    let mut registered = REGISTERED
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    registered.retain(|r| !r.schemes.iter().any(|s| scheme.serves(s)));
+    registered.push(scheme);
+}
+
+/// Every scheme `connect` can serve in this process: registered ones first, then those compiled in.
+fn schemes() -> Vec<Scheme> {
+    let registered = REGISTERED
+        .read()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    registered
+        .iter()
+        .copied()
+        .chain(compiled_schemes())
+        .collect()
+}
+
+/// Every adapter of this crate, compiled in or not: its schemes, broker and cargo feature.
 const ADAPTERS: [(&[&str], &str, &str); 4] = [
     (&["kafka"], "Apache Kafka", "kafka"),
     (&["amqp", "amqps"], "RabbitMQ", "rabbitmq"),
     (&["sqs", "https", "http"], "Amazon SQS", "sqs"),
     (&["pulsar", "pulsar+ssl"], "Apache Pulsar", "pulsar"),
 ];
+
+/// The schemes known to this build, for error messages: `memory, kafka, amqp, …`.
+fn known_schemes() -> String {
+    let mut known: Vec<&str> = schemes()
+        .iter()
+        .flat_map(|s| s.schemes.iter().copied())
+        .collect();
+    for (names, _, _) in ADAPTERS {
+        known.extend(
+            names
+                .iter()
+                .filter(|n| !known.contains(n))
+                .collect::<Vec<_>>(),
+        );
+    }
+    known.join(", ")
+}
 
 /// Connects to the broker a URL names, with the adapter's default settings (or those in the URL's query).
 ///
@@ -221,16 +288,16 @@ pub async fn connect_with(url: &str, options: Options) -> Result<Broker, Error> 
         Error::new(
             Kind::Config,
             format!(
-                "{:?} is not a broker URL: expected scheme://..., e.g. memory://, kafka://host:9092, \
-                 amqp://host:5672, sqs://..., pulsar://host:6650",
-                redact_url(url)
+                "{:?} is not a broker URL: expected scheme://... with one of the schemes {}",
+                redact_url(url),
+                known_schemes()
             ),
         )
     })?;
     let scheme = scheme.to_ascii_lowercase();
     let (base, mut merged) = Options::split_url(url)?;
     merged.extend(options);
-    if let Some(entry) = compiled_schemes().into_iter().find(|s| s.serves(&scheme)) {
+    if let Some(entry) = schemes().into_iter().find(|s| s.serves(&scheme)) {
         let operation = format!("connect to {} at {}", entry.broker, redact_url(&base));
         let transport: Arc<dyn retry_core::adapter::Transport> = (entry.connect)(base, merged)
             .await
@@ -251,8 +318,8 @@ pub async fn connect_with(url: &str, options: Options) -> Result<Broker, Error> 
         None => Err(Error::new(
             Kind::Config,
             format!(
-                "unknown broker URL scheme {scheme:?}: expected memory, kafka, amqp, amqps, sqs, https \
-                 (an SQS queue URL), http (a local SQS endpoint), pulsar or pulsar+ssl"
+                "unknown broker URL scheme {scheme:?}: expected one of {}",
+                known_schemes()
             ),
         )),
     }

@@ -29,7 +29,7 @@ use retry_core::adapter::{
     Admin, Capabilities, ConnectFuture, DlqSession, Published, Scheme, Subscription,
     SubscriptionSpec, Transport,
 };
-use retry_core::error::{Error, Kind};
+use retry_core::error::Error;
 use retry_core::event::Event;
 use retry_core::options::Options;
 
@@ -81,7 +81,7 @@ impl PulsarTransport {
             .build()
             .await
             .map_err(|e| {
-                Error::from_source(Kind::Connection, e).with_operation(format!(
+                Error::from_source(link::kind_of(&e), e).with_operation(format!(
                     "connect to {}",
                     retry_core::options::redact_url(url)
                 ))

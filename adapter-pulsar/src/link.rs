@@ -27,10 +27,63 @@ pub(crate) struct Link {
     declared: std::sync::Mutex<HashSet<String>>,
 }
 
-/// A `map_err` for a client call for `operation`: the client's error as the source of a connection
-/// error (the client reports broker refusals through its connection, so it cannot be told apart here).
+/// A `map_err` for a client call for `operation`: the client's error as the source, of the kind
+/// [`kind_of`] tells.
 pub(crate) fn error(operation: &str) -> impl FnOnce(pulsar::Error) -> Error + '_ {
-    move |e| Error::from_source(Kind::Connection, e).with_operation(operation.to_string())
+    move |e| Error::from_source(kind_of(&e), e).with_operation(operation.to_string())
+}
+
+/// The kind of a client error: the broker's own error code where it sent one (a missing topic is
+/// [`Kind::NotFound`], a refused request [`Kind::Rejected`], bad credentials or a bad topic name
+/// [`Kind::Config`]), otherwise what the client met (a broken connection, a closed producer or consumer).
+pub(crate) fn kind_of(e: &pulsar::Error) -> Kind {
+    use pulsar::error::{ConnectionError, ConsumerError, ProducerError, ServiceDiscoveryError};
+    let connection = |c: &ConnectionError| match c {
+        ConnectionError::PulsarError(Some(code), _) => server_kind(*code),
+        ConnectionError::NotFound => Kind::NotFound,
+        ConnectionError::Authentication(_) => Kind::Config,
+        ConnectionError::Shutdown => Kind::Closed,
+        _ => Kind::Connection,
+    };
+    match e {
+        pulsar::Error::Connection(c) => connection(c),
+        pulsar::Error::Consumer(ConsumerError::Connection(c)) => connection(c),
+        pulsar::Error::Consumer(ConsumerError::Closed) => Kind::Closed,
+        pulsar::Error::Producer(ProducerError::Connection(c)) => connection(c),
+        pulsar::Error::Producer(ProducerError::Closed) => Kind::Closed,
+        pulsar::Error::Producer(ProducerError::Fenced) => Kind::Rejected,
+        pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Connection(c)) => connection(c),
+        pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Query(Some(code), _)) => {
+            server_kind(*code)
+        }
+        pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::NotFound) => Kind::NotFound,
+        pulsar::Error::Authentication(_) => Kind::Config,
+        _ => Kind::Connection,
+    }
+}
+
+/// The kind of an error met by a producer or consumer the adapter makes again when needed: a closed
+/// client object is then a passing connection trouble, not the transport closed for good (the runtime
+/// stops on [`Kind::Closed`]).
+pub(crate) fn passing(kind: Kind) -> Kind {
+    match kind {
+        Kind::Closed => Kind::Connection,
+        other => other,
+    }
+}
+
+/// The kind of an error code the broker sent.
+fn server_kind(code: pulsar::message::proto::ServerError) -> Kind {
+    use pulsar::message::proto::ServerError as S;
+    match code {
+        S::TopicNotFound | S::SubscriptionNotFound | S::ConsumerNotFound => Kind::NotFound,
+        S::AuthenticationError | S::AuthorizationError | S::InvalidTopicName => Kind::Config,
+        S::ServiceNotReady | S::TooManyRequests | S::MetadataError | S::PersistenceError => {
+            Kind::Connection
+        }
+        S::UnsupportedVersionError => Kind::Unsupported,
+        _ => Kind::Rejected,
+    }
 }
 
 impl Link {
@@ -90,7 +143,8 @@ impl Link {
                 .unwrap_or_default()),
             Ok(Err(e)) => {
                 self.forget_producer(topic).await;
-                Err(Error::from_source(Kind::Rejected, e).with_operation(operation.to_string()))
+                Err(Error::from_source(passing(kind_of(&e)), e)
+                    .with_operation(operation.to_string()))
             }
             Err(_) => {
                 self.forget_producer(topic).await;
@@ -140,5 +194,46 @@ impl Link {
 
     fn lock_declared(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.declared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pulsar::error::{ConnectionError, ProducerError, ServiceDiscoveryError};
+    use pulsar::message::proto::ServerError;
+
+    #[test]
+    fn the_broker_error_code_decides_the_kind() {
+        let refused =
+            |code| pulsar::Error::Connection(ConnectionError::PulsarError(Some(code), None));
+        assert_eq!(
+            kind_of(&refused(ServerError::TopicNotFound)),
+            Kind::NotFound
+        );
+        assert_eq!(
+            kind_of(&refused(ServerError::AuthorizationError)),
+            Kind::Config
+        );
+        assert_eq!(
+            kind_of(&refused(ServerError::TopicTerminatedError)),
+            Kind::Rejected
+        );
+        assert_eq!(
+            kind_of(&refused(ServerError::ServiceNotReady)),
+            Kind::Connection
+        );
+        let lookup = pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Query(
+            Some(ServerError::TopicNotFound),
+            None,
+        ));
+        assert_eq!(kind_of(&lookup), Kind::NotFound);
+        assert_eq!(
+            kind_of(&pulsar::Error::Producer(ProducerError::Closed)),
+            Kind::Closed
+        );
+        let broken = pulsar::Error::Connection(ConnectionError::Disconnected);
+        assert_eq!(kind_of(&broken), Kind::Connection);
+        assert!(Error::from_source(kind_of(&broken), broken).is_temporary());
     }
 }

@@ -216,8 +216,11 @@ impl Subscription for PulsarSubscription {
                     message: raw,
                 }))
             }
-            Some(Err(e)) => Err(Error::from_source(Kind::Connection, e)
-                .with_operation(format!("receive from {}", self.spec.topic))),
+            Some(Err(e)) => Err(Error::from_source(
+                crate::link::passing(crate::link::kind_of(&e)),
+                e,
+            )
+            .with_operation(format!("receive from {}", self.spec.topic))),
             None => Err(Error::closed()),
         }
     }

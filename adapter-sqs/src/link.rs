@@ -25,19 +25,38 @@ where
     let kind = match &e {
         SdkError::TimeoutError(_) => Kind::Timeout,
         SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => Kind::Connection,
-        SdkError::ServiceError(service) => match service.err().code() {
-            _ if is_missing(&e) => Kind::NotFound,
-            Some(code) if code.contains("Throttl") || code.contains("Unavailable") => {
-                Kind::Connection
-            }
-            _ => Kind::Rejected,
-        },
+        SdkError::ServiceError(service) => code_kind(service.err().code()),
         _ => Kind::Other,
     };
     let message = DisplayErrorContext(&e).to_string();
     Error::new(kind, message)
         .with_operation(operation.to_string())
         .with_source(e)
+}
+
+/// The codes SQS answers for a queue that does not exist: the query protocol's and the JSON protocol's.
+const MISSING_QUEUE: [&str; 2] = [
+    "AWS.SimpleQueueService.NonExistentQueue",
+    "QueueDoesNotExist",
+];
+
+/// The codes of refusals that heal by themselves: throttling, and the service's own trouble.
+const TEMPORARY: [&str; 6] = [
+    "RequestThrottled",
+    "ThrottlingException",
+    "KMS.ThrottlingException",
+    "ServiceUnavailable",
+    "InternalFailure",
+    "InternalError",
+];
+
+/// The kind of an error code SQS answered.
+fn code_kind(code: Option<&str>) -> Kind {
+    match code {
+        Some(c) if MISSING_QUEUE.contains(&c) => Kind::NotFound,
+        Some(c) if TEMPORARY.contains(&c) => Kind::Connection,
+        _ => Kind::Rejected,
+    }
 }
 
 /// Whether SQS said the queue does not exist.
@@ -47,7 +66,7 @@ where
 {
     e.as_service_error()
         .and_then(|s| s.code())
-        .is_some_and(|c| c.contains("NonExistentQueue") || c.contains("QueueDoesNotExist"))
+        .is_some_and(|c| MISSING_QUEUE.contains(&c))
 }
 
 /// The attribute marking a copy the adapter sent to carry a retry (its counts are in its metadata).
@@ -196,6 +215,22 @@ pub(crate) fn seconds_up(d: Duration) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_codes_decide_the_kind() {
+        assert_eq!(code_kind(Some("QueueDoesNotExist")), Kind::NotFound);
+        assert_eq!(
+            code_kind(Some("AWS.SimpleQueueService.NonExistentQueue")),
+            Kind::NotFound
+        );
+        assert_eq!(code_kind(Some("RequestThrottled")), Kind::Connection);
+        assert_eq!(code_kind(Some("InvalidAttributeValue")), Kind::Rejected);
+        assert_eq!(
+            code_kind(Some("NotQueueDoesNotExistReally")),
+            Kind::Rejected
+        );
+        assert_eq!(code_kind(None), Kind::Rejected);
+    }
 
     #[test]
     fn seconds_round_up() {

@@ -62,7 +62,7 @@ impl Broker {
 
     /// Starts building a consumer of `topic`.
     pub fn consumer(&self, topic: impl Into<String>) -> ConsumerBuilder {
-        ConsumerBuilder::new(self.clone(), topic.into())
+        ConsumerBuilder::new(self.transport.clone(), topic.into())
     }
 
     /// A producer that publishes to this broker.

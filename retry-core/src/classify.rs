@@ -295,6 +295,23 @@ pub struct PatternError {
 /// For each error in the chain, outermost first: a kind stated with [`Classified`] wins; otherwise the rules
 /// are tried in the order they were added, and the first match decides. If nothing in the chain matches,
 /// the default applies ([`ErrorKind::Deferred`] unless set).
+///
+/// ```
+/// use retry_core::classify::{Classifier, ErrorKind, HandlerError};
+///
+/// let classifier = Classifier::new()
+///     .on_type::<std::num::ParseIntError>(ErrorKind::NonRetryable)
+///     .on_message("(?i)connection refused", ErrorKind::Blocking)?
+///     .default_kind(ErrorKind::Deferred);
+///
+/// let parse = "x".parse::<i32>().unwrap_err();
+/// assert_eq!(classifier.classify(&HandlerError::from(parse)), ErrorKind::NonRetryable);
+/// let down = std::io::Error::other("Connection refused (os error 111)");
+/// assert_eq!(classifier.classify(&HandlerError::from(down)), ErrorKind::Blocking);
+/// // A kind the handler states wins over every rule.
+/// assert_eq!(classifier.classify(&HandlerError::transient("timeout")), ErrorKind::Transient);
+/// # Ok::<(), retry_core::classify::PatternError>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct Classifier {
     rules: Vec<Rule>,

@@ -58,6 +58,22 @@ impl DeadLetter {
 }
 
 /// Which dead letters an operation applies to; an empty filter selects all.
+///
+/// ```
+/// use retry_core::classify::ErrorKind;
+/// use retry_core::dlq::DlqFilter;
+/// use retry_core::time::Timestamp;
+///
+/// // The poison events of one customer from the last hour, at most 50 of them.
+/// let filter = DlqFilter {
+///     error_kind: Some(ErrorKind::NonRetryable),
+///     key: Some("customer-42".into()),
+///     since: Some(Timestamp::now().minus(std::time::Duration::from_secs(3600))),
+///     limit: Some(50),
+///     ..DlqFilter::all()
+/// };
+/// assert!(filter.ids.is_none());
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DlqFilter {
     /// Only these entry ids.
@@ -121,6 +137,25 @@ enum Action {
 }
 
 /// The dead letter queues of one broker: list, show, replay and purge by source topic.
+///
+/// ```
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use retry_core::broker::Broker;
+/// use retry_core::dlq::DlqFilter;
+///
+/// let broker = Broker::memory();
+/// let dlq = broker.dead_letters();
+/// for entry in dlq.list("orders", &DlqFilter::all()).await? {
+///     let dead = entry.dead();
+///     println!("{} {:?} {:?}", entry.id, dead.map(|d| d.reason), entry.event.metadata().last_error);
+/// }
+/// // Send one entry back to its origin: attempts restart, the replay count rises, and the entry is
+/// // removed only after the broker confirmed the copy.
+/// let report = dlq.replay("orders", &DlqFilter::id("0")).await?;
+/// assert_eq!(report.replayed, 0); // nothing was dead-lettered on this fresh broker
+/// assert_eq!(dlq.purge("orders", &DlqFilter::all()).await?, 0);
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct DeadLetters {
     transport: std::sync::Arc<dyn Transport>,

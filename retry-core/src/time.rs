@@ -42,6 +42,11 @@ impl Timestamp {
         Self(self.0.saturating_add(duration_ms(d)))
     }
 
+    /// This time minus `d`, saturating at the epoch.
+    pub fn minus(self, d: Duration) -> Self {
+        Self(self.0.saturating_sub(duration_ms(d)))
+    }
+
     /// How long after `earlier` this is (zero if it is not after).
     pub fn since(self, earlier: Timestamp) -> Duration {
         Duration::from_millis(self.0.saturating_sub(earlier.0))

@@ -3,8 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::adapter::SubscriptionSpec;
-use crate::broker::Broker;
+use crate::adapter::{SubscriptionSpec, Transport};
 use crate::check::DelayReport;
 use crate::classify::Classifier;
 use crate::config::{ConfigError, RetryConfig};
@@ -67,9 +66,30 @@ pub(super) struct OrderingConfig {
     pub(super) follow_to_dlq: bool,
 }
 
-/// Builds a [`Consumer`]; start one with [`Broker::consumer`] or [`Consumer::builder`].
+/// Builds a [`Consumer`]; start one with [`Broker::consumer`](crate::broker::Broker::consumer).
+///
+/// ```
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use retry_core::prelude::*;
+///
+/// let broker = Broker::memory();
+/// let consumer = broker
+///     .consumer("orders")
+///     .group("billing")                                   // default: "<topic>-consumers"
+///     .policy(RetryPolicy::parse("1s x3, 1m x5")?)        // deferred retries through the broker
+///     .in_place(RetryPolicy::parse("50ms x2")?)           // transient errors, inside the consumer
+///     .concurrency(8)
+///     .ordered_by_key(ParkedAfterDead::FollowToDlq)       // per-key order while a key's head retries
+///     .shutdown_grace(Duration::from_secs(5))
+///     .build()?;                                          // a policy the broker cannot honour fails here
+/// assert_eq!(consumer.topic(), "orders");
+/// let handle = consumer.start(handler_fn(|_event: Event, _ctx: Context| async { Ok(()) })).await?;
+/// handle.shutdown().await?;
+/// # Ok(()) }
+/// ```
 pub struct ConsumerBuilder {
-    pub(super) broker: Broker,
+    pub(super) transport: Arc<dyn Transport>,
     pub(super) spec: SubscriptionSpec,
     pub(super) policies: Policies,
     pub(super) classifier: Classifier,
@@ -85,7 +105,7 @@ pub struct ConsumerBuilder {
 impl std::fmt::Debug for ConsumerBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConsumerBuilder")
-            .field("broker", &self.broker.name())
+            .field("broker", &self.transport.name())
             .field("spec", &self.spec)
             .field("policies", &self.policies)
             .finish_non_exhaustive()
@@ -93,13 +113,13 @@ impl std::fmt::Debug for ConsumerBuilder {
 }
 
 impl ConsumerBuilder {
-    pub(crate) fn new(broker: Broker, topic: String) -> Self {
+    pub(crate) fn new(transport: Arc<dyn Transport>, topic: String) -> Self {
         let consumer = format!(
             "consumer-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
         Self {
-            broker,
+            transport,
             spec: SubscriptionSpec::new(topic.clone(), format!("{topic}-consumers"), consumer)
                 .with_max_in_flight(16),
             policies: Policies::default(),
@@ -217,17 +237,17 @@ impl ConsumerBuilder {
                 "the topic name is empty".to_string(),
             ));
         }
-        let capabilities = self.broker.capabilities();
+        let capabilities = self.transport.capabilities();
         let report = DelayReport::new(&self.policies.deferred, &capabilities.delay);
         if !report.is_ok() {
             return Err(ConsumerError::PolicyRefused {
-                transport: self.broker.name(),
+                transport: self.transport.name(),
                 report,
             });
         }
         if self.ordering.is_some() && !capabilities.per_key_order {
             return Err(ConsumerError::Unsupported {
-                transport: self.broker.name(),
+                transport: self.transport.name(),
                 what: "keep per-key order",
             });
         }
@@ -258,11 +278,6 @@ impl std::fmt::Debug for Consumer {
 }
 
 impl Consumer {
-    /// Starts building a consumer of `topic` on `broker` (the same as [`Broker::consumer`]).
-    pub fn builder(broker: impl Into<Broker>, topic: impl Into<String>) -> ConsumerBuilder {
-        ConsumerBuilder::new(broker.into(), topic.into())
-    }
-
     /// How the broker honours each delay of the deferred policy (checked at build time).
     pub fn delay_report(&self) -> &DelayReport {
         &self.report

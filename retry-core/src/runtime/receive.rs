@@ -37,10 +37,10 @@ pub(super) async fn start(
 ) -> Result<ConsumerHandle, ConsumerError> {
     #[cfg(feature = "tower")]
     let handler = b.layers.apply(handler);
-    let subscription = b.broker.transport().subscribe(&b.spec).await?;
+    let subscription = b.transport.subscribe(&b.spec).await?;
     info!(
         topic = %b.spec.topic,
-        transport = b.broker.name(),
+        transport = b.transport.name(),
         policy = %b.policies.deferred,
         "consumer started\n{report}"
     );
