@@ -68,11 +68,7 @@ fn decision_path(c: &mut Criterion) {
         retries: 2,
         first_seen: Some(Timestamp::from_millis(1_700_000_000_000)),
         due_at: Some(Timestamp::from_millis(1_700_000_010_000)),
-        origin: Some(Origin {
-            topic: "orders".into(),
-            partition: Some(3),
-            offset: Some(98_765),
-        }),
+        origin: Some(Origin::new("orders").at(3, 98_765)),
         last_error: Some("row not yet replicated".into()),
         error_kind: Some(ErrorKind::Deferred),
         last_delay: Some(std::time::Duration::from_secs(5)),

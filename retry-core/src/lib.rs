@@ -19,6 +19,7 @@ pub mod error;
 pub mod event;
 pub mod headers;
 pub mod idempotency;
+pub mod layout;
 pub mod lifecycle;
 pub mod memory;
 pub mod metadata;

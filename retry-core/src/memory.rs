@@ -266,9 +266,8 @@ impl MemorySubscription {
                     info: DeliveryInfo::new(
                         format!("{}/{}", self.topic, stored.offset),
                         Origin {
-                            topic: self.topic.clone(),
-                            partition: None,
                             offset: Some(stored.offset),
+                            ..Origin::new(self.topic.clone())
                         },
                     ),
                     receipt: Box::new(MemoryReceipt {

@@ -49,6 +49,12 @@ pub mod names {
     pub const ORIGIN_PARTITION: &str = "x-retry-origin-partition";
     /// Offset of the origin, where the broker has offsets.
     pub const ORIGIN_OFFSET: &str = "x-retry-origin-offset";
+    /// The origin record's own timestamp (ms since the epoch), where the broker stamps records (Kafka):
+    /// a copy is stamped anew (the broker's retention counts from a record's stamp), so the original's
+    /// travels here.
+    pub const ORIGIN_TIMESTAMP: &str = "x-retry-origin-timestamp";
+    /// What the origin's timestamp is: `create-time` (the producer's) or `log-append-time` (the broker's).
+    pub const ORIGIN_TIMESTAMP_TYPE: &str = "x-retry-origin-timestamp-type";
     /// The last handler error, bounded in length.
     pub const LAST_ERROR: &str = "x-retry-last-error";
     /// The kind of the last handler error.
@@ -71,6 +77,7 @@ pub mod names {
 
 /// Where an event was first consumed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Origin {
     /// Topic or queue name.
     pub topic: String,
@@ -78,6 +85,71 @@ pub struct Origin {
     pub partition: Option<i32>,
     /// Offset, where the broker has offsets.
     pub offset: Option<i64>,
+    /// The record's own timestamp, where the broker stamps records (Kafka).
+    pub timestamp: Option<OriginTimestamp>,
+}
+
+impl Origin {
+    /// An origin in `topic`.
+    pub fn new(topic: impl Into<String>) -> Self {
+        Self {
+            topic: topic.into(),
+            ..Self::default()
+        }
+    }
+
+    /// At `offset` of `partition`.
+    pub fn at(mut self, partition: i32, offset: i64) -> Self {
+        self.partition = Some(partition);
+        self.offset = Some(offset);
+        self
+    }
+
+    /// With the record's own timestamp.
+    pub fn with_timestamp(mut self, timestamp: OriginTimestamp) -> Self {
+        self.timestamp = Some(timestamp);
+        self
+    }
+}
+
+/// A record's own timestamp, and who set it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OriginTimestamp {
+    /// The time.
+    pub at: Timestamp,
+    /// Who set it.
+    pub kind: TimestampKind,
+}
+
+/// Who set a record's timestamp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimestampKind {
+    /// The producer, when it created the record.
+    CreateTime,
+    /// The broker, when it appended the record to its log.
+    LogAppendTime,
+}
+
+impl TimestampKind {
+    /// The stable name in metadata: `create-time` or `log-append-time`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TimestampKind::CreateTime => "create-time",
+            TimestampKind::LogAppendTime => "log-append-time",
+        }
+    }
+}
+
+impl FromStr for TimestampKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "create-time" => Ok(TimestampKind::CreateTime),
+            "log-append-time" => Ok(TimestampKind::LogAppendTime),
+            other => Err(format!("unknown timestamp type {other:?}")),
+        }
+    }
 }
 
 /// Why an event was dead-lettered.
@@ -270,6 +342,10 @@ fn for_each_field(meta: &RetryMetadata, mut emit: impl FnMut(&'static str, Value
         if let Some(off) = o.offset {
             emit(names::ORIGIN_OFFSET, Value::Signed(off));
         }
+        if let Some(t) = o.timestamp {
+            emit(names::ORIGIN_TIMESTAMP, Value::Number(t.at.as_millis()));
+            emit(names::ORIGIN_TIMESTAMP_TYPE, Value::Text(t.kind.as_str()));
+        }
     }
     if let Some(e) = &meta.last_error {
         emit(
@@ -342,6 +418,10 @@ pub fn encode_with(meta: &RetryMetadata, foreign: &Headers, packing: Packing) ->
 
 /// Encodes metadata as the JSON object of the packed form.
 pub fn encode_packed(meta: &RetryMetadata) -> Bytes {
+    encode_packed_with_layout(meta, None)
+}
+
+fn encode_packed_with_layout(meta: &RetryMetadata, layout: Option<&str>) -> Bytes {
     let mut map = serde_json::Map::new();
     for_each_field(meta, |name, value| {
         map.insert(
@@ -349,7 +429,39 @@ pub fn encode_packed(meta: &RetryMetadata) -> Bytes {
             serde_json::Value::String(value.to_text()),
         );
     });
+    if let Some(layout) = layout {
+        map.insert(
+            crate::layout::LAYOUT.trim_start_matches(PREFIX).to_string(),
+            serde_json::Value::String(layout.to_string()),
+        );
+    }
     Bytes::from(serde_json::Value::Object(map).to_string())
+}
+
+/// Metadata and producer headers for a broker whose headers are a map (AMQP tables, SQS attributes,
+/// Pulsar properties): the SDK's headers — the metadata fields, with `packing`, and where needed the
+/// [layout](crate::layout) that restores the producer's order and repeated names — and the producer's
+/// headers to write natively, the first value of each name. [`decode`] puts it all back.
+pub fn encode_for_map<'a>(
+    meta: &RetryMetadata,
+    producer: &'a Headers,
+    packing: Packing,
+) -> (Headers, Vec<(&'a str, &'a Bytes)>) {
+    let split = crate::layout::split(producer);
+    let mut sdk = Headers::with_capacity(20);
+    match packing {
+        Packing::Headers => {
+            encode_into(meta, &mut sdk);
+            if let Some(layout) = split.layout {
+                sdk.push(crate::layout::LAYOUT, layout);
+            }
+        }
+        Packing::Single => sdk.push(
+            PACKED,
+            encode_packed_with_layout(meta, split.layout.as_deref()),
+        ),
+    }
+    (sdk, split.unique)
 }
 
 /// Splits headers into the SDK's metadata and the producer's own headers.
@@ -387,13 +499,16 @@ fn decode_with(
 ) -> (RetryMetadata, Headers) {
     let mut meta = RetryMetadata::default();
     let mut foreign = Headers::new();
-    let mut dead = DeadParts::default();
+    let mut parts = Parts::default();
     for (owned_name, value) in headers.entries() {
         let name = owned_name.as_ref();
         let applied = if name == PACKED {
-            decode_packed(value, &mut meta, &mut dead).map(|()| true)
+            decode_packed(value, &mut meta, &mut parts).map(|()| true)
+        } else if name == crate::layout::LAYOUT {
+            parts.layout = Some(value.clone());
+            Ok(true)
         } else if name.starts_with(PREFIX) {
-            apply(&mut meta, &mut dead, name, value)
+            apply(&mut meta, &mut parts, name, value)
         } else {
             Ok(false)
         };
@@ -407,10 +522,32 @@ fn decode_with(
             }
         }
     }
-    match dead.finish() {
+    match parts.dead() {
         Ok(info) => meta.dead = info,
         Err(e) => {
-            on_error(e);
+            if !on_error(e) {
+                return (meta, foreign);
+            }
+        }
+    }
+    match parts.origin_timestamp() {
+        Ok(Some(t)) => meta.origin.get_or_insert_with(Origin::default).timestamp = Some(t),
+        Ok(None) => {}
+        Err(e) => {
+            if !on_error(e) {
+                return (meta, foreign);
+            }
+        }
+    }
+    if let Some(layout) = parts.layout {
+        match crate::layout::restore(std::mem::take(&mut foreign), &layout) {
+            Ok(restored) => foreign = restored,
+            Err(problem) => {
+                on_error(MetadataError {
+                    header: crate::layout::LAYOUT.to_string(),
+                    problem,
+                });
+            }
         }
     }
     (meta, foreign)
@@ -427,6 +564,8 @@ enum Field {
     OriginTopic,
     OriginPartition,
     OriginOffset,
+    OriginTimestamp,
+    OriginTimestampType,
     LastError,
     ErrorKind,
     LastDelay,
@@ -438,7 +577,7 @@ enum Field {
     DeadConsumer,
 }
 
-const FIELDS: [(&str, Field); 17] = [
+const FIELDS: [(&str, Field); 19] = [
     (names::EVENT_ID, Field::EventId),
     (names::ATTEMPTS, Field::Attempts),
     (names::RETRIES, Field::Retries),
@@ -447,6 +586,8 @@ const FIELDS: [(&str, Field); 17] = [
     (names::ORIGIN_TOPIC, Field::OriginTopic),
     (names::ORIGIN_PARTITION, Field::OriginPartition),
     (names::ORIGIN_OFFSET, Field::OriginOffset),
+    (names::ORIGIN_TIMESTAMP, Field::OriginTimestamp),
+    (names::ORIGIN_TIMESTAMP_TYPE, Field::OriginTimestampType),
     (names::LAST_ERROR, Field::LastError),
     (names::ERROR_KIND, Field::ErrorKind),
     (names::LAST_DELAY, Field::LastDelay),
@@ -457,6 +598,13 @@ const FIELDS: [(&str, Field); 17] = [
     (names::DEAD_AT, Field::DeadAt),
     (names::DEAD_CONSUMER, Field::DeadConsumer),
 ];
+
+/// Whether `name` is written by the SDK's metadata codec (a field, the packed form, the layout): a copy
+/// of a message writes these anew, and keeps every other header — unknown names in the SDK's namespace
+/// too (a newer SDK's fields survive an older consumer).
+pub fn is_sdk_field(name: &str) -> bool {
+    name == PACKED || name == crate::layout::LAYOUT || field_of(name).is_some()
+}
 
 /// The field a header name denotes; only names of equal length are compared byte by byte.
 fn field_of(name: &str) -> Option<Field> {
@@ -480,9 +628,13 @@ fn check_length(name: &str, value: &[u8], max: usize) -> Result<(), MetadataErro
 fn decode_packed(
     value: &Bytes,
     meta: &mut RetryMetadata,
-    dead: &mut DeadParts,
+    parts: &mut Parts,
 ) -> Result<(), MetadataError> {
-    check_length(PACKED, value, MAX_PACKED_BYTES)?;
+    check_length(
+        PACKED,
+        value,
+        MAX_PACKED_BYTES + crate::layout::MAX_LAYOUT_BYTES,
+    )?;
     let text = text(PACKED, value)?;
     let bad = |problem: String| MetadataError {
         header: PACKED.to_string(),
@@ -495,6 +647,13 @@ fn decode_packed(
     };
     for (short, v) in map {
         let name = format!("{PREFIX}{short}");
+        if name == crate::layout::LAYOUT {
+            let serde_json::Value::String(layout) = v else {
+                return Err(bad("field \"layout\" is not a string".to_string()));
+            };
+            parts.layout = Some(Bytes::from(layout));
+            continue;
+        }
         if field_of(&name).is_none() {
             continue;
         }
@@ -507,21 +666,40 @@ fn decode_packed(
                 s.len()
             )));
         }
-        apply(meta, dead, &name, s.as_bytes())?;
+        apply(meta, parts, &name, s.as_bytes())?;
     }
     Ok(())
 }
 
+/// Fields decoded apart and combined at the end: the dead-letter record, the origin's timestamp, the
+/// layout of the producer's headers.
 #[derive(Default)]
-struct DeadParts {
+struct Parts {
     reason: Option<DeadReason>,
     at: Option<Timestamp>,
     consumer: Option<String>,
+    timestamp: Option<Timestamp>,
+    timestamp_kind: Option<TimestampKind>,
+    layout: Option<Bytes>,
 }
 
-impl DeadParts {
-    fn finish(self) -> Result<Option<DeadInfo>, MetadataError> {
-        match (self.reason, self.at, self.consumer) {
+impl Parts {
+    fn origin_timestamp(&self) -> Result<Option<OriginTimestamp>, MetadataError> {
+        match (self.timestamp, self.timestamp_kind) {
+            (None, None) => Ok(None),
+            (Some(at), kind) => Ok(Some(OriginTimestamp {
+                at,
+                kind: kind.unwrap_or(TimestampKind::CreateTime),
+            })),
+            (None, Some(_)) => Err(MetadataError {
+                header: names::ORIGIN_TIMESTAMP.to_string(),
+                problem: "is missing while its type is present".to_string(),
+            }),
+        }
+    }
+
+    fn dead(&self) -> Result<Option<DeadInfo>, MetadataError> {
+        match (self.reason, self.at, self.consumer.clone()) {
             (None, None, None) => Ok(None),
             (Some(reason), at, consumer) => Ok(Some(DeadInfo {
                 reason,
@@ -585,7 +763,7 @@ fn text<'a>(name: &str, bytes: &'a [u8]) -> Result<&'a str, MetadataError> {
 /// Applies one header to the metadata; `Ok(false)` when the name is not a metadata field.
 fn apply(
     meta: &mut RetryMetadata,
-    dead: &mut DeadParts,
+    parts: &mut Parts,
     name: &str,
     value: &[u8],
 ) -> Result<bool, MetadataError> {
@@ -612,6 +790,15 @@ fn apply(
         Field::OriginOffset => {
             meta.origin.get_or_insert_with(Origin::default).offset = Some(signed(name, value)?)
         }
+        Field::OriginTimestamp => {
+            parts.timestamp = Some(Timestamp::from_millis(number(name, value)?))
+        }
+        Field::OriginTimestampType => {
+            parts.timestamp_kind = Some(text(value)?.parse().map_err(|problem| MetadataError {
+                header: name.to_string(),
+                problem,
+            })?)
+        }
         Field::LastError => meta.last_error = Some(text(value)?.to_string()),
         Field::ErrorKind => {
             meta.error_kind = Some(text(value)?.parse().map_err(
@@ -625,13 +812,13 @@ fn apply(
         Field::ReplayCount => meta.replay_count = number(name, value)?,
         Field::ParkedBehind => meta.parked_behind = Some(text(value)?.to_string()),
         Field::DeadReason => {
-            dead.reason = Some(text(value)?.parse().map_err(|problem| MetadataError {
+            parts.reason = Some(text(value)?.parse().map_err(|problem| MetadataError {
                 header: name.to_string(),
                 problem,
             })?)
         }
-        Field::DeadAt => dead.at = Some(Timestamp::from_millis(number(name, value)?)),
-        Field::DeadConsumer => dead.consumer = Some(text(value)?.to_string()),
+        Field::DeadAt => parts.at = Some(Timestamp::from_millis(number(name, value)?)),
+        Field::DeadConsumer => parts.consumer = Some(text(value)?.to_string()),
     }
     Ok(true)
 }
@@ -649,11 +836,14 @@ mod tests {
             retries: 2,
             first_seen: Some(Timestamp::from_millis(1_700_000_000_000)),
             due_at: Some(Timestamp::from_millis(1_700_000_005_000)),
-            origin: Some(Origin {
-                topic: "orders".into(),
-                partition: Some(3),
-                offset: Some(12_345),
-            }),
+            origin: Some(
+                Origin::new("orders")
+                    .at(3, 12_345)
+                    .with_timestamp(OriginTimestamp {
+                        at: Timestamp::from_millis(1_699_999_999_000),
+                        kind: TimestampKind::LogAppendTime,
+                    }),
+            ),
             last_error: Some("connection refused: héllo".into()),
             error_kind: Some(ErrorKind::Deferred),
             last_delay: Some(Duration::from_millis(5_000)),
@@ -684,6 +874,27 @@ mod tests {
             encode_with(&full(), &foreign, Packing::Single).len(),
             1 + foreign.len()
         );
+    }
+
+    #[test]
+    fn map_brokers_get_order_and_repeats_back_in_both_packings() {
+        let producer = Headers::new()
+            .with("zulu", Bytes::from_static(&[0xff]))
+            .with("alpha", "a")
+            .with("zulu", "z2");
+        for packing in [Packing::Headers, Packing::Single] {
+            let (sdk, unique) = encode_for_map(&full(), &producer, packing);
+            // What a map broker gives back: its own (sorted) order, one value per name.
+            let mut native: Vec<(String, Bytes)> = unique
+                .iter()
+                .map(|(n, v)| (n.to_string(), (*v).clone()))
+                .chain(sdk.iter_owned().map(|(n, v)| (n.into_owned(), v)))
+                .collect();
+            native.sort();
+            let (meta, back) = decode(&native.into_iter().collect()).unwrap();
+            assert_eq!(meta, full(), "{packing:?}");
+            assert_eq!(back, producer, "{packing:?}");
+        }
     }
 
     #[test]
