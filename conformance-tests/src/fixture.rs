@@ -29,6 +29,32 @@ pub trait Inspect: Send + Sync + 'static {
     async fn held_in_source(&self, topic: &str, group: &str) -> Result<u64, Error>;
 }
 
+/// A message as the broker's own client describes it: one `(field, value)` line per thing a producer
+/// sets, in the broker's order, each value written with its native type (`header count = LongInt(7)`,
+/// `property content-type = "text/plain"`, `key = 00ff…`). A line named `payload` holds the payload in hex.
+pub type NativeMessage = Vec<(String, String)>;
+
+/// Lowercase hex of `bytes`: how a [`NativeMessage`] writes payloads, keys and binary values.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The broker's own client, for scenarios that publish and read messages the way another application
+/// would — so that what they claim about a message is read from the broker, not through the SDK's decoder.
+#[async_trait]
+pub trait RawClient: Send + Sync + 'static {
+    /// Publishes to `topic`, with the raw client, a message whose payload is `payload` and which uses
+    /// everything a producer can set on this broker: headers or properties with names out of order and,
+    /// where the broker keeps them, repeated; a value of every native type; the envelope's own fields
+    /// (content type, correlation id, timestamps, keys, data types, …). Returns it as published.
+    async fn publish_native(&self, topic: &str, payload: &[u8]) -> Result<NativeMessage, Error>;
+
+    /// Every message now in the DLQ of `topic`, read with the raw client and left there, described like
+    /// [`RawClient::publish_native`]'s result. The SDK's own names (`x-retry-*`) are left out, and so is
+    /// what the broker assigns by itself (ids, offsets, arrival times).
+    async fn dead_letters(&self, topic: &str) -> Result<Vec<NativeMessage>, Error>;
+}
+
 /// What a fixture offers beyond the broker: scenarios that need more are skipped, with the reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Abilities {
@@ -36,6 +62,8 @@ pub struct Abilities {
     pub faults: bool,
     /// [`Inspect`] is given.
     pub inspect: bool,
+    /// A [`RawClient`] is given.
+    pub raw_client: bool,
 }
 
 /// One adapter under test.
@@ -46,6 +74,7 @@ pub struct Fixture {
     delay_unit: Duration,
     faults: Option<Arc<dyn Faults>>,
     inspect: Option<Arc<dyn Inspect>>,
+    raw_client: Option<Arc<dyn RawClient>>,
 }
 
 impl std::fmt::Debug for Fixture {
@@ -70,7 +99,19 @@ impl Fixture {
             delay_unit,
             faults: None,
             inspect: None,
+            raw_client: None,
         }
+    }
+
+    /// Adds the broker's own client.
+    pub fn with_raw_client(mut self, raw: impl RawClient) -> Self {
+        self.raw_client = Some(Arc::new(raw));
+        self
+    }
+
+    /// The broker's own client, if the adapter's test gave it.
+    pub fn raw_client(&self) -> Option<&dyn RawClient> {
+        self.raw_client.as_deref()
     }
 
     /// Adds the broker's own view, read with its raw client.
@@ -89,6 +130,7 @@ impl Fixture {
         Abilities {
             faults: self.faults.is_some(),
             inspect: self.inspect.is_some(),
+            raw_client: self.raw_client.is_some(),
         }
     }
 

@@ -158,7 +158,7 @@ pub fn all() -> Vec<Scenario> {
             12,
             fidelity::bytes_preserved_every_hop,
             always,
-            "payload, key, headers byte for byte through every hop and into the DLQ"
+            "payload, key and headers (names out of order and repeated) byte for byte through retries, the DLQ, a replay and the DLQ again; a natively published message's every native field, read with the broker's raw client, equal in the DLQ after retries and after a replay"
         ),
         scenario!(
             13,
