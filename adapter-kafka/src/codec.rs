@@ -1,7 +1,10 @@
 //! Events as Kafka records, and the adapter's routing headers.
 //!
 //! Kafka headers are ordered, may repeat and carry any bytes, so an event's headers (the SDK's metadata
-//! included) travel exactly as they are; a header with a null value comes back empty. A record on its
+//! included) travel exactly as they are. A header with a null value reaches the handler empty, and every
+//! copy the adapter makes of the record writes it null again ([`Nulls`]). A copy is stamped anew (the
+//! broker's retention counts from a record's timestamp); the original's timestamp and its type travel in
+//! the SDK's metadata (`x-retry-origin-timestamp`, `x-retry-origin-timestamp-type`). A record on its
 //! way through the delay ladder carries three more headers, which the adapter reads and strips before
 //! the runtime sees the record: where it goes when due, when it is due, and when it may leave the level
 //! it sits in. A dead letter carries the consumer group that dead-lettered it.
@@ -13,7 +16,7 @@ use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use retry_core::event::RawMessage;
 use retry_core::headers::Headers as EventHeaders;
-use retry_core::metadata::{self, names};
+use retry_core::metadata::{self, OriginTimestamp, TimestampKind, names};
 use retry_core::time::Timestamp;
 
 /// The topic a delayed record goes to once due (a group's retry topic).
@@ -40,17 +43,50 @@ pub(crate) struct Route {
 #[derive(Clone, Debug)]
 pub(crate) struct Decoded {
     pub(crate) raw: RawMessage,
+    pub(crate) nulls: Nulls,
     pub(crate) route: Option<Route>,
     pub(crate) group: Option<String>,
+    pub(crate) timestamp: Option<OriginTimestamp>,
 }
 
-/// The headers of `raw`, plus `extra` after them.
-pub(crate) fn headers(raw: &RawMessage, extra: &[(&str, &[u8])]) -> OwnedHeaders {
+/// A record to produce: the event as it travels, and which of its headers are null.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Outbound<'a> {
+    pub(crate) raw: &'a RawMessage,
+    pub(crate) nulls: &'a Nulls,
+}
+
+/// The headers of a record whose value was null (Kafka tells a null value from an empty one; an event's
+/// headers hold bytes), by name and occurrence of the name, so a copy writes them null again. Empty for
+/// almost every record, and then free.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Nulls(Vec<(String, usize)>);
+
+impl Nulls {
+    /// Whether the `nth` header named `name` (counting from 0) was null.
+    fn contains(&self, name: &str, nth: usize) -> bool {
+        self.0.iter().any(|(n, i)| n == name && *i == nth)
+    }
+}
+
+/// How many headers before `index` in `headers` are named `name`.
+fn occurrence<'a>(mut names: impl Iterator<Item = &'a str>, index: usize, name: &str) -> usize {
+    names.by_ref().take(index).filter(|n| *n == name).count()
+}
+
+/// The headers of `raw` (null where `nulls` says the original's were), plus `extra` after them.
+pub(crate) fn headers(raw: &RawMessage, nulls: &Nulls, extra: &[(&str, &[u8])]) -> OwnedHeaders {
     let mut out = OwnedHeaders::new_with_capacity(raw.headers.len() + extra.len());
-    for (name, value) in raw.headers.iter() {
+    for (index, (name, value)) in raw.headers.iter().enumerate() {
+        let null = !nulls.0.is_empty()
+            && value.is_empty()
+            && nulls.contains(
+                name,
+                occurrence(raw.headers.iter().map(|(n, _)| n), index, name),
+            );
         out = out.insert(Header {
             key: name,
-            value: Some(value.as_ref()),
+            value: (!null).then_some(value.as_ref()),
         });
     }
     for (name, value) in extra {
@@ -80,7 +116,7 @@ fn millis(value: &[u8]) -> Option<Timestamp> {
 }
 
 /// The SDK's metadata header names, so a decoded record names them without an allocation each.
-const KNOWN: [&str; 17] = [
+const KNOWN: [&str; 21] = [
     names::EVENT_ID,
     names::ATTEMPTS,
     names::RETRIES,
@@ -93,11 +129,15 @@ const KNOWN: [&str; 17] = [
     names::ERROR_KIND,
     names::LAST_DELAY,
     names::REPLAY_COUNT,
+    names::REPLAYED_AT,
+    names::ORIGIN_TIMESTAMP,
+    names::ORIGIN_TIMESTAMP_TYPE,
     names::PARKED_BEHIND,
     names::DEAD_REASON,
     names::DEAD_AT,
     names::DEAD_CONSUMER,
     metadata::PACKED,
+    retry_core::layout::LAYOUT,
 ];
 
 fn header_name(name: &str) -> Cow<'static, str> {
@@ -112,12 +152,23 @@ fn header_name(name: &str) -> Cow<'static, str> {
 pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
     let (mut to, mut due, mut hop_due, mut group) = (None, None, None, None);
     let mut headers = EventHeaders::new();
+    let mut nulls = Nulls::default();
     if let Some(hs) = message.headers() {
         let size: usize = hs.iter().map(|h| h.value.map_or(0, <[u8]>::len)).sum();
         let mut buffer = BytesMut::with_capacity(size);
         let mut spans = Vec::with_capacity(hs.count());
         for h in hs.iter() {
             let value = h.value.unwrap_or_default();
+            if h.value.is_none() {
+                let nth = occurrence(
+                    spans
+                        .iter()
+                        .map(|(n, _): &(Cow<'static, str>, _)| n.as_ref()),
+                    spans.len(),
+                    h.key,
+                );
+                nulls.0.push((h.key.to_string(), nth));
+            }
             match h.key {
                 ROUTE_TO => to = std::str::from_utf8(value).ok().map(str::to_string),
                 ROUTE_DUE => due = millis(value),
@@ -144,14 +195,27 @@ pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
         }),
         _ => None,
     };
+    let timestamp = match message.timestamp() {
+        rdkafka::Timestamp::CreateTime(ms) => Some((ms, TimestampKind::CreateTime)),
+        rdkafka::Timestamp::LogAppendTime(ms) => Some((ms, TimestampKind::LogAppendTime)),
+        rdkafka::Timestamp::NotAvailable => None,
+    }
+    .and_then(|(ms, kind)| {
+        Some(OriginTimestamp {
+            at: Timestamp::from_millis(u64::try_from(ms).ok()?),
+            kind,
+        })
+    });
     Decoded {
         raw: RawMessage {
             payload: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
             key: message.key().map(Bytes::copy_from_slice),
             headers,
         },
+        nulls,
         route,
         group,
+        timestamp,
     }
 }
 
@@ -169,7 +233,7 @@ mod tests {
                 .with("a", "again")
                 .with("b", ""),
         };
-        let out = headers(&raw, &[(GROUP, b"billing")]);
+        let out = headers(&raw, &Nulls::default(), &[(GROUP, b"billing")]);
         let read: Vec<(String, Vec<u8>)> = out
             .iter()
             .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
@@ -183,6 +247,22 @@ mod tests {
                 (GROUP.to_string(), b"billing".to_vec()),
             ]
         );
+    }
+
+    #[test]
+    fn null_values_are_written_null_again() {
+        let raw = RawMessage {
+            payload: Bytes::new(),
+            key: None,
+            headers: EventHeaders::new()
+                .with("a", "")
+                .with("a", "")
+                .with("b", ""),
+        };
+        let nulls = Nulls(vec![("a".into(), 1), ("b".into(), 0)]);
+        let out = headers(&raw, &nulls, &[]);
+        let read: Vec<Option<&[u8]>> = out.iter().map(|h| h.value).collect();
+        assert_eq!(read, [Some(&b""[..]), None, None]);
     }
 
     #[test]

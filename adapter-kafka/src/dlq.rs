@@ -108,6 +108,8 @@ struct Read {
     /// The consumer group that dead-lettered it (its replay goes back to that group's retry topic).
     group: Option<String>,
     message: RawMessage,
+    /// Its headers whose value is null, written null again in a replay.
+    nulls: codec::Nulls,
 }
 
 /// A DLQ read to its end, with the consumer that will commit the marks.
@@ -183,6 +185,7 @@ impl DlqSession for KafkaDlqSession {
                 &target,
                 Some(read.partition),
                 &event.to_raw(),
+                &read.nulls,
                 &[],
                 &format!("replay to {target}"),
             )
@@ -362,6 +365,7 @@ fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Error> 
                 offset,
                 group: decoded.group,
                 message: decoded.raw,
+                nulls: decoded.nulls,
             });
         }
     }

@@ -317,7 +317,13 @@ impl Forwarder {
         self.link.partitions_blocking(&topic)?;
         let extra: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
         self.link
-            .start_send(&topic, Some(entry.tp.1), &entry.decoded.raw, &extra)
+            .start_send(
+                &topic,
+                Some(entry.tp.1),
+                &entry.decoded.raw,
+                &entry.decoded.nulls,
+                &extra,
+            )
             .map_err(|e| {
                 Error::from_source(Kind::Rejected, e).with_operation(format!("forward to {topic}"))
             })

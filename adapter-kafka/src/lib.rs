@@ -141,6 +141,7 @@ impl Transport for KafkaTransport {
                 topic,
                 None,
                 &event.to_raw(),
+                &codec::Nulls::default(),
                 &[],
                 &format!("publish to {topic}"),
             )

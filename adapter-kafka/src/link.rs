@@ -15,7 +15,7 @@ use retry_core::error::{Error, Kind, wrap};
 use retry_core::event::RawMessage;
 use retry_core::time::Timestamp;
 
-use crate::codec::{self, Route};
+use crate::codec::{self, Nulls, Outbound, Route};
 use crate::config::KafkaConfig;
 use crate::hops::{Hop, next_hop};
 
@@ -274,11 +274,12 @@ impl Link {
         topic: &str,
         partition: Option<i32>,
         raw: &RawMessage,
+        nulls: &Nulls,
         extra: &[(&str, &[u8])],
     ) -> Result<DeliveryFuture, KafkaError> {
         let mut record = FutureRecord::<[u8], [u8]>::to(topic)
             .payload(&raw.payload[..])
-            .headers(codec::headers(raw, extra));
+            .headers(codec::headers(raw, nulls, extra));
         if let Some(key) = &raw.key {
             record = record.key(&key[..]);
         }
@@ -295,12 +296,13 @@ impl Link {
         topic: &str,
         partition: Option<i32>,
         raw: &RawMessage,
+        nulls: &Nulls,
         extra: &[(&str, &[u8])],
         operation: &str,
     ) -> Result<Position, Error> {
         let mut attempts = 0;
         loop {
-            match self.start_send(topic, partition, raw, extra) {
+            match self.start_send(topic, partition, raw, nulls, extra) {
                 Ok(delivery) => return delivered(delivery.await, operation),
                 // The local queue is full: wait for room rather than fail (bounded).
                 Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
@@ -318,17 +320,18 @@ impl Link {
         }
     }
 
-    /// Sends `raw` to come back on `to` after `delay` at the earliest: straight to `to` when there is no
-    /// delay, otherwise into the ladder level of its first hop.
+    /// Sends `record` to come back on `to` after `delay` at the earliest: straight to `to` when there is
+    /// no delay, otherwise into the ladder level of its first hop.
     pub(crate) async fn send_delayed(
         &self,
         source: &str,
         to: &str,
         partition: i32,
-        raw: &RawMessage,
+        record: Outbound<'_>,
         delay: Duration,
         operation: &str,
     ) -> Result<(), Error> {
+        let Outbound { raw, nulls } = record;
         let now = Timestamp::now();
         // Whole milliseconds: one more keeps a sub-millisecond remainder and the clock's rounding from
         // making the retry early.
@@ -351,7 +354,7 @@ impl Link {
             self.config.levels(),
         ) {
             Hop::Due => self
-                .send(to, Some(partition), raw, &[], operation)
+                .send(to, Some(partition), raw, nulls, &[], operation)
                 .await
                 .map(drop),
             Hop::Level { level, leave_at } => {
@@ -363,7 +366,7 @@ impl Link {
                 let extra: Vec<(&str, &[u8])> =
                     headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
                 let level_topic = self.config.level_topic(source, level);
-                self.send(&level_topic, Some(partition), raw, &extra, operation)
+                self.send(&level_topic, Some(partition), raw, nulls, &extra, operation)
                     .await
                     .map(drop)
             }

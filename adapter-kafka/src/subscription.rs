@@ -22,7 +22,7 @@ use retry_core::event::{Event, RawMessage};
 use retry_core::metadata::Origin;
 use tokio::sync::mpsc;
 
-use crate::codec;
+use crate::codec::{self, Nulls};
 use crate::ladder::Ladder;
 use crate::link::Link;
 use crate::offsets::Tp;
@@ -116,14 +116,13 @@ impl KafkaSubscription {
     fn delivery(&self, record: Record) -> Delivery {
         let (topic, partition) = record.tp.clone();
         Delivery {
-            info: DeliveryInfo::new(
-                format!("{topic}/{partition}/{}", record.offset),
-                Origin {
-                    topic: self.spec.topic.clone(),
-                    partition: Some(partition),
-                    offset: Some(record.offset),
-                },
-            ),
+            info: DeliveryInfo::new(format!("{topic}/{partition}/{}", record.offset), {
+                let origin = Origin::new(self.spec.topic.clone()).at(partition, record.offset);
+                match record.decoded.timestamp {
+                    Some(t) => origin.with_timestamp(t),
+                    None => origin,
+                }
+            }),
             receipt: Box::new(KafkaReceipt {
                 link: self.link.clone(),
                 worker: self.worker.clone(),
@@ -135,6 +134,7 @@ impl KafkaSubscription {
                     epoch: record.epoch,
                 }),
                 original: record.decoded.raw.clone(),
+                nulls: record.decoded.nulls,
             }),
             message: record.decoded.raw,
         }
@@ -222,6 +222,8 @@ struct KafkaReceipt {
     partition: i32,
     position: Unsettled<Position>,
     original: RawMessage,
+    /// The record's headers whose value was null: every copy writes them null again.
+    nulls: Nulls,
 }
 
 impl KafkaReceipt {
@@ -240,7 +242,10 @@ impl KafkaReceipt {
                 &self.names.source,
                 &self.names.retry_topic,
                 self.partition,
-                raw,
+                codec::Outbound {
+                    raw,
+                    nulls: &self.nulls,
+                },
                 delay,
                 operation,
             )
@@ -269,6 +274,7 @@ impl Receipt for KafkaReceipt {
                 dlq,
                 Some(self.partition),
                 &event.to_raw(),
+                &self.nulls,
                 &[(codec::GROUP, self.names.group.as_bytes())],
                 &format!("dead-letter to {dlq}"),
             )
