@@ -1,19 +1,40 @@
-//! Events as AMQP messages: the payload is the body, headers are the header table, the key travels in
-//! `x-retry-key`, and the broker's own dead-letter headers (`x-death`, ...) never enter an event.
+//! Events as AMQP messages, and copies that keep everything the producer set.
 //!
-//! Header values are written as long strings, which carry any bytes. An AMQP header table is a map, so a
-//! name that repeats is written once as an array of its values (in order) and read back as repeated
-//! headers; names come back in the table's order (sorted), not the producer's. A header another producer
-//! wrote with a non-string type is handed over as its text form.
+//! A new message (the SDK's producer): the payload is the body, the event's headers are long strings in
+//! the header table — the first value of each name, with the [layout](retry_core::layout) of names out
+//! of order or repeated in `x-retry-layout` — the key travels in `x-retry-key`, and the SDK's metadata
+//! in `x-retry-*` headers.
+//!
+//! A copy (a retry through the delay ladder, a dead letter, a replay) starts from the original
+//! message's own properties: every header keeps its AMQP type and value (booleans, integers of every
+//! width, floats, decimals, timestamps, void, nested tables and arrays, byte arrays), and so do content
+//! type and encoding, correlation id, reply-to, type, app id, timestamp, priority, message id and user id.
+//! Only the SDK's own headers are written anew. Three things a copy cannot carry as they are: a copy is
+//! always persistent (it must survive a broker restart); an `expiration` would let the broker drop the
+//! copy from the delay ladder or the DLQ, so it travels as the `x-retry-amqp-expiration` header; and a
+//! `user-id` RabbitMQ checks against the publishing connection's user, so when it names another user it
+//! travels as `x-retry-amqp-user-id`. The broker's own dead-letter headers (`x-death`, …) never enter an
+//! event or a copy.
+//!
+//! A handler sees header values as bytes: strings as they are, other types in their text form (`42`,
+//! `true`, `12.34`, nested tables and arrays as JSON).
 
 use bytes::Bytes;
 use lapin::BasicProperties;
-use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
-use retry_core::event::RawMessage;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use retry_core::event::{Event, RawMessage};
 use retry_core::headers::Headers;
+use retry_core::metadata::{self, Packing};
 
 /// The header carrying the event's key (AMQP has no key).
 pub(crate) const KEY_HEADER: &str = "x-retry-key";
+/// The header naming a DLQ entry (a dead letter keeps its original's message id, which need not be
+/// unique).
+pub(crate) const ENTRY_HEADER: &str = "x-retry-dlq-entry";
+/// Where a copy keeps the original's `expiration`.
+pub(crate) const EXPIRATION_HEADER: &str = "x-retry-amqp-expiration";
+/// Where a copy keeps a `user-id` that names another user than the SDK's connection.
+pub(crate) const USER_ID_HEADER: &str = "x-retry-amqp-user-id";
 
 /// Headers RabbitMQ adds when it dead-letters; a copy must not carry them on (attempts are ours).
 fn is_broker_header(name: &str) -> bool {
@@ -30,45 +51,184 @@ fn is_broker_header(name: &str) -> bool {
     )
 }
 
-/// The AMQP properties of `raw`: persistent, its headers and key, and `message_id`.
-pub(crate) fn properties(raw: &RawMessage, message_id: &str) -> BasicProperties {
+/// Headers the SDK writes anew on every message: its metadata, the layout, the key, a DLQ entry's id.
+fn is_sdk_header(name: &str) -> bool {
+    metadata::is_sdk_field(name) || name == KEY_HEADER || name == ENTRY_HEADER
+}
+
+/// The adapter's headers that keep what a copy cannot carry in its envelope; they stay on every copy.
+fn is_carried(name: &str) -> bool {
+    name == EXPIRATION_HEADER || name == USER_ID_HEADER
+}
+
+/// Headers no handler sees: the key (the event's key), a DLQ entry's id, and what a copy carries for its
+/// envelope.
+fn is_adapter_header(name: &str) -> bool {
+    name == KEY_HEADER || name == ENTRY_HEADER || is_carried(name)
+}
+
+/// The properties of an unchanged copy of a message whose properties are `native` (a release through the
+/// delay ladder): everything kept, the SDK's headers too, except what [`properties`] never carries.
+pub(crate) fn unchanged(native: &BasicProperties, user: &str) -> BasicProperties {
     let mut table = FieldTable::default();
-    let mut names: Vec<&str> = Vec::with_capacity(raw.headers.len());
-    for (name, _) in raw.headers.iter() {
-        if !names.contains(&name) {
-            names.push(name);
+    if let Some(original) = native.headers() {
+        for (name, value) in original.inner() {
+            if !is_broker_header(name.as_str()) {
+                table.insert(name.clone(), value.clone());
+            }
         }
     }
-    for name in names {
-        let values: Vec<&Bytes> = raw
-            .headers
-            .iter()
-            .filter(|(n, _)| *n == name)
-            .map(|(_, v)| v)
-            .collect();
-        let value = match values.as_slice() {
-            [one] => long_string(one),
-            many => AMQPValue::FieldArray(FieldArray::from(
-                many.iter().map(|v| long_string(v)).collect::<Vec<_>>(),
-            )),
-        };
-        table.insert(ShortString::from(name), value);
-    }
-    if let Some(key) = &raw.key {
-        table.insert(ShortString::from(KEY_HEADER), long_string(key));
-    }
-    BasicProperties::default()
+    envelope(native.clone(), &mut table, user)
         .with_delivery_mode(2)
-        .with_message_id(ShortString::from(message_id))
         .with_headers(table)
 }
 
-fn long_string(bytes: &Bytes) -> AMQPValue {
+/// A copy's envelope: `props` without the expiration (kept in a header) and without a user id RabbitMQ
+/// would refuse from this connection (kept in a header too).
+fn envelope(mut props: BasicProperties, table: &mut FieldTable, user: &str) -> BasicProperties {
+    if let Some(expiration) = props.expiration().clone() {
+        table.insert(EXPIRATION_HEADER.into(), text(expiration.as_str()));
+        props = clear_expiration(props);
+    }
+    if let Some(user_id) = props.user_id().clone()
+        && user_id.as_str() != user
+    {
+        table.insert(USER_ID_HEADER.into(), text(user_id.as_str()));
+        props = clear_user_id(props);
+    }
+    props
+}
+
+/// The properties of `event` as a message: a copy of `native` (the original's properties) when there is
+/// one, a new message with id `message_id` otherwise. `user` is the connection's user (RabbitMQ refuses
+/// a `user-id` naming another); `extra` are adapter headers (a DLQ entry's id).
+pub(crate) fn properties(
+    event: &Event,
+    native: Option<&BasicProperties>,
+    message_id: &str,
+    user: &str,
+    extra: &[(&str, &str)],
+) -> BasicProperties {
+    let (sdk, unique) =
+        metadata::encode_for_map(event.metadata(), &event.headers, Packing::Headers);
+    let mut table = FieldTable::default();
+    for (name, value) in sdk.iter() {
+        table.insert(ShortString::from(name), long_string(value));
+    }
+    // A producer's own `x-retry-*` header is written after the SDK's metadata and wins, as a later header
+    // does on every broker (and a malformed one makes the event poison).
+    let mut props = match native {
+        Some(native) => {
+            // The original's headers, typed, without the SDK's (written anew below) or the broker's.
+            if let Some(original) = native.headers() {
+                for (name, value) in original.inner() {
+                    if !is_sdk_header(name.as_str()) && !is_broker_header(name.as_str()) {
+                        table.insert(name.clone(), value.clone());
+                    }
+                }
+            }
+            envelope(native.clone(), &mut table, user)
+        }
+        None => {
+            for (name, value) in &unique {
+                table.insert(ShortString::from(*name), long_string(value));
+            }
+            BasicProperties::default().with_message_id(ShortString::from(message_id))
+        }
+    };
+    if let Some(key) = &event.key {
+        table.insert(ShortString::from(KEY_HEADER), long_string(key));
+    }
+    for (name, value) in extra {
+        table.insert(ShortString::from(*name), text(value));
+    }
+    props = props.with_delivery_mode(2).with_headers(table);
+    props
+}
+
+/// `props` without an expiration (lapin's builder can set a field but not clear it).
+fn clear_expiration(props: BasicProperties) -> BasicProperties {
+    rebuild(props, |p| p.expiration = None)
+}
+
+/// `props` without a user id.
+fn clear_user_id(props: BasicProperties) -> BasicProperties {
+    rebuild(props, |p| p.user_id = None)
+}
+
+/// The plain fields of a message's properties, to change one that lapin's builder cannot clear.
+#[derive(Default)]
+struct Fields {
+    content_type: Option<ShortString>,
+    content_encoding: Option<ShortString>,
+    headers: Option<FieldTable>,
+    delivery_mode: Option<u8>,
+    priority: Option<u8>,
+    correlation_id: Option<ShortString>,
+    reply_to: Option<ShortString>,
+    expiration: Option<ShortString>,
+    message_id: Option<ShortString>,
+    timestamp: Option<u64>,
+    kind: Option<ShortString>,
+    user_id: Option<ShortString>,
+    app_id: Option<ShortString>,
+    cluster_id: Option<ShortString>,
+}
+
+fn rebuild(props: BasicProperties, change: impl FnOnce(&mut Fields)) -> BasicProperties {
+    let mut f = Fields {
+        content_type: props.content_type().clone(),
+        content_encoding: props.content_encoding().clone(),
+        headers: props.headers().clone(),
+        delivery_mode: *props.delivery_mode(),
+        priority: *props.priority(),
+        correlation_id: props.correlation_id().clone(),
+        reply_to: props.reply_to().clone(),
+        expiration: props.expiration().clone(),
+        message_id: props.message_id().clone(),
+        timestamp: *props.timestamp(),
+        kind: props.kind().clone(),
+        user_id: props.user_id().clone(),
+        app_id: props.app_id().clone(),
+        cluster_id: props.cluster_id().clone(),
+    };
+    change(&mut f);
+    let mut out = BasicProperties::default();
+    macro_rules! set {
+        ($field:ident, $with:ident) => {
+            if let Some(v) = f.$field {
+                out = out.$with(v);
+            }
+        };
+    }
+    set!(content_type, with_content_type);
+    set!(content_encoding, with_content_encoding);
+    set!(headers, with_headers);
+    set!(delivery_mode, with_delivery_mode);
+    set!(priority, with_priority);
+    set!(correlation_id, with_correlation_id);
+    set!(reply_to, with_reply_to);
+    set!(expiration, with_expiration);
+    set!(message_id, with_message_id);
+    set!(timestamp, with_timestamp);
+    set!(kind, with_type);
+    set!(user_id, with_user_id);
+    set!(app_id, with_app_id);
+    set!(cluster_id, with_cluster_id);
+    out
+}
+
+fn long_string(bytes: &[u8]) -> AMQPValue {
     AMQPValue::LongString(LongString::from(bytes.to_vec()))
 }
 
-/// The message a delivery carries, without the broker's dead-letter headers.
-pub(crate) fn raw_message(body: Vec<u8>, properties: &BasicProperties) -> RawMessage {
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+/// The message a delivery carries, as the runtime decodes it: the body, the key, and the header table
+/// (without the broker's dead-letter headers) as byte values.
+pub(crate) fn raw_message(body: Bytes, properties: &BasicProperties) -> RawMessage {
     let mut headers = Headers::new();
     let mut key = None;
     if let Some(table) = properties.headers() {
@@ -81,88 +241,185 @@ pub(crate) fn raw_message(body: Vec<u8>, properties: &BasicProperties) -> RawMes
                 key = Some(bytes_of(value));
                 continue;
             }
-            match value {
-                AMQPValue::FieldArray(items) => {
-                    for item in items.as_slice() {
-                        headers.push(name.to_string(), bytes_of(item));
-                    }
-                }
-                other => headers.push(name.to_string(), bytes_of(other)),
+            if is_adapter_header(name) {
+                continue;
             }
+            headers.push(name.to_string(), bytes_of(value));
         }
     }
     RawMessage {
-        payload: Bytes::from(body),
+        payload: body,
         key,
         headers,
     }
 }
 
+/// A header value as a handler sees it: bytes as they are, other types in their text form.
 fn bytes_of(value: &AMQPValue) -> Bytes {
     match value {
         AMQPValue::LongString(s) => Bytes::copy_from_slice(s.as_bytes()),
         AMQPValue::ShortString(s) => Bytes::copy_from_slice(s.as_str().as_bytes()),
         AMQPValue::ByteArray(b) => Bytes::copy_from_slice(b.as_slice()),
-        AMQPValue::Boolean(b) => Bytes::from(b.to_string()),
-        AMQPValue::ShortShortInt(n) => Bytes::from(n.to_string()),
-        AMQPValue::ShortShortUInt(n) => Bytes::from(n.to_string()),
-        AMQPValue::ShortInt(n) => Bytes::from(n.to_string()),
-        AMQPValue::ShortUInt(n) => Bytes::from(n.to_string()),
-        AMQPValue::LongInt(n) => Bytes::from(n.to_string()),
-        AMQPValue::LongUInt(n) => Bytes::from(n.to_string()),
-        AMQPValue::LongLongInt(n) => Bytes::from(n.to_string()),
-        AMQPValue::Timestamp(n) => Bytes::from(n.to_string()),
-        AMQPValue::Float(n) => Bytes::from(n.to_string()),
-        AMQPValue::Double(n) => Bytes::from(n.to_string()),
-        other => Bytes::from(format!("{other:?}")),
+        AMQPValue::DecimalValue(d) => Bytes::from(decimal(d.scale, d.value)),
+        AMQPValue::Void => Bytes::new(),
+        other => Bytes::from(json_of(other).to_string()),
     }
+}
+
+/// A value in JSON: numbers and booleans as themselves, decimals as their digits with the point in
+/// place, text as strings, void as null, tables and arrays nested.
+fn json_of(value: &AMQPValue) -> serde_json::Value {
+    use serde_json::Value as J;
+    match value {
+        AMQPValue::Boolean(b) => J::from(*b),
+        AMQPValue::ShortShortInt(n) => J::from(*n),
+        AMQPValue::ShortShortUInt(n) => J::from(*n),
+        AMQPValue::ShortInt(n) => J::from(*n),
+        AMQPValue::ShortUInt(n) => J::from(*n),
+        AMQPValue::LongInt(n) => J::from(*n),
+        AMQPValue::LongUInt(n) => J::from(*n),
+        AMQPValue::LongLongInt(n) => J::from(*n),
+        AMQPValue::Timestamp(n) => J::from(*n),
+        AMQPValue::Float(n) => J::from(*n),
+        AMQPValue::Double(n) => J::from(*n),
+        AMQPValue::DecimalValue(d) => J::String(decimal(d.scale, d.value)),
+        AMQPValue::ShortString(s) => J::from(s.as_str()),
+        AMQPValue::LongString(s) => J::from(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ByteArray(b) => J::from(String::from_utf8_lossy(b.as_slice()).into_owned()),
+        AMQPValue::Void => J::Null,
+        AMQPValue::FieldArray(items) => J::Array(items.as_slice().iter().map(json_of).collect()),
+        AMQPValue::FieldTable(table) => J::Object(
+            table
+                .inner()
+                .iter()
+                .map(|(k, v)| (k.to_string(), json_of(v)))
+                .collect(),
+        ),
+    }
+}
+
+/// `value` × 10^-`scale` in decimal digits: scale 2 of 1234 is `12.34`.
+fn decimal(scale: u8, value: u32) -> String {
+    let digits = value.to_string();
+    let scale = usize::from(scale);
+    if scale == 0 {
+        return digits;
+    }
+    let padded = format!("{digits:0>width$}", width = scale + 1);
+    let (whole, fraction) = padded.split_at(padded.len() - scale);
+    format!("{whole}.{fraction}")
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use lapin::types::{DecimalValue, FieldArray};
 
-    #[test]
-    fn round_trip_keeps_bytes_key_and_repeats() {
-        let raw = RawMessage {
-            payload: Bytes::from_static(&[0, 255, 128]),
-            key: Some(Bytes::from_static(&[0x00, 0xff, b'k'])),
-            headers: Headers::new()
-                .with("b-bin", Bytes::from_static(&[0xff, 0x00]))
-                .with("a-rep", "one")
-                .with("a-rep", "two"),
-        };
-        let props = properties(&raw, "id-1");
-        assert_eq!(props.delivery_mode(), &Some(2));
-        let back = raw_message(raw.payload.to_vec(), &props);
-        assert_eq!(back.payload, raw.payload);
-        assert_eq!(back.key, raw.key);
-        let got: Vec<(&str, &[u8])> = back.headers.iter().map(|(n, v)| (n, v.as_ref())).collect();
-        assert_eq!(
-            got,
-            [
-                ("a-rep", &b"one"[..]),
-                ("a-rep", b"two"),
-                ("b-bin", &[0xff, 0x00])
-            ]
-        );
+    fn round_trip(event: &Event, native: Option<&BasicProperties>) -> (BasicProperties, Event) {
+        let props = properties(event, native, "id-1", "guest", &[]);
+        let raw = raw_message(event.payload.clone(), &props);
+        (props, Event::from_raw(raw).unwrap())
     }
 
     #[test]
-    fn broker_dead_letter_headers_are_dropped() {
+    fn a_new_message_keeps_bytes_key_order_and_repeats() {
+        let event = Event::new(Bytes::from_static(&[0, 255, 128]))
+            .with_key(Bytes::from_static(&[0x00, 0xff, b'k']))
+            .with_header("b-bin", Bytes::from_static(&[0xff, 0x00]))
+            .with_header("a-rep", "one")
+            .with_header("b-bin", "two")
+            .with_header("empty", "");
+        let (props, back) = round_trip(&event, None);
+        assert_eq!(props.delivery_mode(), &Some(2));
+        assert_eq!(
+            props.message_id().as_ref().map(|s| s.as_str()),
+            Some("id-1")
+        );
+        assert_eq!(back.payload, event.payload);
+        assert_eq!(back.key, event.key);
+        assert_eq!(back.headers, event.headers);
+    }
+
+    #[test]
+    fn a_copy_keeps_every_typed_header_and_property() {
         let mut table = FieldTable::default();
+        table.insert("int".into(), AMQPValue::LongInt(-7));
         table.insert(
-            "x-death".into(),
+            "dec".into(),
+            AMQPValue::DecimalValue(DecimalValue {
+                scale: 2,
+                value: 1234,
+            }),
+        );
+        table.insert("void".into(), AMQPValue::Void);
+        table.insert(
+            "empty-array".into(),
             AMQPValue::FieldArray(FieldArray::default()),
         );
         table.insert(
-            "x-first-death-queue".into(),
-            AMQPValue::LongString("q".into()),
+            "one".into(),
+            AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::Boolean(true)])),
         );
-        table.insert("n".into(), AMQPValue::LongInt(7));
-        let back = raw_message(Vec::new(), &BasicProperties::default().with_headers(table));
-        let got: Vec<(&str, &[u8])> = back.headers.iter().map(|(n, v)| (n, v.as_ref())).collect();
-        assert_eq!(got, [("n", &b"7"[..])]);
+        table.insert("x-death".into(), AMQPValue::Void);
+        table.insert("x-retry-attempts".into(), text("3"));
+        let native = BasicProperties::default()
+            .with_headers(table)
+            .with_content_type("application/json".into())
+            .with_correlation_id("corr".into())
+            .with_priority(7)
+            .with_timestamp(1_700_000_000)
+            .with_expiration("60000".into())
+            .with_user_id("someone-else".into())
+            .with_delivery_mode(1);
+        let (event, _) = {
+            let raw = raw_message(Bytes::from_static(b"p"), &native);
+            (Event::from_raw(raw).unwrap(), ())
+        };
+        assert_eq!(event.headers.get("dec").unwrap().as_ref(), b"12.34");
+        assert_eq!(event.headers.get("one").unwrap().as_ref(), b"[true]");
+        assert_eq!(event.metadata().attempts, 3);
+        let copy = properties(
+            &event,
+            Some(&native),
+            "ignored",
+            "guest",
+            &[("x-retry-dlq-entry", "e1")],
+        );
+        let headers = copy.headers().as_ref().unwrap().inner();
+        assert_eq!(headers.get("int"), Some(&AMQPValue::LongInt(-7)));
+        assert_eq!(headers.get("void"), Some(&AMQPValue::Void));
+        assert_eq!(
+            headers.get("empty-array"),
+            Some(&AMQPValue::FieldArray(FieldArray::default()))
+        );
+        assert!(
+            headers.get("x-death").is_none(),
+            "broker headers are dropped"
+        );
+        assert_eq!(headers.get("x-retry-attempts"), Some(&text("3")));
+        assert_eq!(headers.get(EXPIRATION_HEADER), Some(&text("60000")));
+        assert_eq!(headers.get(USER_ID_HEADER), Some(&text("someone-else")));
+        assert_eq!(copy.expiration(), &None);
+        assert_eq!(copy.user_id(), &None);
+        assert_eq!(copy.delivery_mode(), &Some(2), "a copy is persistent");
+        assert_eq!(copy.priority(), &Some(7));
+        assert_eq!(copy.timestamp(), &Some(1_700_000_000));
+        assert_eq!(
+            copy.content_type().as_ref().map(|s| s.as_str()),
+            Some("application/json")
+        );
+        assert_eq!(
+            copy.correlation_id().as_ref().map(|s| s.as_str()),
+            Some("corr")
+        );
+        assert!(copy.message_id().is_none(), "no id is added to a copy");
+    }
+
+    #[test]
+    fn decimals_put_the_point_in_place() {
+        assert_eq!(decimal(2, 1234), "12.34");
+        assert_eq!(decimal(3, 5), "0.005");
+        assert_eq!(decimal(0, 42), "42");
     }
 }

@@ -88,25 +88,33 @@ impl DlqSession for RabbitDlqSession {
         };
         self.drained = message.message_count == 0;
         let raw = codec::raw_message(
-            std::mem::take(&mut message.delivery.data),
+            bytes::Bytes::from(std::mem::take(&mut message.delivery.data)),
             &message.delivery.properties,
         );
-        let id = message
-            .delivery
-            .properties
-            .message_id()
-            .as_ref()
-            .map_or_else(
-                || format!("tag-{}", message.delivery.delivery_tag),
-                |id| id.to_string(),
-            );
+        // The entry's own id, which the adapter gave it when it dead-lettered it; a message put in the DLQ
+        // by something else is known by its message id or, lacking one, its place in this read.
+        let properties = &message.delivery.properties;
+        let entry_id =
+            properties
+                .headers()
+                .as_ref()
+                .and_then(|h| match h.inner().get(codec::ENTRY_HEADER) {
+                    Some(lapin::types::AMQPValue::LongString(s)) => {
+                        Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+                    }
+                    _ => None,
+                });
+        let id = entry_id
+            .or_else(|| properties.message_id().as_ref().map(|id| id.to_string()))
+            .unwrap_or_else(|| format!("tag-{}", message.delivery.delivery_tag));
         self.held.push(message);
         Ok(Some(StoredDeadLetter::new(id, raw)))
     }
 
-    async fn replay(&mut self, _entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
+    async fn replay(&mut self, entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
+        let native = self.held(entry)?.delivery.properties.clone();
         self.link
-            .publish_event(origin, event, &format!("replay to {origin}"))
+            .publish_event(origin, event, Some(&native), &format!("replay to {origin}"))
             .await
             .map(drop)
     }

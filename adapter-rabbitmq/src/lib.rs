@@ -141,7 +141,7 @@ impl Transport for RabbitTransport {
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
         let id = self
             .link
-            .publish_event(topic, event, &format!("publish to {topic}"))
+            .publish_event(topic, event, None, &format!("publish to {topic}"))
             .await?;
         Ok(Published::accepted().with_message_id(id))
     }

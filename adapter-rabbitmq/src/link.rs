@@ -15,9 +15,8 @@ use std::time::Duration;
 use lapin::Confirmation;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
 use lapin::types::FieldTable;
-use lapin::{Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use retry_core::error::{Error, Kind};
-use retry_core::event::RawMessage;
 use tokio::sync::Mutex;
 
 use crate::codec;
@@ -33,6 +32,8 @@ const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
 /// The shared connection state of one transport.
 pub(crate) struct Link {
     url: String,
+    /// The user the connection logs in as (RabbitMQ checks a message's `user-id` against it).
+    pub(crate) user: String,
     pub(crate) config: RabbitConfig,
     pub(crate) names: Names,
     connection: Mutex<Option<Arc<Connection>>>,
@@ -79,7 +80,12 @@ async fn bounded<T>(what: &str, fut: impl Future<Output = Result<T, Error>>) -> 
 impl Link {
     pub(crate) fn new(url: String, config: RabbitConfig) -> Result<Self, Error> {
         config.validate()?;
+        let user = url
+            .parse::<lapin::uri::AMQPUri>()
+            .map(|uri| uri.authority.userinfo.username)
+            .unwrap_or_default();
         Ok(Self {
+            user,
             url,
             names: Names::new(&config),
             config,
@@ -122,14 +128,14 @@ impl Link {
         .await
     }
 
-    /// Publishes `raw` and waits for the broker's confirm; a return (no queue bound) or a nack is an
-    /// error for `operation`.
+    /// Publishes `body` with `props` and waits for the broker's confirm; a return (no queue bound) or a
+    /// nack is an error for `operation`.
     pub(crate) async fn publish(
         &self,
         exchange: &str,
         routing_key: &str,
-        raw: &RawMessage,
-        message_id: &str,
+        body: &[u8],
+        props: BasicProperties,
         operation: &str,
     ) -> Result<(), Error> {
         // One publish at a time per channel, so a return is paired with its own confirm.
@@ -146,7 +152,6 @@ impl Link {
                 ch
             }
         };
-        let props = codec::properties(raw, message_id);
         let confirmation = bounded(operation, async {
             ch.basic_publish(
                 exchange.into(),
@@ -155,7 +160,7 @@ impl Link {
                     mandatory: true,
                     immediate: false,
                 },
-                &raw.payload,
+                body,
                 props,
             )
             .await
@@ -182,19 +187,22 @@ impl Link {
         }
     }
 
-    /// Publishes a new event to `topic`'s work queue (a publish, or a DLQ replay) with its event id as the
-    /// AMQP message id, and waits for the confirm; returns that id.
+    /// Publishes `event` to `topic`'s work queue and waits for the confirm: a new message with its event
+    /// id as the AMQP message id, or — for a DLQ replay — a copy of the entry's message (`native`, its
+    /// properties). Returns the event id.
     pub(crate) async fn publish_event(
         &self,
         topic: &str,
         event: &retry_core::event::Event,
+        native: Option<&BasicProperties>,
         operation: &str,
     ) -> Result<String, Error> {
         self.ensure_topic(topic).await?;
         let id = event
             .id()
             .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string);
-        self.publish("", topic, &event.to_raw(), &id, operation)
+        let props = codec::properties(event, native, &id, &self.user, &[]);
+        self.publish("", topic, &event.payload, props, operation)
             .await?;
         Ok(id)
     }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::StreamExt;
 use lapin::Acker;
 use lapin::message::Delivery as AmqpDelivery;
@@ -21,12 +22,12 @@ use lapin::options::{
 };
 use lapin::protocol::AMQPSoftError;
 use lapin::types::FieldTable;
-use lapin::{Channel, Consumer};
+use lapin::{BasicProperties, Channel, Consumer};
 use retry_core::adapter::{
     Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, Unsettled,
 };
 use retry_core::error::{Error, Kind};
-use retry_core::event::{Event, RawMessage};
+use retry_core::event::Event;
 use retry_core::metadata::Origin;
 use tracing::debug;
 
@@ -138,7 +139,8 @@ impl RabbitSubscription {
 
     fn deliver(&self, d: AmqpDelivery) -> Delivery {
         let channel = self.channel.clone();
-        let message = codec::raw_message(d.data, &d.properties);
+        let body = Bytes::from(d.data);
+        let message = codec::raw_message(body.clone(), &d.properties);
         let message_id = d
             .properties
             .message_id()
@@ -146,20 +148,14 @@ impl RabbitSubscription {
             .map(|id| id.to_string())
             .unwrap_or_else(|| format!("{}/{}", self.spec.topic, d.delivery_tag));
         Delivery {
-            info: DeliveryInfo::new(
-                message_id.clone(),
-                Origin {
-                    topic: self.spec.topic.clone(),
-                    partition: None,
-                    offset: None,
-                },
-            ),
+            info: DeliveryInfo::new(message_id.clone(), Origin::new(self.spec.topic.clone())),
             receipt: Box::new(RabbitReceipt {
                 link: self.link.clone(),
                 _channel: channel,
                 acker: Unsettled::new(d.acker),
                 topic: self.spec.topic.clone(),
-                original: message.clone(),
+                body,
+                native: d.properties,
                 message_id,
             }),
             message,
@@ -301,7 +297,10 @@ struct RabbitReceipt {
     _channel: Option<Arc<Channel>>,
     acker: Unsettled<Acker>,
     topic: String,
-    original: RawMessage,
+    /// The original's body and properties: a release sends them back unchanged, and every other copy
+    /// keeps the properties and typed headers the producer set.
+    body: Bytes,
+    native: BasicProperties,
     message_id: String,
 }
 
@@ -334,11 +333,12 @@ impl RabbitReceipt {
             .map_err(connection_error("requeue"))
     }
 
-    /// Sends `raw` into the delay ladder, to come back to the work queue after `delay` (rounded up).
+    /// Sends `body` with `props` into the delay ladder, to come back to the work queue after `delay`
+    /// (rounded up).
     async fn delay_copy(
         &self,
-        raw: &RawMessage,
-        id: &str,
+        body: &[u8],
+        props: BasicProperties,
         delay: Duration,
         operation: &str,
     ) -> Result<(), Error> {
@@ -358,7 +358,7 @@ impl RabbitReceipt {
         }
         let key = self.link.names.routing_key(units as u64, &self.topic);
         self.link
-            .publish(&self.link.names.entry(), &key, raw, id, operation)
+            .publish(&self.link.names.entry(), &key, body, props, operation)
             .await
     }
 }
@@ -373,7 +373,8 @@ impl Receipt for RabbitReceipt {
         self.acker.get()?;
         let id = event.id().unwrap_or(&self.message_id).to_string();
         let operation = format!("retry of {id} through the delay ladder");
-        self.delay_copy(&event.to_raw(), &id, delay, &operation)
+        let props = codec::properties(event, Some(&self.native), &id, &self.link.user, &[]);
+        self.delay_copy(&event.payload, props, delay, &operation)
             .await?;
         RabbitReceipt::ack(self).await
     }
@@ -383,8 +384,15 @@ impl Receipt for RabbitReceipt {
         let dlq = self.link.names.dlq(&self.topic);
         let entry_id = uuid::Uuid::new_v4().to_string();
         let operation = format!("dead-letter to {dlq}");
+        let props = codec::properties(
+            event,
+            Some(&self.native),
+            &entry_id,
+            &self.link.user,
+            &[(codec::ENTRY_HEADER, &entry_id)],
+        );
         self.link
-            .publish("", &dlq, &event.to_raw(), &entry_id, &operation)
+            .publish("", &dlq, &event.payload, props, &operation)
             .await?;
         RabbitReceipt::ack(self).await
     }
@@ -394,9 +402,9 @@ impl Receipt for RabbitReceipt {
         if after.is_zero() {
             return self.requeue().await;
         }
-        let original = self.original.clone();
-        let id = self.message_id.clone();
-        match self.delay_copy(&original, &id, after, "release").await {
+        let props = codec::unchanged(&self.native, &self.link.user);
+        let body = self.body.clone();
+        match self.delay_copy(&body, props, after, "release").await {
             Ok(()) => RabbitReceipt::ack(self).await,
             Err(e) => {
                 debug!(error = %e, "a delayed release failed; requeueing at once");

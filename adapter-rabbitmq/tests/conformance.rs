@@ -1,16 +1,20 @@
 //! The conformance suite against a real RabbitMQ broker (`RETRY_TEST_AMQP`, started by `scripts/brokers`).
 //!
 //! Each scenario gets its own work queue and DLQ, with the adapter's default settings. The DLQ fault
-//! deletes the DLQ queue (a dead-letter publish then comes back unroutable) and declares it again.
+//! deletes the DLQ queue (a dead-letter publish then comes back unroutable) and declares it again. The
+//! raw client publishes and reads messages with lapin directly, so scenario 12 compares what RabbitMQ
+//! itself holds.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::{Adapter, Faults, Fixture, Inspect};
+use conformance_tests::{Adapter, Faults, Fixture, Inspect, NativeMessage, RawClient, hex};
 use event_retry_rabbitmq::RabbitTransport;
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
-use lapin::{Connection, ConnectionProperties};
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, DecimalValue, FieldArray, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
 use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
 use retry_core::error::{Error, Kind, wrap};
@@ -62,14 +66,202 @@ impl Inspect for QueueDepth {
     }
 }
 
+/// Publishes and reads messages with lapin itself.
+struct RawAmqp {
+    url: String,
+    dlq_suffix: String,
+}
+
+/// A message's every property and header (typed), without the SDK's `x-retry-*` headers and without
+/// `delivery-mode` (a copy is always persistent: see the adapter's README). A header table is a map
+/// sorted by name in lapin, so the order of names is the table's.
+fn describe(body: &[u8], props: &BasicProperties) -> NativeMessage {
+    let mut lines = vec![("payload".to_string(), hex(body))];
+    let mut property = |name: &str, value: Option<String>| {
+        if let Some(value) = value {
+            lines.push((format!("property {name}"), value));
+        }
+    };
+    property(
+        "content-type",
+        props.content_type().as_ref().map(|v| v.to_string()),
+    );
+    property(
+        "content-encoding",
+        props.content_encoding().as_ref().map(|v| v.to_string()),
+    );
+    property("priority", props.priority().map(|v| v.to_string()));
+    property(
+        "correlation-id",
+        props.correlation_id().as_ref().map(|v| v.to_string()),
+    );
+    property("reply-to", props.reply_to().as_ref().map(|v| v.to_string()));
+    property(
+        "expiration",
+        props.expiration().as_ref().map(|v| v.to_string()),
+    );
+    property(
+        "message-id",
+        props.message_id().as_ref().map(|v| v.to_string()),
+    );
+    property("timestamp", props.timestamp().map(|v| v.to_string()));
+    property("type", props.kind().as_ref().map(|v| v.to_string()));
+    property("user-id", props.user_id().as_ref().map(|v| v.to_string()));
+    property("app-id", props.app_id().as_ref().map(|v| v.to_string()));
+    property(
+        "cluster-id",
+        props.cluster_id().as_ref().map(|v| v.to_string()),
+    );
+    if let Some(headers) = props.headers() {
+        for (name, value) in headers.inner() {
+            if !name.as_str().starts_with("x-retry") {
+                lines.push((format!("header {name}"), format!("{value:?}")));
+            }
+        }
+    }
+    lines
+}
+
+impl RawAmqp {
+    async fn channel(&self) -> Result<(Connection, lapin::Channel), Error> {
+        let conn = Connection::connect(&self.url, ConnectionProperties::default())
+            .await
+            .map_err(wrap(Kind::Connection, "connect a raw client"))?;
+        let ch = conn
+            .create_channel()
+            .await
+            .map_err(wrap(Kind::Connection, "open a channel"))?;
+        Ok((conn, ch))
+    }
+}
+
+#[async_trait]
+impl RawClient for RawAmqp {
+    /// Every AMQP field type in the header table (one-element and empty arrays, a nested table, void),
+    /// and every basic property a producer sets (`expiration` left out: the broker would drop the
+    /// original before the test reads it).
+    async fn publish_native(&self, topic: &str, payload: &[u8]) -> Result<NativeMessage, Error> {
+        let mut nested = FieldTable::default();
+        nested.insert("inner".into(), AMQPValue::LongLongInt(-1));
+        nested.insert("flag".into(), AMQPValue::Boolean(false));
+        let values = [
+            ("zz-text", AMQPValue::LongString(LongString::from("héllo"))),
+            ("bool", AMQPValue::Boolean(true)),
+            ("i8", AMQPValue::ShortShortInt(-8)),
+            ("u8", AMQPValue::ShortShortUInt(200)),
+            ("i16", AMQPValue::ShortInt(-1600)),
+            ("u16", AMQPValue::ShortUInt(60000)),
+            ("i32", AMQPValue::LongInt(-320_000)),
+            ("u32", AMQPValue::LongUInt(4_000_000_000)),
+            ("i64", AMQPValue::LongLongInt(-6_400_000_000)),
+            ("f32", AMQPValue::Float(1.5)),
+            ("f64", AMQPValue::Double(-2.25)),
+            (
+                "decimal",
+                AMQPValue::DecimalValue(DecimalValue {
+                    scale: 2,
+                    value: 1234,
+                }),
+            ),
+            ("timestamp", AMQPValue::Timestamp(1_700_000_000)),
+            ("void", AMQPValue::Void),
+            ("table", AMQPValue::FieldTable(nested)),
+            (
+                "array",
+                AMQPValue::FieldArray(FieldArray::from(vec![
+                    AMQPValue::LongInt(1),
+                    AMQPValue::LongString(LongString::from("two")),
+                ])),
+            ),
+            (
+                "one-element",
+                AMQPValue::FieldArray(FieldArray::from(vec![AMQPValue::LongInt(7)])),
+            ),
+            ("empty-array", AMQPValue::FieldArray(FieldArray::default())),
+            ("bytes", AMQPValue::ByteArray(vec![0xff, 0x00, 0x80].into())),
+        ];
+        let mut table = FieldTable::default();
+        for (name, value) in values {
+            table.insert(ShortString::from(name), value);
+        }
+        let props = BasicProperties::default()
+            .with_content_type("application/x-custom".into())
+            .with_content_encoding("identity".into())
+            .with_headers(table)
+            .with_delivery_mode(2)
+            .with_priority(5)
+            .with_correlation_id("corr-42".into())
+            .with_reply_to("replies".into())
+            .with_message_id(
+                format!(
+                    "native-{}",
+                    hex(&payload[payload.len().saturating_sub(6)..])
+                )
+                .into(),
+            )
+            .with_timestamp(1_700_000_123)
+            .with_type("order.created".into())
+            .with_user_id("guest".into())
+            .with_app_id("raw-producer".into());
+        let (conn, ch) = self.channel().await?;
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .map_err(wrap(Kind::Connection, "confirm mode"))?;
+        ch.basic_publish(
+            "".into(),
+            topic.into(),
+            BasicPublishOptions {
+                mandatory: true,
+                immediate: false,
+            },
+            payload,
+            props.clone(),
+        )
+        .await
+        .map_err(wrap(Kind::Connection, "raw publish"))?
+        .await
+        .map_err(wrap(Kind::Rejected, "raw publish confirm"))?;
+        let _ = conn.close(200, "done".into()).await;
+        Ok(describe(payload, &props))
+    }
+
+    /// Takes every message of the DLQ on a channel without acknowledging, and closes the channel (the
+    /// broker puts them all back).
+    async fn dead_letters(&self, topic: &str) -> Result<Vec<NativeMessage>, Error> {
+        let dlq = format!("{topic}{}", self.dlq_suffix);
+        let (conn, ch) = self.channel().await?;
+        let mut out = Vec::new();
+        while let Some(message) = ch
+            .basic_get(dlq.as_str().into(), BasicGetOptions { no_ack: false })
+            .await
+            .map_err(wrap(Kind::Connection, "read the DLQ"))?
+        {
+            out.push(describe(
+                &message.delivery.data,
+                &message.delivery.properties,
+            ));
+            if message.message_count == 0 {
+                break;
+            }
+        }
+        let _ = conn.close(200, "done".into()).await;
+        Ok(out)
+    }
+}
+
 async fn connect(url: String) -> Result<Fixture, String> {
     let transport = RabbitTransport::connect(&url)
         .await
         .map_err(|e| e.to_string())?;
     let broker = Broker::new(transport.clone());
+    let raw = RawAmqp {
+        url: url.clone(),
+        dlq_suffix: transport.config().dlq_suffix.clone(),
+    };
     Ok(Fixture::new("rabbitmq", broker, Duration::from_millis(250))
         .with_faults(DlqQueue(transport))
-        .with_inspect(QueueDepth { url }))
+        .with_inspect(QueueDepth { url })
+        .with_raw_client(raw))
 }
 
 fn main() {
