@@ -1,11 +1,16 @@
-//! Events as Pulsar messages.
+//! Events as Pulsar messages, and copies that keep everything the producer set.
 //!
 //! Pulsar properties are text, so the SDK's metadata (text already) and every producer header that is
 //! valid UTF-8 travel as they are; a binary header travels as base64 and is named in `x-retry-binary`
-//! (names separated by newlines), so it comes back byte for byte. The key is the partition key (base64
-//! with Pulsar's own flag when it is not UTF-8) and the ordering key (its bytes, which Key_Shared
-//! subscriptions hash). Properties come back sorted by name, and a name may appear once (for the SDK's
-//! reserved `x-retry-*` names, the last value wins).
+//! (names separated by newlines), so it comes back byte for byte. The client writes properties from a
+//! map — one value per name, in no set order — so the first value of each name is a property and the
+//! [layout](retry_core::layout) (`x-retry-layout`) restores the producer's order and repeated names.
+//! A new message's key is its partition key (base64, with Pulsar's own flag, when it is not UTF-8).
+//!
+//! A copy (a retry, a dead letter, a replay, a release) keeps the original's [`Envelope`]: its
+//! properties, partition key (and its base64 flag) and ordering key each as they were — absent stays
+//! absent — and its event time. Only the SDK's own properties are written anew. The handler's key is the
+//! partition key, or the ordering key when the message has only that.
 
 use std::collections::HashMap;
 
@@ -15,9 +20,9 @@ use bytes::Bytes;
 use pulsar::producer;
 use pulsar::proto::MessageMetadata;
 use retry_core::error::{Error, Kind};
-use retry_core::event::RawMessage;
+use retry_core::event::{Event, RawMessage};
 use retry_core::headers::Headers;
-use retry_core::metadata;
+use retry_core::metadata::{self, Packing};
 
 /// The property naming the headers sent as base64.
 pub(crate) const BINARY: &str = "x-retry-binary";
@@ -25,61 +30,140 @@ pub(crate) const BINARY: &str = "x-retry-binary";
 /// that group's retry topic).
 pub(crate) const GROUP: &str = "x-retry-group";
 
-/// A producer message for `raw`, to be delivered at `deliver_at` (ms since the epoch) if given.
-pub(crate) fn encode(
-    raw: &RawMessage,
-    deliver_at: Option<i64>,
-) -> Result<producer::Message, Error> {
-    let mut properties = HashMap::with_capacity(raw.headers.len() + 1);
-    let mut binary = Vec::new();
-    for (name, value) in raw.headers.iter() {
-        if name == BINARY || name.contains('\n') {
-            return Err(Error::new(
-                Kind::InvalidInput,
-                format!("header name {name:?} cannot be a Pulsar property"),
-            ));
-        }
-        let text = match std::str::from_utf8(value) {
-            Ok(text) => text.to_string(),
-            Err(_) => {
-                binary.push(name);
-                STANDARD.encode(value)
-            }
-        };
-        // A producer's own `x-retry-*` header after the SDK's metadata wins, as a later header does on
-        // every broker (and a malformed one makes the event poison); any other repeat is refused.
-        if properties.insert(name.to_string(), text).is_some()
-            && !name.starts_with(metadata::PREFIX)
-        {
-            return Err(Error::new(
-                Kind::InvalidInput,
-                format!("header {name:?} appears twice; Pulsar properties are unique by name"),
-            ));
-        }
-    }
-    if !binary.is_empty() {
-        properties.insert(BINARY.to_string(), binary.join("\n"));
-    }
-    let (partition_key, b64) = match &raw.key {
-        None => (None, None),
-        Some(key) => match std::str::from_utf8(key) {
-            Ok(text) => (Some(text.to_string()), None),
-            Err(_) => (Some(STANDARD.encode(key)), Some(true)),
-        },
-    };
-    Ok(producer::Message {
-        payload: raw.payload.to_vec(),
-        properties,
-        partition_key,
-        partition_key_b64_encoded: b64,
-        ordering_key: raw.key.as_ref().map(|k| k.to_vec()),
-        deliver_at_time: deliver_at,
-        ..producer::Message::default()
-    })
+/// What a received message carried besides its payload, kept so that a copy writes it again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Envelope {
+    /// Every property, the SDK's included, in the message's order.
+    properties: Vec<(String, String)>,
+    partition_key: Option<String>,
+    partition_key_b64_encoded: Option<bool>,
+    ordering_key: Option<Vec<u8>>,
+    event_time: Option<u64>,
 }
 
-/// The message a consumer received.
-pub(crate) fn decode(data: Vec<u8>, metadata: &MessageMetadata) -> RawMessage {
+impl Envelope {
+    /// The envelope of a received message.
+    pub(crate) fn of(metadata: &MessageMetadata) -> Self {
+        Self {
+            properties: metadata
+                .properties
+                .iter()
+                .map(|kv| (kv.key.clone(), kv.value.clone()))
+                .collect(),
+            partition_key: metadata.partition_key.clone(),
+            partition_key_b64_encoded: metadata.partition_key_b64_encoded,
+            ordering_key: metadata.ordering_key.clone(),
+            event_time: metadata.event_time,
+        }
+    }
+}
+
+/// Properties the SDK writes anew on every message: its metadata, the layout, a dead letter's group.
+/// (`x-retry-binary` stays: it describes the producer's properties, which a copy keeps.)
+fn is_rewritten(name: &str) -> bool {
+    metadata::is_sdk_field(name) || name == GROUP
+}
+
+/// A producer message for `event`: a copy of the message whose envelope is `native`, or a new message;
+/// delivered at `deliver_at` (ms since the epoch) if given, with the adapter's `extra` properties.
+pub(crate) fn encode(
+    event: &Event,
+    native: Option<&Envelope>,
+    deliver_at: Option<i64>,
+    extra: &[(&str, &str)],
+) -> Result<producer::Message, Error> {
+    let (sdk, unique) =
+        metadata::encode_for_map(event.metadata(), &event.headers, Packing::Headers);
+    let mut properties = HashMap::with_capacity(unique.len() + sdk.len() + extra.len() + 1);
+    for (name, value) in sdk.iter() {
+        // The SDK's values are UTF-8 text (metadata::encode_into writes text only).
+        properties.insert(
+            name.to_string(),
+            String::from_utf8_lossy(value).into_owned(),
+        );
+    }
+    // A producer's own `x-retry-*` header is written after the SDK's metadata and wins, as a later header
+    // does on every broker (and a malformed one makes the event poison).
+    let mut message = match native {
+        Some(native) => {
+            for (name, value) in &native.properties {
+                if !is_rewritten(name) {
+                    properties.insert(name.clone(), value.clone());
+                }
+            }
+            producer::Message {
+                partition_key: native.partition_key.clone(),
+                partition_key_b64_encoded: native.partition_key_b64_encoded,
+                ordering_key: native.ordering_key.clone(),
+                event_time: native.event_time,
+                ..producer::Message::default()
+            }
+        }
+        None => {
+            let mut binary = Vec::new();
+            for (name, value) in unique {
+                if name == BINARY || name.contains('\n') {
+                    return Err(Error::new(
+                        Kind::InvalidInput,
+                        format!("header name {name:?} cannot be a Pulsar property"),
+                    ));
+                }
+                let text = match std::str::from_utf8(value) {
+                    Ok(text) => text.to_string(),
+                    Err(_) => {
+                        binary.push(name);
+                        STANDARD.encode(value)
+                    }
+                };
+                properties.insert(name.to_string(), text);
+            }
+            if !binary.is_empty() {
+                properties.insert(BINARY.to_string(), binary.join("\n"));
+            }
+            let (partition_key, b64) = match &event.key {
+                None => (None, None),
+                Some(key) => match std::str::from_utf8(key) {
+                    Ok(text) => (Some(text.to_string()), None),
+                    Err(_) => (Some(STANDARD.encode(key)), Some(true)),
+                },
+            };
+            producer::Message {
+                partition_key,
+                partition_key_b64_encoded: b64,
+                ..producer::Message::default()
+            }
+        }
+    };
+    for (name, value) in extra {
+        properties.insert((*name).to_string(), (*value).to_string());
+    }
+    message.payload = event.payload.to_vec();
+    message.properties = properties;
+    message.deliver_at_time = deliver_at;
+    Ok(message)
+}
+
+/// An unchanged copy of a received message (a release): payload and envelope as they were, the SDK's
+/// properties too.
+pub(crate) fn unchanged(
+    payload: &Bytes,
+    native: &Envelope,
+    deliver_at: Option<i64>,
+) -> producer::Message {
+    producer::Message {
+        payload: payload.to_vec(),
+        properties: native.properties.iter().cloned().collect(),
+        partition_key: native.partition_key.clone(),
+        partition_key_b64_encoded: native.partition_key_b64_encoded,
+        ordering_key: native.ordering_key.clone(),
+        event_time: native.event_time,
+        deliver_at_time: deliver_at,
+        ..producer::Message::default()
+    }
+}
+
+/// The message a consumer received, as the runtime decodes it.
+pub(crate) fn decode(data: Bytes, metadata: &MessageMetadata) -> RawMessage {
     let binary: Vec<&str> = metadata
         .properties
         .iter()
@@ -89,7 +173,7 @@ pub(crate) fn decode(data: Vec<u8>, metadata: &MessageMetadata) -> RawMessage {
     let mut props: Vec<(&String, &String)> = metadata
         .properties
         .iter()
-        .filter(|kv| kv.key != BINARY)
+        .filter(|kv| kv.key != BINARY && kv.key != GROUP)
         .map(|kv| (&kv.key, &kv.value))
         .collect();
     props.sort();
@@ -105,16 +189,16 @@ pub(crate) fn decode(data: Vec<u8>, metadata: &MessageMetadata) -> RawMessage {
         };
         headers.push(name.clone(), bytes);
     }
-    let key = match (&metadata.ordering_key, &metadata.partition_key) {
-        (Some(bytes), _) => Some(Bytes::copy_from_slice(bytes)),
-        (None, Some(key)) if metadata.partition_key_b64_encoded() => {
+    let key = match (&metadata.partition_key, &metadata.ordering_key) {
+        (Some(key), _) if metadata.partition_key_b64_encoded() => {
             STANDARD.decode(key).ok().map(Bytes::from)
         }
-        (None, Some(key)) => Some(Bytes::copy_from_slice(key.as_bytes())),
+        (Some(key), _) => Some(Bytes::copy_from_slice(key.as_bytes())),
+        (None, Some(bytes)) => Some(Bytes::copy_from_slice(bytes)),
         (None, None) => None,
     };
     RawMessage {
-        payload: Bytes::from(data),
+        payload: data,
         key,
         headers,
     }
@@ -126,54 +210,76 @@ mod tests {
     use super::*;
     use pulsar::proto::KeyValue;
 
-    fn received(m: producer::Message) -> RawMessage {
-        let metadata = MessageMetadata {
-            properties: m
-                .properties
-                .into_iter()
-                .map(|(key, value)| KeyValue { key, value })
-                .collect(),
-            partition_key: m.partition_key,
+    fn metadata_of(m: &producer::Message) -> MessageMetadata {
+        let mut properties: Vec<KeyValue> = m
+            .properties
+            .iter()
+            .map(|(key, value)| KeyValue {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect();
+        properties.sort_by(|a, b| a.key.cmp(&b.key));
+        MessageMetadata {
+            properties,
+            partition_key: m.partition_key.clone(),
             partition_key_b64_encoded: m.partition_key_b64_encoded,
-            ordering_key: m.ordering_key,
+            ordering_key: m.ordering_key.clone(),
+            event_time: m.event_time,
             ..MessageMetadata::default()
-        };
-        decode(m.payload, &metadata)
+        }
+    }
+
+    fn received(m: &producer::Message) -> Event {
+        Event::from_raw(decode(Bytes::from(m.payload.clone()), &metadata_of(m))).unwrap()
     }
 
     #[test]
-    fn binary_headers_and_keys_round_trip() {
-        let raw = RawMessage {
-            payload: Bytes::from_static(&[0, 255]),
-            key: Some(Bytes::from_static(&[0x00, 0xff, b'k'])),
-            headers: Headers::new()
-                .with("a-bin", Bytes::from_static(&[0xff, 0x00]))
-                .with("b-text", "héllo"),
-        };
-        let back = received(encode(&raw, Some(42)).unwrap());
-        assert_eq!(back, raw);
+    fn binary_headers_keys_order_and_repeats_round_trip() {
+        let event = Event::new(Bytes::from_static(&[0, 255]))
+            .with_key(Bytes::from_static(&[0x00, 0xff, b'k']))
+            .with_header("b-text", "héllo")
+            .with_header("a-bin", Bytes::from_static(&[0xff, 0x00]))
+            .with_header("b-text", Bytes::from_static(&[0x80]));
+        let m = encode(&event, None, Some(42), &[]).unwrap();
+        assert_eq!(m.partition_key_b64_encoded, Some(true));
+        assert_eq!(m.ordering_key, None, "no ordering key is added");
+        let back = received(&m);
+        assert_eq!(back.payload, event.payload);
+        assert_eq!(back.key, event.key);
+        assert_eq!(back.headers, event.headers);
     }
 
     #[test]
-    fn text_keys_are_plain_partition_keys() {
-        let raw = RawMessage {
-            payload: Bytes::from_static(b"x"),
-            key: Some(Bytes::from_static(b"customer-1")),
-            headers: Headers::new(),
+    fn a_copy_keeps_both_keys_and_the_event_time() {
+        let original = producer::Message {
+            payload: b"x".to_vec(),
+            properties: [("p".to_string(), "1".to_string())].into_iter().collect(),
+            partition_key: Some("pk".into()),
+            ordering_key: Some(vec![1, 2, 3]),
+            event_time: Some(1_700_000_000_000),
+            ..producer::Message::default()
         };
-        let m = encode(&raw, None).unwrap();
-        assert_eq!(m.partition_key.as_deref(), Some("customer-1"));
-        assert_eq!(m.partition_key_b64_encoded, None);
-        assert_eq!(received(m), raw);
-    }
-
-    #[test]
-    fn repeated_headers_are_refused() {
-        let raw = RawMessage {
-            payload: Bytes::new(),
-            key: None,
-            headers: Headers::new().with("h", "1").with("h", "2"),
+        let native = Envelope::of(&metadata_of(&original));
+        let event = received(&original);
+        assert_eq!(event.key.as_deref(), Some(&b"pk"[..]));
+        let copy = encode(&event, Some(&native), None, &[(GROUP, "g")]).unwrap();
+        assert_eq!(copy.partition_key.as_deref(), Some("pk"));
+        assert_eq!(copy.ordering_key, Some(vec![1, 2, 3]));
+        assert_eq!(copy.event_time, Some(1_700_000_000_000));
+        assert_eq!(copy.properties.get("p").map(String::as_str), Some("1"));
+        assert_eq!(copy.properties.get(GROUP).map(String::as_str), Some("g"));
+        let bare = producer::Message {
+            payload: b"y".to_vec(),
+            ..producer::Message::default()
         };
-        assert!(encode(&raw, None).is_err());
+        let copy = encode(
+            &received(&bare),
+            Some(&Envelope::of(&metadata_of(&bare))),
+            None,
+            &[],
+        )
+        .unwrap();
+        assert_eq!((copy.partition_key, copy.ordering_key), (None, None));
     }
 }

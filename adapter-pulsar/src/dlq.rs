@@ -100,8 +100,10 @@ fn group_of(message: &Message<Vec<u8>>) -> Option<String> {
 }
 
 fn stored(message: &Message<Vec<u8>>) -> StoredDeadLetter {
-    let mut raw = codec::decode(message.payload.data.clone(), &message.payload.metadata);
-    raw.headers.retain(|name, _| name != codec::GROUP);
+    let raw = codec::decode(
+        bytes::Bytes::from(message.payload.data.clone()),
+        &message.payload.metadata,
+    );
     let id = message.message_id();
     StoredDeadLetter::new(
         format!(
@@ -144,7 +146,8 @@ impl DlqSession for PulsarDlqSession {
             Some(group) => config.retry_topic(origin, &group),
             None => config.full_name(origin),
         };
-        let message = codec::encode(&event.to_raw(), None)?;
+        let native = codec::Envelope::of(&self.held(entry)?.payload.metadata);
+        let message = codec::encode(event, Some(&native), None, &[])?;
         self.link
             .send(&target, message, &format!("replay to {target}"))
             .await

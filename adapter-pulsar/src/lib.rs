@@ -116,7 +116,7 @@ impl Transport for PulsarTransport {
 
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
         self.link.ensure_topic(topic).await?;
-        let message = codec::encode(&event.to_raw(), None)?;
+        let message = codec::encode(event, None, None, &[])?;
         self.link
             .send(
                 &self.link.config.full_name(topic),

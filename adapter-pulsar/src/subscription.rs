@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::StreamExt;
 use pulsar::consumer::{InitialPosition, Message};
 use pulsar::proto::MessageIdData;
@@ -20,7 +21,7 @@ use retry_core::adapter::{
     Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, Unsettled,
 };
 use retry_core::error::{Error, Kind};
-use retry_core::event::{Event, RawMessage};
+use retry_core::event::Event;
 use retry_core::metadata::Origin;
 use retry_core::time::Timestamp;
 use tokio::sync::mpsc;
@@ -190,16 +191,11 @@ impl Subscription for PulsarSubscription {
             Some(Ok(message)) => {
                 let id = message.message_id().clone();
                 let topic = message.topic.clone();
-                let raw = codec::decode(message.payload.data, &message.payload.metadata);
+                let native = codec::Envelope::of(&message.payload.metadata);
+                let payload = Bytes::from(message.payload.data);
+                let raw = codec::decode(payload.clone(), &message.payload.metadata);
                 Ok(Some(Delivery {
-                    info: DeliveryInfo::new(
-                        id_text(&id),
-                        Origin {
-                            topic: self.spec.topic.clone(),
-                            partition: None,
-                            offset: None,
-                        },
-                    ),
+                    info: DeliveryInfo::new(id_text(&id), Origin::new(self.spec.topic.clone())),
                     receipt: Box::new(PulsarReceipt {
                         link: self.link.clone(),
                         commands: self.commands.clone(),
@@ -211,7 +207,8 @@ impl Subscription for PulsarSubscription {
                         group: self.spec.group.clone(),
                         message_topic: topic,
                         id: Unsettled::new(id),
-                        original: raw.clone(),
+                        payload,
+                        native,
                     }),
                     message: raw,
                 }))
@@ -253,7 +250,10 @@ struct PulsarReceipt {
     group: String,
     message_topic: String,
     id: Unsettled<MessageIdData>,
-    original: RawMessage,
+    /// The original's payload and envelope: a release sends them back unchanged, and every other copy
+    /// keeps the envelope the producer set.
+    payload: Bytes,
+    native: codec::Envelope,
 }
 
 impl PulsarReceipt {
@@ -292,11 +292,9 @@ impl PulsarReceipt {
 
     async fn send_retry_copy(
         &self,
-        raw: &RawMessage,
-        delay: Duration,
+        message: pulsar::producer::Message,
         operation: &str,
     ) -> Result<(), Error> {
-        let message = codec::encode(raw, Some(self.deliver_at(delay)))?;
         self.link
             .send(&self.retry_topic, message, operation)
             .await
@@ -313,18 +311,20 @@ impl Receipt for PulsarReceipt {
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
         self.unsettled()?;
         let operation = format!("retry through {}", self.retry_topic);
-        self.send_retry_copy(&event.to_raw(), delay, &operation)
-            .await?;
+        let message = codec::encode(event, Some(&self.native), Some(self.deliver_at(delay)), &[])?;
+        self.send_retry_copy(message, &operation).await?;
         self.finish(true)
     }
 
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         self.unsettled()?;
         let dlq = self.link.config.dlq_topic(&self.source);
-        let mut message = codec::encode(&event.to_raw(), None)?;
-        message
-            .properties
-            .insert(codec::GROUP.to_string(), self.group.clone());
+        let message = codec::encode(
+            event,
+            Some(&self.native),
+            None,
+            &[(codec::GROUP, &self.group)],
+        )?;
         self.link
             .send(&dlq, message, &format!("dead-letter to {dlq}"))
             .await?;
@@ -334,12 +334,9 @@ impl Receipt for PulsarReceipt {
     async fn release(&mut self, after: Duration) -> Result<(), Error> {
         self.unsettled()?;
         if !after.is_zero() {
-            let original = self.original.clone();
-            if self
-                .send_retry_copy(&original, after, "release")
-                .await
-                .is_ok()
-            {
+            let message =
+                codec::unchanged(&self.payload, &self.native, Some(self.deliver_at(after)));
+            if self.send_retry_copy(message, "release").await.is_ok() {
                 return self.finish(true);
             }
         }

@@ -3,13 +3,19 @@
 //!
 //! Each scenario gets its own topics. The DLQ fault terminates the DLQ topic through the admin REST API
 //! (`RETRY_TEST_PULSAR_ADMIN`, called with curl), so sends to it fail, and makes it writable again by
-//! deleting it, to be created anew; without the admin URL the scenario is skipped, with the reason.
+//! deleting it, to be created anew; without the admin URL the scenario is skipped, with the reason. The
+//! raw client publishes and reads messages with the pulsar crate directly, so scenario 12 compares what
+//! Pulsar itself holds.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::{Adapter, Faults, Fixture, Inspect};
+use conformance_tests::{Adapter, Faults, Fixture, Inspect, NativeMessage, RawClient, hex};
 use event_retry_pulsar::{PulsarConfig, PulsarTransport};
+use futures::StreamExt;
+use pulsar::consumer::InitialPosition;
+use pulsar::proto::MessageMetadata;
+use pulsar::{ConsumerOptions, Pulsar, SubType, TokioExecutor, producer};
 use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
 use retry_core::error::{Error, Kind, wrap};
@@ -71,6 +77,117 @@ impl Inspect for AdminApi {
     }
 }
 
+/// Publishes and reads messages with the pulsar crate itself.
+struct RawPulsar {
+    client: Pulsar<TokioExecutor>,
+    config: PulsarConfig,
+}
+
+/// A message's properties (the client writes them from a map, so they are listed by name), keys, the
+/// partition key's base64 flag and the event time; the SDK's `x-retry-*` properties left out.
+fn describe(payload: &[u8], metadata: &MessageMetadata) -> NativeMessage {
+    let mut lines = vec![("payload".to_string(), hex(payload))];
+    let mut properties: Vec<_> = metadata
+        .properties
+        .iter()
+        .filter(|kv| !kv.key.starts_with("x-retry"))
+        .map(|kv| (format!("property {}", kv.key), kv.value.clone()))
+        .collect();
+    properties.sort();
+    lines.extend(properties);
+    let mut field = |name: &str, value: Option<String>| {
+        lines.push((name.to_string(), value.unwrap_or_else(|| "absent".into())));
+    };
+    field("partition-key", metadata.partition_key.clone());
+    field(
+        "partition-key-b64",
+        metadata.partition_key_b64_encoded.map(|b| b.to_string()),
+    );
+    field("ordering-key", metadata.ordering_key.as_deref().map(hex));
+    field("event-time", metadata.event_time.map(|t| t.to_string()));
+    lines
+}
+
+#[async_trait]
+impl RawClient for RawPulsar {
+    /// Properties, a partition key and a different ordering key, and an event time.
+    async fn publish_native(&self, topic: &str, payload: &[u8]) -> Result<NativeMessage, Error> {
+        let message = producer::Message {
+            payload: payload.to_vec(),
+            properties: [
+                ("zulu", "last by name"),
+                ("alpha", "héllo"),
+                ("content-type", "application/x-custom"),
+                ("empty", ""),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            partition_key: Some("partition-7".into()),
+            ordering_key: Some(vec![0x00, 0xff, b'o']),
+            event_time: Some(1_700_000_000_000),
+            ..producer::Message::default()
+        };
+        let mut producer = self
+            .client
+            .producer()
+            .with_topic(self.config.full_name(topic))
+            .build()
+            .await
+            .map_err(wrap(Kind::Connection, "create a raw producer"))?;
+        let metadata = MessageMetadata {
+            properties: message
+                .properties
+                .iter()
+                .map(|(key, value)| pulsar::proto::KeyValue {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            partition_key: message.partition_key.clone(),
+            partition_key_b64_encoded: message.partition_key_b64_encoded,
+            ordering_key: message.ordering_key.clone(),
+            event_time: message.event_time,
+            ..MessageMetadata::default()
+        };
+        producer
+            .send_non_blocking(message)
+            .await
+            .map_err(wrap(Kind::Rejected, "raw publish"))?
+            .await
+            .map_err(wrap(Kind::Rejected, "raw publish receipt"))?;
+        let _ = producer.close().await;
+        Ok(describe(payload, &metadata))
+    }
+
+    /// Reads the DLQ topic from its start on a subscription of its own, which it then removes.
+    async fn dead_letters(&self, topic: &str) -> Result<Vec<NativeMessage>, Error> {
+        let subscription = format!("raw-reader-{}", uuid::Uuid::new_v4().simple());
+        let mut consumer: pulsar::Consumer<Vec<u8>, TokioExecutor> = self
+            .client
+            .consumer()
+            .with_topic(self.config.dlq_topic(topic))
+            .with_subscription(&subscription)
+            .with_subscription_type(SubType::Exclusive)
+            .with_options(
+                ConsumerOptions::default().with_initial_position(InitialPosition::Earliest),
+            )
+            .build()
+            .await
+            .map_err(wrap(Kind::Connection, "subscribe a raw reader"))?;
+        let mut out = Vec::new();
+        while let Ok(Some(message)) =
+            tokio::time::timeout(Duration::from_millis(1_500), consumer.next()).await
+        {
+            let message = message.map_err(wrap(Kind::Connection, "read the DLQ"))?;
+            out.push(describe(&message.payload.data, &message.payload.metadata));
+        }
+        let _ = consumer.unsubscribe().await;
+        let _ = consumer.close().await;
+        Ok(out)
+    }
+}
+
 async fn connect(url: String) -> Result<Fixture, String> {
     let config = PulsarConfig {
         tick: Duration::from_millis(100),
@@ -80,11 +197,19 @@ async fn connect(url: String) -> Result<Fixture, String> {
     let transport = PulsarTransport::connect_with(&url, config)
         .await
         .map_err(|e| e.to_string())?;
+    let raw = RawPulsar {
+        client: Pulsar::builder(url.as_str(), TokioExecutor)
+            .build()
+            .await
+            .map_err(|e| e.to_string())?,
+        config: transport.config().clone(),
+    };
     let fixture = Fixture::new(
         "pulsar",
         Broker::new(transport.clone()),
         Duration::from_millis(300),
-    );
+    )
+    .with_raw_client(raw);
     Ok(match test_support::broker::url("RETRY_TEST_PULSAR_ADMIN") {
         Some(admin) => fixture
             .with_faults(AdminApi {
