@@ -1,10 +1,16 @@
-//! Events as SQS messages.
+//! Events as SQS messages, and copies that keep every attribute's data type.
 //!
 //! The SDK's metadata travels packed in one `x-retry` attribute (SQS allows 10 attributes per message);
 //! the key in `x-retry-key`; each producer header in an attribute of its own name, as a String when it is
 //! text SQS accepts and as Binary otherwise, so every value comes back byte for byte. The body is the
-//! payload when it is text SQS accepts; otherwise it is base64 and `x-retry-body` says so. Attribute names
-//! come back sorted (SQS returns them as a map), and a name may appear once.
+//! payload when it is text SQS accepts; otherwise it is base64 and `x-retry-body` says so. SQS returns
+//! attributes as a map, so the first value of each name is an attribute and the
+//! [layout](retry_core::layout) inside `x-retry` restores the producer's order and repeated names.
+//!
+//! A copy (a dead letter, a carried retry, a replay) writes the original's attributes again with their
+//! own data types (`Number`, `Binary` holding text, custom labels such as `String.x`); a handler sees
+//! each value's bytes. When the producer used all ten attributes, the ones that no longer fit beside the
+//! SDK's travel inside `x-retry` with their data types, and every receive through the SDK restores them.
 
 use std::collections::HashMap;
 
@@ -91,79 +97,183 @@ fn bytes_of(value: &MessageAttributeValue) -> Bytes {
         .unwrap_or_default()
 }
 
-/// Encodes `event` (metadata packed) for sending.
-pub(crate) fn encode(event: &Event) -> Result<Outgoing, Error> {
-    let headers = metadata::encode_with(event.metadata(), &event.headers, Packing::Single);
-    encode_raw(&RawMessage {
-        payload: event.payload.clone(),
-        key: event.key.clone(),
-        headers,
-    })
+/// A received message's own attributes — the producer's, each with its SQS data type (`String`,
+/// `Number`, `Binary`, or a custom label such as `Number.int`), those the SDK's metadata carried
+/// restored — sorted by name: what a copy of the message writes again.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Attributes(Vec<(String, MessageAttributeValue)>);
+
+/// A received message: what the runtime decodes, and what a copy of it keeps.
+#[derive(Debug)]
+pub(crate) struct Decoded {
+    /// The event as it travelled (the SDK's metadata among its headers).
+    pub(crate) raw: RawMessage,
+    /// Its attributes, for copies.
+    pub(crate) attributes: Attributes,
+    /// Whether it is a copy the adapter sent to carry a retry.
+    pub(crate) copy: bool,
 }
 
-/// Encodes a message as it travelled (headers already encoded).
-pub(crate) fn encode_raw(raw: &RawMessage) -> Result<Outgoing, Error> {
-    let mut attributes = HashMap::new();
-    for (name, v) in raw.headers.iter() {
-        if !valid_name(name) || name == KEY || name == BODY {
-            return Err(Error::new(
-                Kind::InvalidInput,
-                format!(
-                    "header {name:?} cannot be an SQS message attribute name (letters, digits, '_', '-', '.'; \
-                 not AWS./Amazon.; not {KEY} or {BODY})"
-                ),
-            ));
+/// Whether `name` is one of the adapter's own attributes, which no producer header may take.
+fn is_adapter_attribute(name: &str) -> bool {
+    name == metadata::PACKED || name == KEY || name == BODY || name == crate::link::COPY
+}
+
+/// The packed field listing the producer's attributes that did not fit beside the SDK's own.
+const OVERFLOW: &str = "attributes";
+
+/// Encodes `event` for sending: a copy of a message whose attributes are `native`, or a new message
+/// (each header a String, or Binary when it is not text SQS accepts). `copy` marks a copy that carries
+/// a retry. The SDK's metadata goes packed in `x-retry`; when the producer's attributes and the SDK's
+/// together exceed SQS's ten, the producer's last ones (by name) travel inside `x-retry` too, with their
+/// data types, and come back as attributes on every receive through the SDK.
+pub(crate) fn encode(
+    event: &Event,
+    native: Option<&Attributes>,
+    copy: bool,
+) -> Result<Outgoing, Error> {
+    let (sdk, unique) = metadata::encode_for_map(event.metadata(), &event.headers, Packing::Single);
+    let mut own: Vec<(String, MessageAttributeValue)> = match native {
+        Some(native) => native.0.clone(),
+        None => {
+            let mut own = Vec::with_capacity(unique.len());
+            for (name, v) in unique {
+                if !valid_name(name) || is_adapter_attribute(name) {
+                    return Err(Error::new(
+                        Kind::InvalidInput,
+                        format!(
+                            "header {name:?} cannot be an SQS message attribute name (letters, digits, \
+                             '_', '-', '.'; not AWS./Amazon.; not {}, {KEY}, {BODY} or {})",
+                            metadata::PACKED,
+                            crate::link::COPY
+                        ),
+                    ));
+                }
+                own.push((name.to_string(), value(v)?));
+            }
+            own.sort_by(|a, b| a.0.cmp(&b.0));
+            own
         }
-        if attributes.insert(name.to_string(), value(v)?).is_some() {
-            return Err(Error::new(
-                Kind::InvalidInput,
-                format!("header {name:?} appears twice; SQS message attributes are unique by name"),
-            ));
-        }
-    }
-    if let Some(key) = &raw.key {
+    };
+    let mut attributes = HashMap::with_capacity(MAX_ATTRIBUTES);
+    if let Some(key) = &event.key {
         attributes.insert(KEY.to_string(), value(key)?);
     }
-    let body = if raw.payload.is_empty() {
+    let body = if event.payload.is_empty() {
         attributes.insert(BODY.to_string(), value(b"empty")?);
         "-".to_string()
-    } else if let Some(text) = sqs_text(&raw.payload) {
+    } else if let Some(text) = sqs_text(&event.payload) {
         text.to_string()
     } else {
         attributes.insert(BODY.to_string(), value(b"base64")?);
-        STANDARD.encode(&raw.payload)
+        STANDARD.encode(&event.payload)
     };
-    if attributes.len() > MAX_ATTRIBUTES {
-        let mut names: Vec<&String> = attributes.keys().collect();
-        names.sort();
-        return Err(Error::new(
-            Kind::InvalidInput,
-            format!(
-                "SQS carries at most {MAX_ATTRIBUTES} message attributes; this message needs {}: {names:?}",
-                attributes.len()
-            ),
-        ));
+    if copy {
+        attributes.insert(crate::link::COPY.to_string(), value(b"1")?);
     }
+    let room = MAX_ATTRIBUTES - attributes.len() - 1;
+    let overflow = if own.len() > room {
+        own.split_off(room)
+    } else {
+        Vec::new()
+    };
+    let packed = sdk.get(metadata::PACKED).cloned().unwrap_or_default();
+    let packed = if overflow.is_empty() {
+        packed
+    } else {
+        with_overflow(&packed, &overflow)?
+    };
+    attributes.insert(metadata::PACKED.to_string(), value(&packed)?);
+    attributes.extend(own);
     Ok(Outgoing { body, attributes })
 }
 
-/// The message a receive returned, with its attributes as headers (sorted by name).
-pub(crate) fn decode(message: &Message) -> RawMessage {
-    let attributes = message.message_attributes();
-    let mut names: Vec<&String> = attributes.map(|a| a.keys().collect()).unwrap_or_default();
-    names.sort();
-    let mut headers = Headers::with_capacity(names.len());
+/// The packed metadata `packed` with `overflow` (attributes that did not fit) added to it.
+fn with_overflow(
+    packed: &[u8],
+    overflow: &[(String, MessageAttributeValue)],
+) -> Result<Bytes, Error> {
+    let mut object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(packed)
+        .map_err(|e| Error::from_source(Kind::Other, e).with_operation("pack attributes"))?;
+    let list: Vec<serde_json::Value> = overflow
+        .iter()
+        .map(|(name, v)| {
+            serde_json::json!({
+                "name": name,
+                "type": v.data_type(),
+                "string": v.string_value(),
+                "binary": v.binary_value().map(|b| STANDARD.encode(b.as_ref())),
+            })
+        })
+        .collect();
+    object.insert(OVERFLOW.into(), list.into());
+    Ok(Bytes::from(serde_json::Value::Object(object).to_string()))
+}
+
+/// The attributes carried inside packed metadata, if any (a malformed list is left to the metadata
+/// decoder, which names the problem).
+fn overflow_of(packed: &[u8]) -> Vec<(String, MessageAttributeValue)> {
+    #[derive(serde::Deserialize)]
+    struct Carried {
+        name: String,
+        #[serde(rename = "type")]
+        data_type: String,
+        string: Option<String>,
+        binary: Option<String>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Packed {
+        #[serde(default)]
+        attributes: Vec<Carried>,
+    }
+    let Ok(packed) = serde_json::from_slice::<Packed>(packed) else {
+        return Vec::new();
+    };
+    packed
+        .attributes
+        .into_iter()
+        .filter_map(|c| {
+            let mut b = MessageAttributeValue::builder().data_type(c.data_type);
+            if let Some(s) = c.string {
+                b = b.string_value(s);
+            }
+            if let Some(bin) = c.binary {
+                b = b.binary_value(Blob::new(STANDARD.decode(bin).ok()?));
+            }
+            Some((c.name, b.build().ok()?))
+        })
+        .collect()
+}
+
+/// The message a receive returned, its attributes as headers (sorted by name).
+pub(crate) fn decode(message: &Message) -> Decoded {
+    let mut own: Vec<(String, MessageAttributeValue)> = Vec::new();
+    let mut sdk: Vec<(String, Bytes)> = Vec::new();
     let mut key = None;
     let mut body_encoding = None;
-    for name in names {
-        let Some(v) = attributes.and_then(|a| a.get(name)) else {
-            continue;
-        };
+    let mut copy = false;
+    for (name, v) in message.message_attributes().into_iter().flatten() {
         match name.as_str() {
             KEY => key = Some(bytes_of(v)),
             BODY => body_encoding = Some(bytes_of(v)),
-            _ => headers.push(name.clone(), bytes_of(v)),
+            crate::link::COPY => copy = true,
+            metadata::PACKED => {
+                let packed = bytes_of(v);
+                own.extend(overflow_of(&packed));
+                sdk.push((name.clone(), packed));
+            }
+            other if metadata::is_sdk_field(other) => sdk.push((name.clone(), bytes_of(v))),
+            _ => own.push((name.clone(), v.clone())),
         }
+    }
+    own.sort_by(|a, b| a.0.cmp(&b.0));
+    sdk.sort();
+    let mut headers = Headers::with_capacity(sdk.len() + own.len());
+    for (name, v) in sdk {
+        headers.push(name, v);
+    }
+    for (name, v) in &own {
+        headers.push(name.clone(), bytes_of(v));
     }
     let body = message.body().unwrap_or_default();
     let payload = match body_encoding.as_deref() {
@@ -174,10 +284,14 @@ pub(crate) fn decode(message: &Message) -> RawMessage {
             .unwrap_or_else(|_| Bytes::copy_from_slice(body.as_bytes())),
         _ => Bytes::copy_from_slice(body.as_bytes()),
     };
-    RawMessage {
-        payload,
-        key,
-        headers,
+    Decoded {
+        raw: RawMessage {
+            payload,
+            key,
+            headers,
+        },
+        attributes: Attributes(own),
+        copy,
     }
 }
 
@@ -193,50 +307,84 @@ mod tests {
             .build()
     }
 
+    fn typed(data_type: &str, text: Option<&str>, binary: Option<&[u8]>) -> MessageAttributeValue {
+        let mut b = MessageAttributeValue::builder().data_type(data_type);
+        if let Some(t) = text {
+            b = b.string_value(t);
+        }
+        if let Some(bin) = binary {
+            b = b.binary_value(Blob::new(bin.to_vec()));
+        }
+        b.build().unwrap()
+    }
+
     #[test]
     fn binary_payload_key_and_headers_round_trip() {
         let mut event = Event::new(Bytes::from_static(&[0xff, 0x00, 0x80]))
             .with_key(Bytes::from_static(&[0x00, 0xff]))
-            .with_header("a-bin", Bytes::from_static(&[0xfe, 0x00]))
             .with_header("b-text", "héllo")
+            .with_header("a-bin", Bytes::from_static(&[0xfe, 0x00]))
             .with_header("c-empty", "")
+            .with_header("b-text", "again")
             .with_id("e1");
         retry_core::adapter::metadata_mut(&mut event).attempts = 2;
-        let out = encode(&event).unwrap();
+        let out = encode(&event, None, false).unwrap();
         assert_ne!(
             out.body.as_bytes(),
             &[0xff, 0x00, 0x80],
             "binary body is encoded"
         );
-        let raw = decode(&received(out));
-        let back = Event::from_raw(raw).unwrap();
-        assert_eq!(back, event);
+        let decoded = decode(&received(out));
+        assert!(!decoded.copy);
+        assert_eq!(Event::from_raw(decoded.raw).unwrap(), event);
     }
 
     #[test]
     fn text_payload_is_the_body() {
-        let out = encode(&Event::new("{\"a\":1}")).unwrap();
+        let out = encode(&Event::new("{\"a\":1}"), None, false).unwrap();
         assert_eq!(out.body, "{\"a\":1}");
         assert!(!out.attributes.contains_key(BODY));
-        let empty = encode(&Event::new("")).unwrap();
-        assert_eq!(decode(&received(empty)).payload, Bytes::new());
+        let empty = encode(&Event::new(""), None, false).unwrap();
+        assert_eq!(decode(&received(empty)).raw.payload, Bytes::new());
+    }
+
+    #[test]
+    fn a_copy_keeps_data_types_and_ten_attributes_fit() {
+        // A producer that used all ten attributes, with SQS's data types and custom labels.
+        let mut attributes: HashMap<String, MessageAttributeValue> = (0..7)
+            .map(|i| (format!("s{i}"), typed("String", Some("v"), None)))
+            .collect();
+        attributes.insert("num".into(), typed("Number.int", Some("12.50"), None));
+        attributes.insert("bin".into(), typed("Binary", None, Some(b"text in binary")));
+        attributes.insert("custom".into(), typed("String.x", Some("y"), None));
+        let original = Message::builder()
+            .body("payload")
+            .set_message_attributes(Some(attributes.clone()))
+            .build();
+        let decoded = decode(&original);
+        let event = Event::from_raw(decoded.raw).unwrap();
+        assert_eq!(event.headers.len(), 10);
+        assert_eq!(event.headers.get("num").unwrap().as_ref(), b"12.50");
+        let mut dead = event.clone();
+        retry_core::adapter::metadata_mut(&mut dead).attempts = 1;
+        let out = encode(&dead, Some(&decoded.attributes), true).unwrap();
+        assert_eq!(out.attributes.len(), MAX_ATTRIBUTES);
+        let back = decode(&received(out));
+        assert!(back.copy);
+        assert_eq!(
+            back.attributes, decoded.attributes,
+            "every type, the packed ones too"
+        );
+        let again = Event::from_raw(back.raw).unwrap();
+        assert_eq!(again.headers, event.headers);
+        assert_eq!(again.metadata().attempts, 1);
     }
 
     #[test]
     fn what_sqs_cannot_carry_is_refused_with_the_reason() {
-        let mut many = Event::new("x");
-        for i in 0..10 {
-            many = many.with_header(format!("h{i}"), "v");
-        }
-        assert!(
-            encode(&many)
-                .unwrap_err()
-                .to_string()
-                .contains("at most 10")
-        );
         let bad_name = Event::new("x").with_header("AWS.trace", "v");
-        assert!(encode(&bad_name).is_err());
-        let twice = Event::new("x").with_header("h", "1").with_header("h", "2");
-        assert!(encode(&twice).unwrap_err().to_string().contains("twice"));
+        assert!(encode(&bad_name, None, false).is_err());
+        let sdk_name = Event::new("x").with_header(KEY, "v");
+        assert!(encode(&sdk_name, None, false).is_err());
     }
 }

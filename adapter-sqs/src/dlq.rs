@@ -19,7 +19,7 @@ use retry_core::error::{Error, Kind};
 use retry_core::event::Event;
 
 use crate::codec;
-use crate::link::{COPY, Link, sdk_error};
+use crate::link::{Link, sdk_error};
 
 /// How long an operation hides the entries it looks at.
 const HOLD_SECONDS: i32 = 60;
@@ -44,6 +44,7 @@ pub(crate) async fn open(
         // (visible again on real SQS) is given back rather than taken twice.
         deadline: Instant::now() + Duration::from_secs(HOLD_SECONDS as u64 * 3 / 4),
         handles: Vec::new(),
+        attributes: Vec::new(),
         removed: HashSet::new(),
         unread: VecDeque::new(),
         others: Vec::new(),
@@ -60,6 +61,8 @@ struct SqsDlqSession {
     deadline: Instant,
     /// Receipt handles of the entries handed out, by entry number.
     handles: Vec<String>,
+    /// The attributes of the entries handed out, by entry number (a replay writes them again).
+    attributes: Vec<codec::Attributes>,
     removed: HashSet<usize>,
     /// Received, not yet handed out.
     unread: VecDeque<Message>,
@@ -167,10 +170,12 @@ impl SqsDlqSession {
     }
 }
 
-fn stored(m: &Message) -> StoredDeadLetter {
-    let mut raw = codec::decode(m);
-    raw.headers.retain(|name, _| name != COPY);
-    StoredDeadLetter::new(m.message_id().unwrap_or_default(), raw)
+fn stored(m: &Message) -> (StoredDeadLetter, codec::Attributes) {
+    let decoded = codec::decode(m);
+    (
+        StoredDeadLetter::new(m.message_id().unwrap_or_default(), decoded.raw),
+        decoded.attributes,
+    )
 }
 
 #[async_trait]
@@ -185,12 +190,20 @@ impl DlqSession for SqsDlqSession {
         };
         self.handles
             .push(m.receipt_handle().unwrap_or_default().to_string());
-        Ok(Some(stored(&m)))
+        let (entry, attributes) = stored(&m);
+        self.attributes.push(attributes);
+        Ok(Some(entry))
     }
 
-    async fn replay(&mut self, _entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
+    async fn replay(&mut self, entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
+        let native = self.attributes.get(entry).cloned();
         self.link
-            .send_event(origin, event, &format!("replay to {origin}"))
+            .send_event(
+                origin,
+                event,
+                native.as_ref(),
+                &format!("replay to {origin}"),
+            )
             .await
             .map(drop)
     }

@@ -169,7 +169,7 @@ impl Transport for SqsTransport {
 
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
         self.link
-            .send_event(topic, event, &format!("publish to {topic}"))
+            .send_event(topic, event, None, &format!("publish to {topic}"))
             .await
             .map(|id| Published::accepted().with_message_id(id))
     }

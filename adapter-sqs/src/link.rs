@@ -7,7 +7,6 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::MessageAttributeValue;
 use retry_core::error::{Error, Kind};
 use retry_core::metadata::RetryMetadata;
 
@@ -95,29 +94,11 @@ impl Link {
         &self,
         queue: &QueueInfo,
         url: &str,
-        mut out: Outgoing,
+        out: Outgoing,
         options: SendOptions,
         operation: &str,
     ) -> Result<String, Error> {
-        let SendOptions { group, delay, copy } = options;
-        if copy {
-            let marker = MessageAttributeValue::builder()
-                .data_type("String")
-                .string_value("1")
-                .build()
-                .map_err(|e| Error::from_source(Kind::Other, e))?;
-            out.attributes.insert(COPY.to_string(), marker);
-            if out.attributes.len() > crate::codec::MAX_ATTRIBUTES {
-                return Err(Error::new(
-                    Kind::Unsupported,
-                    format!(
-                        "carrying this retry needs one more message attribute than SQS's {} allows",
-                        crate::codec::MAX_ATTRIBUTES
-                    ),
-                )
-                .with_operation(operation.to_string()));
-            }
-        }
+        let SendOptions { group, delay } = options;
         let mut req = self
             .queues
             .client
@@ -139,15 +120,17 @@ impl Link {
         Ok(sent.message_id().unwrap_or_default().to_string())
     }
 
-    /// Sends a new event to `topic`'s queue (a publish, or a DLQ replay); returns SQS's message id.
+    /// Sends `event` to `topic`'s queue — a new message, or (a DLQ replay) a copy of one whose
+    /// attributes are `native` — and returns SQS's message id.
     pub(crate) async fn send_event(
         &self,
         topic: &str,
         event: &retry_core::event::Event,
+        native: Option<&crate::codec::Attributes>,
         operation: &str,
     ) -> Result<String, Error> {
         let queue = self.queues.resolve(topic).await?;
-        let out = crate::codec::encode(event)?;
+        let out = crate::codec::encode(event, native, false)?;
         let options = SendOptions {
             group: group_of(event.key.as_deref()),
             ..SendOptions::default()
@@ -190,8 +173,6 @@ pub(crate) struct SendOptions {
     pub(crate) group: Option<String>,
     /// `DelaySeconds` (capped at the send limit; ignored on FIFO queues, which refuse it).
     pub(crate) delay: Duration,
-    /// Mark the message as a copy carrying a retry.
-    pub(crate) copy: bool,
 }
 
 /// The FIFO message group for a key: the key itself when SQS accepts it, its hex digits otherwise.

@@ -19,14 +19,14 @@ use async_trait::async_trait;
 use aws_sdk_sqs::types::{Message, MessageSystemAttributeName};
 use retry_core::adapter::{Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec};
 use retry_core::error::{Error, Kind};
-use retry_core::event::{Event, RawMessage};
+use retry_core::event::Event;
 use retry_core::metadata::{self, Origin, Packing};
 use retry_core::time::Timestamp;
 use tokio::sync::Mutex;
 use tracing::debug;
 
 use crate::codec;
-use crate::link::{COPY, Link, SendOptions, group_of, sdk_error, seconds_up};
+use crate::link::{Link, SendOptions, group_of, sdk_error, seconds_up};
 use crate::queues::QueueInfo;
 
 /// Room left before a visibility window or retention ends, for clocks and requests in flight.
@@ -106,7 +106,7 @@ struct Parts<'a> {
 
 impl Parts<'_> {
     /// Hides a copy that is not due yet until it is (or as long as SQS allows); `true` if it was hidden.
-    async fn hide_until_due(&self, m: &Message, raw: &RawMessage) -> bool {
+    async fn hide_until_due(&self, m: &Message, raw: &retry_core::event::RawMessage) -> bool {
         let (meta, _, _) = metadata::decode_lenient(&raw.headers);
         let Some(due) = meta.due_at else { return false };
         let now = Timestamp::now();
@@ -142,9 +142,11 @@ impl Parts<'_> {
 
     async fn deliver(&self, received: Received) -> Option<Delivery> {
         let m = received.message;
-        let mut raw = codec::decode(&m);
-        let copy = raw.headers.get(COPY).is_some();
-        raw.headers.retain(|name, _| name != COPY);
+        let codec::Decoded {
+            mut raw,
+            attributes,
+            copy,
+        } = codec::decode(&m);
         if copy && self.hide_until_due(&m, &raw).await {
             return None;
         }
@@ -171,20 +173,14 @@ impl Parts<'_> {
             m.receipt_handle().unwrap_or_default().to_string(),
             message_id.clone(),
             copy,
+            attributes,
             received.at,
             sent_at,
         );
         Some(Delivery {
             message: raw,
             info: {
-                let info = DeliveryInfo::new(
-                    message_id,
-                    Origin {
-                        topic: self.spec.topic.clone(),
-                        partition: None,
-                        offset: None,
-                    },
-                );
+                let info = DeliveryInfo::new(message_id, Origin::new(self.spec.topic.clone()));
                 match broker_count {
                     Some(n) => info.with_broker_counts(n, n),
                     None => info,
@@ -334,6 +330,8 @@ struct SqsReceipt {
     handle: String,
     message_id: String,
     copy: bool,
+    /// The message's own attributes, which a copy of it writes again.
+    attributes: codec::Attributes,
     received_at: Instant,
     sent_at: Option<Timestamp>,
     /// `true` once settled; the heartbeat takes it for each extension, so none races a settle.
@@ -350,6 +348,7 @@ impl SqsReceipt {
         handle: String,
         message_id: String,
         copy: bool,
+        attributes: codec::Attributes,
         received_at: Instant,
         sent_at: Option<Timestamp>,
     ) -> Self {
@@ -395,6 +394,7 @@ impl SqsReceipt {
             handle,
             message_id,
             copy,
+            attributes,
             received_at,
             sent_at,
             settled,
@@ -484,17 +484,13 @@ impl Receipt for SqsReceipt {
             )
             .with_operation(operation));
         } else {
-            let out = codec::encode(event)?;
+            let out = codec::encode(event, Some(&self.attributes), true)?;
             self.link
                 .send(
                     &self.queue,
                     &self.queue.url,
                     out,
-                    SendOptions {
-                        group: None,
-                        delay,
-                        copy: true,
-                    },
+                    SendOptions { group: None, delay },
                     &operation,
                 )
                 .await
@@ -508,7 +504,7 @@ impl Receipt for SqsReceipt {
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         let mut settled = self.settle().await?;
         let operation = format!("dead-letter to {}", self.queue.dlq_name);
-        let out = codec::encode(event)?;
+        let out = codec::encode(event, Some(&self.attributes), false)?;
         let group = group_of(event.key.as_deref());
         self.link
             .send(

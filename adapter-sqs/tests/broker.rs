@@ -7,7 +7,9 @@
 //!   starting;
 //! * a FIFO queue retries by visibility and dead-letters into its FIFO DLQ;
 //! * a handler that runs longer than the visibility timeout keeps its message hidden (heartbeat), so it
-//!   is not handled twice at once.
+//!   is not handled twice at once;
+//! * a message whose producer used all ten attributes retries and dead-letters once, with the SDK's
+//!   diagnostics and every attribute (read back with a raw client) kept.
 //!
 //! Without `RETRY_TEST_SQS` they are listed as ignored with the reason; with `RETRY_TEST_REQUIRE` naming
 //! sqs, that is a failure.
@@ -31,7 +33,11 @@ type Calls = Arc<Mutex<HashMap<String, Vec<Instant>>>>;
 
 fn main() {
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 4] = [
+    let tests: [(&str, Test); 5] = [
+        (
+            "ten_attributes_retry_and_dead_letter_once",
+            ten_attributes_retry_and_dead_letter_once,
+        ),
         (
             "a_long_handler_keeps_its_message_hidden",
             a_long_handler_keeps_its_message_hidden,
@@ -333,4 +339,156 @@ fn fifo_queue_retries_and_dead_letters(url: String) -> Result<(), String> {
         consumer.shutdown().await.map_err(|e| e.to_string())?;
         transport.delete(&topic).await.map_err(|e| e.to_string())
     })
+}
+
+/// A producer used all ten attributes: the SDK's metadata has no attribute of its own left. The event
+/// still retries (a visibility retry), then dead-letters once with the reason and its history, and the
+/// DLQ copy holds all ten attributes with their data types (two of them packed beside the SDK's, as
+/// a raw receive shows, and restored through the SDK).
+fn ten_attributes_retry_and_dead_letter_once(url: String) -> Result<(), String> {
+    use aws_sdk_sqs::types::MessageAttributeValue;
+    block_on(async move {
+        let transport = SqsTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("ten-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let client = raw_client(&url);
+        let queue_url = |name: String| {
+            let client = client.clone();
+            async move {
+                client
+                    .get_queue_url()
+                    .queue_name(name)
+                    .send()
+                    .await
+                    .map_err(|e| e.to_string())
+                    .map(|o| o.queue_url.unwrap_or_default())
+            }
+        };
+        let mut attributes = HashMap::new();
+        for i in 0..9 {
+            attributes.insert(
+                format!("attr-{i}"),
+                MessageAttributeValue::builder()
+                    .data_type(if i % 2 == 0 { "String" } else { "Number" })
+                    .string_value(format!("{i}"))
+                    .build()
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        attributes.insert(
+            "zz-binary".into(),
+            MessageAttributeValue::builder()
+                .data_type("Binary.custom")
+                .binary_value(aws_sdk_sqs::primitives::Blob::new(vec![0xffu8, 0]))
+                .build()
+                .map_err(|e| e.to_string())?,
+        );
+        client
+            .send_message()
+            .queue_url(queue_url(topic.clone()).await?)
+            .message_body("ten")
+            .set_message_attributes(Some(attributes.clone()))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let calls: Calls = Arc::default();
+        let seen = calls.clone();
+        let handler = handler_fn(move |event: Event, _ctx: Context| {
+            let calls = seen.clone();
+            async move {
+                let n = {
+                    let mut calls = calls.lock().unwrap_or_else(|p| p.into_inner());
+                    let mine = calls.entry("ten".to_string()).or_default();
+                    mine.push(Instant::now());
+                    mine.len()
+                };
+                if event.headers.len() != 10 {
+                    return Err(HandlerError::non_retryable(format!(
+                        "{} headers reached the handler",
+                        event.headers.len()
+                    )));
+                }
+                Err(if n == 1 {
+                    HandlerError::deferred("once more")
+                } else {
+                    HandlerError::non_retryable("refused for good")
+                })
+            }
+        });
+        let consumer = start(&transport, &topic, "1s x3", handler).await?;
+        wait_until("the dead letter", Duration::from_secs(30), || {
+            consumer.stats().dead_lettered >= 1
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let n = calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get("ten")
+            .map_or(0, Vec::len);
+        let stats = consumer.stats();
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        if n != 2 || stats.dead_lettered != 1 || stats.settle_errors != 0 {
+            return Err(format!("{n} handler calls (want 2); {stats:?}"));
+        }
+        let dead = Broker::new(transport.clone())
+            .dead_letters()
+            .list(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        let [entry] = dead.as_slice() else {
+            return Err(format!("{} DLQ entries, want 1", dead.len()));
+        };
+        let meta = entry.event.metadata();
+        if entry.event.headers.len() != 10
+            || meta.attempts != 2
+            || meta.last_error.as_deref() != Some("refused for good")
+            || meta.dead.is_none()
+        {
+            return Err(format!("the DLQ entry lost something: {entry:?}"));
+        }
+        // Raw: eight attributes on the message, the SDK's one, and the rest packed beside it.
+        let dlq_url = queue_url(format!("{topic}-dlq")).await?;
+        let got = client
+            .receive_message()
+            .queue_url(&dlq_url)
+            .message_attribute_names("All")
+            .visibility_timeout(0)
+            .wait_time_seconds(2)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        let message = got
+            .messages()
+            .first()
+            .ok_or("the raw client found no DLQ message")?;
+        let raw_attrs = message.message_attributes().cloned().unwrap_or_default();
+        if raw_attrs.len() != 10 || !raw_attrs.contains_key("x-retry") {
+            return Err(format!("raw DLQ attributes: {:?}", raw_attrs.keys()));
+        }
+        for (name, value) in &raw_attrs {
+            if let Some(original) = attributes.get(name)
+                && original != value
+            {
+                return Err(format!("{name}: {value:?}, was {original:?}"));
+            }
+        }
+        transport.delete(&topic).await.map_err(|e| e.to_string())
+    })
+}
+
+fn raw_client(url: &str) -> aws_sdk_sqs::Client {
+    use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+    let config = aws_sdk_sqs::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .endpoint_url(url)
+        .credentials_provider(Credentials::new("local", "local", None, None, "test"))
+        .build();
+    aws_sdk_sqs::Client::from_conf(config)
 }
