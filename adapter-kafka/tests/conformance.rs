@@ -62,12 +62,43 @@ impl Faults for DlqSize {
     }
 }
 
-/// Reads a group's committed offsets and the topic's ends with a raw rdkafka consumer.
+/// Reads a group's committed offsets and the topics' ends with a raw rdkafka consumer.
+#[derive(Clone)]
 struct Offsets {
     bootstrap: String,
+    config: KafkaConfig,
 }
 
 impl Offsets {
+    /// Every record ever written to the topic's delay ladder and the group's retry topic: the sum of
+    /// their end offsets (a topic that does not exist has none).
+    fn sent_to_route_blocking(&self, topic: &str, group: &str) -> Result<u64, Error> {
+        let timeout = Duration::from_secs(10);
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .create()
+            .map_err(wrap(Kind::Config, "create a raw consumer"))?;
+        let metadata = consumer
+            .fetch_metadata(None, timeout)
+            .map_err(wrap(Kind::Connection, "read the cluster's metadata"))?;
+        let mut route = self.config.level_topics(topic);
+        route.push(self.config.retry_topic(topic, group));
+        let mut sent = 0;
+        for t in metadata
+            .topics()
+            .iter()
+            .filter(|t| route.iter().any(|r| r == t.name()))
+        {
+            for p in t.partitions() {
+                let (_, high) = consumer
+                    .fetch_watermarks(t.name(), p.id(), timeout)
+                    .map_err(wrap(Kind::Connection, "read the watermarks"))?;
+                sent += u64::try_from(high).unwrap_or(0);
+            }
+        }
+        Ok(sent)
+    }
+
     fn held_blocking(&self, topic: &str, group: &str) -> Result<u64, Error> {
         let timeout = Duration::from_secs(10);
         let consumer: BaseConsumer = ClientConfig::new()
@@ -109,16 +140,18 @@ impl Offsets {
 #[async_trait]
 impl Inspect for Offsets {
     async fn held_in_source(&self, topic: &str, group: &str) -> Result<u64, Error> {
-        let (this, topic, group) = (
-            Offsets {
-                bootstrap: self.bootstrap.clone(),
-            },
-            topic.to_string(),
-            group.to_string(),
-        );
+        let (this, topic, group) = (self.clone(), topic.to_string(), group.to_string());
         tokio::task::spawn_blocking(move || this.held_blocking(&topic, &group))
             .await
             .map_err(wrap(Kind::Other, "read the offsets"))?
+    }
+
+    async fn sent_to_retry_route(&self, topic: &str, group: &str) -> Result<Option<u64>, Error> {
+        let (this, topic, group) = (self.clone(), topic.to_string(), group.to_string());
+        tokio::task::spawn_blocking(move || this.sent_to_route_blocking(&topic, &group))
+            .await
+            .map_err(wrap(Kind::Other, "read the watermarks"))?
+            .map(Some)
     }
 }
 
@@ -314,7 +347,10 @@ async fn connect(url: String) -> Result<Fixture, String> {
     let broker = Broker::new(transport.clone());
     Ok(Fixture::new("kafka", broker, Duration::from_millis(300))
         .with_faults(DlqSize { transport, admin })
-        .with_inspect(Offsets { bootstrap })
+        .with_inspect(Offsets {
+            bootstrap,
+            config: suite_config(),
+        })
         .with_raw_client(raw))
 }
 

@@ -28,25 +28,39 @@ struct AdminApi {
 
 impl AdminApi {
     /// Calls the admin REST API on the path of `topic` (`persistent/public/default/<topic>`); returns the
-    /// response body.
+    /// response body. A 404 is an error of kind `NotFound`.
     async fn call(&self, method: &str, topic: &str, action: &str) -> Result<String, Error> {
         let url = format!(
             "{}/admin/v2/persistent/public/default/{topic}{action}",
             self.admin
         );
         let out = tokio::process::Command::new("curl")
-            .args(["-sS", "--fail", "--max-time", "30", "-X", method, &url])
+            .args([
+                "-sS",
+                "--max-time",
+                "30",
+                "-w",
+                "\n%{http_code}",
+                "-X",
+                method,
+                &url,
+            ])
             .output()
             .await
             .map_err(|e| Error::from_source(Kind::Other, e).with_operation("run curl"))?;
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(Error::new(
-                Kind::Rejected,
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, status) = text.rsplit_once('\n').unwrap_or(("", text.as_str()));
+        let failed = |kind, what: String| {
+            Err(Error::new(kind, what).with_operation(format!("{method} {url}")))
+        };
+        match status.trim().parse::<u16>() {
+            Ok(200..=299) => Ok(body.to_string()),
+            Ok(404) => failed(Kind::NotFound, format!("404: {body}")),
+            Ok(code) => failed(Kind::Rejected, format!("{code}: {body}")),
+            Err(_) => failed(
+                Kind::Connection,
                 String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            )
-            .with_operation(format!("{method} {url}")))
+            ),
         }
     }
 }
@@ -74,6 +88,20 @@ impl Inspect for AdminApi {
         Ok(stats["subscriptions"][group]["msgBacklog"]
             .as_u64()
             .unwrap_or(0))
+    }
+
+    /// Every message published to the group's retry topic (`msgInCounter`); none when it does not exist.
+    async fn sent_to_retry_route(&self, topic: &str, group: &str) -> Result<Option<u64>, Error> {
+        let retry = format!("{topic}-{group}{}", self.transport.config().retry_suffix);
+        match self.call("GET", &retry, "/stats").await {
+            Ok(body) => {
+                let stats: serde_json::Value = serde_json::from_str(&body)
+                    .map_err(wrap(Kind::Other, format!("read the stats of {retry}")))?;
+                Ok(Some(stats["msgInCounter"].as_u64().unwrap_or(0)))
+            }
+            Err(e) if e.kind() == Kind::NotFound => Ok(Some(0)),
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -10,9 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conformance_tests::{Adapter, Faults, Fixture, Inspect, NativeMessage, RawClient, hex};
 use event_retry_rabbitmq::RabbitTransport;
-use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-};
+use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, DecimalValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use retry_core::adapter::Admin;
@@ -33,36 +31,48 @@ impl Faults for DlqQueue {
     }
 }
 
-/// Reads a work queue's message count with a raw lapin connection (a passive declare).
+/// Reads a work queue's counts with the broker's own tool: `rabbitmqctl list_queues` on the node
+/// `RETRY_TEST_AMQP_NODE` names (AMQP itself tells only the messages ready, not those a consumer holds
+/// unacknowledged).
 struct QueueDepth {
-    url: String,
+    node: String,
 }
 
-/// Messages ready in the topic's work queue (consumers of every group share it); with no consumer
-/// running, what is not acknowledged is back there.
+/// Messages ready or unacknowledged in the topic's work queue (consumers of every group share it). The
+/// delay ladder is shared by every topic, so what went onto it for one topic cannot be singled out.
 #[async_trait]
 impl Inspect for QueueDepth {
     async fn held_in_source(&self, topic: &str, _group: &str) -> Result<u64, Error> {
-        let conn = Connection::connect(&self.url, ConnectionProperties::default())
+        let out = tokio::process::Command::new("rabbitmqctl")
+            .args([
+                "-q",
+                "-n",
+                &self.node,
+                "list_queues",
+                "name",
+                "messages_ready",
+                "messages_unacknowledged",
+                "--formatter",
+                "json",
+            ])
+            .output()
             .await
-            .map_err(wrap(Kind::Connection, "connect a raw client"))?;
-        let ch = conn
-            .create_channel()
-            .await
-            .map_err(wrap(Kind::Connection, "open a channel"))?;
-        let queue = ch
-            .queue_declare(
-                topic.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
+            .map_err(wrap(Kind::Other, "run rabbitmqctl"))?;
+        if !out.status.success() {
+            return Err(Error::new(
+                Kind::Connection,
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
             )
-            .await
-            .map_err(wrap(Kind::NotFound, format!("check queue {topic}")))?;
-        let _ = conn.close(200, "done".into()).await;
-        Ok(u64::from(queue.message_count()))
+            .with_operation("rabbitmqctl list_queues"));
+        }
+        let queues: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)
+            .map_err(wrap(Kind::Other, "read rabbitmqctl's output"))?;
+        let queue = queues
+            .iter()
+            .find(|q| q["name"] == topic)
+            .ok_or_else(|| Error::new(Kind::NotFound, format!("no queue {topic}")))?;
+        Ok(queue["messages_ready"].as_u64().unwrap_or(0)
+            + queue["messages_unacknowledged"].as_u64().unwrap_or(0))
     }
 }
 
@@ -258,10 +268,13 @@ async fn connect(url: String) -> Result<Fixture, String> {
         url: url.clone(),
         dlq_suffix: transport.config().dlq_suffix.clone(),
     };
-    Ok(Fixture::new("rabbitmq", broker, Duration::from_millis(250))
+    let fixture = Fixture::new("rabbitmq", broker, Duration::from_millis(250))
         .with_faults(DlqQueue(transport))
-        .with_inspect(QueueDepth { url })
-        .with_raw_client(raw))
+        .with_raw_client(raw);
+    Ok(match test_support::broker::url("RETRY_TEST_AMQP_NODE") {
+        Some(node) => fixture.with_inspect(QueueDepth { node }),
+        None => fixture,
+    })
 }
 
 fn main() {

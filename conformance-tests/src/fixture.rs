@@ -25,8 +25,17 @@ pub trait Faults: Send + Sync + 'static {
 #[async_trait]
 pub trait Inspect: Send + Sync + 'static {
     /// How many messages of `topic` the broker still holds for consumer group `group` — not acknowledged,
-    /// not committed: what the group would be given again. Called when no consumer of the group runs.
+    /// not committed, not deleted, whether waiting, handed out or held unacknowledged by a consumer: what
+    /// the group would be given again if its consumers died. Called while a consumer runs, and after.
     async fn held_in_source(&self, topic: &str, group: &str) -> Result<u64, Error>;
+
+    /// How many messages have gone onto `topic`'s retry route for `group` — its retry topic and delay
+    /// ladder, or whatever carries a retry on this broker — since the topic was declared; `None` when
+    /// the broker's own view cannot tell this topic's from others' (a ladder shared by every topic).
+    async fn sent_to_retry_route(&self, topic: &str, group: &str) -> Result<Option<u64>, Error> {
+        let _ = (topic, group);
+        Ok(None)
+    }
 }
 
 /// A message as the broker's own client describes it: one `(field, value)` line per thing a producer

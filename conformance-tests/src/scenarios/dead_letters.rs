@@ -76,9 +76,10 @@ pub(super) async fn dlq_replay(f: Arc<Fixture>) -> ScenarioResult {
 }
 
 /// Scenario 15: an unwritable DLQ is a dependency outage. The error surfaces, consumption is held, the
-/// original is neither redelivered nor settled anywhere — after a crash in the outage the broker itself
-/// still holds it (read with the broker's raw client) — and the DLQ write is tried again; once the DLQ
-/// accepts, the entry lands there once.
+/// original is neither redelivered nor settled anywhere — during the outage and after a crash in it the
+/// broker itself still holds it and the event behind it (read with the broker's raw client or tools), and
+/// nothing went onto the retry route — and the DLQ write is tried again; once the DLQ accepts, the entry
+/// lands there once.
 pub(super) async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s15").await.map_err(|e| e.to_string())?;
     let faults = f.faults().ok_or("the fixture has no fault switches")?;
@@ -136,6 +137,28 @@ pub(super) async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
     ensure(dlq(&f, &topic).await?.is_empty(), || {
         "an entry reached an unwritable DLQ".into()
     })?;
+    // The broker's own view, while the consumer holds: both messages still unsettled in the source, and
+    // nothing sent round through the retry route.
+    let held = inspect
+        .held_in_source(&topic, group)
+        .await
+        .map_err(|e| format!("read the broker's view: {e}"))?;
+    ensure(held == 2, || {
+        format!(
+            "during the outage the broker holds {held} unsettled messages of {topic} for {group}, want \
+             the original and the event behind it (2)"
+        )
+    })?;
+    let route = inspect
+        .sent_to_retry_route(&topic, group)
+        .await
+        .map_err(|e| format!("read the broker's view of the retry route: {e}"))?;
+    ensure(route.is_none_or(|n| n == 0), || {
+        format!(
+            "during the outage {} messages went onto the retry route",
+            route.unwrap_or_default()
+        )
+    })?;
     // A crash in the outage: whatever the consumer held must still be the broker's, unsettled.
     c1.abort().await;
     let deadline = std::time::Instant::now() + patience(&f, 10);
@@ -182,5 +205,13 @@ pub(super) async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
         )
     })?;
     finish(&f, &topic, vec![c2]).await?;
-    Ok(Verdict::Pass(None))
+    Ok(Verdict::Pass(Some(match route {
+        Some(_) => "retry route read from the broker: empty".to_string(),
+        None => {
+            "the broker's view has no retry route of this topic's own to read (a ladder shared \
+             by every topic, or retries kept in the source queue); the victim was handled once \
+             through the outage"
+                .to_string()
+        }
+    })))
 }

@@ -184,7 +184,7 @@ pub fn all() -> Vec<Scenario> {
                     None
                 }
             },
-            "DLQ unwritable → error surfaced, consumption held, the original neither redelivered nor settled (the broker still holds it), the write retried; one DLQ entry once it heals"
+            "DLQ unwritable → error surfaced, consumption held, the original neither redelivered nor settled (the broker still holds it, read during the outage and after a crash in it), nothing sent onto the retry route, the write retried; one DLQ entry once it heals"
         ),
         scenario!(
             16,
