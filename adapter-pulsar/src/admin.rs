@@ -1,9 +1,10 @@
 //! Declaring and naming a topic's Pulsar topics.
 //!
 //! A topic comes with `<topic>-DLQ` and one retry topic per consumer group (`<topic>-<group>-RETRY`).
-//! Declaring creates the DLQ's subscription for DLQ operations before anything is dead-lettered (Pulsar
-//! keeps messages only for the subscriptions that exist when they arrive); the other topics are created
-//! by the broker on first use. Deleting topics needs Pulsar's admin REST API, which the `pulsar` client
+//! Declaring creates the DLQ's subscription for DLQ operations before anything is dead-lettered, and the
+//! subscription of the default consumer group (or of the group named) on the topic (Pulsar keeps
+//! messages only for the subscriptions that exist when they arrive); the other topics are created by the
+//! broker on first use. Deleting topics needs Pulsar's admin REST API, which the `pulsar` client
 //! crate does not speak: `delete` says so instead of pretending.
 
 use async_trait::async_trait;
@@ -14,9 +15,13 @@ use crate::PulsarTransport;
 
 #[async_trait]
 impl Admin for PulsarTransport {
-    async fn declare(&self, topic: &str, _group: Option<&str>) -> Result<(), Error> {
+    async fn declare(&self, topic: &str, group: Option<&str>) -> Result<(), Error> {
         self.link.forget(topic);
-        self.link.ensure_topic(topic).await
+        self.link.ensure_topic(topic).await?;
+        match group {
+            Some(group) => self.link.ensure_group(topic, group).await,
+            None => Ok(()),
+        }
     }
 
     async fn delete(&self, topic: &str) -> Result<(), Error> {

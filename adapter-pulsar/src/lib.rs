@@ -112,6 +112,7 @@ impl Transport for PulsarTransport {
             .replay(true)
             .shared_subscription(true)
             .crash_redelivery(true)
+            .fan_out(true)
     }
 
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {

@@ -156,14 +156,44 @@ impl Link {
         }
     }
 
-    /// Makes sure `topic`'s DLQ has the subscription DLQ operations read, so dead letters are kept.
+    /// Makes sure `topic`'s DLQ has the subscription DLQ operations read, so dead letters are kept, and
+    /// that `topic` has its default consumer group's subscription, so events published before the first
+    /// consumer starts are kept for it (Pulsar keeps messages for the subscriptions that exist).
     pub(crate) async fn ensure_topic(&self, topic: &str) -> Result<(), Error> {
         if self.lock_declared().contains(topic) {
             return Ok(());
         }
         let mut consumer = self.dlq_consumer(topic).await?;
         let _ = consumer.close().await;
+        self.ensure_group(topic, &retry_core::adapter::default_group(topic))
+            .await?;
         self.lock_declared().insert(topic.to_string());
+        Ok(())
+    }
+
+    /// Creates the subscription of consumer group `group` on `topic` (if it is missing): from then on
+    /// the group receives every event published to it.
+    pub(crate) async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error> {
+        let full = self.config.full_name(topic);
+        let mut consumer: Consumer<Vec<u8>, TokioExecutor> = self
+            .client
+            .consumer()
+            .with_topic(&full)
+            .with_subscription(group)
+            .with_subscription_type(SubType::Shared)
+            .with_consumer_name(format!(
+                "event-retry-declare-{}",
+                uuid::Uuid::new_v4().simple()
+            ))
+            .with_options(
+                ConsumerOptions::default()
+                    .with_initial_position(InitialPosition::Earliest)
+                    .with_receiver_queue_size(1),
+            )
+            .build()
+            .await
+            .map_err(error(&format!("subscribe {group} to {full}")))?;
+        let _ = consumer.close().await;
         Ok(())
     }
 

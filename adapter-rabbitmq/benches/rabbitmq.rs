@@ -42,6 +42,8 @@ async fn prefill(transport: &RabbitTransport, topic: &str) -> Result<(), Error> 
 
 async fn raw_run(url: &str, transport: &RabbitTransport, topic: &str) -> Result<f64, Error> {
     prefill(transport, topic).await?;
+    // The queue the SDK's consumer would read: the topic's default group's.
+    let queue = transport.names(topic, None).await?.topic;
     let conn = Connection::connect(url, ConnectionProperties::default()).await?;
     let ch = conn.create_channel().await?;
     ch.basic_qos(PREFETCH as u16, BasicQosOptions::default())
@@ -49,7 +51,7 @@ async fn raw_run(url: &str, transport: &RabbitTransport, topic: &str) -> Result<
     let started = Instant::now();
     let consumer = ch
         .basic_consume(
-            topic.into(),
+            queue.as_str().into(),
             "raw-bench".into(),
             BasicConsumeOptions::default(),
             FieldTable::default(),

@@ -31,6 +31,9 @@ pub(crate) const KEY_HEADER: &str = "x-retry-key";
 /// The header naming a DLQ entry (a dead letter keeps its original's message id, which need not be
 /// unique).
 pub(crate) const ENTRY_HEADER: &str = "x-retry-dlq-entry";
+/// The header of a DLQ entry naming the consumer group that dead-lettered it (a replay goes back to that
+/// group's queue alone).
+pub(crate) const GROUP_HEADER: &str = "x-retry-group";
 /// Where a copy keeps the original's `expiration`.
 pub(crate) const EXPIRATION_HEADER: &str = "x-retry-amqp-expiration";
 /// Where a copy keeps a `user-id` that names another user than the SDK's connection.
@@ -53,7 +56,10 @@ fn is_broker_header(name: &str) -> bool {
 
 /// Headers the SDK writes anew on every message: its metadata, the layout, the key, a DLQ entry's id.
 fn is_sdk_header(name: &str) -> bool {
-    metadata::is_sdk_field(name) || name == KEY_HEADER || name == ENTRY_HEADER
+    metadata::is_sdk_field(name)
+        || name == KEY_HEADER
+        || name == ENTRY_HEADER
+        || name == GROUP_HEADER
 }
 
 /// The adapter's headers that keep what a copy cannot carry in its envelope; they stay on every copy.
@@ -61,10 +67,10 @@ fn is_carried(name: &str) -> bool {
     name == EXPIRATION_HEADER || name == USER_ID_HEADER
 }
 
-/// Headers no handler sees: the key (the event's key), a DLQ entry's id, and what a copy carries for its
-/// envelope.
+/// Headers no handler sees: the key (the event's key), a DLQ entry's id and group, and what a copy
+/// carries for its envelope.
 fn is_adapter_header(name: &str) -> bool {
-    name == KEY_HEADER || name == ENTRY_HEADER || is_carried(name)
+    name == KEY_HEADER || name == ENTRY_HEADER || name == GROUP_HEADER || is_carried(name)
 }
 
 /// The properties of an unchanged copy of a message whose properties are `native` (a release through the

@@ -53,6 +53,16 @@ pub(crate) async fn open(
     }
 }
 
+/// A text header of a message, if it has it.
+fn text_header(properties: &lapin::BasicProperties, name: &str) -> Option<String> {
+    match properties.headers().as_ref()?.inner().get(name)? {
+        lapin::types::AMQPValue::LongString(s) => {
+            Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
+        }
+        _ => None,
+    }
+}
+
 /// One operation: the entries taken (unacknowledged) so far on the session's channel.
 struct RabbitDlqSession {
     link: Arc<Link>,
@@ -94,27 +104,26 @@ impl DlqSession for RabbitDlqSession {
         // The entry's own id, which the adapter gave it when it dead-lettered it; a message put in the DLQ
         // by something else is known by its message id or, lacking one, its place in this read.
         let properties = &message.delivery.properties;
-        let entry_id =
-            properties
-                .headers()
-                .as_ref()
-                .and_then(|h| match h.inner().get(codec::ENTRY_HEADER) {
-                    Some(lapin::types::AMQPValue::LongString(s)) => {
-                        Some(String::from_utf8_lossy(s.as_bytes()).into_owned())
-                    }
-                    _ => None,
-                });
-        let id = entry_id
+        let id = text_header(properties, codec::ENTRY_HEADER)
             .or_else(|| properties.message_id().as_ref().map(|id| id.to_string()))
             .unwrap_or_else(|| format!("tag-{}", message.delivery.delivery_tag));
         self.held.push(message);
         Ok(Some(StoredDeadLetter::new(id, raw)))
     }
 
+    /// Back to the queue of the group that dead-lettered it, so the topic's other groups do not handle it
+    /// again; an entry that names no group goes to the topic's exchange.
     async fn replay(&mut self, entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
         let native = self.held(entry)?.delivery.properties.clone();
+        let group = text_header(&native, codec::GROUP_HEADER);
         self.link
-            .publish_event(origin, event, Some(&native), &format!("replay to {origin}"))
+            .publish_event(
+                origin,
+                group.as_deref(),
+                event,
+                Some(&native),
+                &format!("replay to {origin}"),
+            )
             .await
             .map(drop)
     }

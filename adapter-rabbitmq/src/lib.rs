@@ -113,6 +113,21 @@ impl RabbitTransport {
         result
     }
 
+    /// Deletes an exchange (best left to [`Admin::delete`]).
+    pub(crate) async fn delete_exchange(&self, exchange: &str) -> Result<(), Error> {
+        let ch = self.link.channel().await?;
+        let result = ch
+            .exchange_delete(
+                exchange.into(),
+                lapin::options::ExchangeDeleteOptions::default(),
+            )
+            .await
+            .map(drop)
+            .map_err(|e| amqp_error(e, format!("delete exchange {exchange}")));
+        let _ = ch.close(200, "deleted".into()).await;
+        result
+    }
+
     /// Closes the connection.
     pub async fn close(&self) {
         self.link.close().await;
@@ -136,18 +151,21 @@ impl Transport for RabbitTransport {
         .replay(true)
         .shared_subscription(true)
         .crash_redelivery(true)
+        .fan_out(true)
     }
 
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
         let id = self
             .link
-            .publish_event(topic, event, None, &format!("publish to {topic}"))
+            .publish_event(topic, None, event, None, &format!("publish to {topic}"))
             .await?;
         Ok(Published::accepted().with_message_id(id))
     }
 
+    /// Declares the group's queue before it returns, so the group receives every event published from
+    /// then on.
     async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
-        self.link.ensure_topic(&spec.topic).await?;
+        self.link.ensure_group(&spec.topic, &spec.group).await?;
         Ok(Box::new(RabbitSubscription::new(
             self.link.clone(),
             spec.clone(),

@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lapin::Confirmation;
-use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+use lapin::options::{
+    BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
+};
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use retry_core::error::{Error, Kind};
@@ -39,7 +41,8 @@ pub(crate) struct Link {
     connection: Mutex<Option<Arc<Connection>>>,
     publishers: Vec<Mutex<Option<Channel>>>,
     next_publisher: AtomicUsize,
-    declared: std::sync::Mutex<HashSet<String>>,
+    /// What this transport declared: the ladder (`("", None)`), topics (`(topic, None)`) and groups.
+    declared: std::sync::Mutex<HashSet<(String, Option<String>)>>,
 }
 
 /// The error of a lapin call for `operation`: the broker's soft errors keep their meaning (a missing
@@ -58,6 +61,23 @@ pub(crate) fn amqp_error(e: lapin::Error, operation: impl Into<String>) -> Error
         Kind::Connection
     };
     Error::from_source(kind, e).with_operation(operation.into())
+}
+
+/// Checks, with passive declares, that `queues` exist (declaring is off).
+async fn check_queues(ch: &Channel, queues: &[String]) -> Result<(), Error> {
+    for queue in queues {
+        ch.queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| amqp_error(e, format!("check queue {queue} (declaring is off)")))?;
+    }
+    Ok(())
 }
 
 /// A `map_err` for a lapin call for `operation` (see [`amqp_error`]).
@@ -187,80 +207,136 @@ impl Link {
         }
     }
 
-    /// Publishes `event` to `topic`'s work queue and waits for the confirm: a new message with its event
-    /// id as the AMQP message id, or — for a DLQ replay — a copy of the entry's message (`native`, its
+    /// Publishes `event` and waits for the confirm: to `topic`'s exchange (every group gets it), or —
+    /// a DLQ replay of a group's dead letter — to that group's queue alone. A new message carries its
+    /// event id as the AMQP message id; a replay is a copy of the entry's message (`native`, its
     /// properties). Returns the event id.
     pub(crate) async fn publish_event(
         &self,
         topic: &str,
+        group: Option<&str>,
         event: &retry_core::event::Event,
         native: Option<&BasicProperties>,
         operation: &str,
     ) -> Result<String, Error> {
-        self.ensure_topic(topic).await?;
+        let (exchange, routing_key) = match group {
+            Some(group) => {
+                self.ensure_group(topic, group).await?;
+                (String::new(), self.names.group_queue(topic, group))
+            }
+            None => {
+                self.ensure_topic(topic).await?;
+                (topic.to_string(), String::new())
+            }
+        };
         let id = event
             .id()
             .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string);
         let props = codec::properties(event, native, &id, &self.user, &[]);
-        self.publish("", topic, &event.payload, props, operation)
+        self.publish(&exchange, &routing_key, &event.payload, props, operation)
             .await?;
         Ok(id)
     }
 
-    /// Declares (or, with `declare` off, checks) the ladder and `topic`'s queues, once per transport.
+    /// Declares (or, with `declare` off, checks) the ladder, `topic`'s exchange and DLQ, and its default
+    /// group's queue, once per transport.
     pub(crate) async fn ensure_topic(&self, topic: &str) -> Result<(), Error> {
         topology::check_topic(&self.names, topic)?;
-        if self.is_declared(topic) {
+        if self.is_declared(topic, None) {
             return Ok(());
         }
-        // A failed declaration closes its channel, so each gets a channel of its own.
-        let ch = self.channel().await?;
-        let result = bounded("declare the topology", async {
+        let default = retry_core::adapter::default_group(topic);
+        topology::check_group(&self.names, topic, &default)?;
+        let group = default.as_str();
+        self.declare_with("declare the topology", |ch| async move {
             if self.config.declare {
-                if !self.is_declared("") {
+                if !self.is_declared("", None) {
                     topology::declare_ladder(&ch, &self.names, &self.config).await?;
-                    self.mark_declared("");
+                    self.mark_declared("", None);
                 }
-                topology::declare_topic(&ch, &self.names, &self.config, topic).await
+                topology::declare_topic(&ch, &self.names, &self.config, topic).await?;
+                topology::declare_group(&ch, &self.names, &self.config, topic, group).await
             } else {
-                for queue in [topic.to_string(), self.names.dlq(topic), self.names.entry()] {
-                    ch.queue_declare(
-                        queue.as_str().into(),
-                        QueueDeclareOptions {
-                            passive: true,
-                            ..QueueDeclareOptions::default()
-                        },
-                        FieldTable::default(),
-                    )
-                    .await
-                    .map_err(|e| {
-                        amqp_error(e, format!("check queue {queue} (declaring is off)"))
-                    })?;
-                }
-                Ok(())
+                ch.exchange_declare(
+                    topic.into(),
+                    lapin::ExchangeKind::Fanout,
+                    ExchangeDeclareOptions {
+                        passive: true,
+                        ..ExchangeDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map_err(|e| amqp_error(e, format!("check exchange {topic} (declaring is off)")))?;
+                let queues = [
+                    self.names.dlq(topic),
+                    self.names.entry(),
+                    self.names.group_queue(topic, group),
+                ];
+                check_queues(&ch, &queues).await
             }
         })
-        .await;
-        let _ = ch.close(200, "declared".into()).await;
-        result?;
-        self.mark_declared(topic);
+        .await?;
+        self.mark_declared(topic, None);
+        self.mark_declared(topic, Some(&default));
         Ok(())
     }
 
-    /// Forgets that `topic` was declared (after a fixture deleted its queues).
-    pub(crate) fn forget(&self, topic: &str) {
-        self.lock_declared().remove(topic);
+    /// Declares (or checks) `topic` and the work queue of its consumer group `group`, once per transport.
+    pub(crate) async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error> {
+        self.ensure_topic(topic).await?;
+        topology::check_group(&self.names, topic, group)?;
+        if self.is_declared(topic, Some(group)) {
+            return Ok(());
+        }
+        self.declare_with("declare a consumer group's queue", |ch| async move {
+            if self.config.declare {
+                topology::declare_group(&ch, &self.names, &self.config, topic, group).await
+            } else {
+                check_queues(&ch, &[self.names.group_queue(topic, group)]).await
+            }
+        })
+        .await?;
+        self.mark_declared(topic, Some(group));
+        Ok(())
     }
 
-    fn is_declared(&self, name: &str) -> bool {
-        self.lock_declared().contains(name)
+    /// Runs a declaration on a channel of its own (a failed declaration closes its channel).
+    async fn declare_with<F, Fut>(&self, what: &str, declare: F) -> Result<(), Error>
+    where
+        F: FnOnce(Channel) -> Fut,
+        Fut: Future<Output = Result<(), Error>>,
+    {
+        let ch = self.channel().await?;
+        let result = bounded(what, declare(ch.clone())).await;
+        let _ = ch.close(200, "declared".into()).await;
+        result
     }
 
-    fn mark_declared(&self, name: &str) {
-        self.lock_declared().insert(name.to_string());
+    /// Forgets that `topic` and its groups were declared (after a fixture deleted its queues); returns
+    /// the groups this transport had declared for it.
+    pub(crate) fn forget(&self, topic: &str) -> Vec<String> {
+        let mut declared = self.lock_declared();
+        let groups = declared
+            .iter()
+            .filter(|(t, g)| t == topic && g.is_some())
+            .filter_map(|(_, g)| g.clone())
+            .collect();
+        declared.retain(|(t, _)| t != topic);
+        groups
     }
 
-    fn lock_declared(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    fn is_declared(&self, topic: &str, group: Option<&str>) -> bool {
+        self.lock_declared()
+            .contains(&(topic.to_string(), group.map(str::to_string)))
+    }
+
+    fn mark_declared(&self, topic: &str, group: Option<&str>) {
+        self.lock_declared()
+            .insert((topic.to_string(), group.map(str::to_string)));
+    }
+
+    fn lock_declared(&self) -> std::sync::MutexGuard<'_, HashSet<(String, Option<String>)>> {
         self.declared.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -85,7 +85,9 @@ impl RabbitSubscription {
                         let _ = old.close(200, "restart".into()).await;
                     }
                     self.consume_pending = false;
-                    self.link.ensure_topic(&self.spec.topic).await?;
+                    self.link
+                        .ensure_group(&self.spec.topic, &self.spec.group)
+                        .await?;
                     let channel = Arc::new(self.link.channel().await?);
                     self.channel = Some(channel.clone());
                     let prefetch =
@@ -107,7 +109,7 @@ impl RabbitSubscription {
             self.consume_pending = true;
             let consumed = channel
                 .basic_consume(
-                    self.spec.topic.as_str().into(),
+                    self.queue().as_str().into(),
                     tag.into(),
                     BasicConsumeOptions {
                         exclusive: self.spec.ordered,
@@ -154,12 +156,21 @@ impl RabbitSubscription {
                 _channel: channel,
                 acker: Unsettled::new(d.acker),
                 topic: self.spec.topic.clone(),
+                group: self.spec.group.clone(),
+                queue: self.queue(),
                 body,
                 native: d.properties,
                 message_id,
             }),
             message,
         }
+    }
+
+    /// The work queue of this subscription's group.
+    fn queue(&self) -> String {
+        self.link
+            .names
+            .group_queue(&self.spec.topic, &self.spec.group)
     }
 
     fn reset(&mut self) {
@@ -297,6 +308,10 @@ struct RabbitReceipt {
     _channel: Option<Arc<Channel>>,
     acker: Unsettled<Acker>,
     topic: String,
+    /// The consumer group, recorded on dead letters so a replay goes back to this group only.
+    group: String,
+    /// The group's work queue, where retries come back.
+    queue: String,
     /// The original's body and properties: a release sends them back unchanged, and every other copy
     /// keeps the properties and typed headers the producer set.
     body: Bytes,
@@ -356,7 +371,7 @@ impl RabbitReceipt {
             )
             .with_operation(operation.to_string()));
         }
-        let key = self.link.names.routing_key(units as u64, &self.topic);
+        let key = self.link.names.routing_key(units as u64, &self.queue);
         self.link
             .publish(&self.link.names.entry(), &key, body, props, operation)
             .await
@@ -389,7 +404,10 @@ impl Receipt for RabbitReceipt {
             Some(&self.native),
             &entry_id,
             &self.link.user,
-            &[(codec::ENTRY_HEADER, &entry_id)],
+            &[
+                (codec::ENTRY_HEADER, &entry_id),
+                (codec::GROUP_HEADER, &self.group),
+            ],
         );
         self.link
             .publish("", &dlq, &event.payload, props, &operation)

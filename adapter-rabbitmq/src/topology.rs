@@ -1,4 +1,11 @@
-//! The fixed topology: one shared ladder of binary delay levels, and per topic a work queue and a DLQ.
+//! The fixed topology: one shared ladder of binary delay levels; per topic a fanout exchange and a DLQ;
+//! per consumer group of a topic a work queue (`<topic>.<group>`) bound to the topic's exchange.
+//!
+//! A topic's exchange copies every event into the queue of each of its groups, so each group receives
+//! every event, as on Kafka and Pulsar; the consumers of one group share its queue. A topic is declared
+//! with its default group's queue, so that events published before the first consumer starts are kept;
+//! another group's queue is declared when its first consumer subscribes (or by `Admin::declare`), and it
+//! receives what is published from then on.
 //!
 //! Level `k` is a topic exchange and a queue of the same name whose `x-message-ttl` is granularity × 2ᵏ.
 //! A delay of `u` granularity units travels with a routing key that spells `u` in binary, least
@@ -62,6 +69,11 @@ impl Names {
         format!("{topic}{}", self.dlq_suffix)
     }
 
+    /// The work queue of consumer group `group` of `topic`.
+    pub(crate) fn group_queue(&self, topic: &str, group: &str) -> String {
+        format!("{topic}.{group}")
+    }
+
     /// The routing key that carries a copy `units` granularity steps to `queue`.
     pub(crate) fn routing_key(&self, units: u64, queue: &str) -> String {
         let mut key = String::with_capacity(2 * self.levels as usize + queue.len());
@@ -101,6 +113,36 @@ pub(crate) fn check_topic(names: &Names, topic: &str) -> Result<(), Error> {
     }
     if longest > 255 || topic.len() + 2 * names.levels as usize > 255 {
         return bad("too long for a queue name or routing key (255 bytes with the ladder's bits)");
+    }
+    Ok(())
+}
+
+/// Checks that `group`'s queue of `topic` can be named and travel in a routing key.
+pub(crate) fn check_group(names: &Names, topic: &str, group: &str) -> Result<(), Error> {
+    let bad = |why: String| {
+        Err(Error::new(
+            Kind::Config,
+            format!("consumer group {group:?} of topic {topic:?}: {why}"),
+        ))
+    };
+    let queue = names.group_queue(topic, group);
+    if group
+        .split('.')
+        .any(|w| w.is_empty() || w == "*" || w == "#")
+    {
+        return bad(
+            "dot-separated words must be non-empty and not `*` or `#` (its queue's name travels in a \
+             routing key)"
+                .into(),
+        );
+    }
+    if queue == names.dlq(topic) {
+        return bad(format!("its queue would be the topic's DLQ, {queue}"));
+    }
+    if queue.len() > 255 || queue.len() + 2 * names.levels as usize > 255 {
+        return bad(format!(
+            "{queue} is too long for a queue name or routing key (255 bytes with the ladder's bits)"
+        ));
     }
     Ok(())
 }
@@ -209,7 +251,7 @@ pub(crate) async fn declare_ladder(
     Ok(())
 }
 
-/// Declares `topic`'s work queue (bound to the ladder's exit) and its DLQ.
+/// Declares `topic`'s exchange and its DLQ.
 pub(crate) async fn declare_topic(
     channel: &Channel,
     names: &Names,
@@ -217,7 +259,30 @@ pub(crate) async fn declare_topic(
     topic: &str,
 ) -> Result<(), Error> {
     declare_dlq(channel, names, config, topic).await?;
+    channel
+        .exchange_declare(
+            topic.into(),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(failed(format!("exchange {topic}")))
+}
+
+/// Declares the work queue of `group` of `topic`, bound to the topic's exchange and to the ladder's exit.
+pub(crate) async fn declare_group(
+    channel: &Channel,
+    names: &Names,
+    config: &RabbitConfig,
+    topic: &str,
+    group: &str,
+) -> Result<(), Error> {
     let dlq = names.dlq(topic);
+    let queue = names.group_queue(topic, group);
     let mut args = type_args(config.queue_type);
     if config.queue_type == QueueType::Quorum {
         // RabbitMQ 4 gives quorum queues a delivery limit of 20 and drops what exceeds it; an explicit
@@ -232,19 +297,29 @@ pub(crate) async fn declare_topic(
         args.push(("x-overflow", text("reject-publish")));
     }
     channel
-        .queue_declare(topic.into(), durable(), table(&args))
+        .queue_declare(queue.as_str().into(), durable(), table(&args))
         .await
-        .map_err(failed(format!("work queue {topic}")))?;
+        .map_err(failed(format!("work queue {queue}")))?;
     channel
         .queue_bind(
+            queue.as_str().into(),
             topic.into(),
-            names.out().as_str().into(),
-            names.out_binding(topic).into(),
+            "".into(),
             QueueBindOptions::default(),
             FieldTable::default(),
         )
         .await
-        .map_err(failed(format!("binding of {topic} to {}", names.out())))
+        .map_err(failed(format!("binding of {queue} to {topic}")))?;
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            names.out().as_str().into(),
+            names.out_binding(&queue).into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(failed(format!("binding of {queue} to {}", names.out())))
 }
 
 /// Declares `topic`'s DLQ queue.
@@ -286,6 +361,16 @@ mod tests {
         assert_eq!(n.out_binding("a.b"), "*.*.*.*.a.b");
         assert_eq!(n.entry(), "event-retry.delay-100ms-classic.03");
         assert_eq!(n.dlq("orders"), "orders.dlq");
+    }
+
+    #[test]
+    fn groups_get_queues_of_their_own() {
+        let n = names(24);
+        assert_eq!(n.group_queue("orders", "billing"), "orders.billing");
+        assert!(check_group(&n, "orders", "orders-consumers").is_ok());
+        for bad in ["", "a..b", "*", "dlq", &"x".repeat(240)] {
+            assert!(check_group(&n, "orders", bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

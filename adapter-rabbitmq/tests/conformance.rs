@@ -36,13 +36,15 @@ impl Faults for DlqQueue {
 /// unacknowledged).
 struct QueueDepth {
     node: String,
+    transport: RabbitTransport,
 }
 
-/// Messages ready or unacknowledged in the topic's work queue (consumers of every group share it). The
-/// delay ladder is shared by every topic, so what went onto it for one topic cannot be singled out.
+/// Messages ready or unacknowledged in the group's work queue. The delay ladder is shared by every topic,
+/// so what went onto it for one topic cannot be singled out.
 #[async_trait]
 impl Inspect for QueueDepth {
-    async fn held_in_source(&self, topic: &str, _group: &str) -> Result<u64, Error> {
+    async fn held_in_source(&self, topic: &str, group: &str) -> Result<u64, Error> {
+        let queue = self.transport.names(topic, Some(group)).await?.topic;
         let out = tokio::process::Command::new("rabbitmqctl")
             .args([
                 "-q",
@@ -69,8 +71,8 @@ impl Inspect for QueueDepth {
             .map_err(wrap(Kind::Other, "read rabbitmqctl's output"))?;
         let queue = queues
             .iter()
-            .find(|q| q["name"] == topic)
-            .ok_or_else(|| Error::new(Kind::NotFound, format!("no queue {topic}")))?;
+            .find(|q| q["name"] == queue.as_str())
+            .ok_or_else(|| Error::new(Kind::NotFound, format!("no queue {queue}")))?;
         Ok(queue["messages_ready"].as_u64().unwrap_or(0)
             + queue["messages_unacknowledged"].as_u64().unwrap_or(0))
     }
@@ -218,8 +220,8 @@ impl RawClient for RawAmqp {
             .await
             .map_err(wrap(Kind::Connection, "confirm mode"))?;
         ch.basic_publish(
-            "".into(),
             topic.into(),
+            "".into(),
             BasicPublishOptions {
                 mandatory: true,
                 immediate: false,
@@ -269,10 +271,13 @@ async fn connect(url: String) -> Result<Fixture, String> {
         dlq_suffix: transport.config().dlq_suffix.clone(),
     };
     let fixture = Fixture::new("rabbitmq", broker, Duration::from_millis(250))
-        .with_faults(DlqQueue(transport))
+        .with_faults(DlqQueue(transport.clone()))
         .with_raw_client(raw);
     Ok(match test_support::broker::url("RETRY_TEST_AMQP_NODE") {
-        Some(node) => fixture.with_inspect(QueueDepth { node }),
+        Some(node) => fixture.with_inspect(QueueDepth {
+            node,
+            transport: transport.clone(),
+        }),
         None => fixture,
     })
 }

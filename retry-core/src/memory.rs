@@ -1,11 +1,14 @@
 //! The in-memory transport: the reference semantics, and the embedded default for tests and examples.
 //!
-//! One queue per topic, ordered by due time then by arrival; a retry is a copy put back in the same queue
-//! with a due time (timers on a heap, never a sleeping task per message), so "delays are never early and
-//! nothing waits behind a message that is not due" holds by construction. Consumers of a topic compete for
-//! its messages like one consumer group. Everything lives for the life of the process: a consumer that
-//! crashes (drops its deliveries without settling them) loses nothing, and its messages go to the next
-//! consumer — exactly what the conformance suite expects of a real broker.
+//! One queue per consumer group of a topic, ordered by due time then by arrival; a retry is a copy put
+//! back in its group's queue with a due time (timers on a heap, never a sleeping task per message), so
+//! "delays are never early and nothing waits behind a message that is not due" holds by construction.
+//! Groups mean what they mean on every broker: each group receives every event published after it was
+//! declared (a topic is declared with its [default group](crate::adapter::default_group); another group
+//! is declared by its first consumer or by [`Admin::declare`]), and the consumers of one group compete for
+//! its events. Everything lives for the life of the process: a consumer that crashes (drops its
+//! deliveries without settling them) loses nothing, and its messages go to the next consumer of its group
+//! — exactly what the conformance suite expects of a real broker.
 //!
 //! For fault tests the transport can make a topic's DLQ unwritable ([`MemoryTransport::set_dlq_writable`]).
 //!
@@ -24,7 +27,7 @@ use tokio::time::Instant;
 use crate::adapter::{
     Admin, Capabilities, ConnectFuture, DelayCapability, Delivery, DeliveryInfo, DlqSession,
     Published, Receipt, Scheme, StoredDeadLetter, Subscription, SubscriptionSpec, TopicNames,
-    Transport, Unsettled,
+    Transport, Unsettled, default_group,
 };
 use crate::error::{Error, Kind};
 use crate::event::{Event, RawMessage};
@@ -51,17 +54,31 @@ struct Broker {
 
 #[derive(Default)]
 struct State {
-    topics: HashMap<String, Queue>,
-    dead: HashMap<String, Vec<StoredDeadLetter>>,
+    topics: HashMap<String, Topic>,
+    /// Dead letters by source topic, each with the group that dead-lettered it.
+    dead: HashMap<String, Vec<(StoredDeadLetter, String)>>,
     unwritable_dlq: HashSet<String>,
     next_seq: u64,
+}
+
+/// A topic: one queue per consumer group, and the offsets its messages are numbered with.
+#[derive(Default)]
+struct Topic {
+    groups: HashMap<String, Queue>,
+    next_offset: i64,
+}
+
+impl Topic {
+    /// The queue of `group`, declared now if it was not.
+    fn group(&mut self, group: &str) -> &mut Queue {
+        self.groups.entry(group.to_string()).or_default()
+    }
 }
 
 #[derive(Default)]
 struct Queue {
     due: BinaryHeap<Reverse<(Instant, u64)>>,
     messages: HashMap<u64, Stored>,
-    next_offset: i64,
     /// Messages handed out and not settled yet.
     in_flight: usize,
 }
@@ -77,18 +94,51 @@ impl Broker {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn enqueue(&self, topic: &str, raw: RawMessage, due: Instant, offset: Option<i64>) -> i64 {
+    /// The topic, declared now (with its default group) if it was not.
+    fn topic<'s>(state: &'s mut State, topic: &str) -> &'s mut Topic {
+        state.topics.entry(topic.to_string()).or_insert_with(|| {
+            let mut t = Topic::default();
+            t.group(&default_group(topic));
+            t
+        })
+    }
+
+    /// Puts `raw` in the queue of `group`, or — for a new event, `group` being `None` — in the queue of
+    /// every group of the topic; returns its offset.
+    fn enqueue(
+        &self,
+        topic: &str,
+        group: Option<&str>,
+        raw: RawMessage,
+        due: Instant,
+        offset: Option<i64>,
+    ) -> i64 {
         let mut state = self.lock();
-        let seq = state.next_seq;
-        state.next_seq += 1;
-        let queue = state.topics.entry(topic.to_string()).or_default();
+        let first_seq = state.next_seq;
+        let t = Self::topic(&mut state, topic);
         let offset = offset.unwrap_or_else(|| {
-            let o = queue.next_offset;
-            queue.next_offset += 1;
+            let o = t.next_offset;
+            t.next_offset += 1;
             o
         });
-        queue.due.push(Reverse((due, seq)));
-        queue.messages.insert(seq, Stored { raw, offset });
+        let mut seq = first_seq;
+        let stored = Stored { raw, offset };
+        match group {
+            Some(group) => {
+                let queue = t.group(group);
+                queue.due.push(Reverse((due, seq)));
+                queue.messages.insert(seq, stored);
+                seq += 1;
+            }
+            None => {
+                for queue in t.groups.values_mut() {
+                    queue.due.push(Reverse((due, seq)));
+                    queue.messages.insert(seq, stored.clone());
+                    seq += 1;
+                }
+            }
+        }
+        state.next_seq = seq;
         drop(state);
         self.arrivals.notify_waiters();
         offset
@@ -111,23 +161,24 @@ impl MemoryTransport {
         }
     }
 
-    /// Messages the broker still holds for `topic`: waiting (due or not) and handed out unsettled — what
-    /// a consumer group would get again after a crash.
-    pub fn held(&self, topic: &str) -> usize {
-        self.broker
-            .lock()
-            .topics
-            .get(topic)
-            .map_or(0, |q| q.messages.len() + q.in_flight)
+    /// Messages the broker still holds for `group` of `topic`: waiting (due or not) and handed out
+    /// unsettled — what the group would get again after a crash.
+    pub fn held(&self, topic: &str, group: &str) -> usize {
+        self.queue_count(topic, group, |q| q.messages.len() + q.in_flight)
     }
 
-    /// Messages waiting in `topic` (due or not), not counting those handed out and unsettled.
-    pub fn pending(&self, topic: &str) -> usize {
+    /// Messages waiting for `group` of `topic` (due or not), not counting those handed out and unsettled.
+    pub fn pending(&self, topic: &str, group: &str) -> usize {
+        self.queue_count(topic, group, |q| q.messages.len())
+    }
+
+    fn queue_count(&self, topic: &str, group: &str, count: impl Fn(&Queue) -> usize) -> usize {
         self.broker
             .lock()
             .topics
             .get(topic)
-            .map_or(0, |q| q.messages.len())
+            .and_then(|t| t.groups.get(group))
+            .map_or(0, count)
     }
 
     /// Capabilities of the in-memory transport: every feature, delays exact to the millisecond.
@@ -136,7 +187,8 @@ impl MemoryTransport {
         .blocking_pause(true)
         .replay(true)
         .shared_subscription(true)
-        .crash_redelivery(true);
+        .crash_redelivery(true)
+        .fan_out(true);
 
     /// The in-process broker a `memory://` URL names: `memory://` alone is a new one, `memory://name` the
     /// broker called `name`, shared by every connect of the same URL in this process (so a producer and a
@@ -184,16 +236,18 @@ impl Transport for MemoryTransport {
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
         let offset = self
             .broker
-            .enqueue(topic, event.to_raw(), Instant::now(), None);
+            .enqueue(topic, None, event.to_raw(), Instant::now(), None);
         Ok(Published::accepted()
             .with_message_id(format!("{topic}/{offset}"))
             .at(0, offset))
     }
 
     async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
+        Broker::topic(&mut self.broker.lock(), &spec.topic).group(&spec.group);
         Ok(Box::new(MemorySubscription {
             broker: self.broker.clone(),
             topic: spec.topic.clone(),
+            group: spec.group.clone(),
         }))
     }
 
@@ -223,8 +277,13 @@ impl Transport for MemoryTransport {
 
 #[async_trait]
 impl Admin for MemoryTransport {
-    /// Topics exist as soon as something is published to them; nothing to declare.
-    async fn declare(&self, _topic: &str, _group: Option<&str>) -> Result<(), Error> {
+    /// Declares the topic with its default group, and `group` if given.
+    async fn declare(&self, topic: &str, group: Option<&str>) -> Result<(), Error> {
+        let mut state = self.broker.lock();
+        let t = Broker::topic(&mut state, topic);
+        if let Some(group) = group {
+            t.group(group);
+        }
         Ok(())
     }
 
@@ -244,13 +303,18 @@ impl Admin for MemoryTransport {
 struct MemorySubscription {
     broker: Arc<Broker>,
     topic: String,
+    group: String,
 }
 
 impl MemorySubscription {
-    /// Takes the head of the queue if it is due; otherwise tells when it will be.
+    /// Takes the head of the group's queue if it is due; otherwise tells when it will be.
     fn take_due(&self) -> Result<Delivery, Option<Instant>> {
         let mut state = self.broker.lock();
-        let Some(queue) = state.topics.get_mut(&self.topic) else {
+        let Some(queue) = state
+            .topics
+            .get_mut(&self.topic)
+            .and_then(|t| t.groups.get_mut(&self.group))
+        else {
             return Err(None);
         };
         let now = Instant::now();
@@ -273,6 +337,7 @@ impl MemorySubscription {
                     receipt: Box::new(MemoryReceipt {
                         broker: self.broker.clone(),
                         topic: self.topic.clone(),
+                        group: self.group.clone(),
                         original: Unsettled::new(stored),
                     }),
                 });
@@ -308,6 +373,7 @@ impl Subscription for MemorySubscription {
 struct MemoryReceipt {
     broker: Arc<Broker>,
     topic: String,
+    group: String,
     original: Unsettled<Stored>,
 }
 
@@ -315,15 +381,20 @@ impl MemoryReceipt {
     /// Takes the original to settle it; it is no longer in flight.
     fn settle(&mut self) -> Result<Stored, Error> {
         let stored = self.original.take()?;
-        self.broker.landed(&self.topic);
+        self.broker.landed(&self.topic, &self.group);
         Ok(stored)
     }
 }
 
 impl Broker {
-    /// A delivery of `topic` was settled or given back.
-    fn landed(&self, topic: &str) {
-        if let Some(queue) = self.lock().topics.get_mut(topic) {
+    /// A delivery of `group` of `topic` was settled or given back.
+    fn landed(&self, topic: &str, group: &str) {
+        if let Some(queue) = self
+            .lock()
+            .topics
+            .get_mut(topic)
+            .and_then(|t| t.groups.get_mut(group))
+        {
             queue.in_flight = queue.in_flight.saturating_sub(1);
         }
     }
@@ -337,8 +408,13 @@ impl Receipt for MemoryReceipt {
 
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
         self.original.get()?;
-        self.broker
-            .enqueue(&self.topic, event.to_raw(), Instant::now() + delay, None);
+        self.broker.enqueue(
+            &self.topic,
+            Some(&self.group),
+            event.to_raw(),
+            Instant::now() + delay,
+            None,
+        );
         self.settle().map(drop)
     }
 
@@ -351,11 +427,10 @@ impl Receipt for MemoryReceipt {
         }
         let seq = state.next_seq;
         state.next_seq += 1;
-        state
-            .dead
-            .entry(self.topic.clone())
-            .or_default()
-            .push(StoredDeadLetter::new(seq.to_string(), event.to_raw()));
+        state.dead.entry(self.topic.clone()).or_default().push((
+            StoredDeadLetter::new(seq.to_string(), event.to_raw()),
+            self.group.clone(),
+        ));
         drop(state);
         self.settle().map(drop)
     }
@@ -364,6 +439,7 @@ impl Receipt for MemoryReceipt {
         let stored = self.settle()?;
         self.broker.enqueue(
             &self.topic,
+            Some(&self.group),
             stored.raw,
             Instant::now() + after,
             Some(stored.offset),
@@ -375,9 +451,14 @@ impl Receipt for MemoryReceipt {
 impl Drop for MemoryReceipt {
     fn drop(&mut self) {
         if let Some(stored) = self.original.take_unsettled() {
-            self.broker.landed(&self.topic);
-            self.broker
-                .enqueue(&self.topic, stored.raw, Instant::now(), Some(stored.offset));
+            self.broker.landed(&self.topic, &self.group);
+            self.broker.enqueue(
+                &self.topic,
+                Some(&self.group),
+                stored.raw,
+                Instant::now(),
+                Some(stored.offset),
+            );
         }
     }
 }
@@ -386,22 +467,24 @@ impl Drop for MemoryReceipt {
 struct MemoryDlqSession {
     transport: MemoryTransport,
     topic: String,
-    entries: Vec<StoredDeadLetter>,
+    entries: Vec<(StoredDeadLetter, String)>,
     read: usize,
 }
 
 #[async_trait]
 impl DlqSession for MemoryDlqSession {
     async fn next(&mut self) -> Result<Option<StoredDeadLetter>, Error> {
-        let entry = self.entries.get(self.read).cloned();
+        let entry = self.entries.get(self.read).map(|(e, _)| e.clone());
         self.read += usize::from(entry.is_some());
         Ok(entry)
     }
 
-    async fn replay(&mut self, _entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
+    /// Back to the group that dead-lettered it, so the topic's other groups do not handle it again.
+    async fn replay(&mut self, entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
+        let group = self.entries.get(entry).map(|(_, g)| g.as_str());
         self.transport
             .broker
-            .enqueue(origin, event.to_raw(), Instant::now(), None);
+            .enqueue(origin, group, event.to_raw(), Instant::now(), None);
         Ok(())
     }
 
@@ -409,10 +492,10 @@ impl DlqSession for MemoryDlqSession {
         let doomed: HashSet<&str> = entries
             .iter()
             .filter_map(|&i| self.entries.get(i))
-            .map(|e| e.id.as_str())
+            .map(|(e, _)| e.id.as_str())
             .collect();
         if let Some(list) = self.transport.broker.lock().dead.get_mut(&self.topic) {
-            list.retain(|e| !doomed.contains(e.id.as_str()));
+            list.retain(|(e, _)| !doomed.contains(e.id.as_str()));
         }
         Ok(())
     }
@@ -466,13 +549,13 @@ mod tests {
         t.publish("h", &Event::new("a")).await.unwrap();
         t.publish("h", &Event::new("b")).await.unwrap();
         let mut d = sub.next().await.unwrap().unwrap();
-        assert_eq!((t.pending("h"), t.held("h")), (1, 2));
+        assert_eq!((t.pending("h", "g"), t.held("h", "g")), (1, 2));
         d.receipt.ack().await.unwrap();
-        assert_eq!(t.held("h"), 1);
+        assert_eq!(t.held("h", "g"), 1);
         let d = sub.next().await.unwrap().unwrap();
         drop(d);
         assert_eq!(
-            (t.pending("h"), t.held("h")),
+            (t.pending("h", "g"), t.held("h", "g")),
             (1, 1),
             "a dropped one is back"
         );
@@ -504,7 +587,7 @@ mod tests {
         let refused = d.receipt.dead_letter(&Event::new("x")).await.unwrap_err();
         assert_eq!(refused.kind(), Kind::Rejected);
         d.receipt.release(Duration::ZERO).await.unwrap();
-        assert_eq!(t.pending("c"), 1);
+        assert_eq!(t.pending("c", "g"), 1);
         t.set_dlq_writable("c", true);
         let mut d = sub.next().await.unwrap().unwrap();
         d.receipt.dead_letter(&Event::new("x")).await.unwrap();
@@ -541,6 +624,72 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn every_group_gets_every_event_published_after_it_was_declared() {
+        let t = MemoryTransport::new();
+        t.publish("g", &Event::new("before")).await.unwrap();
+        let mut billing = t
+            .subscribe(&SubscriptionSpec::new("g", "billing", "c1"))
+            .await
+            .unwrap();
+        t.declare("g", Some("audit")).await.unwrap();
+        let mut audit = t
+            .subscribe(&SubscriptionSpec::new("g", "audit", "c2"))
+            .await
+            .unwrap();
+        t.publish("g", &Event::new("after")).await.unwrap();
+        let mut in_hand = Vec::new();
+        for sub in [&mut billing, &mut audit] {
+            let d = sub.next().await.unwrap().unwrap();
+            assert_eq!(d.message.payload.as_ref(), b"after");
+            in_hand.push(d);
+        }
+        // A retry goes back to its own group only.
+        let mut d = billing.next_now().await;
+        assert!(d.is_none(), "billing got nothing more");
+        let mut first = t
+            .subscribe(&SubscriptionSpec::new("g", default_group("g"), "c0"))
+            .await
+            .unwrap();
+        let mut kept = first.next().await.unwrap().unwrap();
+        assert_eq!(
+            kept.message.payload.as_ref(),
+            b"before",
+            "the default group kept it"
+        );
+        kept.receipt
+            .retry(&Event::new("again"), Duration::ZERO)
+            .await
+            .unwrap();
+        for want in [&b"after"[..], b"again"] {
+            let mut d = first.next().await.unwrap().unwrap();
+            assert_eq!(d.message.payload.as_ref(), want);
+            d.receipt.ack().await.unwrap();
+        }
+        d = audit.next_now().await;
+        assert!(d.is_none(), "another group's retry is not audit's");
+        assert_eq!((t.held("g", "audit"), t.held("g", "billing")), (1, 1));
+        for mut d in in_hand {
+            d.receipt.ack().await.unwrap();
+        }
+        assert_eq!((t.held("g", "audit"), t.held("g", "billing")), (0, 0));
+    }
+
+    /// A delivery ready now, if any.
+    trait NextNow {
+        async fn next_now(&mut self) -> Option<Delivery>;
+    }
+
+    impl NextNow for Box<dyn Subscription> {
+        async fn next_now(&mut self) -> Option<Delivery> {
+            tokio::time::timeout(Duration::from_millis(50), self.next())
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .flatten()
+        }
+    }
+
+    #[tokio::test]
     async fn memory_urls_share_by_name() {
         let a = (SCHEME.connect)("memory://shared".into(), Options::new())
             .await
@@ -552,12 +701,14 @@ mod tests {
             .await
             .unwrap();
         a.publish("t", &Event::new("x")).await.unwrap();
-        let mut sub = b.subscribe(&spec("t")).await.unwrap();
+        // Published before any consumer: kept for the topic's default group.
+        let default = SubscriptionSpec::new("t", default_group("t"), "c");
+        let mut sub = b.subscribe(&default).await.unwrap();
         assert!(
             sub.next().await.unwrap().is_some(),
             "same name, same broker"
         );
-        let mut other = lonely.subscribe(&spec("t")).await.unwrap();
+        let mut other = lonely.subscribe(&default).await.unwrap();
         let nothing =
             tokio::time::timeout(std::time::Duration::from_millis(50), other.next()).await;
         assert!(nothing.is_err(), "memory:// alone is a fresh broker");

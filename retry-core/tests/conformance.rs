@@ -20,11 +20,12 @@ impl Faults for MemoryFaults {
     }
 }
 
-/// The in-memory broker's own count of what it holds for a topic (its consumers share one queue).
+/// The in-memory broker's own count of what it holds for a group of a topic. A retry goes back into the
+/// group's own queue, so it has no separate retry route to read.
 #[async_trait]
 impl Inspect for MemoryFaults {
-    async fn held_in_source(&self, topic: &str, _group: &str) -> Result<u64, Error> {
-        Ok(self.0.held(topic) as u64)
+    async fn held_in_source(&self, topic: &str, group: &str) -> Result<u64, Error> {
+        Ok(self.0.held(topic, group) as u64)
     }
 }
 

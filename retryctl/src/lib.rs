@@ -456,8 +456,13 @@ mod tests {
         )
         .await
         .unwrap();
-        // The replayed event is back in its topic: a subscriber gets it, with the replay count raised.
-        let spec = event_retry::adapter::SubscriptionSpec::new("orders", "g", "c");
+        // The replayed event is back with the group that dead-lettered it (the default group): a
+        // subscriber of that group gets it, with the replay count raised.
+        let spec = event_retry::adapter::SubscriptionSpec::new(
+            "orders",
+            event_retry::adapter::default_group("orders"),
+            "c",
+        );
         let mut sub = broker.transport().subscribe(&spec).await.unwrap();
         let back = sub.next().await.unwrap().unwrap();
         let event = Event::from_raw(back.message).unwrap();

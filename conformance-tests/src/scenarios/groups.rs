@@ -102,3 +102,93 @@ pub(super) async fn rebalance_during_retries(f: Arc<Fixture>) -> ScenarioResult 
     finish(&f, &topic, vec![b]).await?;
     Ok(Verdict::Pass(None))
 }
+
+/// Scenario 17: two consumer groups on one topic: each receives every event, each retries on its own
+/// (one group's retry is not delivered to the other), a dead letter is the dead-lettering group's alone,
+/// and its replay goes back to that group only.
+pub(super) async fn groups_each_get_every_event(f: Arc<Fixture>) -> ScenarioResult {
+    let topic = f.fresh_topic("s17").await.map_err(|e| e.to_string())?;
+    let (ga, gb) = ("billing", "audit");
+    for group in [ga, gb] {
+        f.broker()
+            .admin()
+            .declare(&topic, Some(group))
+            .await
+            .map_err(|e| format!("declare group {group}: {e}"))?;
+    }
+    let u = unit(&f);
+    // Billing fails e1 once and refuses e4 for good (until it is replayed); audit fails e2 once.
+    let billing = Probe::new(|e, nth| match (e.id(), nth) {
+        (Some("e1"), 0) => deferred("billing: not yet"),
+        (Some("e4"), _) if e.metadata().replay_count == 0 => Act::Fail(
+            retry_core::classify::HandlerError::non_retryable("billing refuses e4"),
+        ),
+        _ => Act::Ok,
+    });
+    let audit = Probe::new(|e, nth| match (e.id(), nth) {
+        (Some("e2"), 0) => deferred("audit: not yet"),
+        _ => Act::Ok,
+    });
+    let pol = policy(&format!("{}ms x2", ms(u * 2)));
+    let a = start(
+        builder(&f, &topic, "billing-1")
+            .group(ga)
+            .policy(pol.clone()),
+        &billing,
+    )
+    .await?;
+    let b = start(builder(&f, &topic, "audit-1").group(gb).policy(pol), &audit).await?;
+    let ids = ["e1", "e2", "e3", "e4"];
+    publish_ids(&f, &topic, &ids).await?;
+    wait_for("billing: e1-e3 succeeded", patience(&f, 20), || {
+        billing.successes().len() >= 3
+    })
+    .await?;
+    wait_for("audit: e1-e4 succeeded", patience(&f, 20), || {
+        audit.successes().len() >= 4
+    })
+    .await?;
+    let entries = wait_dlq(&f, &topic, 1, patience(&f, 10)).await?;
+    // Long enough for a stray copy (a retry of the other group, a second delivery) to show up.
+    tokio::time::sleep(u * 4).await;
+    let calls = |p: &Probe, id: &str| p.calls_of(id).len();
+    let got: Vec<(usize, usize)> = ids
+        .iter()
+        .map(|id| (calls(&billing, id), calls(&audit, id)))
+        .collect();
+    ensure(got == [(2, 1), (1, 2), (1, 1), (1, 1)], || {
+        format!(
+            "handler calls per event (billing, audit) for e1..e4: {got:?}, want [(2, 1), (1, 2), (1, \
+             1), (1, 1)]: each group gets every event once and retries only its own"
+        )
+    })?;
+    ensure(
+        entries.len() == 1 && entries[0].event.id() == Some("e4"),
+        || format!("DLQ: {} entries, want billing's e4 alone", entries.len()),
+    )?;
+    let replayed = f
+        .broker()
+        .dead_letters()
+        .replay(&topic, &retry_core::dlq::DlqFilter::all())
+        .await
+        .map_err(|e| format!("replay: {e}"))?;
+    ensure(replayed.replayed == 1, || {
+        format!("replayed {}", replayed.replayed)
+    })?;
+    wait_for("billing: the replayed e4", patience(&f, 10), || {
+        billing.success_counts().get("e4") == Some(&1)
+    })
+    .await?;
+    tokio::time::sleep(u * 4).await;
+    ensure(calls(&audit, "e4") == 1, || {
+        format!(
+            "audit handled e4 {} times: the replay of billing's dead letter reached another group",
+            calls(&audit, "e4")
+        )
+    })?;
+    ensure(dlq(&f, &topic).await?.is_empty(), || {
+        "the DLQ is not empty after the replay".into()
+    })?;
+    finish(&f, &topic, vec![a, b]).await?;
+    Ok(Verdict::Pass(None))
+}

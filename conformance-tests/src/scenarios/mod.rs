@@ -192,5 +192,13 @@ pub fn all() -> Vec<Scenario> {
             always,
             "graceful shutdown: in-flight work finishes or is released"
         ),
+        scenario!(
+            17,
+            groups::groups_each_get_every_event,
+            |c, _| (!c.fan_out).then_some(
+                "the transport's consumer groups compete for one queue: no group gets every event"
+            ),
+            "two consumer groups on one topic: each gets every event once and retries only its own; a dead letter and its replay belong to the group that dead-lettered it"
+        ),
     ]
 }

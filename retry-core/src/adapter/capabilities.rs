@@ -44,6 +44,8 @@ pub struct Capabilities {
     pub shared_subscription: bool,
     /// Work of a consumer that dies without settling is delivered again.
     pub crash_redelivery: bool,
+    /// Each consumer group of a topic receives every event published to it, and retries on its own.
+    pub fan_out: bool,
 }
 
 impl Capabilities {
@@ -56,6 +58,7 @@ impl Capabilities {
             replay: false,
             shared_subscription: false,
             crash_redelivery: false,
+            fan_out: false,
         }
     }
 
@@ -86,6 +89,12 @@ impl Capabilities {
     /// Sets whether work of a crashed consumer is delivered again.
     pub const fn crash_redelivery(mut self, yes: bool) -> Self {
         self.crash_redelivery = yes;
+        self
+    }
+
+    /// Sets whether every consumer group receives every event.
+    pub const fn fan_out(mut self, yes: bool) -> Self {
+        self.fan_out = yes;
         self
     }
 }

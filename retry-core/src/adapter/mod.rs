@@ -41,7 +41,7 @@ pub use admin::{Admin, TopicNames};
 pub use capabilities::{BeyondMax, Capabilities, DelayCapability, Honour};
 pub use dlq::{DlqSession, StoredDeadLetter};
 pub use registry::{ConnectFuture, Scheme};
-pub use spec::SubscriptionSpec;
+pub use spec::{SubscriptionSpec, default_group};
 pub use subscription::{Delivery, DeliveryInfo, Receipt, Subscription, Unsettled};
 pub use transport::{Published, Transport};
 

@@ -27,6 +27,13 @@ pub struct SubscriptionSpec {
     pub longest_delay: Option<Duration>,
 }
 
+/// The consumer group a consumer of `topic` joins when it names none (`<topic>-consumers`). A topic is
+/// declared with it, so that on a broker that keeps events only for the groups that exist (RabbitMQ
+/// queues, Pulsar subscriptions) events published before the first consumer starts are kept for it.
+pub fn default_group(topic: &str) -> String {
+    format!("{topic}-consumers")
+}
+
 impl SubscriptionSpec {
     /// A subscription of `consumer` to `topic` in `group`: unordered, one delivery in flight, no limit
     /// from a retry policy.

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::adapter::{SubscriptionSpec, Transport};
+use crate::adapter::{SubscriptionSpec, Transport, default_group};
 use crate::check::DelayReport;
 use crate::classify::Classifier;
 use crate::config::{ConfigError, RetryConfig};
@@ -120,7 +120,7 @@ impl ConsumerBuilder {
         );
         Self {
             transport,
-            spec: SubscriptionSpec::new(topic.clone(), format!("{topic}-consumers"), consumer)
+            spec: SubscriptionSpec::new(topic.clone(), default_group(&topic), consumer)
                 .with_max_in_flight(16),
             policies: Policies::default(),
             classifier: Classifier::new(),

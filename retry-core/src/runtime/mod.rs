@@ -178,7 +178,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(
-            transport.held("d"),
+            transport.held("d", &crate::adapter::default_group("d")),
             1,
             "the event is the broker's again, unsettled"
         );
