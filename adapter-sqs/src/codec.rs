@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use aws_sdk_sqs::primitives::Blob;
-use aws_sdk_sqs::types::{Message, MessageAttributeValue};
+use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
@@ -126,11 +126,13 @@ const OVERFLOW: &str = "attributes";
 /// (each header a String, or Binary when it is not text SQS accepts). `copy` marks a copy that carries
 /// a retry. The SDK's metadata goes packed in `x-retry`; when the producer's attributes and the SDK's
 /// together exceed SQS's ten, the producer's last ones (by name) travel inside `x-retry` too, with their
-/// data types, and come back as attributes on every receive through the SDK.
+/// data types, and come back as attributes on every receive through the SDK. On a FIFO queue (`fifo`) a
+/// key that is its own message group travels as the group alone.
 pub(crate) fn encode(
     event: &Event,
     native: Option<&Attributes>,
     copy: bool,
+    fifo: bool,
 ) -> Result<Outgoing, Error> {
     let (sdk, unique) = metadata::encode_for_map(event.metadata(), &event.headers, Packing::Single);
     let mut own: Vec<(String, MessageAttributeValue)> = match native {
@@ -156,7 +158,9 @@ pub(crate) fn encode(
         }
     };
     let mut attributes = HashMap::with_capacity(MAX_ATTRIBUTES);
-    if let Some(key) = &event.key {
+    if let Some(key) = &event.key
+        && !(fifo && crate::link::group_of(Some(key)).is_some_and(|g| g.as_bytes() == key.as_ref()))
+    {
         attributes.insert(KEY.to_string(), value(key)?);
     }
     let body = if event.payload.is_empty() {
@@ -275,6 +279,14 @@ pub(crate) fn decode(message: &Message) -> Decoded {
     for (name, v) in &own {
         headers.push(name.clone(), bytes_of(v));
     }
+    // A FIFO message's group is its key (unless the adapter gave a keyless message a group of its own).
+    if key.is_none() {
+        key = message
+            .attributes()
+            .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+            .filter(|g| !g.starts_with(crate::link::UNKEYED_GROUP))
+            .map(|g| Bytes::copy_from_slice(g.as_bytes()));
+    }
     let body = message.body().unwrap_or_default();
     let payload = match body_encoding.as_deref() {
         Some(b"empty") => Bytes::new(),
@@ -328,7 +340,7 @@ mod tests {
             .with_header("b-text", "again")
             .with_id("e1");
         retry_core::adapter::metadata_mut(&mut event).attempts = 2;
-        let out = encode(&event, None, false).unwrap();
+        let out = encode(&event, None, false, false).unwrap();
         assert_ne!(
             out.body.as_bytes(),
             &[0xff, 0x00, 0x80],
@@ -341,10 +353,10 @@ mod tests {
 
     #[test]
     fn text_payload_is_the_body() {
-        let out = encode(&Event::new("{\"a\":1}"), None, false).unwrap();
+        let out = encode(&Event::new("{\"a\":1}"), None, false, false).unwrap();
         assert_eq!(out.body, "{\"a\":1}");
         assert!(!out.attributes.contains_key(BODY));
-        let empty = encode(&Event::new(""), None, false).unwrap();
+        let empty = encode(&Event::new(""), None, false, false).unwrap();
         assert_eq!(decode(&received(empty)).raw.payload, Bytes::new());
     }
 
@@ -367,7 +379,7 @@ mod tests {
         assert_eq!(event.headers.get("num").unwrap().as_ref(), b"12.50");
         let mut dead = event.clone();
         retry_core::adapter::metadata_mut(&mut dead).attempts = 1;
-        let out = encode(&dead, Some(&decoded.attributes), true).unwrap();
+        let out = encode(&dead, Some(&decoded.attributes), true, false).unwrap();
         assert_eq!(out.attributes.len(), MAX_ATTRIBUTES);
         let back = decode(&received(out));
         assert!(back.copy);
@@ -383,8 +395,8 @@ mod tests {
     #[test]
     fn what_sqs_cannot_carry_is_refused_with_the_reason() {
         let bad_name = Event::new("x").with_header("AWS.trace", "v");
-        assert!(encode(&bad_name, None, false).is_err());
+        assert!(encode(&bad_name, None, false, false).is_err());
         let sdk_name = Event::new("x").with_header(KEY, "v");
-        assert!(encode(&sdk_name, None, false).is_err());
+        assert!(encode(&sdk_name, None, false, false).is_err());
     }
 }

@@ -19,7 +19,7 @@ use retry_core::error::{Error, Kind};
 use retry_core::event::Event;
 
 use crate::codec;
-use crate::link::{Link, sdk_error};
+use crate::link::{Link, asking_system_attributes, sdk_error};
 
 /// How long an operation hides the entries it looks at.
 const HOLD_SECONDS: i32 = 60;
@@ -84,11 +84,7 @@ impl SqsDlqSession {
                 );
                 return Ok(false);
             }
-            let messages = self
-                .link
-                .queues
-                .client
-                .receive_message()
+            let messages = asking_system_attributes(self.link.queues.client.receive_message())
                 .queue_url(&self.dlq)
                 .max_number_of_messages(10)
                 .visibility_timeout(HOLD_SECONDS)

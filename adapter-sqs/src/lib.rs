@@ -155,6 +155,8 @@ impl Transport for SqsTransport {
         "sqs"
     }
 
+    /// A standard queue's: a delay longer than the visibility window is carried by copies; per-key order
+    /// and fan-out are not SQS's (consumers of a queue compete for its messages; fan-out needs SNS).
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(DelayCapability {
             granularity: std::time::Duration::from_secs(1),
@@ -165,6 +167,26 @@ impl Transport for SqsTransport {
         .replay(true)
         .shared_subscription(true)
         .crash_redelivery(true)
+    }
+
+    /// A FIFO queue (`.fifo`) keeps per-key order: the key is the message group, and SQS hands out a
+    /// group's messages one batch at a time, in order; a delay must fit the visibility window (a FIFO
+    /// queue takes no per-message delay to carry a longer one).
+    fn capabilities_for(&self, topic: &str) -> Capabilities {
+        let standard = self.capabilities();
+        if !topic.ends_with(".fifo") {
+            return standard;
+        }
+        Capabilities::new(DelayCapability {
+            beyond_max: BeyondMax::Refuse,
+            ..standard.delay
+        })
+        .blocking_pause(standard.blocking_pause)
+        .replay(standard.replay)
+        .shared_subscription(standard.shared_subscription)
+        .crash_redelivery(standard.crash_redelivery)
+        .per_key_order(true)
+        .broker_orders_keys(true)
     }
 
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {

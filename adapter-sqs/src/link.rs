@@ -107,10 +107,10 @@ impl Link {
             .message_body(out.body)
             .set_message_attributes(Some(out.attributes));
         if queue.fifo {
-            req = req
-                .message_group_id(
-                    group.unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()),
-                )
+            req =
+                req.message_group_id(group.unwrap_or_else(|| {
+                    format!("{UNKEYED_GROUP}{}", uuid::Uuid::new_v4().simple())
+                }))
                 .message_deduplication_id(uuid::Uuid::new_v4().simple().to_string());
         } else if !delay.is_zero() {
             let secs = seconds_up(delay.min(self.queues.config.max_send_delay));
@@ -130,7 +130,7 @@ impl Link {
         operation: &str,
     ) -> Result<String, Error> {
         let queue = self.queues.resolve(topic).await?;
-        let out = crate::codec::encode(event, native, false)?;
+        let out = crate::codec::encode(event, native, false, queue.fifo)?;
         let options = SendOptions {
             group: group_of(event.key.as_deref()),
             ..SendOptions::default()
@@ -175,6 +175,10 @@ pub(crate) struct SendOptions {
     pub(crate) delay: Duration,
 }
 
+/// The prefix of the message group the adapter gives a FIFO message without a key (a group of its own,
+/// so it waits behind nothing), which a receive reads as "no key".
+pub(crate) const UNKEYED_GROUP: &str = "x-retry-unkeyed-";
+
 /// The FIFO message group for a key: the key itself when SQS accepts it, its hex digits otherwise.
 pub(crate) fn group_of(key: Option<&[u8]>) -> Option<String> {
     let key = key?;
@@ -185,6 +189,23 @@ pub(crate) fn group_of(key: Option<&[u8]>) -> Option<String> {
     } else {
         key.iter().take(64).map(|b| format!("{b:02x}")).collect()
     })
+}
+
+/// A receive that asks for the system attributes the adapter reads (receive count, sent time, message
+/// group), by both names the list has had: `MessageSystemAttributeNames`, and the older
+/// `AttributeNames` that SQS still accepts and SQS-compatible servers (ElasticMQ 1.7) still read alone.
+#[allow(deprecated)]
+pub(crate) fn asking_system_attributes(
+    receive: aws_sdk_sqs::operation::receive_message::builders::ReceiveMessageFluentBuilder,
+) -> aws_sdk_sqs::operation::receive_message::builders::ReceiveMessageFluentBuilder {
+    use aws_sdk_sqs::types::{MessageSystemAttributeName as System, QueueAttributeName as Old};
+    receive
+        .message_system_attribute_names(System::ApproximateReceiveCount)
+        .message_system_attribute_names(System::SentTimestamp)
+        .message_system_attribute_names(System::MessageGroupId)
+        .attribute_names(Old::from("ApproximateReceiveCount"))
+        .attribute_names(Old::from("SentTimestamp"))
+        .attribute_names(Old::from("MessageGroupId"))
 }
 
 /// Whole seconds, rounded up (a delay is never shortened).

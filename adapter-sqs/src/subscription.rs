@@ -72,15 +72,12 @@ impl SqsSubscription {
         let visibility = seconds_up(config.visibility);
         let wait = seconds_up(config.wait);
         tokio::spawn(async move {
-            client
-                .receive_message()
+            crate::link::asking_system_attributes(client.receive_message())
                 .queue_url(&url)
                 .max_number_of_messages(batch)
                 .visibility_timeout(visibility)
                 .wait_time_seconds(wait)
                 .message_attribute_names("All")
-                .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
-                .message_system_attribute_names(MessageSystemAttributeName::SentTimestamp)
                 .send()
                 .await
                 .map(|out| {
@@ -484,7 +481,7 @@ impl Receipt for SqsReceipt {
             )
             .with_operation(operation));
         } else {
-            let out = codec::encode(event, Some(&self.attributes), true)?;
+            let out = codec::encode(event, Some(&self.attributes), true, self.queue.fifo)?;
             self.link
                 .send(
                     &self.queue,
@@ -504,7 +501,7 @@ impl Receipt for SqsReceipt {
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         let mut settled = self.settle().await?;
         let operation = format!("dead-letter to {}", self.queue.dlq_name);
-        let out = codec::encode(event, Some(&self.attributes), false)?;
+        let out = codec::encode(event, Some(&self.attributes), false, self.queue.fifo)?;
         let group = group_of(event.key.as_deref());
         self.link
             .send(

@@ -84,6 +84,7 @@ pub struct Fixture {
     faults: Option<Arc<dyn Faults>>,
     inspect: Option<Arc<dyn Inspect>>,
     raw_client: Option<Arc<dyn RawClient>>,
+    topic_suffix: &'static str,
 }
 
 impl std::fmt::Debug for Fixture {
@@ -109,7 +110,15 @@ impl Fixture {
             faults: None,
             inspect: None,
             raw_client: None,
+            topic_suffix: "",
         }
+    }
+
+    /// Ends every fresh topic's name with `suffix` — `.fifo` makes the SQS fixture's queues FIFO queues,
+    /// and the capabilities the scenarios adapt to are those of such a topic.
+    pub fn with_topic_suffix(mut self, suffix: &'static str) -> Self {
+        self.topic_suffix = suffix;
+        self
     }
 
     /// Adds the broker's own client.
@@ -159,9 +168,10 @@ impl Fixture {
         &self.broker
     }
 
-    /// The broker's capabilities; scenarios adapt their expectations to these.
+    /// The broker's capabilities for the fixture's topics; scenarios adapt their expectations to these.
     pub fn capabilities(&self) -> Capabilities {
-        self.broker.capabilities()
+        self.broker
+            .capabilities_for(&format!("conformance{}", self.topic_suffix))
     }
 
     /// The base delay of the scenarios.
@@ -176,7 +186,11 @@ impl Fixture {
 
     /// A new topic with a unique name, declared with everything it needs (DLQ, delay route).
     pub async fn fresh_topic(&self, scenario: &str) -> Result<String, Error> {
-        let topic = format!("conformance-{scenario}-{}", uuid::Uuid::new_v4().simple());
+        let topic = format!(
+            "conformance-{scenario}-{}{}",
+            uuid::Uuid::new_v4().simple(),
+            self.topic_suffix
+        );
         self.broker.admin().declare(&topic, None).await?;
         Ok(topic)
     }

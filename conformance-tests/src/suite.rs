@@ -72,9 +72,14 @@ pub fn run(adapter: Adapter) -> ! {
     };
     let report = Arc::new(Report::new(adapter.name));
     let mut trials = Vec::new();
-    let required = test_support::broker::required_brokers()
-        .iter()
-        .any(|b| b == adapter.name);
+    // A fixture of a broker in another setting (`sqs-fifo`) is required with its broker.
+    let required = test_support::broker::required_brokers().iter().any(|b| {
+        b == adapter.name
+            || adapter
+                .name
+                .strip_prefix(b.as_str())
+                .is_some_and(|rest| rest.starts_with('-'))
+    });
 
     let url = match adapter.url_env {
         None => Some(String::new()),

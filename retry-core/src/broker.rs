@@ -60,6 +60,12 @@ impl Broker {
         self.transport.capabilities()
     }
 
+    /// What the broker can do with `topic`, where that depends on the topic (an SQS FIFO queue keeps
+    /// per-key order, a standard queue does not).
+    pub fn capabilities_for(&self, topic: &str) -> Capabilities {
+        self.transport.capabilities_for(topic)
+    }
+
     /// Starts building a consumer of `topic`.
     pub fn consumer(&self, topic: impl Into<String>) -> ConsumerBuilder {
         ConsumerBuilder::new(self.transport.clone(), topic.into())

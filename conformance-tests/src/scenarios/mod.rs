@@ -127,7 +127,7 @@ pub fn all() -> Vec<Scenario> {
             7,
             holds::per_key_ordering,
             |c, _| (!c.per_key_order).then_some("the transport cannot keep per-key order"),
-            "per-key ordering: a retrying key's later events run after it, in order; other keys go on; parked events follow a dead head to the DLQ"
+            "per-key ordering at the default concurrency: a retrying key's later events run after it, in order; 20 events of one key run one at a time, in order; other keys go on; parked events follow a dead head to the DLQ (where the broker holds a key's events back itself, as SQS FIFO does, they may instead run after the head is dead-lettered, never before)"
         ),
         scenario!(
             8,

@@ -46,6 +46,10 @@ pub struct Capabilities {
     pub crash_redelivery: bool,
     /// Each consumer group of a topic receives every event published to it, and retries on its own.
     pub fan_out: bool,
+    /// The broker itself hands out a key's events one at a time, in order (SQS FIFO message groups): a
+    /// key's later events wait in the broker while one is in flight or waits for its retry, rather than
+    /// being parked by the runtime.
+    pub broker_orders_keys: bool,
 }
 
 impl Capabilities {
@@ -59,6 +63,7 @@ impl Capabilities {
             shared_subscription: false,
             crash_redelivery: false,
             fan_out: false,
+            broker_orders_keys: false,
         }
     }
 
@@ -95,6 +100,12 @@ impl Capabilities {
     /// Sets whether every consumer group receives every event.
     pub const fn fan_out(mut self, yes: bool) -> Self {
         self.fan_out = yes;
+        self
+    }
+
+    /// Sets whether the broker itself hands out a key's events one at a time, in order.
+    pub const fn broker_orders_keys(mut self, yes: bool) -> Self {
+        self.broker_orders_keys = yes;
         self
     }
 }

@@ -59,6 +59,13 @@ pub trait Transport: Send + Sync + 'static {
     /// What this transport can do.
     fn capabilities(&self) -> Capabilities;
 
+    /// What this transport can do with `topic`, where that depends on the topic (an SQS FIFO queue keeps
+    /// per-key order, a standard queue does not). By default, [`Transport::capabilities`].
+    fn capabilities_for(&self, topic: &str) -> Capabilities {
+        let _ = topic;
+        self.capabilities()
+    }
+
     /// Sends `event` (payload, key, headers and metadata encoded for the broker) to `topic`, and returns
     /// once the broker confirmed it.
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error>;

@@ -237,7 +237,7 @@ impl ConsumerBuilder {
                 "the topic name is empty".to_string(),
             ));
         }
-        let capabilities = self.transport.capabilities();
+        let capabilities = self.transport.capabilities_for(&self.spec.topic);
         let report = DelayReport::new(&self.policies.deferred, &capabilities.delay);
         if !report.is_ok() {
             return Err(ConsumerError::PolicyRefused {
