@@ -85,6 +85,7 @@ pub struct Fixture {
     inspect: Option<Arc<dyn Inspect>>,
     raw_client: Option<Arc<dyn RawClient>>,
     topic_suffix: &'static str,
+    child_exe: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Fixture {
@@ -111,7 +112,20 @@ impl Fixture {
             inspect: None,
             raw_client: None,
             topic_suffix: "",
+            child_exe: None,
         }
+    }
+
+    /// The program that runs this fixture's consumer in a child process (the adapter's test binary),
+    /// for scenarios that kill a consumer for real; the suite sets it for a broker outside the process.
+    pub fn with_child_exe(mut self, exe: std::path::PathBuf) -> Self {
+        self.child_exe = Some(exe);
+        self
+    }
+
+    /// The program that runs this fixture's consumer in a child process, if there is one.
+    pub fn child_exe(&self) -> Option<&std::path::Path> {
+        self.child_exe.as_deref()
     }
 
     /// Ends every fresh topic's name with `suffix` — `.fifo` makes the SQS fixture's queues FIFO queues,

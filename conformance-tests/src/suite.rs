@@ -55,6 +55,10 @@ const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 /// }
 /// ```
 pub fn run(adapter: Adapter) -> ! {
+    // Started again as the consumer a crash scenario kills: be that, and nothing else.
+    if let Ok(spec) = std::env::var(scenarios::crash::CHILD_ENV) {
+        scenarios::crash::child_main(adapter, &spec);
+    }
     let mut args = Arguments::from_args();
     if args.test_threads.is_none() {
         // Scenarios mostly wait on timers and brokers; run many at once so the suite stays short.
@@ -96,6 +100,11 @@ pub fn run(adapter: Adapter) -> ! {
             tokio::time::timeout(Duration::from_secs(60), (adapter.connect)(url.clone())).await
         }) {
             Ok(Ok(fixture)) => {
+                // A broker outside this process outlives a consumer process: crash scenarios kill one.
+                let fixture = match (adapter.url_env, std::env::current_exe()) {
+                    (Some(_), Ok(exe)) => fixture.with_child_exe(exe),
+                    _ => fixture,
+                };
                 trials.extend(trials_for(Arc::new(fixture), &runtime, &report));
                 None
             }

@@ -1,5 +1,5 @@
-//! Consumer groups: a crashed consumer's work goes to another, and a rebalance during retries keeps
-//! exact counts.
+//! Consumer groups: a rebalance during retries keeps exact counts, and groups on one topic each get every
+//! event.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,33 +10,6 @@ use super::support::*;
 use super::{ScenarioResult, Verdict};
 use crate::fixture::Fixture;
 use crate::probe::{Act, Probe, ensure, wait_for};
-
-/// Scenario 8: Crash mid-handle: the consumer dies without settling; a new consumer gets everything.
-pub(super) async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioResult {
-    let topic = f.fresh_topic("s08").await.map_err(|e| e.to_string())?;
-    let hanging = Probe::new(|_, _| Act::Hang);
-    let c1 = start(builder(&f, &topic, "doomed").concurrency(3), &hanging).await?;
-    let ids = ["x1", "x2", "x3"];
-    publish_ids(&f, &topic, &ids).await?;
-    wait_for("3 events in the doomed handler", patience(&f, 10), || {
-        hanging.call_count() >= 3
-    })
-    .await?;
-    c1.abort().await;
-    let probe = Probe::ok();
-    let c2 = start(builder(&f, &topic, "survivor"), &probe).await?;
-    wait_for("3 successes on the new consumer", patience(&f, 60), || {
-        probe.successes().len() >= 3
-    })
-    .await?;
-    let counts = probe.success_counts();
-    ensure(ids.iter().all(|id| counts.get(*id) == Some(&1)), || {
-        format!("successes {counts:?}")
-    })?;
-    ensure(dlq(&f, &topic).await?.is_empty(), || "DLQ not empty".into())?;
-    finish(&f, &topic, vec![c2]).await?;
-    Ok(Verdict::Pass(None))
-}
 
 /// Scenario 14: Two consumers in one group, a rebalance during retries: exact counts, nothing lost.
 pub(super) async fn rebalance_during_retries(f: Arc<Fixture>) -> ScenarioResult {
