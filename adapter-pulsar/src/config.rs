@@ -27,6 +27,13 @@ pub struct PulsarConfig {
     /// The broker's `delayedDeliveryMaxDelayInMillis`, if set: a consumer whose policy asks for a longer
     /// delay refuses to start (the broker would refuse the retry copy). Default none (Pulsar's default).
     pub max_delay: Option<Duration>,
+    /// Whether the broker has delayed delivery on (`delayedDeliveryEnabled`); off, it would hand a retry
+    /// out at once, so every delay is refused at start. Default true (Pulsar's default).
+    pub delayed_delivery: bool,
+    /// The broker's admin REST API (`http://host:8080`). When given, [`crate::PulsarTransport::connect_with`]
+    /// reads the delayed-delivery settings above from the broker and the namespace's policy instead of
+    /// trusting the configured ones, so a policy the broker cannot honour is refused at start.
+    pub admin_url: Option<String>,
 }
 
 impl Default for PulsarConfig {
@@ -39,6 +46,8 @@ impl Default for PulsarConfig {
             tick: Duration::from_secs(1),
             strict_deliver_at: false,
             max_delay: None,
+            delayed_delivery: true,
+            admin_url: None,
         }
     }
 }
@@ -46,8 +55,8 @@ impl Default for PulsarConfig {
 impl PulsarConfig {
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
     /// starting from the defaults: `namespace`, `retry_suffix`, `dlq_suffix`, `dlq_subscription`, `tick`
-    /// and `max_delay` (durations such as `100ms`), `strict_deliver_at` (true/false). An unknown key is an
-    /// error.
+    /// and `max_delay` (durations such as `100ms`), `strict_deliver_at` (true/false), `admin_url`. An
+    /// unknown key is an error.
     pub fn from_options(options: &Options) -> Result<Self, Error> {
         let mut c = Self::default();
         let mut read = options.reader("Apache Pulsar");
@@ -71,6 +80,9 @@ impl PulsarConfig {
         }
         if let Some(v) = read.duration("max_delay")? {
             c.max_delay = Some(v);
+        }
+        if let Some(v) = read.string("admin_url") {
+            c.admin_url = Some(v);
         }
         read.finish()?;
         c.validate()?;
@@ -103,11 +115,16 @@ impl PulsarConfig {
         Ok(())
     }
 
-    /// How the broker honours delays: on its tick, up to `max_delay` when the broker has one.
+    /// How the broker honours delays: on its tick, up to `max_delay` when the broker has one, and none
+    /// at all when delayed delivery is off.
     pub fn delay_capability(&self) -> DelayCapability {
         DelayCapability {
             granularity: self.tick,
-            max_native: self.max_delay,
+            max_native: if self.delayed_delivery {
+                self.max_delay
+            } else {
+                Some(Duration::ZERO)
+            },
             beyond_max: BeyondMax::Refuse,
         }
     }

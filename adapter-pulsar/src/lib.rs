@@ -15,6 +15,7 @@
 //! ```
 
 mod admin;
+mod broker_delays;
 mod codec;
 pub mod config;
 mod dlq;
@@ -75,8 +76,9 @@ impl PulsarTransport {
     }
 
     /// Connects with explicit settings.
-    pub async fn connect_with(url: &str, config: PulsarConfig) -> Result<Self, Error> {
+    pub async fn connect_with(url: &str, mut config: PulsarConfig) -> Result<Self, Error> {
         config.validate()?;
+        broker_delays::apply(&mut config).await?;
         let client: Pulsar<TokioExecutor> = Pulsar::builder(url, TokioExecutor)
             .build()
             .await

@@ -3,7 +3,10 @@
 //! * two consumer groups on one topic retry on their own (each group has its own retry topic), and a
 //!   dead letter replays to the group that dead-lettered it;
 //! * a Pulsar restart (stop + start through the project's scripts, on the same data) while retries wait
-//!   in the retry topic: the client reconnects, and every retry runs once, no earlier than its delay.
+//!   in the retry topic: the client reconnects, and every retry runs once, no earlier than its delay;
+//! * with the admin API known (`RETRY_TEST_PULSAR_ADMIN`), the adapter reads the broker's delayed-delivery
+//!   settings and a namespace's policy: a retry policy beyond the namespace's longest delay, or any delay
+//!   where delayed delivery is off, is refused at start.
 //!
 //! They run when `RETRY_TEST_PULSAR` names a broker started by `scripts/brokers`; otherwise they are
 //! listed as ignored with the reason, and fail when `RETRY_TEST_REQUIRE` names pulsar.
@@ -30,8 +33,12 @@ fn main() {
     let mut args = Arguments::from_args();
     // The restart would disturb the other test.
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 2] = [
+    let tests: [(&str, Test); 3] = [
         ("groups_retry_on_their_own", groups_retry_on_their_own),
+        (
+            "delays_beyond_the_brokers_limit_are_refused",
+            delays_beyond_the_brokers_limit_are_refused,
+        ),
         (
             "restart_keeps_delayed_retries",
             restart_keeps_delayed_retries,
@@ -151,4 +158,82 @@ fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
         .await
         .map(drop)
     })
+}
+
+/// Calls the admin API; `body` as JSON when given.
+fn admin_call(method: &str, url: &str, body: Option<&str>) -> Result<(), String> {
+    let mut args = vec!["-sS", "--fail", "--max-time", "30", "-X", method];
+    if let Some(body) = body {
+        args.extend(["-H", "Content-Type: application/json", "-d", body]);
+    }
+    args.push(url);
+    let out = std::process::Command::new("curl")
+        .args(&args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{method} {url}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A namespace of its own whose policy limits delays to one minute, then turns delayed delivery off:
+/// the adapter, reading the policy through the admin API, refuses what the broker would not honour.
+fn delays_beyond_the_brokers_limit_are_refused(url: String) -> Result<(), String> {
+    let Some(admin) = test_support::broker::url("RETRY_TEST_PULSAR_ADMIN") else {
+        return Err("RETRY_TEST_PULSAR_ADMIN is not set (scripts/brokers sets it)".into());
+    };
+    let rt = test_support::broker::runtime()?;
+    let namespace = format!("public/limited-{}", uuid::Uuid::new_v4().simple());
+    let ns_url = format!("{admin}/admin/v2/namespaces/{namespace}");
+    admin_call("PUT", &ns_url, None)?;
+    let result = rt.block_on(async {
+        let refused = |policy: &'static str| {
+            let (url, admin, namespace) = (url.clone(), admin.clone(), namespace.clone());
+            async move {
+                let config = PulsarConfig {
+                    namespace,
+                    admin_url: Some(admin),
+                    ..PulsarConfig::default()
+                };
+                let transport = PulsarTransport::connect_with(&url, config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let built = Broker::new(transport)
+                    .consumer("limited")
+                    .policy(RetryPolicy::parse(policy).map_err(|e| e.to_string())?)
+                    .build();
+                Ok::<_, String>(built.err().map(|e| e.to_string()))
+            }
+        };
+        admin_call(
+            "POST",
+            &format!("{ns_url}/delayedDelivery"),
+            Some(r#"{"active":true,"tickTime":100,"maxDeliveryDelayInMillis":60000}"#),
+        )?;
+        if let Some(e) = refused("30s x2").await? {
+            return Err(format!(
+                "a 30 s policy under a 1 min limit was refused: {e}"
+            ));
+        }
+        match refused("30s, 2m").await? {
+            Some(e) if e.contains("refused") || e.contains("cannot honour") => {}
+            other => return Err(format!("a 2 min delay under a 1 min limit: {other:?}")),
+        }
+        admin_call(
+            "POST",
+            &format!("{ns_url}/delayedDelivery"),
+            Some(r#"{"active":false,"tickTime":100,"maxDeliveryDelayInMillis":0}"#),
+        )?;
+        match refused("1s").await? {
+            Some(_) => Ok(()),
+            None => Err("a delay was accepted where delayed delivery is off".into()),
+        }
+    });
+    let deleted = admin_call("DELETE", &ns_url, None);
+    result.and(deleted)
 }

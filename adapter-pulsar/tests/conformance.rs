@@ -1,5 +1,6 @@
 //! The conformance suite against a Pulsar standalone (`RETRY_TEST_PULSAR`, started by `scripts/brokers`
-//! with a delayed-delivery tick of 100 ms and strict `deliverAt`).
+//! with a delayed-delivery tick of 100 ms and strict `deliverAt`, which the adapter reads from the admin
+//! API at `RETRY_TEST_PULSAR_ADMIN`).
 //!
 //! Each scenario gets its own topics. The DLQ fault terminates the DLQ topic through the admin REST API
 //! (`RETRY_TEST_PULSAR_ADMIN`, called with curl), so sends to it fail, and makes it writable again by
@@ -217,10 +218,18 @@ impl RawClient for RawPulsar {
 }
 
 async fn connect(url: String) -> Result<Fixture, String> {
-    let config = PulsarConfig {
-        tick: Duration::from_millis(100),
-        strict_deliver_at: true,
-        ..PulsarConfig::default()
+    // With the admin API the adapter reads the broker's tick and strictness itself (scripts/brokers
+    // starts Pulsar with a 100 ms tick and strict deliverAt); without it, they are given here.
+    let config = match test_support::broker::url("RETRY_TEST_PULSAR_ADMIN") {
+        Some(admin) => PulsarConfig {
+            admin_url: Some(admin),
+            ..PulsarConfig::default()
+        },
+        None => PulsarConfig {
+            tick: Duration::from_millis(100),
+            strict_deliver_at: true,
+            ..PulsarConfig::default()
+        },
     };
     let transport = PulsarTransport::connect_with(&url, config)
         .await
