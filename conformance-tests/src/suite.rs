@@ -134,6 +134,8 @@ pub fn run(adapter: Adapter) -> ! {
     }
 
     let conclusion = libtest_mimic::run(&args, trials);
+    #[cfg(feature = "testcontainers")]
+    runtime.block_on(crate::containers::remove_all());
     match report.write() {
         Ok(path) => println!("\nreport written to {}", path.display()),
         Err(e) => eprintln!("could not write the report: {e}"),
