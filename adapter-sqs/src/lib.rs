@@ -17,6 +17,7 @@
 //! ```
 
 mod admin;
+mod batch;
 mod codec;
 pub mod config;
 mod dlq;

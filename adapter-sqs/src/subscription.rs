@@ -25,6 +25,7 @@ use retry_core::time::Timestamp;
 use tokio::sync::Mutex;
 use tracing::debug;
 
+use crate::batch::{Op, Settler, SqsBatches};
 use crate::codec;
 use crate::link::{Link, SendOptions, group_of, sdk_error, seconds_up};
 use crate::queues::QueueInfo;
@@ -50,11 +51,18 @@ pub(crate) struct SqsSubscription {
     buffer: VecDeque<Received>,
     pending: Option<Receive>,
     paused: bool,
+    /// Deletes and visibility changes of this queue's messages, in batches.
+    settler: Settler,
 }
 
 impl SqsSubscription {
     pub(crate) fn new(link: Arc<Link>, spec: SubscriptionSpec, queue: QueueInfo) -> Self {
+        let settler = Settler::new(Arc::new(SqsBatches {
+            client: link.queues.client.clone(),
+            url: queue.url.clone(),
+        }));
         Self {
+            settler,
             link,
             spec,
             queue,
@@ -99,6 +107,7 @@ struct Parts<'a> {
     link: &'a Arc<Link>,
     spec: &'a SubscriptionSpec,
     queue: &'a QueueInfo,
+    settler: &'a Settler,
 }
 
 impl Parts<'_> {
@@ -119,14 +128,8 @@ impl Parts<'_> {
             return false;
         };
         let hidden = self
-            .link
-            .queues
-            .client
-            .change_message_visibility()
-            .queue_url(&self.queue.url)
-            .receipt_handle(handle)
-            .visibility_timeout(seconds_up(remaining))
-            .send()
+            .settler
+            .settle(handle, Op::Hide(seconds_up(remaining)))
             .await;
         debug!(
             ?remaining,
@@ -165,6 +168,7 @@ impl Parts<'_> {
         let broker_count = (!copy).then(|| receive_count.unwrap_or(1).saturating_sub(1));
         let receipt = SqsReceipt::new(
             self.link.clone(),
+            self.settler.clone(),
             self.spec.topic.clone(),
             self.queue.clone(),
             m.receipt_handle().unwrap_or_default().to_string(),
@@ -227,6 +231,7 @@ impl Subscription for SqsSubscription {
                     link: &self.link,
                     spec: &self.spec,
                     queue: &self.queue,
+                    settler: &self.settler,
                 };
                 if let Some(d) = parts.deliver(r).await {
                     return Ok(Some(d));
@@ -322,6 +327,7 @@ impl Drop for SqsSubscription {
 /// Settles one received message. Dropping it unsettled makes the message visible again at once.
 struct SqsReceipt {
     link: Arc<Link>,
+    settler: Settler,
     topic: String,
     queue: QueueInfo,
     handle: String,
@@ -329,6 +335,8 @@ struct SqsReceipt {
     copy: bool,
     /// The message's own attributes, which a copy of it writes again.
     attributes: codec::Attributes,
+    /// Its DLQ copy was sent (only the delete of the original is left).
+    dead_lettered: bool,
     received_at: Instant,
     sent_at: Option<Timestamp>,
     /// `true` once settled; the heartbeat takes it for each extension, so none races a settle.
@@ -340,6 +348,7 @@ impl SqsReceipt {
     #[allow(clippy::too_many_arguments)]
     fn new(
         link: Arc<Link>,
+        settler: Settler,
         topic: String,
         queue: QueueInfo,
         handle: String,
@@ -353,12 +362,7 @@ impl SqsReceipt {
         let visibility = link.queues.config.visibility;
         let max_visibility = link.queues.config.max_visibility;
         let beat = {
-            let (link, url, handle, settled) = (
-                link.clone(),
-                queue.url.clone(),
-                handle.clone(),
-                settled.clone(),
-            );
+            let (settler, handle, settled) = (settler.clone(), handle.clone(), settled.clone());
             tokio::spawn(async move {
                 loop {
                     // Timed from the receive, not the hand-out: a message that waited in the buffer is
@@ -372,26 +376,22 @@ impl SqsReceipt {
                     if *guard || left.is_zero() {
                         return;
                     }
-                    let _ = link
-                        .queues
-                        .client
-                        .change_message_visibility()
-                        .queue_url(&url)
-                        .receipt_handle(&handle)
-                        .visibility_timeout(seconds_up(visibility.min(left)))
-                        .send()
+                    let _ = settler
+                        .settle(&handle, Op::Hide(seconds_up(visibility.min(left))))
                         .await;
                 }
             })
         };
         Self {
             link,
+            settler,
             topic,
             queue,
             handle,
             message_id,
             copy,
             attributes,
+            dead_lettered: false,
             received_at,
             sent_at,
             settled,
@@ -410,30 +410,17 @@ impl SqsReceipt {
     }
 
     async fn change_visibility(&self, d: Duration, operation: &str) -> Result<(), Error> {
-        self.link
-            .queues
-            .client
-            .change_message_visibility()
-            .queue_url(&self.queue.url)
-            .receipt_handle(&self.handle)
-            .visibility_timeout(seconds_up(d))
-            .send()
+        self.settler
+            .settle(&self.handle, Op::Hide(seconds_up(d)))
             .await
-            .map(drop)
-            .map_err(|e| sdk_error(operation, e))
+            .map_err(|e| e.with_operation(operation.to_string()))
     }
 
     async fn delete(&self) -> Result<(), Error> {
-        self.link
-            .queues
-            .client
-            .delete_message()
-            .queue_url(&self.queue.url)
-            .receipt_handle(&self.handle)
-            .send()
+        self.settler
+            .settle(&self.handle, Op::Delete)
             .await
-            .map(drop)
-            .map_err(|e| sdk_error(&format!("delete a message from {}", self.topic), e))
+            .map_err(|e| e.with_operation(format!("delete a message from {}", self.topic)))
     }
 
     /// Whether a visibility retry of `delay` ends inside the receive's visibility window and the
@@ -498,24 +485,29 @@ impl Receipt for SqsReceipt {
         Ok(())
     }
 
+    /// Sends the DLQ copy, then deletes the original; if the delete fails, a second call only deletes
+    /// (the copy is already in the DLQ, and a second one would be a duplicate entry).
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         let mut settled = self.settle().await?;
-        let operation = format!("dead-letter to {}", self.queue.dlq_name);
-        let out = codec::encode(event, Some(&self.attributes), false, self.queue.fifo)?;
-        let group = group_of(event.key.as_deref());
-        self.link
-            .send(
-                &self.queue,
-                &self.queue.dlq_url,
-                out,
-                SendOptions {
-                    group,
-                    ..SendOptions::default()
-                },
-                &operation,
-            )
-            .await
-            .map(drop)?;
+        if !self.dead_lettered {
+            let operation = format!("dead-letter to {}", self.queue.dlq_name);
+            let out = codec::encode(event, Some(&self.attributes), false, self.queue.fifo)?;
+            let group = group_of(event.key.as_deref());
+            self.link
+                .send(
+                    &self.queue,
+                    &self.queue.dlq_url,
+                    out,
+                    SendOptions {
+                        group,
+                        ..SendOptions::default()
+                    },
+                    &operation,
+                )
+                .await
+                .map(drop)?;
+            self.dead_lettered = true;
+        }
         self.delete().await?;
         *settled = true;
         Ok(())
@@ -553,23 +545,13 @@ impl Drop for SqsReceipt {
     fn drop(&mut self) {
         self.heartbeat.abort();
         let settled = self.settled.clone();
-        let (client, url, handle) = (
-            self.link.queues.client.clone(),
-            self.queue.url.clone(),
-            self.handle.clone(),
-        );
+        let (settler, handle) = (self.settler.clone(), self.handle.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 if *settled.lock().await {
                     return;
                 }
-                let _ = client
-                    .change_message_visibility()
-                    .queue_url(url)
-                    .receipt_handle(handle)
-                    .visibility_timeout(0)
-                    .send()
-                    .await;
+                settler.settle_later(&handle, Op::Hide(0));
             });
         }
     }
