@@ -148,6 +148,59 @@ mod tests {
             .unwrap();
     }
 
+    /// A replayed event's time budget starts at the replay: its first failure after a replay long past
+    /// the budget is retried, not dead-lettered again at once (the history, first-seen, stays).
+    #[tokio::test]
+    async fn a_replay_starts_the_time_budget_again() {
+        let broker = Broker::memory();
+        let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let seen = calls.clone();
+        let handle = broker
+            .consumer("budget")
+            .policy(RetryPolicy::parse("20ms x5; max-elapsed=200ms").unwrap())
+            .start(handler_fn(move |e: Event, _c: Context| {
+                let n = seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    match (e.metadata().replay_count, n) {
+                        (0, _) => Err(crate::classify::HandlerError::non_retryable("first life")),
+                        (_, 1) => Err(crate::classify::HandlerError::deferred("once more")),
+                        _ => Ok(()),
+                    }
+                }
+            }))
+            .await
+            .unwrap();
+        broker
+            .producer()
+            .publish("budget", Event::new("x").with_id("b1"))
+            .await
+            .unwrap();
+        let wait = |n: u64| handle.wait_until(move |s| s.dead_lettered >= n);
+        tokio::time::timeout(Duration::from_secs(5), wait(1))
+            .await
+            .unwrap();
+        // Long past the budget since the event was first seen.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let dlq = broker.dead_letters();
+        let report = dlq
+            .replay("budget", &crate::dlq::DlqFilter::all())
+            .await
+            .unwrap();
+        assert_eq!(report.replayed, 1);
+        let stats = tokio::time::timeout(
+            Duration::from_secs(5),
+            handle.wait_until(|s| s.succeeded >= 1 || s.dead_lettered >= 2),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (stats.succeeded, stats.dead_lettered, stats.retries_scheduled),
+            (1, 1, 1),
+            "retried after the replay, then succeeded: {stats:?}"
+        );
+        handle.shutdown().await.unwrap();
+    }
+
     #[tokio::test]
     async fn shutdown_during_a_dlq_outage_gives_the_event_back_unsettled() {
         let transport = MemoryTransport::new();
