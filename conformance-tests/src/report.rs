@@ -55,7 +55,7 @@ pub struct Report {
 }
 
 /// The adapters in the report's column order; others follow alphabetically.
-const COLUMN_ORDER: [&str; 5] = ["memory", "kafka", "rabbitmq", "sqs", "pulsar"];
+const COLUMN_ORDER: [&str; 6] = ["memory", "kafka", "rabbitmq", "sqs", "sqs-fifo", "pulsar"];
 
 fn escape(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")

@@ -194,7 +194,11 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(
-            (stats.succeeded, stats.dead_lettered, stats.retries_scheduled),
+            (
+                stats.succeeded,
+                stats.dead_lettered,
+                stats.retries_scheduled
+            ),
             (1, 1, 1),
             "retried after the replay, then succeeded: {stats:?}"
         );
