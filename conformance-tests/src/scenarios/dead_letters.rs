@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use retry_core::classify::HandlerError;
-use retry_core::dlq::DlqFilter;
 use retry_core::event::Event;
 
 use super::support::*;
@@ -38,15 +37,7 @@ pub(super) async fn dlq_replay(f: Arc<Fixture>) -> ScenarioResult {
     publish_ids(&f, &topic, &["r2"]).await?;
     wait_dlq(&f, &topic, 2, patience(&f, 10)).await?;
     broken.store(false, Ordering::SeqCst);
-    let report = f
-        .broker()
-        .dead_letters()
-        .replay(&topic, &DlqFilter::all())
-        .await
-        .map_err(|e| format!("replay: {e}"))?;
-    ensure(report.replayed == 2, || {
-        format!("replayed {}", report.replayed)
-    })?;
+    replay_all(&f, &topic, 2).await?;
     wait_for("2 successes after replay", patience(&f, 20), || {
         probe.successes().len() >= 2
     })

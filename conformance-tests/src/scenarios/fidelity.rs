@@ -154,18 +154,7 @@ pub(super) async fn bytes_preserved_every_hop(f: Arc<Fixture>) -> ScenarioResult
         .await?;
     }
 
-    let replayed = f
-        .broker()
-        .dead_letters()
-        .replay(&topic, &retry_core::dlq::DlqFilter::all())
-        .await
-        .map_err(|e| format!("replay: {e}"))?;
-    ensure(replayed.replayed == expected_entries, || {
-        format!(
-            "replayed {} entries, want {expected_entries}",
-            replayed.replayed
-        )
-    })?;
+    replay_all(&f, &topic, expected_entries).await?;
     let deadline = std::time::Instant::now() + patience(&f, 20);
     let entries = loop {
         let entries = dlq(&f, &topic).await?;

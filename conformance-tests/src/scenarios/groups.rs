@@ -139,15 +139,7 @@ pub(super) async fn groups_each_get_every_event(f: Arc<Fixture>) -> ScenarioResu
         entries.len() == 1 && entries[0].event.id() == Some("e4"),
         || format!("DLQ: {} entries, want billing's e4 alone", entries.len()),
     )?;
-    let replayed = f
-        .broker()
-        .dead_letters()
-        .replay(&topic, &retry_core::dlq::DlqFilter::all())
-        .await
-        .map_err(|e| format!("replay: {e}"))?;
-    ensure(replayed.replayed == 1, || {
-        format!("replayed {}", replayed.replayed)
-    })?;
+    replay_all(&f, &topic, 1).await?;
     wait_for("billing: the replayed e4", patience(&f, 10), || {
         billing.success_counts().get("e4") == Some(&1)
     })

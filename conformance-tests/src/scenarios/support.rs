@@ -90,6 +90,19 @@ pub(super) async fn dlq(f: &Arc<Fixture>, topic: &str) -> Result<Vec<DeadLetter>
         .map_err(|e| format!("list DLQ of {topic}: {e}"))
 }
 
+/// Replays every entry of `topic`'s DLQ and checks that `n` were replayed.
+pub(super) async fn replay_all(f: &Arc<Fixture>, topic: &str, n: usize) -> Result<(), String> {
+    let report = f
+        .broker()
+        .dead_letters()
+        .replay(topic, &DlqFilter::all())
+        .await
+        .map_err(|e| format!("replay: {e}"))?;
+    ensure(report.replayed == n, || {
+        format!("replayed {} entries, want {n}", report.replayed)
+    })
+}
+
 pub(super) async fn wait_dlq(
     f: &Arc<Fixture>,
     topic: &str,
