@@ -10,10 +10,8 @@ use std::time::Duration;
 
 use retry_core::error::{Error, Kind};
 
+use crate::admin_api::get;
 use crate::config::PulsarConfig;
-
-/// How long one admin request may take.
-const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Reads the delayed-delivery settings that apply to `config.namespace` from the admin API at
 /// `config.admin_url` and writes them into `config` (nothing is read without an admin URL).
@@ -81,26 +79,6 @@ fn set_max(config: &mut PulsarConfig, ms: i64) {
     }
     let broker = Duration::from_millis(ms);
     config.max_delay = Some(config.max_delay.map_or(broker, |own| own.min(broker)));
-}
-
-/// The body of a GET, or an error naming the URL.
-fn get(url: &str) -> Result<String, Error> {
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(TIMEOUT))
-        .build()
-        .into();
-    agent
-        .get(url)
-        .call()
-        .and_then(|mut response| response.body_mut().read_to_string())
-        .map_err(|e| {
-            let kind = match e {
-                ureq::Error::StatusCode(404) => Kind::NotFound,
-                ureq::Error::StatusCode(_) => Kind::Rejected,
-                _ => Kind::Connection,
-            };
-            Error::from_source(kind, e).with_operation(format!("GET {url}"))
-        })
 }
 
 #[cfg(test)]

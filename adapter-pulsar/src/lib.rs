@@ -15,6 +15,7 @@
 //! ```
 
 mod admin;
+mod admin_api;
 mod broker_delays;
 mod codec;
 pub mod config;

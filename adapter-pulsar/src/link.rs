@@ -172,10 +172,21 @@ impl Link {
     }
 
     /// Creates the subscription of consumer group `group` on `topic` (if it is missing): from then on
-    /// the group receives every event published to it.
+    /// the group receives every event published to it. With the admin API the subscription is created
+    /// there, without a consumer; otherwise a consumer subscribes and leaves at once — and a refusal
+    /// (a consumer of another subscription type, Key_Shared for ordered consumers, holds it) means the
+    /// subscription exists.
     pub(crate) async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error> {
         let full = self.config.full_name(topic);
-        let mut consumer: Consumer<Vec<u8>, TokioExecutor> = self
+        if let Some(admin) = self.config.admin_url.clone() {
+            let (full, group) = (full.clone(), group.to_string());
+            return tokio::task::spawn_blocking(move || {
+                crate::admin_api::create_subscription(&admin, &full, &group)
+            })
+            .await
+            .map_err(|e| Error::from_source(Kind::Other, e))?;
+        }
+        let built = self
             .client
             .consumer()
             .with_topic(&full)
@@ -190,11 +201,23 @@ impl Link {
                     .with_initial_position(InitialPosition::Earliest)
                     .with_receiver_queue_size(1),
             )
-            .build()
-            .await
-            .map_err(error(&format!("subscribe {group} to {full}")))?;
-        let _ = consumer.close().await;
-        Ok(())
+            .with_batch_size(1)
+            .build::<Vec<u8>>()
+            .await;
+        match built {
+            Ok(mut consumer) => {
+                let _: Result<(), _> = consumer.close().await;
+                Ok(())
+            }
+            Err(e) => match kind_of(&e) {
+                Kind::Connection | Kind::Timeout => Err(Error::from_source(Kind::Connection, e)
+                    .with_operation(format!("subscribe {group} to {full}"))),
+                _ => {
+                    tracing::debug!(error = %e, %group, "the subscription exists (held by a consumer of another type)");
+                    Ok(())
+                }
+            },
+        }
     }
 
     /// Forgets that `topic` was set up (after its DLQ was deleted).

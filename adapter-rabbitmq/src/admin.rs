@@ -1,7 +1,7 @@
 //! Declaring, deleting and naming a topic's queues.
 //!
 //! A topic is a fanout exchange of its name with a DLQ queue beside it, and a work queue per consumer
-//! group (`<topic>.<group>`); the delay ladder is shared by every topic of a transport's settings (its
+//! group (`<topic>:<group>`); the delay ladder is shared by every topic of a transport's settings (its
 //! queues are named from the prefix, granularity and queue type). Declaring is idempotent and also
 //! declares the ladder and the default group's queue; deleting removes the exchange, the DLQ and the
 //! group queues this transport knows of (the default group's and those it declared) with their messages,
@@ -17,7 +17,7 @@ use crate::topology::check_topic;
 #[async_trait]
 impl Admin for RabbitTransport {
     async fn declare(&self, topic: &str, group: Option<&str>) -> Result<(), Error> {
-        self.link.forget(topic);
+        self.link.redeclare(topic);
         self.link.ensure_topic(topic).await?;
         match group {
             Some(group) => self.link.ensure_group(topic, group).await,

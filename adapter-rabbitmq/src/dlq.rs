@@ -115,7 +115,16 @@ impl DlqSession for RabbitDlqSession {
     /// again; an entry that names no group goes to the topic's exchange.
     async fn replay(&mut self, entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
         let native = self.held(entry)?.delivery.properties.clone();
-        let group = text_header(&native, codec::GROUP_HEADER);
+        // The adapter's own dead letters name their group; a message the broker dead-lettered itself
+        // (over a quorum queue's delivery limit) names the queue it died in.
+        let group = text_header(&native, codec::GROUP_HEADER).or_else(|| {
+            text_header(&native, "x-first-death-queue").and_then(|queue| {
+                self.link
+                    .names
+                    .group_of_queue(origin, &queue)
+                    .map(str::to_string)
+            })
+        });
         self.link
             .publish_event(
                 origin,

@@ -313,8 +313,19 @@ impl Link {
         result
     }
 
-    /// Forgets that `topic` and its groups were declared (after a fixture deleted its queues); returns
-    /// the groups this transport had declared for it.
+    /// Makes the next use of `topic` declare it again (its exchange, DLQ and default group; after its DLQ
+    /// was deleted), keeping the record of its other groups, whose queues stay.
+    pub(crate) fn redeclare(&self, topic: &str) {
+        let mut declared = self.lock_declared();
+        declared.remove(&(topic.to_string(), None));
+        declared.remove(&(
+            topic.to_string(),
+            Some(retry_core::adapter::default_group(topic)),
+        ));
+    }
+
+    /// Forgets that `topic` and its groups were declared (they are being deleted); returns the groups
+    /// this transport had declared for it.
     pub(crate) fn forget(&self, topic: &str) -> Vec<String> {
         let mut declared = self.lock_declared();
         let groups = declared

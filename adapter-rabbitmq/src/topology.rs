@@ -1,5 +1,5 @@
 //! The fixed topology: one shared ladder of binary delay levels; per topic a fanout exchange and a DLQ;
-//! per consumer group of a topic a work queue (`<topic>.<group>`) bound to the topic's exchange.
+//! per consumer group of a topic a work queue (`<topic>:<group>`) bound to the topic's exchange.
 //!
 //! A topic's exchange copies every event into the queue of each of its groups, so each group receives
 //! every event, as on Kafka and Pulsar; the consumers of one group share its queue. A topic is declared
@@ -69,9 +69,15 @@ impl Names {
         format!("{topic}{}", self.dlq_suffix)
     }
 
-    /// The work queue of consumer group `group` of `topic`.
+    /// The work queue of consumer group `group` of `topic`: `<topic>:<group>` (a topic name has no `:`,
+    /// so no two pairs share a queue).
     pub(crate) fn group_queue(&self, topic: &str, group: &str) -> String {
-        format!("{topic}.{group}")
+        format!("{topic}:{group}")
+    }
+
+    /// The group whose work queue `queue` of `topic` is, if it is one.
+    pub(crate) fn group_of_queue<'q>(&self, topic: &str, queue: &'q str) -> Option<&'q str> {
+        queue.strip_prefix(topic)?.strip_prefix(':')
     }
 
     /// The routing key that carries a copy `units` granularity steps to `queue`.
@@ -102,6 +108,9 @@ pub(crate) fn check_topic(names: &Names, topic: &str) -> Result<(), Error> {
     }
     if topic.starts_with("amq.") {
         return bad("the amq. prefix is reserved by RabbitMQ");
+    }
+    if topic.contains(':') {
+        return bad("`:` separates a topic from its consumer group in queue names");
     }
     if topic
         .split('.')
@@ -138,6 +147,9 @@ pub(crate) fn check_group(names: &Names, topic: &str, group: &str) -> Result<(),
     }
     if queue == names.dlq(topic) {
         return bad(format!("its queue would be the topic's DLQ, {queue}"));
+    }
+    if group.is_empty() {
+        return bad("empty".into());
     }
     if queue.len() > 255 || queue.len() + 2 * names.levels as usize > 255 {
         return bad(format!(
@@ -366,9 +378,21 @@ mod tests {
     #[test]
     fn groups_get_queues_of_their_own() {
         let n = names(24);
-        assert_eq!(n.group_queue("orders", "billing"), "orders.billing");
+        assert_eq!(n.group_queue("orders", "billing"), "orders:billing");
+        assert_eq!(
+            n.group_of_queue("orders", "orders:eu.billing"),
+            Some("eu.billing")
+        );
+        assert_eq!(n.group_of_queue("orders", "orders.dlq"), None);
+        // No two (topic, group) pairs share a queue: a topic name has no `:`.
+        assert_ne!(
+            n.group_queue("orders", "eu.billing"),
+            n.group_queue("orders.eu", "billing")
+        );
+        assert!(check_topic(&n, "orders:eu").is_err());
         assert!(check_group(&n, "orders", "orders-consumers").is_ok());
-        for bad in ["", "a..b", "*", "dlq", &"x".repeat(240)] {
+        assert!(check_group(&n, "orders", "com.acme.billing").is_ok());
+        for bad in ["", "a..b", "*", &"x".repeat(240)] {
             assert!(check_group(&n, "orders", bad).is_err(), "{bad:?}");
         }
     }

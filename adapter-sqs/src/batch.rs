@@ -175,15 +175,14 @@ async fn serve(api: Arc<dyn BatchApi>, mut rx: mpsc::UnboundedReceiver<Request>)
         }
         let (deletes, hides): (Vec<Request>, Vec<Request>) =
             queued.into_iter().partition(|r| r.op == Op::Delete);
-        let mut calls = Vec::new();
+        // Each call on a task of its own: a slow one holds up only its own entries.
         for requests in [deletes, hides] {
             let mut requests = requests.into_iter().peekable();
             while requests.peek().is_some() {
                 let chunk: Vec<Request> = requests.by_ref().take(MAX_BATCH).collect();
-                calls.push(send(api.clone(), chunk));
+                tokio::spawn(send(api.clone(), chunk));
             }
         }
-        futures::future::join_all(calls).await;
     }
 }
 

@@ -158,8 +158,13 @@ pub(crate) fn encode(
         }
     };
     let mut attributes = HashMap::with_capacity(MAX_ATTRIBUTES);
+    // A key that a receive would read back from the message group alone need not travel twice.
+    let key_is_group = |key: &Bytes| {
+        fifo && !key.starts_with(crate::link::UNKEYED_GROUP.as_bytes())
+            && crate::link::group_of(Some(key)).is_some_and(|g| g.as_bytes() == key.as_ref())
+    };
     if let Some(key) = &event.key
-        && !(fifo && crate::link::group_of(Some(key)).is_some_and(|g| g.as_bytes() == key.as_ref()))
+        && !key_is_group(key)
     {
         attributes.insert(KEY.to_string(), value(key)?);
     }
@@ -214,6 +219,14 @@ fn with_overflow(
     Ok(Bytes::from(serde_json::Value::Object(object).to_string()))
 }
 
+/// `packed` without the attributes it carries.
+fn without_overflow(packed: &[u8]) -> Option<Bytes> {
+    let mut object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(packed).ok()?;
+    object.remove(OVERFLOW);
+    Some(Bytes::from(serde_json::Value::Object(object).to_string()))
+}
+
 /// The attributes carried inside packed metadata, if any (a malformed list is left to the metadata
 /// decoder, which names the problem).
 fn overflow_of(packed: &[u8]) -> Vec<(String, MessageAttributeValue)> {
@@ -263,7 +276,15 @@ pub(crate) fn decode(message: &Message) -> Decoded {
             crate::link::COPY => copy = true,
             metadata::PACKED => {
                 let packed = bytes_of(v);
-                own.extend(overflow_of(&packed));
+                let overflow = overflow_of(&packed);
+                // The carried attributes are restored here; the metadata decoder gets the rest, so
+                // large attributes do not count against its limits.
+                let packed = if overflow.is_empty() {
+                    packed
+                } else {
+                    without_overflow(&packed).unwrap_or(packed)
+                };
+                own.extend(overflow);
                 sdk.push((name.clone(), packed));
             }
             other if metadata::is_sdk_field(other) => sdk.push((name.clone(), bytes_of(v))),
@@ -390,6 +411,26 @@ mod tests {
         let again = Event::from_raw(back.raw).unwrap();
         assert_eq!(again.headers, event.headers);
         assert_eq!(again.metadata().attempts, 1);
+    }
+
+    #[test]
+    fn a_fifo_key_that_looks_unkeyed_and_large_carried_attributes_come_back() {
+        let key = format!("{}x", crate::link::UNKEYED_GROUP);
+        let mut event = Event::new("p").with_key(key.clone());
+        for i in 0..10 {
+            event = event.with_header(format!("h{i}"), "v".repeat(20_000));
+        }
+        let out = encode(&event, None, false, true).unwrap();
+        assert!(
+            out.attributes.contains_key(KEY),
+            "the key travels as itself"
+        );
+        let back = Event::from_raw(decode(&received(out)).raw).unwrap();
+        assert_eq!(back.key.as_deref(), Some(key.as_bytes()));
+        assert_eq!(
+            back.headers, event.headers,
+            "80 kB carried in x-retry is not poison"
+        );
     }
 
     #[test]

@@ -150,6 +150,14 @@ impl SqsTransport {
     }
 }
 
+/// The longest retry a FIFO queue takes: it is a visibility change, which must end inside the visibility
+/// window counted from the receive, so some of the window is left for the handler that ran before it.
+fn fifo_max_delay(config: &SqsConfig) -> std::time::Duration {
+    config
+        .max_visibility
+        .saturating_sub(std::time::Duration::from_secs(300))
+}
+
 #[async_trait]
 impl Transport for SqsTransport {
     fn name(&self) -> &'static str {
@@ -179,6 +187,7 @@ impl Transport for SqsTransport {
             return standard;
         }
         Capabilities::new(DelayCapability {
+            max_native: Some(fifo_max_delay(&self.link.queues.config)),
             beyond_max: BeyondMax::Refuse,
             ..standard.delay
         })
@@ -210,13 +219,13 @@ impl Transport for SqsTransport {
         check_retention(&spec.topic, &queue, spec.longest_delay)?;
         if queue.fifo
             && let Some(longest) = spec.longest_delay
-            && longest > self.link.queues.config.max_visibility
+            && longest > fifo_max_delay(&self.link.queues.config)
         {
             return Err(Error::new(
                 Kind::Config,
                 format!(
-                    "{} is a FIFO queue: retries use visibility only, which ends {:?} after the receive, but the \
-                     policy asks for {longest:?}",
+                    "{} is a FIFO queue: retries use visibility only, which ends {:?} after the receive \
+                     (less room for the handler), but the policy asks for {longest:?}",
                     spec.topic, self.link.queues.config.max_visibility
                 ),
             ));

@@ -85,7 +85,7 @@ pub struct Fixture {
     inspect: Option<Arc<dyn Inspect>>,
     raw_client: Option<Arc<dyn RawClient>>,
     topic_suffix: &'static str,
-    child_exe: Option<std::path::PathBuf>,
+    child_exe: Option<(std::path::PathBuf, Vec<(String, String)>)>,
 }
 
 impl std::fmt::Debug for Fixture {
@@ -117,15 +117,19 @@ impl Fixture {
     }
 
     /// The program that runs this fixture's consumer in a child process (the adapter's test binary),
-    /// for scenarios that kill a consumer for real; the suite sets it for a broker outside the process.
-    pub fn with_child_exe(mut self, exe: std::path::PathBuf) -> Self {
-        self.child_exe = Some(exe);
+    /// and the variables it needs to reach the same broker (its URL, however the suite found it), for
+    /// scenarios that kill a consumer for real; the suite sets it for a broker outside the process.
+    pub fn with_child_exe(mut self, exe: std::path::PathBuf, env: Vec<(String, String)>) -> Self {
+        self.child_exe = Some((exe, env));
         self
     }
 
-    /// The program that runs this fixture's consumer in a child process, if there is one.
-    pub fn child_exe(&self) -> Option<&std::path::Path> {
-        self.child_exe.as_deref()
+    /// The program that runs this fixture's consumer in a child process, and its variables, if there
+    /// is one.
+    pub fn child_exe(&self) -> Option<(&std::path::Path, &[(String, String)])> {
+        self.child_exe
+            .as_ref()
+            .map(|(exe, env)| (exe.as_path(), env.as_slice()))
     }
 
     /// Ends every fresh topic's name with `suffix` — `.fifo` makes the SQS fixture's queues FIFO queues,

@@ -102,7 +102,9 @@ pub fn run(adapter: Adapter) -> ! {
             Ok(Ok(fixture)) => {
                 // A broker outside this process outlives a consumer process: crash scenarios kill one.
                 let fixture = match (adapter.url_env, std::env::current_exe()) {
-                    (Some(_), Ok(exe)) => fixture.with_child_exe(exe),
+                    (Some(env), Ok(exe)) => {
+                        fixture.with_child_exe(exe, vec![(env.to_string(), url.clone())])
+                    }
                     _ => fixture,
                 };
                 trials.extend(trials_for(Arc::new(fixture), &runtime, &report));

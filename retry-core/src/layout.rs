@@ -64,7 +64,7 @@ pub fn split(headers: &Headers) -> MapHeaders<'_> {
 /// Puts `native` — the headers as a map broker gave them back, one per name — into the order `layout`
 /// records, with the repeated values it carries. A name the layout lists but the message no longer has
 /// (removed on the way) is left out; a header the layout does not list (added on the way) comes last.
-pub fn restore(native: Headers, layout: &[u8]) -> Result<Headers, String> {
+pub fn restore(native: &Headers, layout: &[u8]) -> Result<Headers, String> {
     if layout.len() > MAX_LAYOUT_BYTES {
         return Err(format!(
             "is {} bytes (limit {MAX_LAYOUT_BYTES})",
@@ -81,10 +81,10 @@ pub fn restore(native: Headers, layout: &[u8]) -> Result<Headers, String> {
         serde_json::from_slice(layout).map_err(|e| format!("is not a valid layout: {e}"))?;
     let mut firsts: HashMap<String, Bytes> = HashMap::with_capacity(native.len());
     let mut order: Vec<String> = Vec::with_capacity(native.len());
-    for (name, value) in native {
-        if let std::collections::hash_map::Entry::Vacant(slot) = firsts.entry(name.into_owned()) {
+    for (name, value) in native.iter() {
+        if let std::collections::hash_map::Entry::Vacant(slot) = firsts.entry(name.to_string()) {
             order.push(slot.key().clone());
-            slot.insert(value);
+            slot.insert(value.clone());
         }
     }
     let mut more = parsed.more.iter();
@@ -155,7 +155,7 @@ mod tests {
         let layout = s.layout.clone().unwrap();
         let unique: Vec<&str> = s.unique.iter().map(|(n, _)| *n).collect();
         assert_eq!(unique, ["zulu", "alpha", "empty"]);
-        let back = restore(sorted_unique(&h), layout.as_bytes()).unwrap();
+        let back = restore(&sorted_unique(&h), layout.as_bytes()).unwrap();
         assert_eq!(back, h);
     }
 
@@ -164,17 +164,17 @@ mod tests {
         let h = Headers::new().with("b", "1").with("a", "2").with("b", "3");
         let layout = split(&h).layout.unwrap();
         let native = Headers::new().with("a", "2").with("c", "new");
-        let back = restore(native, layout.as_bytes()).unwrap();
+        let back = restore(&native, layout.as_bytes()).unwrap();
         let got: Vec<(&str, &[u8])> = back.iter().map(|(n, v)| (n, v.as_ref())).collect();
         assert_eq!(got, [("a", &b"2"[..]), ("c", b"new")]);
     }
 
     #[test]
     fn malformed_layouts_are_errors() {
-        assert!(restore(Headers::new(), b"[1]").is_err());
-        assert!(restore(Headers::new(), br#"{"names":["a","a"]}"#).is_err());
-        assert!(restore(Headers::new(), br#"{"names":["a"],"more":["AA=="]}"#).is_err());
-        assert!(restore(Headers::new(), br#"{"names":["a","a"],"more":["%%"]}"#).is_err());
-        assert!(restore(Headers::new(), &vec![b' '; MAX_LAYOUT_BYTES + 1]).is_err());
+        assert!(restore(&Headers::new(), b"[1]").is_err());
+        assert!(restore(&Headers::new(), br#"{"names":["a","a"]}"#).is_err());
+        assert!(restore(&Headers::new(), br#"{"names":["a"],"more":["AA=="]}"#).is_err());
+        assert!(restore(&Headers::new(), br#"{"names":["a","a"],"more":["%%"]}"#).is_err());
+        assert!(restore(&Headers::new(), &vec![b' '; MAX_LAYOUT_BYTES + 1]).is_err());
     }
 }

@@ -540,7 +540,9 @@ fn decode_with(
         }
     }
     if let Some(layout) = parts.layout {
-        match crate::layout::restore(std::mem::take(&mut foreign), &layout) {
+        // A layout that does not parse leaves the headers as the broker gave them (and makes the event
+        // poison, with the reason): nothing of the producer's is dropped.
+        match crate::layout::restore(&foreign, &layout) {
             Ok(restored) => foreign = restored,
             Err(problem) => {
                 on_error(MetadataError {
@@ -895,6 +897,18 @@ mod tests {
             assert_eq!(meta, full(), "{packing:?}");
             assert_eq!(back, producer, "{packing:?}");
         }
+    }
+
+    #[test]
+    fn a_broken_layout_keeps_every_header_and_makes_the_event_poison() {
+        let h = Headers::new()
+            .with("b", "2")
+            .with("a", "1")
+            .with(crate::layout::LAYOUT, "not json");
+        assert!(decode(&h).is_err());
+        let (_, foreign, errors) = decode_lenient(&h);
+        assert_eq!(foreign, Headers::new().with("b", "2").with("a", "1"));
+        assert_eq!(errors[0].header, crate::layout::LAYOUT);
     }
 
     #[test]

@@ -148,8 +148,9 @@ pub(super) async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioRes
     let log = Arc::new(Mutex::new(ChildLog::default()));
 
     let crashed_how = match f.child_exe() {
-        Some(exe) => {
+        Some((exe, env)) => {
             let mut child = tokio::process::Command::new(exe)
+                .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
                 .env(CHILD_ENV, format!("{topic} {group} {}", delay.as_millis()))
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::inherit())
@@ -234,6 +235,9 @@ pub(super) async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioRes
                 },
             )
             .await?;
+            let scheduled = c.stats().retries_scheduled;
+            // Stopped first, so nothing succeeds between the snapshot and the crash.
+            c.abort().await;
             {
                 let mut log = lock(&log);
                 for call in probe.calls() {
@@ -241,9 +245,8 @@ pub(super) async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioRes
                         .push((call.id.clone(), call.attempt, call.wall.as_millis()));
                 }
                 log.ok = probe.successes();
-                log.scheduled = c.stats().retries_scheduled;
+                log.scheduled = scheduled;
             }
-            c.abort().await;
             "in-process broker: the consumer was aborted, not killed"
         }
     };

@@ -135,7 +135,7 @@ pub fn all() -> Vec<Scenario> {
             crash::crash_mid_handle_redelivered,
             |c, _| (!c.crash_redelivery)
                 .then_some("the transport does not redeliver after a crash"),
-            "crash: the consumer process killed with SIGKILL while handlers run and retries wait in the broker → a new consumer of the group finishes every event, retries still retries and never early; lost 0, duplicates counted"
+            "crash: the consumer process killed with SIGKILL (the in-memory broker, which dies with its process: the consumer aborted) while handlers run and retries wait in the broker → a new consumer of the group finishes every event, retries still retries and never early; lost 0, duplicates counted"
         ),
         scenario!(
             9,
