@@ -11,13 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use aws_sdk_sqs::types::{
-    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, Message,
-};
+use aws_sdk_sqs::types::Message;
 use retry_core::adapter::{DlqSession, StoredDeadLetter};
 use retry_core::error::{Error, Kind};
 use retry_core::event::Event;
 
+use crate::batch::{BatchApi, Entry, MAX_BATCH, Op, SqsBatches};
 use crate::codec;
 use crate::link::{Link, asking_system_attributes, sdk_error};
 
@@ -126,44 +125,47 @@ impl SqsDlqSession {
             .ok_or_else(|| Error::new(Kind::NotFound, format!("no DLQ entry #{entry}")))
     }
 
+    /// The batch calls on the DLQ (the same ones receipts settle with).
+    fn batches(&self) -> SqsBatches {
+        SqsBatches {
+            client: self.link.queues.client.clone(),
+            url: self.dlq.clone(),
+        }
+    }
+
     /// Makes entries visible again (checked per entry; a failure leaves the entry hidden for the hold).
     async fn give_back(&self, handles: &[&str]) {
-        for chunk in handles.chunks(10) {
-            let entries: Vec<_> = chunk
-                .iter()
-                .enumerate()
-                .filter_map(|(i, h)| {
-                    ChangeMessageVisibilityBatchRequestEntry::builder()
-                        .id(i.to_string())
-                        .receipt_handle(*h)
-                        .visibility_timeout(0)
-                        .build()
-                        .ok()
-                })
-                .collect();
-            match self
-                .link
-                .queues
-                .client
-                .change_message_visibility_batch()
-                .queue_url(&self.dlq)
-                .set_entries(Some(entries))
-                .send()
+        let batches = self.batches();
+        for chunk in handles.chunks(MAX_BATCH) {
+            match batches
+                .hide(&entries(chunk.iter().copied(), Op::Hide(0)))
                 .await
             {
-                Ok(out) if !out.failed().is_empty() => {
+                Ok(failed) if !failed.is_empty() => {
                     tracing::warn!(
-                        failed = out.failed().len(),
+                        failed = failed.len(),
                         "some DLQ entries stay hidden until the hold ends"
                     );
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(error = %sdk_error("give back DLQ entries", e), "DLQ entries stay hidden until the hold ends")
+                    tracing::warn!(error = %e, "DLQ entries stay hidden until the hold ends")
                 }
             }
         }
     }
+}
+
+/// Batch entries for `handles`, numbered from 0 within the call.
+fn entries<'a>(handles: impl Iterator<Item = &'a str>, op: Op) -> Vec<Entry> {
+    handles
+        .enumerate()
+        .map(|(i, handle)| Entry {
+            id: i.to_string(),
+            handle: handle.to_string(),
+            op,
+        })
+        .collect()
 }
 
 fn stored(m: &Message) -> (StoredDeadLetter, codec::Attributes) {
@@ -205,41 +207,26 @@ impl DlqSession for SqsDlqSession {
     }
 
     /// Deletes the entries in batches of 10; an entry SQS did not delete is an error naming it.
-    async fn remove(&mut self, entries: &[usize]) -> Result<(), Error> {
+    async fn remove(&mut self, entries_to_remove: &[usize]) -> Result<(), Error> {
+        let batches = self.batches();
         let mut failed = Vec::new();
         let mut deleted = 0;
-        for chunk in entries.chunks(10) {
-            let mut batch = Vec::new();
-            for (i, &entry) in chunk.iter().enumerate() {
-                let handle = self.handle(entry)?;
-                if let Ok(e) = DeleteMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .receipt_handle(handle)
-                    .build()
-                {
-                    batch.push(e);
-                }
-            }
-            let out = self
-                .link
-                .queues
-                .client
-                .delete_message_batch()
-                .queue_url(&self.dlq)
-                .set_entries(Some(batch))
-                .send()
+        for chunk in entries_to_remove.chunks(MAX_BATCH) {
+            let handles = chunk
+                .iter()
+                .map(|&entry| self.handle(entry))
+                .collect::<Result<Vec<&str>, Error>>()?;
+            let refused = batches
+                .delete(&entries(handles.into_iter(), Op::Delete))
                 .await
-                .map_err(|e| sdk_error("remove DLQ entries", e))?;
-            for ok in out.successful() {
-                if let Some(&entry) = ok.id().parse::<usize>().ok().and_then(|i| chunk.get(i)) {
-                    self.removed.insert(entry);
-                    deleted += 1;
-                }
-            }
-            // Per-entry failures arrive with HTTP 200.
-            for f in out.failed() {
-                if let Some(&entry) = f.id().parse::<usize>().ok().and_then(|i| chunk.get(i)) {
-                    failed.push(format!("#{entry} ({})", f.message().unwrap_or(f.code())));
+                .map_err(|e| e.with_operation(format!("remove entries of {}", self.dlq)))?;
+            for (i, &entry) in chunk.iter().enumerate() {
+                match refused.iter().find(|(id, _)| *id == i.to_string()) {
+                    Some((_, why)) => failed.push(format!("#{entry} ({why})")),
+                    None => {
+                        self.removed.insert(entry);
+                        deleted += 1;
+                    }
                 }
             }
         }
