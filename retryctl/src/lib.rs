@@ -5,8 +5,12 @@
 //!   and with a broker, how it honours each delay (exact, rounded, split, refused).
 //! * `retryctl dlq <list|show|replay|purge> --url URL --topic TOPIC` — the dead letter queue of a topic,
 //!   on any broker whose adapter is compiled in.
+//! * `retryctl outbox --db URL <list|show|replay|purge>` — the transactional outbox's rows (SQLite or
+//!   PostgreSQL): by state, topic, key and time; replay `DEAD` rows, purge `DEAD` or `PUBLISHED` ones.
 
 use std::io::Write;
+
+pub mod outbox;
 
 use clap::{Args, Parser, Subcommand};
 use event_retry::adapter::Honour;
@@ -22,7 +26,7 @@ use event_retry::{Broker, DeadLetter, DlqFilter};
 #[command(
     name = "retryctl",
     version,
-    about = "Explain retry policies; inspect, replay and purge dead letter queues"
+    about = "Explain retry policies; inspect, replay and purge dead letter queues and outbox rows"
 )]
 pub struct Cli {
     /// The command.
@@ -38,6 +42,8 @@ pub enum Command {
     Policy(PolicyCommand),
     /// Dead letter queues.
     Dlq(DlqArgs),
+    /// The transactional outbox.
+    Outbox(outbox::OutboxArgs),
 }
 
 /// `retryctl policy …`
@@ -144,6 +150,9 @@ pub enum CliError {
     /// Writing the output failed.
     #[error(transparent)]
     Io(#[from] std::io::Error),
+    /// The outbox database failed.
+    #[error("{0}")]
+    Outbox(String),
 }
 
 impl CliError {
@@ -159,7 +168,7 @@ impl CliError {
             {
                 2
             }
-            CliError::Broker(_) | CliError::Io(_) => 1,
+            CliError::Broker(_) | CliError::Io(_) | CliError::Outbox(_) => 1,
         }
     }
 }
@@ -182,6 +191,7 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
             let broker = event_retry::connect(&args.url).await?;
             dlq(&broker, &args.topic, args.command, out).await
         }
+        Command::Outbox(args) => outbox::run(args, out).await,
     }
 }
 
