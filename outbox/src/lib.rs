@@ -4,7 +4,7 @@
 //! first and announce a change that may roll back, or commit first and lose the event when the broker is
 //! down at that moment. The outbox closes both: the event is a row written **in the same transaction** as
 //! the business change ([`Outbox::enqueue`]), and a relay publishes committed rows through the SDK's
-//! [`Producer`](retry_core::producer::Producer), marking each published only after the broker confirmed
+//! [`Producer`], marking each published only after the broker confirmed
 //! it.
 //!
 //! Every row carries the lifecycle of failed publish attempts: `available_at` (not published before),
