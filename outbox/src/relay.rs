@@ -74,6 +74,24 @@ pub struct RelayStats {
     pub batches: u64,
 }
 
+impl std::fmt::Display for RelayStats {
+    /// `3 published, 3 failed attempts retried, 1 dead, 0 released, 0 lease lost, 0 broker backoffs, 4
+    /// batches`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} published, {} failed attempts retried, {} dead, {} released, {} lease lost, {} broker backoffs, {} batches",
+            self.published,
+            self.retried,
+            self.dead,
+            self.released,
+            self.lease_lost,
+            self.broker_backoffs,
+            self.batches
+        )
+    }
+}
+
 /// Configures and starts a relay; from [`Outbox::relay`](crate::Outbox::relay).
 #[derive(Clone, Debug)]
 pub struct RelayBuilder {
