@@ -24,15 +24,17 @@ kafka_cluster_id() {
   done
 }
 
-# kafka_write_config DIR PORT CONTROLLER_PORT — server.properties for a loopback-only single node, with
-# replication factors of 1 and small thread counts and buffers (a test broker on a 2-core machine).
+# kafka_write_config DIR PORT CONTROLLER_PORT [NODE_ID VOTERS REPLICAS MIN_ISR] — server.properties for a
+# loopback-only node in combined broker+controller mode, with small thread counts and buffers (a test
+# broker on a 2-core machine). Alone (the defaults) it is its own quorum with replication factors of 1;
+# kafka-cluster.sh passes each of its nodes' id, the shared voters, and the cluster's replication.
 kafka_write_config() {
-  local d=$1 port=$2 cport=$3
+  local d=$1 port=$2 cport=$3 id=${4:-1} voters=${5:-1@127.0.0.1:$3} replicas=${6:-1} min_isr=${7:-1}
   cat > "$d/server.properties" <<EOF
-# Written by scripts/broker.d/kafka.sh on every start; edits are lost.
+# Written by scripts/broker.d/kafka*.sh on every start; edits are lost.
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@127.0.0.1:$cport
+node.id=$id
+controller.quorum.voters=$voters
 controller.listener.names=CONTROLLER
 listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
 advertised.listeners=PLAINTEXT://127.0.0.1:$port
@@ -40,16 +42,16 @@ inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 log.dirs=$d/data
 num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
+default.replication.factor=$replicas
+min.insync.replicas=$min_isr
 auto.create.topics.enable=true
-offsets.topic.replication.factor=1
+offsets.topic.replication.factor=$replicas
 offsets.topic.num.partitions=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
+transaction.state.log.replication.factor=$replicas
+transaction.state.log.min.isr=$min_isr
 transaction.state.log.num.partitions=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+share.coordinator.state.topic.replication.factor=$replicas
+share.coordinator.state.topic.min.isr=$min_isr
 group.initial.rebalance.delay.ms=0
 num.network.threads=2
 num.io.threads=2
@@ -58,11 +60,12 @@ log.cleaner.dedupe.buffer.size=16777216
 EOF
 }
 
-# kafka_format JAVA CP DIR — formats fresh KRaft storage in DIR/data with a new cluster id (the static
-# quorum in server.properties means no --standalone is needed).
+# kafka_format JAVA CP DIR [CLUSTER_ID] — formats fresh KRaft storage in DIR/data with the cluster id (a
+# new one by default; the nodes of one cluster share theirs). The static quorum in server.properties
+# means no --standalone is needed.
 kafka_format() {
-  local java=$1 cp=$2 d=$3
-  if ! timeout 120 "$java" -Xmx256m -cp "$cp" kafka.tools.StorageTool format -t "$(kafka_cluster_id)" \
+  local java=$1 cp=$2 d=$3 cluster=${4:-$(kafka_cluster_id)}
+  if ! timeout 120 "$java" -Xmx256m -cp "$cp" kafka.tools.StorageTool format -t "$cluster" \
       -c "$d/server.properties" --ignore-formatted > "$d/format.log" 2>&1; then
     tail_log kafka "$d/format.log"
     die "kafka: formatting the storage failed"

@@ -43,6 +43,9 @@ rabbitmq_server_pid() {
   return 1
 }
 
+# rabbitmq_pid — the server's pid, for `scripts/brokers pid rabbitmq` (fault runs signal it).
+rabbitmq_pid() { rabbitmq_server_pid || die "rabbitmq: not running"; }
+
 # rabbitmq_start — starts the node on loopback with fresh data and waits until it accepts connections.
 rabbitmq_start() {
   local d n port dist
