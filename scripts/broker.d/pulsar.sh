@@ -142,5 +142,27 @@ pulsar_start() {
   pulsar_launch "$d" "$bk"
   serve_or_stop pulsar pulsar_stop 240 pulsar_healthy "$web"
   pulsar_ensure_namespace "$web"
+  # Started on the data of a standalone that was killed (SIGKILL), the bookie's registration flaps: the
+  # killed process's entry and the new one keep invalidating each other, thousands of times a second,
+  # and every ledger created while the bookie is missing fails with "Not enough non-faulty bookies
+  # available" — for as long as the process runs (about 50 minutes was seen). A clean restart on the same
+  # data registers the bookie once and for all.
+  local attempt
+  for attempt in 1 2 3; do
+    keep_data && pulsar_flapping "$d" || break
+    [ "$attempt" = 3 ] && { pulsar_stop; die "pulsar: the bookie's registration keeps flapping after restarts"; }
+    log "pulsar: the bookie's registration flaps (a start on a killed standalone's data); restarting cleanly"
+    pulsar_stop
+    RETRY_BROKERS_KEEP_DATA=1 pulsar_launch "$d" "$bk"
+    serve_or_stop pulsar pulsar_stop 240 pulsar_healthy "$web"
+  done
   log "pulsar: up at pulsar://127.0.0.1:$port (admin http://127.0.0.1:$web)"
+}
+
+# pulsar_flapping DIR — true when, over two seconds, the log shows the bookie's registration lock being
+# invalidated (see pulsar_start).
+pulsar_flapping() {
+  local before; before=$(grep -c "was invalidated" "$1/pulsar.log" 2>/dev/null || true)
+  sleep 2
+  [ "$(grep -c "was invalidated" "$1/pulsar.log" 2>/dev/null || true)" -gt "${before:-0}" ]
 }
