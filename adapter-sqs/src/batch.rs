@@ -202,17 +202,27 @@ async fn send(api: Arc<dyn BatchApi>, chunk: Vec<Request>) {
         Op::Hide(_) => api.hide(&entries).await,
     };
     for (i, request) in chunk.into_iter().enumerate() {
-        let outcome =
-            match &result {
-                Ok(failed) => match failed.iter().find(|(id, _)| *id == i.to_string()) {
-                    Some((_, why)) => Err(Error::new(Kind::Rejected, why.clone())
-                        .with_operation(describe(request.op))),
-                    None => Ok(()),
-                },
-                Err(e) => Err(Error::new(e.kind(), e.message().to_string())
-                    .with_operation(e.operation().unwrap_or_default().to_string())),
-            };
+        let outcome = match &result {
+            Ok(failed) => match failed.iter().find(|(id, _)| *id == i.to_string()) {
+                Some((_, why)) => Err(Error::new(entry_failure_kind(why), why.clone())
+                    .with_operation(describe(request.op))),
+                None => Ok(()),
+            },
+            Err(e) => Err(Error::new(e.kind(), e.message().to_string())
+                .with_operation(e.operation().unwrap_or_default().to_string())),
+        };
         let _ = request.done.send(outcome);
+    }
+}
+
+/// The kind of one entry's failure: a receipt handle SQS no longer knows names a message that is not
+/// there for this receipt any more (its queue was recreated, or the handle is from an earlier receive):
+/// [`Kind::NotFound`]; any other refusal is [`Kind::Rejected`].
+fn entry_failure_kind(why: &str) -> Kind {
+    if why.starts_with("ReceiptHandleIsInvalid") {
+        Kind::NotFound
+    } else {
+        Kind::Rejected
     }
 }
 
@@ -229,6 +239,18 @@ mod tests {
     use super::*;
     use std::sync::Mutex;
 
+    #[test]
+    fn a_handle_sqs_no_longer_knows_is_not_found_and_other_refusals_are_rejected() {
+        assert_eq!(
+            entry_failure_kind("ReceiptHandleIsInvalid: the receipt handle is not valid"),
+            Kind::NotFound
+        );
+        assert_eq!(
+            entry_failure_kind("InvalidParameterValue: too long"),
+            Kind::Rejected
+        );
+    }
+
     /// Records each call's entries; refuses the handles named `bad-*`.
     #[derive(Default)]
     struct Recorder {
@@ -241,7 +263,7 @@ mod tests {
             entries
                 .iter()
                 .filter(|e| e.handle.starts_with("bad-"))
-                .map(|e| (e.id.clone(), "ReceiptHandleIsInvalid".to_string()))
+                .map(|e| (e.id.clone(), "InvalidParameterValue".to_string()))
                 .collect()
         }
     }

@@ -135,7 +135,12 @@ impl Link {
             group: group_of(event.key.as_deref()),
             ..SendOptions::default()
         };
-        self.send(&queue, &queue.url, out, options, operation).await
+        let sent = self.send(&queue, &queue.url, out, options, operation).await;
+        if sent.as_ref().is_err_and(|e| e.kind() == Kind::NotFound) {
+            // The queue is gone: the next send looks it up again (and creates it when allowed).
+            self.queues.forget(topic);
+        }
+        sent
     }
 
     /// Remembers the metadata of a visibility retry of `message_id`, to give it back when the message

@@ -126,6 +126,19 @@ impl Queues {
         }
     }
 
+    /// After a call found a queue of `topic` missing: when the source queue is gone too (an
+    /// SQS-compatible server that restarted empty) and creating queues is on, creates the queue, its DLQ
+    /// and redrive policy again and returns `true`. A DLQ deleted while its source queue stays is left
+    /// missing (`false`): that is an outage the runtime holds consumption for, not something to paper over.
+    pub(crate) async fn recreate_if_gone(&self, topic: &str) -> Result<bool, Error> {
+        if !self.config.create_queues || self.url_of(topic).await?.is_some() {
+            return Ok(false);
+        }
+        self.forget(topic);
+        self.resolve(topic).await?;
+        Ok(true)
+    }
+
     /// Resolves `topic` (creating it and its DLQ when missing and allowed).
     pub(crate) async fn resolve(&self, topic: &str) -> Result<QueueInfo, Error> {
         if let Some(info) = self.cached(topic) {

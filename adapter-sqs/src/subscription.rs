@@ -23,7 +23,7 @@ use retry_core::event::Event;
 use retry_core::metadata::{self, Origin, Packing};
 use retry_core::time::Timestamp;
 use tokio::sync::Mutex;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::batch::{Op, Settler, SqsBatches};
 use crate::codec;
@@ -69,6 +69,26 @@ impl SqsSubscription {
             buffer: VecDeque::new(),
             pending: None,
             paused: false,
+        }
+    }
+
+    /// The queue is gone (deleted, or an SQS-compatible server restarted empty): looks it up again,
+    /// which creates it anew (with its DLQ and redrive policy) when creating queues is on. The error that
+    /// showed it is still surfaced, and the runtime receives again after its backoff.
+    async fn find_queue_again(&mut self) {
+        self.link.queues.forget(&self.spec.topic);
+        match self.link.queues.resolve(&self.spec.topic).await {
+            Ok(queue) => {
+                warn!(queue = %self.spec.topic, "the queue was missing; found or created it again");
+                if queue.url != self.queue.url {
+                    self.settler = Settler::new(Arc::new(SqsBatches {
+                        client: self.link.queues.client.clone(),
+                        url: queue.url.clone(),
+                    }));
+                }
+                self.queue = queue;
+            }
+            Err(e) => warn!(queue = %self.spec.topic, error = %e, "the queue is missing"),
         }
     }
 
@@ -251,8 +271,15 @@ impl Subscription for SqsSubscription {
             self.pending = None;
             let received = result.map_err(|e| {
                 Error::from_source(Kind::Other, e).with_operation("receive (the task failed)")
-            })??;
-            self.buffer.extend(received);
+            })?;
+            match received {
+                Ok(received) => self.buffer.extend(received),
+                Err(e) if e.kind() == Kind::NotFound => {
+                    self.find_queue_again().await;
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
 
@@ -416,11 +443,49 @@ impl SqsReceipt {
             .map_err(|e| e.with_operation(operation.to_string()))
     }
 
+    /// Deletes the message. A queue that no longer exists took the message with it, and a receipt handle
+    /// SQS no longer knows (the queue was created anew) can delete nothing: neither is an error to retry —
+    /// holding on would only stall the consumer — and a message still there comes back to be handled
+    /// again (at least once).
     async fn delete(&self) -> Result<(), Error> {
-        self.settler
-            .settle(&self.handle, Op::Delete)
-            .await
-            .map_err(|e| e.with_operation(format!("delete a message from {}", self.topic)))
+        match self.settler.settle(&self.handle, Op::Delete).await {
+            Err(e) if e.kind() == Kind::NotFound => {
+                warn!(queue = %self.topic, error = %e, "the message is not there to delete");
+                Ok(())
+            }
+            other => {
+                other.map_err(|e| e.with_operation(format!("delete a message from {}", self.topic)))
+            }
+        }
+    }
+
+    /// Sends the dead letter to the DLQ. When the DLQ is missing because the source queue is gone too
+    /// (an SQS-compatible server restarted empty) and queues may be created, both are created again and
+    /// the send tried once more; a DLQ deleted on its own stays an outage the runtime holds for.
+    async fn send_dead_letter(&self, event: &Event) -> Result<(), Error> {
+        let operation = format!("dead-letter to {}", self.queue.dlq_name);
+        let send = || async {
+            let out = codec::encode(event, Some(&self.attributes), false, self.queue.fifo)?;
+            let options = SendOptions {
+                group: group_of(event.key.as_deref()),
+                ..SendOptions::default()
+            };
+            self.link
+                .send(&self.queue, &self.queue.dlq_url, out, options, &operation)
+                .await
+                .map(drop)
+        };
+        match send().await {
+            Err(e) if e.kind() == Kind::NotFound => {
+                if self.link.queues.recreate_if_gone(&self.topic).await? {
+                    warn!(queue = %self.topic, "the queue and its DLQ were gone; created them again");
+                    send().await
+                } else {
+                    Err(e)
+                }
+            }
+            other => other,
+        }
     }
 
     /// Whether a visibility retry of `delay` ends inside the receive's visibility window and the
@@ -490,22 +555,7 @@ impl Receipt for SqsReceipt {
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         let mut settled = self.settle().await?;
         if !self.dead_lettered {
-            let operation = format!("dead-letter to {}", self.queue.dlq_name);
-            let out = codec::encode(event, Some(&self.attributes), false, self.queue.fifo)?;
-            let group = group_of(event.key.as_deref());
-            self.link
-                .send(
-                    &self.queue,
-                    &self.queue.dlq_url,
-                    out,
-                    SendOptions {
-                        group,
-                        ..SendOptions::default()
-                    },
-                    &operation,
-                )
-                .await
-                .map(drop)?;
+            self.send_dead_letter(event).await?;
             self.dead_lettered = true;
         }
         self.delete().await?;
