@@ -45,13 +45,39 @@ pub(crate) async fn subscribe(
     link: Arc<Link>,
     spec: SubscriptionSpec,
 ) -> Result<PulsarSubscription, Error> {
+    let consumer = build_consumer(&link, &spec).await?;
+    // Room for a batch of messages between the consumer task and the runtime, so the task reads ahead
+    // while the runtime dispatches; a paused runtime takes none and the task stops reading.
+    let (out, rx) = mpsc::channel(spec.max_in_flight.clamp(1, 1000));
+    let (commands, command_rx) = mpsc::unbounded_channel();
+    tokio::spawn(own_consumer(
+        consumer,
+        Resubscribe {
+            link: link.clone(),
+            spec: spec.clone(),
+        },
+        out,
+        command_rx,
+    ));
+    Ok(PulsarSubscription {
+        link,
+        spec,
+        rx,
+        commands,
+    })
+}
+
+/// The client's consumer of `spec`'s topic and retry topic.
+async fn build_consumer(
+    link: &Link,
+    spec: &SubscriptionSpec,
+) -> Result<Consumer<Vec<u8>, TokioExecutor>, Error> {
     let topics = [
         link.config.full_name(&spec.topic),
         link.config.retry_topic(&spec.topic, &spec.group),
     ];
     let queue = u32::try_from(spec.max_in_flight.clamp(1, 1000)).unwrap_or(1000);
-    let consumer: Consumer<Vec<u8>, TokioExecutor> = link
-        .client
+    link.client
         .consumer()
         .with_topics(topics)
         .with_subscription(&spec.group)
@@ -68,24 +94,32 @@ pub(crate) async fn subscribe(
         )
         .build()
         .await
-        .map_err(error(&format!("subscribe to {}", spec.topic)))?;
-    // Room for a batch of messages between the consumer task and the runtime, so the task reads ahead
-    // while the runtime dispatches; a paused runtime takes none and the task stops reading.
-    let (out, rx) = mpsc::channel(spec.max_in_flight.clamp(1, 1000));
-    let (commands, command_rx) = mpsc::unbounded_channel();
-    tokio::spawn(own_consumer(consumer, out, command_rx));
-    Ok(PulsarSubscription {
-        link,
-        spec,
-        rx,
-        commands,
-    })
+        .map_err(error(&format!("subscribe to {}", spec.topic)))
+}
+
+/// What the consumer task needs to subscribe again.
+struct Resubscribe {
+    link: Arc<Link>,
+    spec: SubscriptionSpec,
+}
+
+/// How the consumer task's wait for a message ended.
+enum Next {
+    /// A message (or an error) went to the runtime.
+    Delivered,
+    /// The client gave its consumer up (it could not reconnect in time): subscribe again.
+    ConsumerEnded,
+    /// The commands ended or the consumer was closed.
+    Stop,
 }
 
 /// The task owning the consumer: it ends when the commands end (the subscription and every receipt
-/// are gone).
+/// are gone). When the client gives its consumer up — it stops reconnecting after about 40 s without the
+/// broker, and its stream then ends — the task subscribes again, with a backoff, until the broker is
+/// back: a consumer outlives any outage instead of going quiet.
 async fn own_consumer(
     mut consumer: Consumer<Vec<u8>, TokioExecutor>,
+    again: Resubscribe,
     out: mpsc::Sender<Received>,
     mut commands: mpsc::UnboundedReceiver<Command>,
 ) {
@@ -102,11 +136,14 @@ async fn own_consumer(
                 None => break,
             },
             permit = out.reserve(), if reading => match permit {
-                Ok(permit) => {
-                    if !deliver_one(&mut consumer, &mut commands, permit, &mut reading).await {
-                        break;
-                    }
-                }
+                Ok(permit) => match deliver_one(&mut consumer, &mut commands, permit).await {
+                    Next::Delivered => {}
+                    Next::Stop => break,
+                    Next::ConsumerEnded => match subscribe_again(&again, &mut commands).await {
+                        Some(fresh) => consumer = fresh,
+                        None => break,
+                    },
+                },
                 Err(_) => reading = false,
             },
         }
@@ -115,31 +152,64 @@ async fn own_consumer(
     drop(consumer);
 }
 
-/// Waits for one message for the runtime (which has room for it), applying commands meanwhile; `false`
-/// when the commands ended.
+/// Subscribes again after the client gave its consumer up, backing off from 100 ms to 10 s; `None` when
+/// the commands end meanwhile. Acknowledgements that arrive meanwhile cannot reach the broker (their
+/// messages come back, as after any broken connection) and are dropped with a warning.
+async fn subscribe_again(
+    again: &Resubscribe,
+    commands: &mut mpsc::UnboundedReceiver<Command>,
+) -> Option<Consumer<Vec<u8>, TokioExecutor>> {
+    warn!(topic = %again.spec.topic, "the Pulsar client gave its consumer up; subscribing again");
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match build_consumer(&again.link, &again.spec).await {
+            Ok(consumer) => return Some(consumer),
+            Err(e) => warn!(topic = %again.spec.topic, error = %e, "subscribing again failed"),
+        }
+        let wait = tokio::time::sleep(backoff);
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                () = &mut wait => break,
+                command = commands.recv() => match command {
+                    Some(Command::Close(done)) => {
+                        let _ = done.send(());
+                        return None;
+                    }
+                    Some(_) => warn!("an acknowledgement while subscribing again: the broker redelivers the message"),
+                    None => return None,
+                },
+            }
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// Waits for one message for the runtime (which has room for it), applying commands meanwhile.
 async fn deliver_one(
     consumer: &mut Consumer<Vec<u8>, TokioExecutor>,
     commands: &mut mpsc::UnboundedReceiver<Command>,
     permit: mpsc::Permit<'_, Received>,
-    reading: &mut bool,
-) -> bool {
+) -> Next {
     loop {
         tokio::select! {
             biased;
             command = commands.recv() => match command {
                 Some(command) => {
                     if !apply(consumer, command).await {
-                        return false;
+                        return Next::Stop;
                     }
                 }
-                None => return false,
+                None => return Next::Stop,
             },
             next = consumer.next() => {
-                match next {
-                    Some(received) => permit.send(received),
-                    None => *reading = false,
-                }
-                return true;
+                return match next {
+                    Some(received) => {
+                        permit.send(received);
+                        Next::Delivered
+                    }
+                    None => Next::ConsumerEnded,
+                };
             }
         }
     }
