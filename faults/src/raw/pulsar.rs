@@ -1,0 +1,98 @@
+//! Pulsar read with the `pulsar` client itself: the DLQ topic from its first message, on a subscription
+//! of its own. The DLQ is made unwritable by terminating it through the admin API; a terminated topic
+//! keeps its messages but can never be written again, so healing reads them, deletes the topic and lets
+//! the harness declare it anew.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use pulsar::consumer::InitialPosition;
+use pulsar::{ConsumerOptions, Pulsar, SubType, TokioExecutor};
+
+use super::{BoxError, RawBroker};
+
+/// Pulsar's own client, and the broker's admin REST API.
+pub(crate) struct RawPulsar {
+    client: Pulsar<TokioExecutor>,
+    admin: String,
+}
+
+impl RawPulsar {
+    /// A client of the broker at `url`, with its admin API at `admin`.
+    pub(crate) async fn connect(url: &str, admin: &str) -> Result<Self, BoxError> {
+        Ok(Self {
+            client: Pulsar::builder(url, TokioExecutor).build().await?,
+            admin: admin.trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// Calls the admin API on `topic` (`POST …/terminate`, `DELETE …?force=true`) with curl.
+    async fn admin_call(&self, method: &str, topic: &str, action: &str) -> Result<(), BoxError> {
+        let short = topic.rsplit('/').next().unwrap_or(topic);
+        let url = format!(
+            "{}/admin/v2/persistent/public/default/{short}{action}",
+            self.admin
+        );
+        let out = tokio::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "30",
+                "-w",
+                "\n%{http_code}",
+                "-X",
+                method,
+                &url,
+            ])
+            .output()
+            .await?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, status) = text.rsplit_once('\n').unwrap_or(("", text.as_str()));
+        match status.trim().parse::<u16>() {
+            Ok(200..=299) => Ok(()),
+            _ => Err(format!("{method} {url}: {status} {body}").into()),
+        }
+    }
+}
+
+#[async_trait]
+impl RawBroker for RawPulsar {
+    async fn dlq_payloads(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
+        let subscription = format!("faults-reader-{}", crate::record::now_ms());
+        let mut consumer: pulsar::Consumer<Vec<u8>, TokioExecutor> = self
+            .client
+            .consumer()
+            .with_topic(dlq)
+            .with_subscription(&subscription)
+            .with_subscription_type(SubType::Exclusive)
+            .with_options(
+                ConsumerOptions::default().with_initial_position(InitialPosition::Earliest),
+            )
+            .build()
+            .await?;
+        let mut payloads = Vec::new();
+        while let Ok(Some(message)) =
+            tokio::time::timeout(Duration::from_secs(2), consumer.next()).await
+        {
+            let message = message?;
+            payloads.push(String::from_utf8_lossy(&message.payload.data).into_owned());
+        }
+        let _ = consumer.unsubscribe().await;
+        let _ = consumer.close().await;
+        Ok(payloads)
+    }
+
+    async fn refuse_dlq_writes(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
+        self.admin_call("POST", dlq, "/terminate").await?;
+        Ok(Vec::new())
+    }
+
+    async fn accept_dlq_writes(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
+        // A terminated topic cannot be reopened: keep what it holds, then delete it (the harness declares
+        // it again).
+        let kept = self.dlq_payloads(dlq).await?;
+        self.admin_call("DELETE", dlq, "?force=true").await?;
+        Ok(kept)
+    }
+}

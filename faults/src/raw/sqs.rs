@@ -1,0 +1,128 @@
+//! SQS read with aws-sdk-sqs itself: every message of the DLQ received (and made visible again at once).
+//! SQS has no way to make one queue refuse sends but deleting it, so the DLQ is made unwritable by moving
+//! its entries into the harness's count (received until a short poll finds none) and deleting the queue
+//! at once; an entry that arrived in between would be lost by the harness, not the SDK.
+
+use async_trait::async_trait;
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_sqs::types::ChangeMessageVisibilityBatchRequestEntry;
+
+use super::{BoxError, RawBroker};
+
+/// The SQS API's own client on the endpoint of an `http://host:port` URL.
+pub(crate) struct RawSqs {
+    client: Client,
+}
+
+impl RawSqs {
+    /// A client of the endpoint `url` with the local test credentials.
+    pub(crate) fn new(url: &str) -> Self {
+        let config = aws_sdk_sqs::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new("us-east-1"))
+            .endpoint_url(url)
+            .credentials_provider(Credentials::new("test", "test", None, None, "static"))
+            .build();
+        Self {
+            client: Client::from_conf(config),
+        }
+    }
+
+    async fn queue_url(&self, queue: &str) -> Result<Option<String>, BoxError> {
+        match self.client.get_queue_url().queue_name(queue).send().await {
+            Ok(out) => Ok(out.queue_url),
+            Err(e)
+                if e.as_service_error()
+                    .is_some_and(|e| e.is_queue_does_not_exist()) =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Receives every visible message of `url`: (receipt handle, body) pairs, hidden for a minute. With
+    /// `until_first_empty`, stops at the first empty short poll (moments before a delete, so that as
+    /// little as possible can arrive in between); otherwise at the second empty long poll.
+    async fn receive_all(
+        &self,
+        url: &str,
+        until_first_empty: bool,
+    ) -> Result<Vec<(String, String)>, BoxError> {
+        let mut taken = Vec::new();
+        let mut empty = 0;
+        let (wait, empties) = if until_first_empty { (0, 1) } else { (1, 2) };
+        while empty < empties {
+            let out = self
+                .client
+                .receive_message()
+                .queue_url(url)
+                .max_number_of_messages(10)
+                .visibility_timeout(60)
+                .wait_time_seconds(wait)
+                .send()
+                .await?;
+            let messages = out.messages.unwrap_or_default();
+            if messages.is_empty() {
+                empty += 1;
+                continue;
+            }
+            empty = 0;
+            for m in messages {
+                taken.push((
+                    m.receipt_handle.unwrap_or_default(),
+                    m.body.unwrap_or_default(),
+                ));
+            }
+        }
+        Ok(taken)
+    }
+}
+
+#[async_trait]
+impl RawBroker for RawSqs {
+    async fn dlq_payloads(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
+        let Some(url) = self.queue_url(dlq).await? else {
+            return Ok(Vec::new());
+        };
+        let taken = self.receive_all(&url, false).await?;
+        // Visible again at once, for the next reader.
+        for chunk in taken.chunks(10) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, (receipt, _))| {
+                    ChangeMessageVisibilityBatchRequestEntry::builder()
+                        .id(i.to_string())
+                        .receipt_handle(receipt)
+                        .visibility_timeout(0)
+                        .build()
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            self.client
+                .change_message_visibility_batch()
+                .queue_url(&url)
+                .set_entries(Some(entries))
+                .send()
+                .await?;
+        }
+        Ok(taken.into_iter().map(|(_, body)| body).collect())
+    }
+
+    async fn refuse_dlq_writes(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
+        let Some(url) = self.queue_url(dlq).await? else {
+            return Ok(Vec::new());
+        };
+        let taken = self.receive_all(&url, true).await?;
+        // Deleted first, the entries being the harness's now: what arrives until the delete is lost to
+        // the count.
+        self.client.delete_queue().queue_url(&url).send().await?;
+        Ok(taken.into_iter().map(|(_, body)| body).collect())
+    }
+
+    async fn accept_dlq_writes(&self, _dlq: &str) -> Result<Vec<String>, BoxError> {
+        // The harness declares the queue again.
+        Ok(Vec::new())
+    }
+}

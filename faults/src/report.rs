@@ -1,0 +1,215 @@
+//! The rows of a fault run and `target/faults/report.md`.
+//!
+//! Each run saves its row as JSON (`rows/<broker>-<fault>.json`), so one cell can be run again without the
+//! rest; the report is written from whatever rows are on disk.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// One broker × fault.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub(crate) struct Row {
+    /// The broker.
+    pub(crate) broker: String,
+    /// `F1` … `F6` and what it does.
+    pub(crate) fault: String,
+    /// Events the broker confirmed.
+    pub(crate) produced: usize,
+    /// Events that reached their end: handled successfully, or in the DLQ.
+    pub(crate) handled: usize,
+    /// Events that ended nowhere.
+    pub(crate) lost: usize,
+    /// Handler calls beyond each event's expected number, plus DLQ entries beyond one per event.
+    pub(crate) duplicates: usize,
+    /// Events whose fate is the DLQ.
+    pub(crate) dlq_expected: usize,
+    /// Distinct events the DLQ holds, read with the broker's own client.
+    pub(crate) dlq_actual: usize,
+    /// The consumer kept running through the fault without a restart (`None` where the fault is the
+    /// consumer's death).
+    pub(crate) survived: Option<bool>,
+    /// Seconds from the fault's end to the first handler call after it.
+    pub(crate) recovery_s: Option<f64>,
+    /// The broker itself keeps no state across the fault (ElasticMQ restarted): its losses are the
+    /// broker's, by design.
+    pub(crate) broker_keeps_no_state: bool,
+    /// What else the run saw.
+    pub(crate) note: String,
+    /// The run did not complete: why.
+    pub(crate) error: Option<String>,
+}
+
+impl Row {
+    /// Whether the row shows what the SDK promises: nothing lost (unless the broker keeps no state) and
+    /// a consumer that lived through the fault.
+    pub(crate) fn passed(&self) -> bool {
+        self.error.is_none()
+            && (self.lost == 0 || self.broker_keeps_no_state)
+            && self.survived != Some(false)
+    }
+
+    /// The row's file name.
+    fn file_name(&self) -> String {
+        let code = self.fault.split(' ').next().unwrap_or("F0");
+        format!("{}-{code}.json", self.broker)
+    }
+
+    /// Saves the row under `out/rows/`.
+    pub(crate) fn save(&self, out: &Path) -> std::io::Result<()> {
+        let dir = out.join("rows");
+        std::fs::create_dir_all(&dir)?;
+        let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        std::fs::write(dir.join(self.file_name()), json)
+    }
+
+    /// One line for the terminal.
+    pub(crate) fn summary(&self) -> String {
+        format!(
+            "{} {}: produced {}, handled {}, lost {}, duplicates {}, dlq {}/{}, survived {}, recovery {} — {}",
+            self.broker,
+            self.fault,
+            self.produced,
+            self.handled,
+            self.lost,
+            self.duplicates,
+            self.dlq_actual,
+            self.dlq_expected,
+            survived(self.survived),
+            recovery(self.recovery_s),
+            self.error.as_deref().unwrap_or(&self.note)
+        )
+    }
+}
+
+fn survived(s: Option<bool>) -> &'static str {
+    match s {
+        Some(true) => "yes",
+        Some(false) => "**no**",
+        None => "n/a (killed by design)",
+    }
+}
+
+fn recovery(r: Option<f64>) -> String {
+    r.map_or_else(|| "-".to_string(), |s| format!("{s:.2} s"))
+}
+
+/// Reads every row under `out/rows/`, ordered by broker and fault.
+pub(crate) fn rows(out: &Path) -> std::io::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let dir = out.join("rows");
+    if !dir.exists() {
+        return Ok(rows);
+    }
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let text = std::fs::read_to_string(&path)?;
+            rows.push(serde_json::from_str(&text).map_err(std::io::Error::other)?);
+        }
+    }
+    let order = |b: &str| {
+        ["kafka", "rabbitmq", "sqs", "pulsar", "kafka-cluster"]
+            .iter()
+            .position(|x| *x == b)
+    };
+    rows.sort_by(|a: &Row, b: &Row| {
+        (order(&a.broker), &a.fault).cmp(&(order(&b.broker), &b.fault))
+    });
+    Ok(rows)
+}
+
+/// The report's Markdown.
+pub(crate) fn markdown(rows: &[Row]) -> String {
+    let mut md = String::from(
+        "| broker | fault | produced | handled | lost | duplicates | dlq expected | dlq actual | survived | recovery | note |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        let lost = if r.broker_keeps_no_state && r.lost > 0 {
+            format!("{} (the broker keeps no state)", r.lost)
+        } else if r.lost > 0 {
+            format!("**{}**", r.lost)
+        } else {
+            "0".to_string()
+        };
+        let survived = if r.error.is_some() {
+            "-"
+        } else {
+            survived(r.survived)
+        };
+        let note = match &r.error {
+            Some(e) => format!("**run failed**: {e}"),
+            None => r.note.clone(),
+        };
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            r.broker,
+            r.fault,
+            r.produced,
+            r.handled,
+            lost,
+            r.duplicates,
+            r.dlq_expected,
+            r.dlq_actual,
+            survived,
+            recovery(r.recovery_s),
+            note.replace('|', "/")
+        ));
+    }
+    let passed = rows.iter().filter(|r| r.passed()).count();
+    md.push_str(&format!(
+        "\n{passed} passed, {} failed\n",
+        rows.len() - passed
+    ));
+    md
+}
+
+/// Writes `out/report.md` from the rows on disk; returns it.
+pub(crate) fn write(out: &Path) -> Result<String, Box<dyn std::error::Error>> {
+    let rows = rows(out)?;
+    let md = markdown(&rows);
+    std::fs::write(out.join("report.md"), &md)?;
+    Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(lost: usize, survived: Option<bool>) -> Row {
+        Row {
+            broker: "kafka".into(),
+            fault: "F2 broker SIGKILL, restart".into(),
+            produced: 10,
+            handled: 10 - lost,
+            lost,
+            dlq_expected: 1,
+            dlq_actual: 1,
+            survived,
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn a_row_passes_only_when_nothing_was_lost_and_the_consumer_lived() {
+        assert!(row(0, Some(true)).passed());
+        assert!(row(0, None).passed());
+        assert!(!row(1, Some(true)).passed());
+        assert!(!row(0, Some(false)).passed());
+        let mut stateless = row(3, Some(true));
+        stateless.broker_keeps_no_state = true;
+        assert!(stateless.passed());
+        let mut failed = row(0, Some(true));
+        failed.error = Some("broker down".into());
+        assert!(!failed.passed());
+    }
+
+    #[test]
+    fn the_report_flags_losses_and_counts_rows() {
+        let md = markdown(&[row(0, Some(true)), row(2, Some(false))]);
+        assert!(md.contains("| **2** |"), "{md}");
+        assert!(md.contains("| **no** |"), "{md}");
+        assert!(md.ends_with("1 passed, 1 failed\n"), "{md}");
+    }
+}

@@ -1,0 +1,589 @@
+//! One fault run, from producing the events to counting them, and the matrix of runs.
+//!
+//! The order of a run: declare a fresh topic, produce every event (confirmed by the broker), start the
+//! consumer process, wait until 30 % of the events were handled, inject the fault, end it, produce a few
+//! probe events (the stream must carry new work after the fault, not only the backlog), wait until every
+//! event is accounted for or nothing moves for a minute, stop the consumer with SIGTERM, and count.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use event_retry::{Broker, Event};
+use futures::StreamExt;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::faults::{AT_SHARE, Fault};
+use crate::netns::Namespace;
+use crate::raw::{BoxError, RawKafka};
+use crate::record::{RecordReader, now_ms};
+use crate::report::Row;
+use crate::target::{self, BrokerName, Target};
+use crate::workload::{self, Fate};
+
+/// Events produced after the fault ended, which the consumer must handle too.
+const PROBES: usize = 20;
+
+/// How long a run waits with nothing moving before it counts what it has.
+const QUIET: Duration = Duration::from_secs(60);
+
+/// The longest a run waits after the fault ended.
+const AFTER_FAULT: Duration = Duration::from_secs(300);
+
+/// What every run of a matrix shares.
+pub(crate) struct Settings {
+    /// Events per run (before the probes).
+    pub(crate) events: usize,
+    /// Adapter options for every run.
+    pub(crate) options: Vec<(String, String)>,
+    /// How long a stall, cut or DLQ outage lasts.
+    pub(crate) outage: Duration,
+}
+
+/// Runs every fault on every broker (F6 on the Kafka cluster alone) and writes the report; `true` when
+/// every row passed.
+pub(crate) async fn matrix(
+    brokers: &[BrokerName],
+    faults: &[Fault],
+    settings: &Settings,
+    out: &Path,
+) -> Result<bool, Box<dyn std::error::Error>> {
+    for dir in ["rows", "records", "logs"] {
+        std::fs::create_dir_all(out.join(dir))?;
+    }
+    let mut all_passed = true;
+    for &fault in faults {
+        let cells: Vec<BrokerName> = if fault == Fault::LeaderKill {
+            vec![BrokerName::KafkaCluster]
+        } else {
+            brokers
+                .iter()
+                .copied()
+                .filter(|b| *b != BrokerName::KafkaCluster)
+                .collect()
+        };
+        for broker in cells {
+            eprintln!("== {broker}: {fault}");
+            let row = cell(broker, fault, settings, out)
+                .await
+                .unwrap_or_else(|e| Row {
+                    broker: broker.to_string(),
+                    fault: fault.to_string(),
+                    error: Some(e.to_string()),
+                    ..Row::default()
+                });
+            row.save(out)?;
+            eprintln!("   {}", row.summary());
+            all_passed &= row.passed();
+        }
+    }
+    let report = crate::report::write(out)?;
+    println!("{report}");
+    Ok(all_passed)
+}
+
+/// Sends `signal` (`KILL`, `STOP`, `CONT`, `TERM`) to `pid`.
+async fn signal(pid: u32, signal: &str) -> Result<(), BoxError> {
+    let status = Command::new("kill")
+        .args(["-s", signal, &pid.to_string()])
+        .status()
+        .await?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("kill -s {signal} {pid} failed").into())
+    }
+}
+
+/// Publishes the events at `indices`, each until the broker confirms it (a publish that failed is sent
+/// again, for up to two minutes); returns how many were confirmed and how many were sent again.
+async fn produce(
+    broker: &Broker,
+    topic: &str,
+    indices: std::ops::Range<usize>,
+) -> Result<(usize, usize), BoxError> {
+    let producer = broker.producer();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut pending: Vec<usize> = indices.collect();
+    let mut confirmed = 0;
+    let mut resent = 0;
+    while !pending.is_empty() {
+        let results: Vec<(usize, bool)> = futures::stream::iter(pending.iter().copied())
+            .map(|i| {
+                let producer = producer.clone();
+                async move {
+                    let id = workload::event_id(i);
+                    let event = Event::new(id.clone())
+                        .with_id(id)
+                        .with_key(workload::key(i));
+                    (i, producer.publish(topic, event).await.is_ok())
+                }
+            })
+            .buffer_unordered(128)
+            .collect()
+            .await;
+        pending = results
+            .iter()
+            .filter(|(_, ok)| !ok)
+            .map(|(i, _)| *i)
+            .collect();
+        confirmed += results.len() - pending.len();
+        if !pending.is_empty() {
+            if Instant::now() > deadline {
+                return Err(format!("{} publishes were never confirmed", pending.len()).into());
+            }
+            resent += pending.len();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    Ok((confirmed, resent))
+}
+
+/// The consumer under test, in a process of its own.
+struct Consumer {
+    child: Child,
+    pid: u32,
+}
+
+impl Consumer {
+    /// Starts `faults consume` (inside `namespace`, if any) and waits until its consumer started.
+    async fn start(
+        target: &Target,
+        topic: &str,
+        group: &str,
+        record: &Path,
+        namespace: Option<&Namespace>,
+        log: &Path,
+    ) -> Result<Self, BoxError> {
+        let exe = std::env::current_exe()?;
+        let mut command = match namespace {
+            Some(_) => Namespace::exec(&exe),
+            None => Command::new(&exe),
+        };
+        command
+            .args(["consume", "--url", &target.url, "--topic", topic])
+            .args(["--group", group, "--record"])
+            .arg(record);
+        for (k, v) in &target.options {
+            command.args(["--option", &format!("{k}={v}")]);
+        }
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log)?)
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().ok_or("the consumer exited at once")?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let started = tokio::time::timeout(Duration::from_secs(120), async {
+            while let Some(line) = lines.next_line().await? {
+                if line.starts_with("consumer started") {
+                    return Ok::<bool, std::io::Error>(true);
+                }
+            }
+            Ok(false)
+        })
+        .await;
+        if !matches!(started, Ok(Ok(true))) {
+            return Err(format!(
+                "the consumer did not start within 120 s (its log: {})",
+                log.display()
+            )
+            .into());
+        }
+        // Keep reading its output, so it never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Self { child, pid })
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    async fn kill(&mut self) -> Result<(), BoxError> {
+        self.child.start_kill()?;
+        self.child.wait().await?;
+        Ok(())
+    }
+
+    /// SIGTERM, then waits up to a minute for a clean exit; `true` if it exited cleanly.
+    async fn stop(&mut self) -> bool {
+        if signal(self.pid, "TERM").await.is_err() {
+            return false;
+        }
+        match tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await {
+            Ok(Ok(status)) => status.success(),
+            _ => {
+                let _ = self.child.start_kill();
+                false
+            }
+        }
+    }
+}
+
+/// Everything one run needs.
+struct Run<'a> {
+    target: &'a Target,
+    fault: Fault,
+    events: usize,
+    outage: Duration,
+    topic: String,
+    group: String,
+    record: PathBuf,
+    logs: PathBuf,
+    broker: Broker,
+    namespace: Option<Namespace>,
+    consumer: Option<Consumer>,
+    started: usize,
+    /// DLQ entries a fault switch had to take out of the broker (counted as DLQ entries).
+    moved: Vec<String>,
+    notes: Vec<String>,
+}
+
+/// Runs `fault` on `name` and counts.
+async fn cell(
+    name: BrokerName,
+    fault: Fault,
+    settings: &Settings,
+    out: &Path,
+) -> Result<Row, BoxError> {
+    let mut target = Target::find(name).await?;
+    target.options.extend(settings.options.iter().cloned());
+    let code = fault.code().to_lowercase();
+    let record = out.join("records").join(format!("{name}-{code}.log"));
+    let _ = std::fs::remove_file(&record);
+    let broker = event_retry::connect_with(&target.url, target.harness_sdk_options()).await?;
+    let mut run = Run {
+        target: &target,
+        fault,
+        events: settings.events,
+        outage: settings.outage,
+        topic: format!("faults-{code}-{}", now_ms() % 100_000_000),
+        group: "faults".to_string(),
+        record,
+        logs: out.join("logs"),
+        broker,
+        namespace: None,
+        consumer: None,
+        started: 0,
+        moved: Vec::new(),
+        notes: Vec::new(),
+    };
+    let row = run.go().await;
+    if let Some(consumer) = &mut run.consumer {
+        let _ = consumer.kill().await;
+    }
+    // The harness's own topics go; a failed cleanup only leaves a topic behind.
+    if let Err(e) = run.broker.admin().delete(&run.topic).await {
+        eprintln!("   cleanup: deleting {} failed: {e}", run.topic);
+    }
+    row
+}
+
+impl Run<'_> {
+    fn log(&self, what: &str) -> PathBuf {
+        self.logs.join(format!(
+            "{}-{}-{what}.log",
+            self.target.name,
+            self.fault.code().to_lowercase()
+        ))
+    }
+
+    async fn start_consumer(&mut self) -> Result<(), BoxError> {
+        self.started += 1;
+        let log = self.log(&format!("consumer-{}", self.started));
+        let consumer = Consumer::start(
+            self.target,
+            &self.topic,
+            &self.group,
+            &self.record,
+            self.namespace.as_ref(),
+            &log,
+        )
+        .await?;
+        self.consumer = Some(consumer);
+        Ok(())
+    }
+
+    async fn go(&mut self) -> Result<Row, BoxError> {
+        let admin = self.broker.admin();
+        admin.declare(&self.topic, Some(&self.group)).await?;
+        let dlq = admin.names(&self.topic, Some(&self.group)).await?.dlq;
+        let (mut produced, resent) = produce(&self.broker, &self.topic, 0..self.events).await?;
+        if resent > 0 {
+            self.notes
+                .push(format!("{resent} publishes sent again before confirmed"));
+        }
+        if self.fault == Fault::NetworkCut {
+            self.namespace = Some(Namespace::up(&[self.target.port()?]).await?);
+        }
+        self.start_consumer().await?;
+        let mut reader = RecordReader::new(&self.record);
+        self.wait_for_share(&mut reader).await?;
+
+        let fault_start = now_ms();
+        self.inject(&dlq).await?;
+        let healed = now_ms();
+        let tally = reader.refresh()?;
+        let during = tally.calls_between(fault_start, healed);
+        let refused_during = tally
+            .refusal_times
+            .iter()
+            .filter(|&&t| t >= fault_start && t < healed)
+            .count();
+
+        let total = self.events + PROBES;
+        let (probes, _) = produce(&self.broker, &self.topic, self.events..total).await?;
+        produced += probes;
+        self.wait_until_accounted(&mut reader, &dlq, total).await?;
+        // Late duplicates still arrive for a moment after the last event was handled.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+
+        let mut consumer = self.consumer.take().ok_or("no consumer")?;
+        let alive_at_end = consumer.alive();
+        let clean_exit = consumer.stop().await;
+        let tally = reader.refresh()?;
+        let mut dlq_payloads = self.target.raw.dlq_payloads(&dlq).await?;
+        dlq_payloads.extend(self.moved.iter().cloned());
+
+        let mut dlq_counts: HashMap<&str, usize> = HashMap::new();
+        for p in &dlq_payloads {
+            *dlq_counts.entry(p.as_str()).or_default() += 1;
+        }
+        let (mut handled, mut extra_calls, mut unexpected_dlq) = (0, 0, 0);
+        let mut lost_ids = Vec::new();
+        let mut probes_missing = 0;
+        for i in 0..total {
+            let id = workload::event_id(i);
+            let fate = Fate::of(i);
+            let calls = tally.by_id.get(&id).copied().unwrap_or_default();
+            let in_dlq = dlq_counts.contains_key(id.as_str());
+            if calls.oks > 0 || in_dlq {
+                handled += 1;
+            } else {
+                if i >= self.events {
+                    probes_missing += 1;
+                }
+                lost_ids.push(id);
+            }
+            if in_dlq && fate != Fate::NonRetryable {
+                unexpected_dlq += 1;
+            }
+            extra_calls += calls.calls.saturating_sub(fate.expected_calls()) as usize;
+        }
+        let extra_dlq = dlq_payloads.len() - dlq_counts.len();
+        let dlq_expected = (0..total)
+            .filter(|&i| Fate::of(i) == Fate::NonRetryable)
+            .count();
+        let broker_keeps_no_state =
+            self.fault == Fault::BrokerKill && self.target.name == BrokerName::Sqs;
+
+        let mut notes = std::mem::take(&mut self.notes);
+        if !self.target.options.is_empty() {
+            let options: Vec<String> = self
+                .target
+                .options
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            notes.insert(0, format!("options {}", options.join(", ")));
+        }
+        notes.push(format!(
+            "duplicates: {extra_calls} extra handler calls, {extra_dlq} extra DLQ entries"
+        ));
+        notes.push(format!("{during} handler calls during the fault"));
+        if self.fault == Fault::DlqOutage {
+            notes.push(format!(
+                "{refused_during} non-retryable events handled while the DLQ was unwritable"
+            ));
+        }
+        if unexpected_dlq > 0 {
+            notes.push(format!(
+                "{unexpected_dlq} events in the DLQ that should not be"
+            ));
+        }
+        if !lost_ids.is_empty() {
+            let shown: Vec<&str> = lost_ids.iter().take(5).map(String::as_str).collect();
+            notes.push(format!("lost: {}", shown.join(", ")));
+        }
+        if broker_keeps_no_state {
+            notes.push(
+                "ElasticMQ keeps queues and messages in memory: the restart lost the broker's state"
+                    .into(),
+            );
+        }
+        if tally.pids.len() > 1 {
+            notes.push(format!("{} consumer processes", tally.pids.len()));
+        }
+        if !self.moved.is_empty() {
+            notes.push(format!(
+                "{} DLQ entries taken out by the fault switch and counted",
+                self.moved.len()
+            ));
+        }
+        if !clean_exit {
+            notes.push("the consumer did not exit cleanly on SIGTERM".into());
+        }
+        if probes_missing > 0 {
+            notes.push(format!(
+                "{probes_missing} of the {PROBES} events produced after the fault never handled"
+            ));
+        }
+        // Surviving is more than a live process: the same consumer handled the events produced after
+        // the fault.
+        let survived = self
+            .fault
+            .consumer_must_survive()
+            .then_some(alive_at_end && self.started == 1 && probes_missing == 0);
+        Ok(Row {
+            broker: self.target.name.to_string(),
+            fault: self.fault.to_string(),
+            produced,
+            handled,
+            lost: lost_ids.len(),
+            duplicates: extra_calls + extra_dlq,
+            dlq_expected,
+            dlq_actual: dlq_counts.len(),
+            survived,
+            recovery_s: tally
+                .first_call_since(healed)
+                .map(|t| (t.saturating_sub(healed)) as f64 / 1000.0),
+            broker_keeps_no_state,
+            note: notes.join("; "),
+            error: None,
+        })
+    }
+
+    /// Waits until the share of events at which the fault lands was handled.
+    async fn wait_for_share(&mut self, reader: &mut RecordReader) -> Result<(), BoxError> {
+        let goal = (self.events as f64 * AT_SHARE) as usize;
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while reader.refresh()?.succeeded() < goal {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "only {} of {goal} events handled within 300 s, before any fault",
+                    reader.tally().succeeded()
+                )
+                .into());
+            }
+            if let Some(c) = &mut self.consumer
+                && !c.alive()
+            {
+                return Err("the consumer exited before any fault".into());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Injects the fault and ends it.
+    async fn inject(&mut self, dlq: &str) -> Result<(), BoxError> {
+        let name = self.target.name;
+        match self.fault {
+            Fault::ConsumerKill => {
+                if let Some(c) = &mut self.consumer {
+                    c.kill().await?;
+                }
+                self.start_consumer().await?;
+            }
+            Fault::BrokerKill => {
+                signal(target::broker_pid(name, None).await?, "KILL").await?;
+                let restart = Instant::now();
+                target::restart_broker(name, &self.log("restart")).await?;
+                self.notes.push(format!(
+                    "broker back {:.0} s after the kill",
+                    restart.elapsed().as_secs_f64()
+                ));
+            }
+            Fault::BrokerStall => {
+                let pid = target::broker_pid(name, None).await?;
+                signal(pid, "STOP").await?;
+                tokio::time::sleep(self.outage).await;
+                signal(pid, "CONT").await?;
+            }
+            Fault::NetworkCut => {
+                let namespace = self.namespace.as_ref().ok_or("no namespace")?;
+                namespace.cut().await?;
+                tokio::time::sleep(self.outage).await;
+                namespace.restore().await?;
+            }
+            Fault::DlqOutage => {
+                self.moved
+                    .extend(self.target.raw.refuse_dlq_writes(dlq).await?);
+                tokio::time::sleep(self.outage).await;
+                self.moved
+                    .extend(self.target.raw.accept_dlq_writes(dlq).await?);
+                self.broker
+                    .admin()
+                    .declare(&self.topic, Some(&self.group))
+                    .await?;
+            }
+            Fault::LeaderKill => {
+                let raw = RawKafka::new(&self.target.url);
+                let topic = self.topic.clone();
+                let leader = tokio::task::spawn_blocking(move || raw.leader(&topic, 0)).await??;
+                let node = u32::try_from(leader)?;
+                signal(target::broker_pid(name, Some(node)).await?, "KILL").await?;
+                self.notes.push(format!(
+                    "node {node}, leader of partition 0, killed; the cluster went on with two"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every event is handled or in the DLQ, nothing moved for a minute, or five minutes
+    /// passed since the fault ended.
+    async fn wait_until_accounted(
+        &mut self,
+        reader: &mut RecordReader,
+        dlq: &str,
+        total: usize,
+    ) -> Result<(), BoxError> {
+        let deadline = Instant::now() + AFTER_FAULT;
+        let dlq_share = workload::dlq_expected(total);
+        let mut last_calls = 0;
+        let mut last_move = Instant::now();
+        let mut last_dlq_read = Instant::now() - Duration::from_secs(60);
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let tally = reader.refresh()?;
+            if tally.calls() != last_calls {
+                last_calls = tally.calls();
+                last_move = Instant::now();
+            }
+            let succeeded = tally.succeeded();
+            if succeeded + dlq_share >= total && last_dlq_read.elapsed() >= Duration::from_secs(3) {
+                last_dlq_read = Instant::now();
+                let mut in_dlq: HashSet<String> = self
+                    .target
+                    .raw
+                    .dlq_payloads(dlq)
+                    .await?
+                    .into_iter()
+                    .collect();
+                in_dlq.extend(self.moved.iter().cloned());
+                let tally = reader.tally();
+                let accounted = (0..total).all(|i| {
+                    let id = workload::event_id(i);
+                    in_dlq.contains(&id) || tally.by_id.get(&id).is_some_and(|c| c.oks > 0)
+                });
+                if accounted {
+                    return Ok(());
+                }
+            }
+            if last_move.elapsed() > QUIET {
+                self.notes
+                    .push("stopped waiting: no handler call for 60 s".into());
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                self.notes
+                    .push("stopped waiting: 300 s after the fault".into());
+                return Ok(());
+            }
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The broker a run targets: its URL and adapter options, its raw client, and its process as
+//! `scripts/brokers` started it (pid, restart).
+
+use std::path::PathBuf;
+
+use crate::raw::{BoxError, RawBroker, RawKafka, RawPulsar, RawRabbit, RawSqs};
+
+/// A broker `scripts/brokers` starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub(crate) enum BrokerName {
+    /// One Kafka node.
+    Kafka,
+    /// RabbitMQ.
+    Rabbitmq,
+    /// ElasticMQ, the SQS API.
+    Sqs,
+    /// Pulsar standalone.
+    Pulsar,
+    /// Three Kafka nodes (replication factor 3, `min.insync.replicas` 2), for F6.
+    KafkaCluster,
+}
+
+impl BrokerName {
+    /// The name `scripts/brokers` knows it by.
+    pub(crate) fn script_name(self) -> &'static str {
+        match self {
+            BrokerName::Kafka => "kafka",
+            BrokerName::Rabbitmq => "rabbitmq",
+            BrokerName::Sqs => "sqs",
+            BrokerName::Pulsar => "pulsar",
+            BrokerName::KafkaCluster => "kafka-cluster",
+        }
+    }
+
+    /// The variable `target/brokers/env.sh` gives its URL in.
+    fn url_variable(self) -> &'static str {
+        match self {
+            BrokerName::Kafka => "RETRY_TEST_KAFKA",
+            BrokerName::Rabbitmq => "RETRY_TEST_AMQP",
+            BrokerName::Sqs => "RETRY_TEST_SQS",
+            BrokerName::Pulsar => "RETRY_TEST_PULSAR",
+            BrokerName::KafkaCluster => "RETRY_TEST_KAFKA_CLUSTER",
+        }
+    }
+}
+
+impl std::fmt::Display for BrokerName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.script_name())
+    }
+}
+
+/// A broker, ready for a run.
+pub(crate) struct Target {
+    /// Which broker.
+    pub(crate) name: BrokerName,
+    /// Its URL.
+    pub(crate) url: String,
+    /// Adapter options, for the harness's connection and the consumer's alike.
+    pub(crate) options: Vec<(String, String)>,
+    /// Its own client.
+    pub(crate) raw: Box<dyn RawBroker>,
+    /// Options for the harness's own connection only (Pulsar's admin API, which deleting a topic needs).
+    pub(crate) harness_options: Vec<(String, String)>,
+}
+
+fn variable(name: &str) -> Result<String, BoxError> {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .ok_or_else(|| {
+            format!("{name} is not set: start the broker with scripts/brokers start and source target/brokers/env.sh").into()
+        })
+}
+
+impl Target {
+    /// The broker `name`, found through its `RETRY_TEST_*` variable.
+    pub(crate) async fn find(name: BrokerName) -> Result<Self, BoxError> {
+        let url = variable(name.url_variable())?;
+        let mut harness_options = Vec::new();
+        let (raw, options): (Box<dyn RawBroker>, Vec<(String, String)>) = match name {
+            BrokerName::Kafka => (Box::new(RawKafka::new(&url)), vec![]),
+            BrokerName::KafkaCluster => (
+                Box::new(RawKafka::new(&url)),
+                vec![("replication_factor".into(), "3".into())],
+            ),
+            BrokerName::Rabbitmq => (Box::new(RawRabbit::new(&url)), vec![]),
+            BrokerName::Sqs => (Box::new(RawSqs::new(&url)), vec![]),
+            BrokerName::Pulsar => {
+                let admin = variable("RETRY_TEST_PULSAR_ADMIN")?;
+                harness_options.push(("admin_url".into(), admin.clone()));
+                (Box::new(RawPulsar::connect(&url, &admin).await?), vec![])
+            }
+        };
+        Ok(Self {
+            name,
+            url,
+            options,
+            raw,
+            harness_options,
+        })
+    }
+
+    /// The adapter options of the harness's own connection.
+    pub(crate) fn harness_sdk_options(&self) -> event_retry::Options {
+        self.options
+            .iter()
+            .chain(&self.harness_options)
+            .fold(event_retry::Options::new(), |o, (k, v)| o.set(k, v))
+    }
+
+    /// The TCP port of the URL's first host (what a consumer in another network namespace needs
+    /// forwarded).
+    pub(crate) fn port(&self) -> Result<u16, BoxError> {
+        let rest = self.url.split_once("://").map_or(&*self.url, |(_, r)| r);
+        let host = rest.split(['/', '?', ',']).next().unwrap_or(rest);
+        let host = host.rsplit('@').next().unwrap_or(host);
+        let port = host
+            .rsplit_once(':')
+            .map(|(_, p)| p)
+            .ok_or_else(|| format!("no port in {}", self.url))?;
+        Ok(port.parse()?)
+    }
+}
+
+/// `scripts/brokers`, from the workspace root.
+pub(crate) fn brokers_script() -> PathBuf {
+    PathBuf::from("scripts/brokers")
+}
+
+/// The pid of the broker process (`scripts/brokers pid NAME [NODE]`).
+pub(crate) async fn broker_pid(name: BrokerName, node: Option<u32>) -> Result<u32, BoxError> {
+    let mut command = tokio::process::Command::new("bash");
+    command
+        .arg(brokers_script())
+        .arg("pid")
+        .arg(name.script_name());
+    if let Some(node) = node {
+        command.arg(node.to_string());
+    }
+    let out = command.output().await?;
+    if !out.status.success() {
+        return Err(format!(
+            "scripts/brokers pid {name}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+}
+
+/// Starts the broker again on its data and ports (`scripts/brokers restart NAME`), after a kill.
+pub(crate) async fn restart_broker(
+    name: BrokerName,
+    log: &std::path::Path,
+) -> Result<(), BoxError> {
+    let log = std::fs::File::create(log)?;
+    let status = tokio::process::Command::new("bash")
+        .arg(brokers_script())
+        .arg("restart")
+        .arg(name.script_name())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .status()
+        .await?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("scripts/brokers restart {name} failed ({status})").into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nothing;
+
+    #[async_trait::async_trait]
+    impl RawBroker for Nothing {
+        async fn dlq_payloads(&self, _: &str) -> Result<Vec<String>, BoxError> {
+            Ok(vec![])
+        }
+        async fn refuse_dlq_writes(&self, _: &str) -> Result<Vec<String>, BoxError> {
+            Ok(vec![])
+        }
+        async fn accept_dlq_writes(&self, _: &str) -> Result<Vec<String>, BoxError> {
+            Ok(vec![])
+        }
+    }
+
+    fn target(url: &str) -> Target {
+        Target {
+            name: BrokerName::Kafka,
+            url: url.into(),
+            options: vec![],
+            raw: Box::new(Nothing),
+            harness_options: vec![],
+        }
+    }
+
+    #[test]
+    fn the_port_comes_from_the_first_host() {
+        let port = |u: &str| target(u).port().ok();
+        assert_eq!(port("kafka://127.0.0.1:19092"), Some(19092));
+        assert_eq!(port("kafka://127.0.0.1:19092,127.0.0.1:29092"), Some(19092));
+        assert_eq!(port("amqp://guest:guest@127.0.0.1:5672/%2f"), Some(5672));
+        assert_eq!(port("http://127.0.0.1:9324"), Some(9324));
+        assert_eq!(port("pulsar://127.0.0.1"), None);
+    }
+}
