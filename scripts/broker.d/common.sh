@@ -153,6 +153,12 @@ apt_install() {
   fi
 }
 
+# install_build_packages — the Debian packages the workspace's crates need to build: protoc for the pulsar
+# client's protocol, OpenSSL, zlib, cmake and a C toolchain for librdkafka.
+install_build_packages() {
+  apt_install protobuf-compiler libssl-dev pkg-config zlib1g-dev cmake build-essential
+}
+
 # maven_classpath NAME POMDIR — resolves the Maven project in POMDIR into a classpath (cached by the pom's
 # hash under $CACHE/NAME) and prints it. The jars themselves stay in ~/.m2.
 maven_classpath() {
