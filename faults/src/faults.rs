@@ -45,16 +45,22 @@ impl Fault {
         }
     }
 
-    /// What the fault does, for the report.
-    pub(crate) fn title(self) -> &'static str {
+    /// What the fault does, for the report, with how long a stall, cut or DLQ outage lasted.
+    pub(crate) fn title(self, outage: Duration) -> String {
+        let secs = outage.as_secs();
         match self {
-            Fault::ConsumerKill => "consumer SIGKILL, new process",
-            Fault::BrokerKill => "broker SIGKILL, restart",
-            Fault::BrokerStall => "broker SIGSTOP 20 s",
-            Fault::NetworkCut => "network cut 20 s",
-            Fault::DlqOutage => "DLQ unwritable 20 s",
-            Fault::LeaderKill => "partition leader SIGKILL",
+            Fault::ConsumerKill => "consumer SIGKILL, new process".to_string(),
+            Fault::BrokerKill => "broker SIGKILL, restart".to_string(),
+            Fault::BrokerStall => format!("broker SIGSTOP {secs} s"),
+            Fault::NetworkCut => format!("network cut {secs} s"),
+            Fault::DlqOutage => format!("DLQ unwritable {secs} s"),
+            Fault::LeaderKill => "partition leader SIGKILL".to_string(),
         }
+    }
+
+    /// `F4 network cut 20 s`: the code and the title, as the report names a row's fault.
+    pub(crate) fn describe(self, outage: Duration) -> String {
+        format!("{} {}", self.code(), self.title(outage))
     }
 
     /// Whether the consumer must live through the fault in the same process (all but F1, where the
@@ -64,8 +70,23 @@ impl Fault {
     }
 }
 
-impl std::fmt::Display for Fault {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.code(), self.title())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_names_the_outage_it_ran_with() {
+        assert_eq!(
+            Fault::NetworkCut.describe(Duration::from_secs(75)),
+            "F4 network cut 75 s"
+        );
+        assert_eq!(
+            Fault::BrokerStall.describe(OUTAGE),
+            "F3 broker SIGSTOP 20 s"
+        );
+        assert_eq!(
+            Fault::BrokerKill.describe(OUTAGE),
+            "F2 broker SIGKILL, restart"
+        );
     }
 }

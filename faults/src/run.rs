@@ -65,12 +65,12 @@ pub(crate) async fn matrix(
                 .collect()
         };
         for broker in cells {
-            eprintln!("== {broker}: {fault}");
+            eprintln!("== {broker}: {}", fault.describe(settings.outage));
             let row = cell(broker, fault, settings, out)
                 .await
                 .unwrap_or_else(|e| Row {
                     broker: broker.to_string(),
-                    fault: fault.to_string(),
+                    fault: fault.describe(settings.outage),
                     error: Some(e.to_string()),
                     ..Row::default()
                 });
@@ -439,7 +439,7 @@ impl Run<'_> {
             .then_some(alive_at_end && self.started == 1 && probes_missing == 0);
         Ok(Row {
             broker: self.target.name.to_string(),
-            fault: self.fault.to_string(),
+            fault: self.fault.describe(self.outage),
             produced,
             handled,
             lost: lost_ids.len(),
