@@ -68,18 +68,28 @@ impl Link {
         })
     }
 
-    /// Settings for a consumer in `group` (offsets committed only by the adapter).
+    /// Settings for a consumer in `group` (offsets committed only by the adapter). The prefetch
+    /// defaults below give way to the user's own `rdkafka.*` settings.
     pub(crate) fn consumer_config(&self, group: &str) -> ClientConfig {
-        let mut c = client_config(&self.bootstrap, &self.config);
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.bootstrap)
+            .set("allow.auto.create.topics", "false")
+            .set("log_level", "3")
+            // librdkafka prefetches up to 64 MB per consumer by default; the adapter keeps its own
+            // backlog too, so a smaller prefetch bounds the memory of a consumer.
+            .set("queued.max.messages.kbytes", "16384")
+            // When that prefetch is full, librdkafka stops fetching for this long (1 s by default):
+            // a consumer that drains 16 MB faster than that would sit idle for the rest of the second.
+            .set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS);
+        for (k, v) in &self.config.client {
+            c.set(k, v);
+        }
         c.set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("partition.assignment.strategy", "cooperative-sticky")
-            .set("enable.partition.eof", "false")
-            // librdkafka prefetches up to 64 MB per consumer by default; the adapter keeps its own
-            // backlog too, so a smaller prefetch bounds the memory of a consumer.
-            .set("queued.max.messages.kbytes", "16384");
+            .set("enable.partition.eof", "false");
         c
     }
 
@@ -423,6 +433,9 @@ pub(crate) fn delivered(
 }
 
 /// Settings every client shares.
+/// How long librdkafka waits before fetching again once a consumer's prefetch queue is full.
+const FETCH_QUEUE_BACKOFF_MS: &str = "10";
+
 fn client_config(bootstrap: &str, config: &KafkaConfig) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap)
@@ -432,4 +445,36 @@ fn client_config(bootstrap: &str, config: &KafkaConfig) -> ClientConfig {
         c.set(k, v);
     }
     c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consumer_prefetch_defaults_give_way_to_user_settings_and_the_group_settings_do_not() {
+        let link = Link::new("127.0.0.1:1", KafkaConfig::default()).expect("clients");
+        let c = link.consumer_config("orders-group");
+        assert_eq!(
+            c.get("fetch.queue.backoff.ms"),
+            Some(FETCH_QUEUE_BACKOFF_MS)
+        );
+        assert_eq!(c.get("queued.max.messages.kbytes"), Some("16384"));
+
+        let config = KafkaConfig {
+            client: vec![
+                ("queued.max.messages.kbytes".into(), "1024".into()),
+                ("fetch.queue.backoff.ms".into(), "500".into()),
+                ("enable.auto.commit".into(), "true".into()),
+                ("group.id".into(), "theirs".into()),
+            ],
+            ..KafkaConfig::default()
+        };
+        let link = Link::new("127.0.0.1:1", config).expect("clients");
+        let c = link.consumer_config("orders-group");
+        assert_eq!(c.get("queued.max.messages.kbytes"), Some("1024"));
+        assert_eq!(c.get("fetch.queue.backoff.ms"), Some("500"));
+        assert_eq!(c.get("enable.auto.commit"), Some("false"));
+        assert_eq!(c.get("group.id"), Some("orders-group"));
+    }
 }
