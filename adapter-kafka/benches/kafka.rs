@@ -15,6 +15,7 @@
 //! cargo bench -p event-retry-kafka --bench kafka                 # both parts
 //! cargo bench -p event-retry-kafka --bench kafka -- throughput   # or lateness
 //! cargo bench -p event-retry-kafka --bench kafka -- sdk          # one SDK round alone, for profiling
+//! RETRY_BENCH_PAYLOAD=1024 cargo bench -p event-retry-kafka --bench kafka -- throughput  # 1 KB records
 //! ```
 
 use std::time::{Duration, Instant};
@@ -111,7 +112,10 @@ async fn throughput(url: &str, transport: &KafkaTransport) -> Result<(), Error> 
             raw,
             sdk,
             "raw rdkafka",
-            &format!("{MESSAGES} records in 2 partitions, SDK concurrency {CONCURRENCY}"),
+            &format!(
+                "{MESSAGES} records of {} B in 2 partitions, SDK concurrency {CONCURRENCY}",
+                bench::payload_bytes()?
+            ),
         );
     }
     rounds.report();

@@ -65,18 +65,46 @@ pub fn work(payload: &[u8]) -> u64 {
     payload.iter().map(|b| u64::from(*b)).sum()
 }
 
-/// Publishes `messages` events of ~230 bytes (ids `m0`, `m1`, …), `at_once` at a time.
+/// The payload size of the events a bench publishes, in bytes: `RETRY_BENCH_PAYLOAD` (for example
+/// `100`, `1024`, `16384`), 230 when unset.
+pub fn payload_bytes() -> Result<usize, Error> {
+    match std::env::var("RETRY_BENCH_PAYLOAD") {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n >= MIN_PAYLOAD => Ok(n),
+            _ => Err(format!(
+                "RETRY_BENCH_PAYLOAD={v}: expected a size in bytes of at least {MIN_PAYLOAD}"
+            )
+            .into()),
+        },
+        Err(_) => Ok(DEFAULT_PAYLOAD),
+    }
+}
+
+/// The payload size when `RETRY_BENCH_PAYLOAD` is unset.
+const DEFAULT_PAYLOAD: usize = 230;
+/// The smallest payload: room for the JSON frame around the padding.
+const MIN_PAYLOAD: usize = 32;
+
+/// A JSON payload of exactly `size` bytes for event `i` (`size` at least [`MIN_PAYLOAD`]).
+fn payload(i: usize, size: usize) -> String {
+    let head = format!("{{\"id\":{i},\"pad\":\"");
+    let pad = size.saturating_sub(head.len() + 2);
+    format!("{head}{}\"}}", "x".repeat(pad))
+}
+
+/// Publishes `messages` events of [`payload_bytes`] each (ids `m0`, `m1`, …), `at_once` at a time.
 pub async fn publish_all(
     broker: &Broker,
     topic: &str,
     messages: usize,
     at_once: usize,
 ) -> Result<(), Error> {
+    let size = payload_bytes()?;
     let producer = broker.producer();
     let producer = &producer;
     futures::stream::iter(0..messages)
         .map(|i| async move {
-            let body = format!("{{\"id\":{i},\"pad\":\"{}\"}}", "x".repeat(200));
+            let body = payload(i, size);
             producer
                 .publish(topic, Event::new(body).with_id(format!("m{i}")))
                 .await
@@ -225,4 +253,20 @@ pub async fn lateness(
         return Err(format!("{early} retries ran before their due time").into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payloads_have_exactly_the_size_asked_and_stay_json() {
+        for size in [MIN_PAYLOAD, 100, 230, 1024, 16384] {
+            for i in [0, 7, 123_456] {
+                let p = payload(i, size);
+                assert_eq!(p.len(), size, "event {i}, size {size}");
+                assert!(p.starts_with(&format!("{{\"id\":{i},")) && p.ends_with("\"}"));
+            }
+        }
+    }
 }
