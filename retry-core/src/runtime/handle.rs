@@ -4,7 +4,6 @@ use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::builder::ConsumerError;
@@ -19,7 +18,6 @@ pub struct ConsumerHandle {
     task: tokio::task::JoinHandle<Result<(), ConsumerError>>,
     shutdown: CancellationToken,
     counters: Arc<Counters>,
-    changes: watch::Receiver<u64>,
 }
 
 impl std::fmt::Debug for ConsumerHandle {
@@ -54,12 +52,10 @@ impl ConsumerHandle {
         shutdown: CancellationToken,
         counters: Arc<Counters>,
     ) -> Self {
-        let changes = counters.subscribe();
         Self {
             task,
             shutdown,
             counters,
-            changes,
         }
     }
 
@@ -79,17 +75,16 @@ impl ConsumerHandle {
     /// # }
     /// ```
     pub async fn wait_until(&self, mut done: impl FnMut(&Stats) -> bool) -> Stats {
-        let mut changes = self.changes.clone();
-        loop {
-            changes.borrow_and_update();
-            let stats = self.stats();
-            if done(&stats) || self.counters.is_stopped() {
-                return stats;
-            }
-            if changes.changed().await.is_err() {
-                return self.stats();
-            }
-        }
+        let mut last = None;
+        self.counters
+            .wait_for(|| {
+                let stats = self.stats();
+                let finished = done(&stats) || self.counters.is_stopped();
+                last = Some(stats);
+                finished
+            })
+            .await;
+        last.unwrap_or_else(|| self.stats())
     }
 
     /// Whether the consumer has stopped.
