@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, TryAcquireError, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -158,22 +158,36 @@ impl ReceiveLoop {
                 self.hold_consumption().await;
                 continue;
             }
-            // `biased`: once shutdown is asked for, no new delivery is taken.
-            let permit = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => break,
-                _ = self.pause.changed() => continue,
-                permit = self.slots.clone().acquire_owned() => match permit {
-                    Ok(p) => p,
-                    Err(_) => break,
+            // Shutdown and pause were checked just above. While work flows, a free slot and a delivery
+            // that is already there are taken without waiting on anything else (registering for
+            // shutdown and pause changes twice per event cost more than the rest of the loop); only
+            // when one of them must be waited for does the loop wait on shutdown and pause too.
+            let permit = match self.slots.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(TryAcquireError::Closed) => break,
+                // `biased`: once shutdown is asked for, no new delivery is taken.
+                Err(TryAcquireError::NoPermits) => tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => break,
+                    _ = self.pause.changed() => continue,
+                    permit = self.slots.clone().acquire_owned() => match permit {
+                        Ok(p) => p,
+                        Err(_) => break,
+                    },
                 },
             };
+            // The delivery first: when one is there, shutdown and pause are not polled (nor
+            // registered with). A delivery that arrives together with shutdown goes back unhandled.
             let next = tokio::select! {
                 biased;
+                next = self.subscription.next() => next,
                 () = shutdown.cancelled() => break,
                 _ = self.pause.changed() => continue,
-                next = self.subscription.next() => next,
             };
+            if shutdown.is_cancelled() {
+                drop(next); // a delivery dropped unsettled is released to the broker
+                break;
+            }
             match next {
                 Ok(Some(delivery)) => {
                     receive_backoff = Duration::from_millis(100);
