@@ -16,7 +16,7 @@
 //! subscription and receipt, a DLQ session, an [`Admin`], and a [`Scheme`] for `memory://` URLs.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -77,10 +77,64 @@ impl Topic {
 
 #[derive(Default)]
 struct Queue {
-    due: BinaryHeap<Reverse<(Instant, u64)>>,
-    messages: HashMap<u64, Stored>,
+    waiting: Waiting,
     /// Messages handed out and not settled yet.
     in_flight: usize,
+}
+
+/// A group's waiting messages, handed out by due time, then by arrival. Most are due when they arrive
+/// (a publish, a replay, a retry without delay): those wait in arrival order, and taking one costs no
+/// heap operation. The others (delayed retries) wait on a heap of timers.
+#[derive(Default)]
+struct Waiting {
+    /// Messages that were due when they arrived: `(due, seq, message)` in arrival order.
+    ready: VecDeque<(Instant, u64, Stored)>,
+    /// When each later message is due, with its sequence number.
+    timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// The later messages by sequence number.
+    later: HashMap<u64, Stored>,
+}
+
+impl Waiting {
+    /// Adds a message due at `due`, arriving at `now` as the `seq`-th.
+    fn push(&mut self, due: Instant, seq: u64, stored: Stored, now: Instant) {
+        if due <= now {
+            // In order by (due, seq): at the back, unless its due time is before the last one's (a
+            // due time taken a moment before another caller's message arrived).
+            let at = self
+                .ready
+                .partition_point(|(d, s, _)| (*d, *s) <= (due, seq));
+            self.ready.insert(at, (due, seq, stored));
+        } else {
+            self.timers.push(Reverse((due, seq)));
+            self.later.insert(seq, stored);
+        }
+    }
+
+    /// How many messages wait, due or not.
+    fn len(&self) -> usize {
+        self.ready.len() + self.later.len()
+    }
+
+    /// Takes the message due first if it is due at `now`; otherwise tells when the next one will be
+    /// (`None`: nothing waits).
+    fn pop_due(&mut self, now: Instant) -> Result<Stored, Option<Instant>> {
+        let head = self.ready.front().map(|(due, seq, _)| (*due, *seq));
+        let timer = self.timers.peek().map(|Reverse(t)| *t);
+        match (head, timer) {
+            // A ready message was due when it arrived, so it is due now; a timer before it is too.
+            (Some(h), Some(t)) if t < h => self.pop_timer(t.1),
+            (Some(_), _) => self.ready.pop_front().map(|(_, _, m)| m).ok_or(None),
+            (None, Some((due, seq))) if due <= now => self.pop_timer(seq),
+            (None, Some((due, _))) => Err(Some(due)),
+            (None, None) => Err(None),
+        }
+    }
+
+    fn pop_timer(&mut self, seq: u64) -> Result<Stored, Option<Instant>> {
+        self.timers.pop();
+        self.later.remove(&seq).ok_or(None)
+    }
 }
 
 #[derive(Clone)]
@@ -123,17 +177,15 @@ impl Broker {
         });
         let mut seq = first_seq;
         let stored = Stored { raw, offset };
+        let now = Instant::now();
         match group {
             Some(group) => {
-                let queue = t.group(group);
-                queue.due.push(Reverse((due, seq)));
-                queue.messages.insert(seq, stored);
+                t.group(group).waiting.push(due, seq, stored, now);
                 seq += 1;
             }
             None => {
                 for queue in t.groups.values_mut() {
-                    queue.due.push(Reverse((due, seq)));
-                    queue.messages.insert(seq, stored.clone());
+                    queue.waiting.push(due, seq, stored.clone(), now);
                     seq += 1;
                 }
             }
@@ -164,12 +216,12 @@ impl MemoryTransport {
     /// Messages the broker still holds for `group` of `topic`: waiting (due or not) and handed out
     /// unsettled — what the group would get again after a crash.
     pub fn held(&self, topic: &str, group: &str) -> usize {
-        self.queue_count(topic, group, |q| q.messages.len() + q.in_flight)
+        self.queue_count(topic, group, |q| q.waiting.len() + q.in_flight)
     }
 
     /// Messages waiting for `group` of `topic` (due or not), not counting those handed out and unsettled.
     pub fn pending(&self, topic: &str, group: &str) -> usize {
-        self.queue_count(topic, group, |q| q.messages.len())
+        self.queue_count(topic, group, |q| q.waiting.len())
     }
 
     fn queue_count(&self, topic: &str, group: &str, count: impl Fn(&Queue) -> usize) -> usize {
@@ -317,33 +369,24 @@ impl MemorySubscription {
         else {
             return Err(None);
         };
-        let now = Instant::now();
-        while let Some(Reverse((due, seq))) = queue.due.peek().copied() {
-            if due > now {
-                return Err(Some(due));
-            }
-            queue.due.pop();
-            if let Some(stored) = queue.messages.remove(&seq) {
-                queue.in_flight += 1;
-                return Ok(Delivery {
-                    message: stored.raw.clone(),
-                    info: DeliveryInfo::new(
-                        format!("{}/{}", self.topic, stored.offset),
-                        Origin {
-                            offset: Some(stored.offset),
-                            ..Origin::new(self.topic.clone())
-                        },
-                    ),
-                    receipt: Box::new(MemoryReceipt {
-                        broker: self.broker.clone(),
-                        topic: self.topic.clone(),
-                        group: self.group.clone(),
-                        original: Unsettled::new(stored),
-                    }),
-                });
-            }
-        }
-        Err(None)
+        let stored = queue.waiting.pop_due(Instant::now())?;
+        queue.in_flight += 1;
+        Ok(Delivery {
+            message: stored.raw.clone(),
+            info: DeliveryInfo::new(
+                format!("{}/{}", self.topic, stored.offset),
+                Origin {
+                    offset: Some(stored.offset),
+                    ..Origin::new(self.topic.clone())
+                },
+            ),
+            receipt: Box::new(MemoryReceipt {
+                broker: self.broker.clone(),
+                topic: self.topic.clone(),
+                group: self.group.clone(),
+                original: Unsettled::new(stored),
+            }),
+        })
     }
 }
 
@@ -513,6 +556,38 @@ mod tests {
 
     fn spec(topic: &str) -> SubscriptionSpec {
         SubscriptionSpec::new(topic, "g", "c")
+    }
+
+    fn stored(offset: i64) -> Stored {
+        Stored {
+            raw: Event::new(offset.to_string()).to_raw(),
+            offset,
+        }
+    }
+
+    fn offsets_due(w: &mut Waiting, now: Instant) -> Vec<i64> {
+        std::iter::from_fn(|| w.pop_due(now).ok().map(|m| m.offset)).collect()
+    }
+
+    #[test]
+    fn waiting_messages_come_by_due_time_then_arrival_and_never_early() {
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        let mut w = Waiting::default();
+        // Arrivals at t0 + 10 ms: two due at once, one due later, one whose due time already passed.
+        w.push(ms(10), 1, stored(1), ms(10));
+        w.push(ms(50), 2, stored(2), ms(10));
+        w.push(ms(10), 3, stored(3), ms(10));
+        w.push(ms(5), 4, stored(4), ms(10));
+        assert_eq!(w.len(), 4);
+        // At t0 + 10 ms: the ready ones, the earliest due first (4 was due at 5 ms), never message 2.
+        assert_eq!(offsets_due(&mut w, ms(10)), vec![4, 1, 3]);
+        assert_eq!(w.pop_due(ms(49)).err(), Some(Some(ms(50))));
+        // A timer due before a message that arrives later goes first.
+        w.push(ms(60), 5, stored(5), ms(60));
+        assert_eq!(offsets_due(&mut w, ms(60)), vec![2, 5]);
+        assert_eq!(w.pop_due(ms(60)).err(), Some(None));
+        assert_eq!(w.len(), 0);
     }
 
     #[tokio::test]
