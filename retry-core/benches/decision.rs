@@ -5,7 +5,8 @@
 //! value), which is what an adapter does with [`metadata::encode_into`]; the broker client's own header
 //! copies are the adapter's cost, not the core's.
 //!
-//! `cargo bench -p retry-core --bench decision`
+//! `cargo bench -p retry-core --bench decision` (the `bench` profile: thin LTO, one codegen unit), and
+//! `cargo bench -p retry-core --bench decision --profile release` for a plain release build.
 
 use std::hint::black_box;
 
@@ -140,6 +141,39 @@ fn decision_path(c: &mut Criterion) {
             black_box((next, wire_out.0.len()))
         })
     });
+    // The same path as the adapters take it: the retry copy is built with `Event::to_raw` (a header
+    // list of owned values, which the adapter then hands to its client), not written into a buffer.
+    c.bench_function(
+        "decode+classify+decide+transition+to_raw (the adapters' path)",
+        |b| {
+            b.iter(|| {
+                let (mut meta, foreign) =
+                    metadata::decode(black_box(&wire)).unwrap_or_else(|e| panic!("{e}"));
+                let kind = classifier.classify(black_box(&error));
+                let attempt = Attempt {
+                    meta: &meta,
+                    in_place_retries: 0,
+                    holds: 0,
+                    now,
+                };
+                let outcome = decide(Err(kind), &attempt, &policies, &mut rng);
+                let state = State::InFlight { held: false };
+                let next = match outcome {
+                    Outcome::RetryAfter(d) => {
+                        meta.retries += 1;
+                        meta.due_at = Some(now.plus(d));
+                        state.on(Input::Retry {
+                            available_at: now.plus(d),
+                        })
+                    }
+                    _ => state.on(Input::Die),
+                };
+                let event =
+                    retry_core::adapter::event_from_parts(Bytes::new(), None, foreign, meta);
+                black_box((next, event.to_raw()))
+            })
+        },
+    );
 }
 
 criterion_group!(benches, decision_path);
