@@ -327,9 +327,13 @@ pub(crate) fn child_relay() -> Option<ExitCode> {
     runtime.block_on(async move {
         let broker = event_retry::connect(&broker_url).await.ok()?;
         let outbox = Outbox::connect(&db).await.ok()?;
+        // One publish at a time: a batch of 100 then takes a broker round trip per row, so the
+        // parent sees the relay mid-batch however fast the broker is (with 100 in flight, SQLite to
+        // Kafka published all 3,000 rows between two of its looks).
         let _relay = outbox
             .relay(broker.producer())
             .batch_size(100)
+            .in_flight(1)
             .lease(Duration::from_secs(4))
             .publish_timeout(Duration::from_secs(2))
             .name("child")
