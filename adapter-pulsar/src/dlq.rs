@@ -28,7 +28,7 @@ use crate::link::{Link, error};
 
 /// How long a session waits for the first entry, and then for each next one, before it has them all.
 const FIRST_WAIT: Duration = Duration::from_millis(1_500);
-const NEXT_WAIT: Duration = Duration::from_millis(300);
+const NEXT_WAIT: Duration = Duration::from_millis(1_000);
 
 /// One lock per DLQ: the operations of one transport on a DLQ run one at a time.
 #[derive(Default)]
