@@ -112,30 +112,35 @@ fn decision_path(c: &mut Criterion) {
     c.bench_function("part/encode_to_headers", |b| {
         b.iter(|| metadata::encode(black_box(&meta), &foreign))
     });
+    // Everything up to the retry copy's metadata: decode, classify, decide, step the lifecycle.
+    let decide_retry_copy = |rng: &mut StdRng| {
+        let (mut meta, foreign) =
+            metadata::decode(black_box(&wire)).unwrap_or_else(|e| panic!("{e}"));
+        let kind = classifier.classify(black_box(&error));
+        let attempt = Attempt {
+            meta: &meta,
+            in_place_retries: 0,
+            holds: 0,
+            now,
+        };
+        let outcome = decide(Err(kind), &attempt, &policies, rng);
+        let state = State::InFlight { held: false };
+        let next = match outcome {
+            Outcome::RetryAfter(d) => {
+                meta.retries += 1;
+                meta.due_at = Some(now.plus(d));
+                state.on(Input::Retry {
+                    available_at: now.plus(d),
+                })
+            }
+            _ => state.on(Input::Die),
+        };
+        let event = retry_core::adapter::event_from_parts(Bytes::new(), None, foreign, meta);
+        (next, event)
+    };
     c.bench_function("decode+classify+decide+transition+encode", |b| {
         b.iter(|| {
-            let (mut meta, foreign) =
-                metadata::decode(black_box(&wire)).unwrap_or_else(|e| panic!("{e}"));
-            let kind = classifier.classify(black_box(&error));
-            let attempt = Attempt {
-                meta: &meta,
-                in_place_retries: 0,
-                holds: 0,
-                now,
-            };
-            let outcome = decide(Err(kind), &attempt, &policies, &mut rng);
-            let state = State::InFlight { held: false };
-            let next = match outcome {
-                Outcome::RetryAfter(d) => {
-                    meta.retries += 1;
-                    meta.due_at = Some(now.plus(d));
-                    state.on(Input::Retry {
-                        available_at: now.plus(d),
-                    })
-                }
-                _ => state.on(Input::Die),
-            };
-            let event = retry_core::adapter::event_from_parts(Bytes::new(), None, foreign, meta);
+            let (next, event) = decide_retry_copy(&mut rng);
             wire_out.0.clear();
             metadata::encode_into(event.metadata(), &mut wire_out);
             black_box((next, wire_out.0.len()))
@@ -147,29 +152,7 @@ fn decision_path(c: &mut Criterion) {
         "decode+classify+decide+transition+to_raw (the adapters' path)",
         |b| {
             b.iter(|| {
-                let (mut meta, foreign) =
-                    metadata::decode(black_box(&wire)).unwrap_or_else(|e| panic!("{e}"));
-                let kind = classifier.classify(black_box(&error));
-                let attempt = Attempt {
-                    meta: &meta,
-                    in_place_retries: 0,
-                    holds: 0,
-                    now,
-                };
-                let outcome = decide(Err(kind), &attempt, &policies, &mut rng);
-                let state = State::InFlight { held: false };
-                let next = match outcome {
-                    Outcome::RetryAfter(d) => {
-                        meta.retries += 1;
-                        meta.due_at = Some(now.plus(d));
-                        state.on(Input::Retry {
-                            available_at: now.plus(d),
-                        })
-                    }
-                    _ => state.on(Input::Die),
-                };
-                let event =
-                    retry_core::adapter::event_from_parts(Bytes::new(), None, foreign, meta);
+                let (next, event) = decide_retry_copy(&mut rng);
                 black_box((next, event.to_raw()))
             })
         },
