@@ -71,19 +71,18 @@ impl Link {
     /// Settings for a consumer in `group` (offsets committed only by the adapter). The prefetch
     /// defaults below give way to the user's own `rdkafka.*` settings.
     pub(crate) fn consumer_config(&self, group: &str) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", &self.bootstrap)
-            .set("allow.auto.create.topics", "false")
-            .set("log_level", "3")
-            // librdkafka prefetches up to 64 MB per consumer by default; the adapter keeps its own
-            // backlog too, so a smaller prefetch bounds the memory of a consumer.
-            .set("queued.max.messages.kbytes", "16384")
-            // When that prefetch is full, librdkafka stops fetching for this long (1 s by default):
-            // a consumer that drains 16 MB faster than that would sit idle for the rest of the second.
-            .set("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS);
-        for (k, v) in &self.config.client {
-            c.set(k, v);
-        }
+        let mut c = client_config_with(
+            &self.bootstrap,
+            &self.config,
+            &[
+                // librdkafka prefetches up to 64 MB per consumer by default; the adapter keeps its
+                // own backlog too, so a smaller prefetch bounds the memory of a consumer.
+                ("queued.max.messages.kbytes", "16384"),
+                // When that prefetch is full, librdkafka stops fetching for this long (1 s by
+                // default): a consumer that drains 16 MB faster would sit idle for the rest of it.
+                ("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS),
+            ],
+        );
         c.set("group.id", group)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
@@ -432,15 +431,28 @@ pub(crate) fn delivered(
     }
 }
 
-/// Settings every client shares.
 /// How long librdkafka waits before fetching again once a consumer's prefetch queue is full.
 const FETCH_QUEUE_BACKOFF_MS: &str = "10";
 
+/// Settings every client shares, and the user's own `rdkafka.*` settings.
 fn client_config(bootstrap: &str, config: &KafkaConfig) -> ClientConfig {
+    client_config_with(bootstrap, config, &[])
+}
+
+/// The settings every client shares, then `defaults`, then the user's own `rdkafka.*` settings, which
+/// override both.
+fn client_config_with(
+    bootstrap: &str,
+    config: &KafkaConfig,
+    defaults: &[(&str, &str)],
+) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", bootstrap)
         .set("allow.auto.create.topics", "false")
         .set("log_level", "3");
+    for (k, v) in defaults {
+        c.set(*k, *v);
+    }
     for (k, v) in &config.client {
         c.set(k, v);
     }
