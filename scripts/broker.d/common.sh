@@ -26,12 +26,22 @@ recorded_port() { if keep_data && [ -s "$1" ]; then cat "$1"; fi; }
 # port_in_use PORT — true if something listens on 127.0.0.1:PORT.
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# PORT_RELEASE_WAIT — how long a restart waits for the port the broker had. A broker killed with SIGKILL
+# holds its sockets until its last thread has exited (a JVM's main thread shows as a zombie well before
+# that), and a restart that moved to another port would strand every client that knows the old one.
+PORT_RELEASE_WAIT=${RETRY_BROKERS_PORT_RELEASE_WAIT:-60}
+
 # pick_port NAME PREFERRED [ALTERNATIVES...] — prints the first free port; fails clearly when all are taken
-# by something else. Use it as a plain assignment (`port=$(pick_port ...)`, not `local port=$(...)`) so
-# that the failure stops the caller under `set -e`.
+# by something else. During a restart the first candidate (the recorded port) is waited for, not skipped.
+# Use it as a plain assignment (`port=$(pick_port ...)`, not `local port=$(...)`) so that the failure
+# stops the caller under `set -e`.
 pick_port() {
   local name=$1; shift
-  local p
+  local p start=$SECONDS
+  if keep_data && port_in_use "$1"; then
+    log "$name: waiting up to ${PORT_RELEASE_WAIT} s for port $1 (the one it had) to be released"
+    while port_in_use "$1" && (( SECONDS - start < PORT_RELEASE_WAIT )); do sleep 1; done
+  fi
   for p in "$@"; do
     if ! port_in_use "$p"; then printf '%s' "$p"; return 0; fi
     log "$name: port $p is taken by another process; trying the next one"

@@ -52,9 +52,10 @@ rabbitmq_start() {
   d=$(dir rabbitmq)
   rabbitmq_server_pid >/dev/null && rabbitmq_stop   # a half-started node of ours holds the node name
   n=$(rabbitmq_node_dir)
-  port=$(pick_port rabbitmq 5672 5673 35672)
-  dist=$(pick_port rabbitmq-dist 25673 45673 55673)
+  port=$(pick_port rabbitmq $(recorded_port "$d/port") 5672 5673 35672)
+  dist=$(pick_port rabbitmq-dist $(recorded_port "$d/dist-port") 25673 45673 55673)
   printf '%s' "$port" > "$d/port"
+  printf '%s' "$dist" > "$d/dist-port"
   # A stale node from an earlier run must not be reused: fresh data and logs every start (but a restart).
   keep_data || rm -rf "$n/mnesia"
   rm -rf "$n/rabbitmq.log" "$n/pid" "$d/server.pid"

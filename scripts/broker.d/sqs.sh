@@ -30,7 +30,7 @@ sqs_start() {
   cmdline_has "$d/pid" org.elasticmq.server.Main && sqs_stop
   cp=$(maven_classpath sqs "$SQS_POM_DIR")
   java=$(java_bin)
-  port=$(pick_port sqs 9324 19324 29324)
+  port=$(pick_port sqs $(recorded_port "$d/port") 9324 19324 29324)
   sed "s/@PORT@/$port/g" "$SQS_POM_DIR/elasticmq.conf.in" > "$d/elasticmq.conf"
   printf '%s\n' "$port" > "$d/port"
   log "sqs: starting ElasticMQ on 127.0.0.1:$port"
