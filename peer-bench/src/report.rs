@@ -1,0 +1,71 @@
+//! Summaries of rounds: min / median / max of a figure across rounds, lateness percentiles, and the
+//! ratio lines every bench prints last.
+
+/// Min, median and max of `values` (`None` when empty).
+pub fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    Some((*v.first()?, v[v.len() / 2], *v.last()?))
+}
+
+/// Lateness percentiles of one run, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lateness {
+    /// Retries measured.
+    pub count: usize,
+    /// Median.
+    pub p50: i64,
+    /// 99th percentile.
+    pub p99: i64,
+    /// Largest.
+    pub max: i64,
+    /// Retries that started before their due time.
+    pub early: usize,
+}
+
+impl Lateness {
+    /// Percentiles of `late_ms` (nearest rank); `None` when no retry was measured.
+    pub fn of(late_ms: &[i64]) -> Option<Lateness> {
+        if late_ms.is_empty() {
+            return None;
+        }
+        let mut v = late_ms.to_vec();
+        v.sort_unstable();
+        let rank = |p: usize| v[((v.len() * p).div_ceil(100)).clamp(1, v.len()) - 1];
+        Some(Lateness {
+            count: v.len(),
+            p50: rank(50),
+            p99: rank(99),
+            max: v[v.len() - 1],
+            early: v.iter().filter(|&&l| l < 0).count(),
+        })
+    }
+
+    /// `p50 / p99 / max` for a table cell.
+    pub fn cell(&self) -> String {
+        format!(
+            "{} / {} / {} ms ({} retries, {} early)",
+            self.p50, self.p99, self.max, self.count, self.early
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_and_percentiles_use_the_values_given() {
+        assert_eq!(spread(&[3.0, 1.0, 2.0]), Some((1.0, 2.0, 3.0)));
+        assert_eq!(spread(&[]), None);
+        let late: Vec<i64> = (1..=100).collect();
+        let l = Lateness::of(&late).expect("some");
+        assert_eq!(
+            (l.count, l.p50, l.p99, l.max, l.early),
+            (100, 50, 99, 100, 0)
+        );
+        let l = Lateness::of(&[-5, 10]).expect("some");
+        assert_eq!((l.p50, l.p99, l.max, l.early), (-5, 10, 10, 1));
+        assert_eq!(Lateness::of(&[]), None);
+    }
+}
