@@ -9,11 +9,14 @@
 //! 2. retry lateness: events fail once and retry after delays spread over 1–60 s through the delay ladder
 //!    (100 ms steps); lateness is the retry's start minus its due time (wall clock); an early retry fails
 //!    the bench.
+//! 3. backlog: healthy-event latency and the consumer process's resident set, idle and while 1,000 and
+//!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
+//! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`).
 //!
 //! ```text
 //! scripts/brokers start kafka && source target/brokers/env.sh
-//! cargo bench -p event-retry-kafka --bench kafka                 # both parts
-//! cargo bench -p event-retry-kafka --bench kafka -- throughput   # or lateness
+//! cargo bench -p event-retry-kafka --bench kafka                 # every part
+//! cargo bench -p event-retry-kafka --bench kafka -- throughput   # or lateness, backlog, scale
 //! cargo bench -p event-retry-kafka --bench kafka -- sdk          # one SDK round alone, for profiling
 //! RETRY_BENCH_PAYLOAD=1024 cargo bench -p event-retry-kafka --bench kafka -- throughput  # 1 KB records
 //! ```
@@ -29,7 +32,8 @@ use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
 use retry_core::runtime::{Context, handler_fn};
-use test_support::bench::{self, Error, Throughput, work};
+use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
+use test_support::{backlog, scale};
 
 const MESSAGES: usize = 50_000;
 const CONCURRENCY: usize = 64;
@@ -48,9 +52,9 @@ async fn prefill(transport: &KafkaTransport, topic: &str) -> Result<(), Error> {
     bench::publish_all(&Broker::new(transport.clone()), topic, MESSAGES, 1024).await
 }
 
-async fn raw_run(url: &str, transport: &KafkaTransport, topic: &str) -> Result<f64, Error> {
+async fn raw_run(url: &str, transport: &KafkaTransport, topic: &str) -> Result<Rate, Error> {
     prefill(transport, topic).await?;
-    let started = Instant::now();
+    let clock = Clock::start();
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap_of(url)?)
         .set("group.id", format!("{topic}-raw"))
@@ -62,14 +66,15 @@ async fn raw_run(url: &str, transport: &KafkaTransport, topic: &str) -> Result<f
     let mut sink = 0;
     for _ in 0..MESSAGES {
         let message = consumer.recv().await?;
+        clock.message();
         sink += work(message.payload().unwrap_or_default());
         consumer.store_offset_from_message(&message)?;
     }
     std::hint::black_box(sink);
-    Ok(MESSAGES as f64 / started.elapsed().as_secs_f64())
+    Ok(clock.rate(MESSAGES))
 }
 
-async fn sdk_run(transport: &KafkaTransport, topic: &str) -> Result<f64, Error> {
+async fn sdk_run(transport: &KafkaTransport, topic: &str) -> Result<Rate, Error> {
     prefill(transport, topic).await?;
     bench::sdk_round(
         &Broker::new(transport.clone()),
@@ -132,13 +137,41 @@ async fn run(url: &str) -> Result<(), Error> {
         ..KafkaConfig::default()
     };
     let transport = KafkaTransport::connect_with(url, config).await?;
+    if bench::asked(backlog::CONSUMER_PART) {
+        // This process is the backlog part's consumer, started by the part below.
+        return backlog::consumer(&Broker::new(transport)).await;
+    }
+    if bench::asked(scale::CONSUMER_PART) {
+        // This process is one of the scale-out part's consumers.
+        return scale::consumer(&Broker::new(transport)).await;
+    }
+    if bench::wants("backlog") {
+        let describe = transport.config().to_string();
+        backlog::run(&Broker::new(transport.clone()), "kafka", &describe).await?;
+    }
+    if bench::wants("scale") {
+        // Four partitions, so up to four processes of one group each have work.
+        let scale_transport = KafkaTransport::connect_with(
+            url,
+            KafkaConfig {
+                partitions: 4,
+                ..KafkaConfig::default()
+            },
+        )
+        .await?;
+        let declare = |topic: String| {
+            let t = scale_transport.clone();
+            async move { t.declare(&topic, None).await.map_err(Error::from) }
+        };
+        scale::run(&Broker::new(transport.clone()), "kafka", declare).await?;
+    }
     if bench::wants("throughput") {
         throughput(url, &transport).await?;
     }
     if bench::asked("sdk") {
         // The SDK's rounds alone (for profiling); not part of a default run.
         let topic = format!("bench-sdk-{}", uuid::Uuid::new_v4().simple());
-        println!("SDK alone: {:.0} msg/s", sdk_run(&transport, &topic).await?);
+        println!("SDK alone: {:?} msg/s", sdk_run(&transport, &topic).await?);
     }
     if bench::wants("lateness") {
         let topic = format!("bench-lateness-{}", uuid::Uuid::new_v4().simple());

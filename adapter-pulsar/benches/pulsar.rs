@@ -6,23 +6,28 @@
 //!    rate swings between rounds); the ratio compares the best run of each;
 //! 2. retry lateness: events fail once and retry after delays spread over 1–60 s through the retry topic;
 //!    lateness is the retry's start minus its due time (wall clock); an early retry fails the bench.
+//! 3. backlog: healthy-event latency and the consumer process's resident set, idle and while 1,000 and
+//!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
+//! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`).
 //!
 //! ```text
 //! scripts/brokers start pulsar && source target/brokers/env.sh
-//! cargo bench -p event-retry-pulsar --bench pulsar                 # both parts
-//! cargo bench -p event-retry-pulsar --bench pulsar -- throughput   # or lateness
+//! cargo bench -p event-retry-pulsar --bench pulsar                 # every part
+//! cargo bench -p event-retry-pulsar --bench pulsar -- throughput   # or lateness, backlog, scale
 //! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use event_retry_pulsar::{PulsarConfig, PulsarTransport};
 use futures::StreamExt;
 use pulsar::consumer::InitialPosition;
 use pulsar::{Consumer, ConsumerOptions, Pulsar, SubType, TokioExecutor};
+use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
-use test_support::bench::{self, Error, Throughput, work};
+use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
+use test_support::{backlog, scale};
 
 const MESSAGES: usize = 20_000;
 const PREFETCH: usize = 64;
@@ -56,9 +61,9 @@ async fn raw_run(
     client: &Pulsar<TokioExecutor>,
     transport: &PulsarTransport,
     topic: &str,
-) -> Result<f64, Error> {
+) -> Result<Rate, Error> {
     prefill(transport, client, topic, "bench").await?;
-    let started = Instant::now();
+    let clock = Clock::start();
     let consumer: Consumer<Vec<u8>, TokioExecutor> = client
         .consumer()
         .with_topic(transport.config().full_name(topic))
@@ -88,6 +93,7 @@ async fn raw_run(
             }
             next = consumer.next(), if in_hand < PREFETCH && taken < MESSAGES => {
                 let message = next.ok_or("consumer ended")??;
+                clock.message();
                 taken += 1;
                 in_hand += 1;
                 let (sink, done_tx) = (sink.clone(), done_tx.clone());
@@ -98,14 +104,14 @@ async fn raw_run(
             }
         }
     }
-    Ok(MESSAGES as f64 / started.elapsed().as_secs_f64())
+    Ok(clock.rate(MESSAGES))
 }
 
 async fn sdk_run(
     client: &Pulsar<TokioExecutor>,
     transport: &PulsarTransport,
     topic: &str,
-) -> Result<f64, Error> {
+) -> Result<Rate, Error> {
     prefill(transport, client, topic, &format!("{topic}-consumers")).await?;
     bench::sdk_round(&Broker::new(transport.clone()), topic, MESSAGES, PREFETCH).await
 }
@@ -135,6 +141,25 @@ async fn run(url: &str) -> Result<(), Error> {
         ..PulsarConfig::default()
     };
     let transport = PulsarTransport::connect_with(url, config).await?;
+    if bench::asked(backlog::CONSUMER_PART) {
+        // This process is the backlog part's consumer, started by the part below.
+        return backlog::consumer(&Broker::new(transport)).await;
+    }
+    if bench::asked(scale::CONSUMER_PART) {
+        // This process is one of the scale-out part's consumers.
+        return scale::consumer(&Broker::new(transport)).await;
+    }
+    if bench::wants("backlog") {
+        let describe = format!("delayed delivery, tick {:?}", transport.config().tick);
+        backlog::run(&Broker::new(transport.clone()), "pulsar", &describe).await?;
+    }
+    if bench::wants("scale") {
+        let declare = |topic: String| {
+            let t = transport.clone();
+            async move { t.declare(&topic, None).await.map_err(Error::from) }
+        };
+        scale::run(&Broker::new(transport.clone()), "pulsar", declare).await?;
+    }
     if bench::wants("throughput") {
         throughput(url, &transport).await?;
     }

@@ -5,16 +5,19 @@
 //!    twice each, alternating; the ratio compares the better run of each;
 //! 2. retry lateness: a few hundred events fail once and retry after delays spread over 1–60 s; lateness
 //!    is the retry's start minus its due time (wall clock), and an early retry is counted as a failure.
+//! 3. backlog: healthy-event latency and the consumer process's resident set, idle and while 1,000 and
+//!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
+//! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`).
 //!
 //! ```text
 //! scripts/brokers start rabbitmq && source target/brokers/env.sh
-//! cargo bench -p event-retry-rabbitmq --bench rabbitmq                 # both parts
-//! cargo bench -p event-retry-rabbitmq --bench rabbitmq -- throughput   # or lateness
+//! cargo bench -p event-retry-rabbitmq --bench rabbitmq                 # every part
+//! cargo bench -p event-retry-rabbitmq --bench rabbitmq -- throughput   # or lateness, backlog, scale
 //! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use event_retry_rabbitmq::RabbitTransport;
 use futures::{StreamExt, TryStreamExt};
@@ -23,7 +26,8 @@ use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
 use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
-use test_support::bench::{self, Error, Throughput, work};
+use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
+use test_support::{backlog, scale};
 
 const MESSAGES: usize = 20_000;
 const PREFETCH: usize = 64;
@@ -40,7 +44,7 @@ async fn prefill(transport: &RabbitTransport, topic: &str) -> Result<(), Error> 
     bench::publish_all(&Broker::new(transport.clone()), topic, MESSAGES, 256).await
 }
 
-async fn raw_run(url: &str, transport: &RabbitTransport, topic: &str) -> Result<f64, Error> {
+async fn raw_run(url: &str, transport: &RabbitTransport, topic: &str) -> Result<Rate, Error> {
     prefill(transport, topic).await?;
     // The queue the SDK's consumer would read: the topic's default group's.
     let queue = transport.names(topic, None).await?.topic;
@@ -48,7 +52,7 @@ async fn raw_run(url: &str, transport: &RabbitTransport, topic: &str) -> Result<
     let ch = conn.create_channel().await?;
     ch.basic_qos(PREFETCH as u16, BasicQosOptions::default())
         .await?;
-    let started = Instant::now();
+    let clock = Arc::new(Clock::start());
     let consumer = ch
         .basic_consume(
             queue.as_str().into(),
@@ -63,22 +67,23 @@ async fn raw_run(url: &str, transport: &RabbitTransport, topic: &str) -> Result<
         .take(MESSAGES)
         .map_err(Error::from)
         .try_for_each_concurrent(PREFETCH, |d| {
-            let sink = sink.clone();
+            let (sink, clock) = (sink.clone(), clock.clone());
             async move {
+                clock.message();
                 sink.fetch_add(work(&d.data), Ordering::Relaxed);
                 d.ack(BasicAckOptions::default()).await?;
                 Ok(())
             }
         })
         .await?;
-    let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
+    let rate = clock.rate(MESSAGES);
     std::hint::black_box(sink);
     conn.close(200, "done".into()).await?;
     transport.delete(topic).await?;
     Ok(rate)
 }
 
-async fn sdk_run(transport: &RabbitTransport, topic: &str) -> Result<f64, Error> {
+async fn sdk_run(transport: &RabbitTransport, topic: &str) -> Result<Rate, Error> {
     prefill(transport, topic).await?;
     let rate = bench::sdk_round(&Broker::new(transport.clone()), topic, MESSAGES, PREFETCH).await?;
     transport.delete(topic).await?;
@@ -87,6 +92,25 @@ async fn sdk_run(transport: &RabbitTransport, topic: &str) -> Result<f64, Error>
 
 async fn run(url: &str) -> Result<(), Error> {
     let transport = RabbitTransport::connect(url).await?;
+    if bench::asked(backlog::CONSUMER_PART) {
+        // This process is the backlog part's consumer, started by the part below.
+        return backlog::consumer(&Broker::new(transport)).await;
+    }
+    if bench::asked(scale::CONSUMER_PART) {
+        // This process is one of the scale-out part's consumers.
+        return scale::consumer(&Broker::new(transport)).await;
+    }
+    if bench::wants("backlog") {
+        let describe = format!("granularity {:?}", transport.config().granularity);
+        backlog::run(&Broker::new(transport.clone()), "rabbitmq", &describe).await?;
+    }
+    if bench::wants("scale") {
+        let declare = |topic: String| {
+            let t = transport.clone();
+            async move { t.declare(&topic, None).await.map_err(Error::from) }
+        };
+        scale::run(&Broker::new(transport.clone()), "rabbitmq", declare).await?;
+    }
     if bench::wants("throughput") {
         throughput(url, &transport).await?;
     }

@@ -5,21 +5,25 @@
 //!    twice each, alternating; the ratio compares the better run of each;
 //! 2. retry lateness: events fail once and retry after delays spread over 1–60 s (granularity 1 s);
 //!    lateness is the retry's start minus its due time (wall clock); an early retry fails the bench.
+//! 3. backlog: healthy-event latency and the consumer process's resident set, idle and while 1,000 and
+//!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
+//! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`).
 //!
 //! ```text
 //! scripts/brokers start sqs && source target/brokers/env.sh
-//! cargo bench -p event-retry-sqs --bench sqs                 # both parts
-//! cargo bench -p event-retry-sqs --bench sqs -- throughput   # or lateness
+//! cargo bench -p event-retry-sqs --bench sqs                 # every part
+//! cargo bench -p event-retry-sqs --bench sqs -- throughput   # or lateness, backlog, scale
 //! ```
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use event_retry_sqs::SqsTransport;
 use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
-use test_support::bench::{self, Error, Throughput, work};
+use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
+use test_support::{backlog, scale};
 
 const MESSAGES: usize = 3_000;
 const CONCURRENCY: usize = 10;
@@ -48,7 +52,7 @@ fn raw_client(url: &str) -> Client {
     Client::from_conf(config)
 }
 
-async fn raw_run(client: &Client, transport: &SqsTransport, topic: &str) -> Result<f64, Error> {
+async fn raw_run(client: &Client, transport: &SqsTransport, topic: &str) -> Result<Rate, Error> {
     prefill(transport, topic).await?;
     let queue = client
         .get_queue_url()
@@ -57,7 +61,7 @@ async fn raw_run(client: &Client, transport: &SqsTransport, topic: &str) -> Resu
         .await?
         .queue_url
         .unwrap_or_default();
-    let started = Instant::now();
+    let clock = Clock::start();
     let mut seen = 0;
     let mut sink = 0u64;
     // The deletes of one batch run while the next batch is received, as the SDK's settles do, with at
@@ -75,6 +79,7 @@ async fn raw_run(client: &Client, transport: &SqsTransport, topic: &str) -> Resu
             .messages
             .unwrap_or_default();
         for m in &got {
+            clock.message();
             sink = sink.wrapping_add(work(m.body().unwrap_or_default().as_bytes()));
             let delete = client
                 .delete_message()
@@ -93,12 +98,12 @@ async fn raw_run(client: &Client, transport: &SqsTransport, topic: &str) -> Resu
         done??;
     }
     std::hint::black_box(sink);
-    let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
+    let rate = clock.rate(MESSAGES);
     transport.delete(topic).await?;
     Ok(rate)
 }
 
-async fn sdk_run(transport: &SqsTransport, topic: &str) -> Result<f64, Error> {
+async fn sdk_run(transport: &SqsTransport, topic: &str) -> Result<Rate, Error> {
     prefill(transport, topic).await?;
     let rate = bench::sdk_round(
         &Broker::new(transport.clone()),
@@ -131,6 +136,25 @@ async fn throughput(url: &str, transport: &SqsTransport) -> Result<(), Error> {
 
 async fn run(url: &str) -> Result<(), Error> {
     let transport = SqsTransport::connect(url).await?;
+    if bench::asked(backlog::CONSUMER_PART) {
+        // This process is the backlog part's consumer, started by the part below.
+        return backlog::consumer(&Broker::new(transport)).await;
+    }
+    if bench::asked(scale::CONSUMER_PART) {
+        // This process is one of the scale-out part's consumers.
+        return scale::consumer(&Broker::new(transport)).await;
+    }
+    if bench::wants("backlog") {
+        let describe = "visibility-timeout retries".to_string();
+        backlog::run(&Broker::new(transport.clone()), "sqs", &describe).await?;
+    }
+    if bench::wants("scale") {
+        let declare = |topic: String| {
+            let t = transport.clone();
+            async move { t.declare(&topic, None).await.map_err(Error::from) }
+        };
+        scale::run(&Broker::new(transport.clone()), "sqs", declare).await?;
+    }
     if bench::wants("throughput") {
         throughput(url, &transport).await?;
     }

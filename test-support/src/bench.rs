@@ -116,24 +116,66 @@ pub async fn publish_all(
     Ok(())
 }
 
+/// A round's rate measured two ways: from the consumer's start (joining the group, declaring its
+/// topics, the first fetch) and from its first message (the steady state).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    /// Messages per second from the consumer's start to the last message.
+    pub whole: f64,
+    /// Messages per second from the first message to the last.
+    pub steady: f64,
+}
+
+/// Times one consumer: started when made, marked at its first message.
+#[derive(Debug)]
+pub struct Clock {
+    started: Instant,
+    first: std::sync::OnceLock<Instant>,
+}
+
+impl Clock {
+    /// Starts the clock (just before the consumer is made).
+    pub fn start() -> Clock {
+        Clock {
+            started: Instant::now(),
+            first: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Marks a message in hand (only the first counts).
+    pub fn message(&self) {
+        self.first.get_or_init(Instant::now);
+    }
+
+    /// The rates for `messages` messages, now that the last one is done.
+    pub fn rate(&self, messages: usize) -> Rate {
+        let per_second = |since: Instant| messages as f64 / since.elapsed().as_secs_f64().max(1e-9);
+        Rate {
+            whole: per_second(self.started),
+            steady: per_second(*self.first.get().unwrap_or(&self.started)),
+        }
+    }
+}
+
 /// One SDK round: a consumer of `topic` (already filled with `messages` events) with `concurrency`,
-/// doing [`work`] per event; its rate in messages per second, from its start to the last success.
+/// doing [`work`] per event; its rates from its start and from its first event to the last success.
 pub async fn sdk_round(
     broker: &Broker,
     topic: &str,
     messages: usize,
     concurrency: usize,
-) -> Result<f64, Error> {
+) -> Result<Rate, Error> {
     let sink = Arc::new(AtomicU64::new(0));
-    let s = sink.clone();
+    let clock = Arc::new(Clock::start());
+    let (s, c) = (sink.clone(), clock.clone());
     let handler = handler_fn(move |event: Event, _ctx: Context| {
-        let s = s.clone();
+        let (s, c) = (s.clone(), c.clone());
         async move {
+            c.message();
             s.fetch_add(work(&event.payload), Ordering::Relaxed);
             Ok::<(), HandlerError>(())
         }
     });
-    let started = Instant::now();
     let consumer = broker
         .consumer(topic)
         .concurrency(concurrency)
@@ -142,7 +184,7 @@ pub async fn sdk_round(
     consumer
         .wait_until(|s| s.succeeded >= messages as u64)
         .await;
-    let rate = messages as f64 / started.elapsed().as_secs_f64();
+    let rate = clock.rate(messages);
     consumer.shutdown().await?;
     Ok(rate)
 }
@@ -150,23 +192,28 @@ pub async fn sdk_round(
 /// The raw client's and the SDK's rates, round by round.
 #[derive(Debug, Default)]
 pub struct Throughput {
-    raw: Vec<f64>,
-    sdk: Vec<f64>,
+    raw: Vec<Rate>,
+    sdk: Vec<Rate>,
 }
 
 impl Throughput {
     /// Records and prints one round: `raw` named `raw_name` (e.g. "raw lapin"), with `detail` (the
     /// message count and settings).
-    pub fn round(&mut self, raw: f64, sdk: f64, raw_name: &str, detail: &str) {
+    pub fn round(&mut self, raw: Rate, sdk: Rate, raw_name: &str, detail: &str) {
         self.raw.push(raw);
         self.sdk.push(sdk);
         println!(
-            "round {}: {raw_name} {raw:.0} msg/s, SDK {sdk:.0} msg/s ({detail})",
-            self.raw.len()
+            "round {}: {raw_name} {:.0} msg/s, SDK {:.0} msg/s; from the first message: {raw_name} {:.0} msg/s, SDK {:.0} msg/s ({detail})",
+            self.raw.len(),
+            raw.whole,
+            sdk.whole,
+            raw.steady,
+            sdk.steady,
         );
     }
 
-    /// Prints the ratio of the best rounds, and of the medians.
+    /// Prints the ratio of the best rounds and of the medians, from the consumers' start and from their
+    /// first message.
     pub fn report(&self) {
         let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
         let median = |v: &[f64]| {
@@ -174,14 +221,24 @@ impl Throughput {
             v.sort_by(f64::total_cmp);
             v.get(v.len() / 2).copied().unwrap_or(0.0)
         };
-        println!(
-            "happy-path throughput: SDK/raw = {:.2} (best of {}: SDK {:.0} msg/s, raw {:.0} msg/s); medians: {:.2}",
-            best(&self.sdk) / best(&self.raw),
-            self.raw.len(),
-            best(&self.sdk),
-            best(&self.raw),
-            median(&self.sdk) / median(&self.raw)
-        );
+        for (what, pick) in [
+            (
+                "from the consumer's start",
+                (|r: &Rate| r.whole) as fn(&Rate) -> f64,
+            ),
+            ("from the first message", |r: &Rate| r.steady),
+        ] {
+            let sdk: Vec<f64> = self.sdk.iter().map(pick).collect();
+            let raw: Vec<f64> = self.raw.iter().map(pick).collect();
+            println!(
+                "happy-path throughput {what}: SDK/raw = {:.2} (best of {}: SDK {:.0} msg/s, raw {:.0} msg/s); medians: {:.2}",
+                best(&sdk) / best(&raw),
+                raw.len(),
+                best(&sdk),
+                best(&raw),
+                median(&sdk) / median(&raw)
+            );
+        }
     }
 }
 
@@ -258,6 +315,21 @@ pub async fn lateness(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_steady_rate_leaves_out_the_wait_for_the_first_message() {
+        let clock = Clock::start();
+        std::thread::sleep(Duration::from_millis(60));
+        clock.message();
+        std::thread::sleep(Duration::from_millis(20));
+        clock.message(); // only the first counts
+        let rate = clock.rate(100);
+        assert!(rate.whole < 100.0 / 0.07, "{rate:?}");
+        assert!(rate.steady > 100.0 / 0.05, "{rate:?}");
+        // No message at all: both from the start.
+        let idle = Clock::start().rate(1);
+        assert!(idle.steady <= idle.whole * 1.5, "{idle:?}");
+    }
 
     #[test]
     fn payloads_have_exactly_the_size_asked_and_stay_json() {

@@ -5,11 +5,17 @@
 //!   trials of a `harness = false` test binary;
 //! * [`bench`](mod@bench): a bench binary's start, its parts, the SDK's throughput round and the retry lateness
 //!   part, which are the same on every broker;
+//! * [`backlog`]: healthy-event latency and the consumer's memory while retries wait in the broker;
+//! * [`child`]: a bench's helper process (the same binary, one part), its output and resident set;
+//! * [`scale`]: throughput of 1, 2 and 4 consumer processes in one group;
 //! * [`restart`]: delayed retries surviving a restart of the broker (`scripts/brokers restart`).
 //!
 //! Adapters use it as a dev-dependency; it depends only on `retry-core`, so the conformance suite uses it
 //! too (for finding brokers and `RETRY_TEST_REQUIRE`).
 
+pub mod backlog;
 pub mod bench;
 pub mod broker;
+pub mod child;
 pub mod restart;
+pub mod scale;

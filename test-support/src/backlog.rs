@@ -1,0 +1,321 @@
+//! The backlog part of every adapter's bench: does a backlog of waiting retries slow healthy events down
+//! or grow the consumer's memory?
+//!
+//! The consumer runs in its own process (the bench binary again, part `backlog-consumer`), so its
+//! resident set is its own and not the publisher's. The bench publishes healthy events at a steady 100
+//! per second and reads each one's latency (handler start minus the publisher's clock just before the
+//! publish, both wall clock on this machine) three times: idle, with 1,000 events waiting in retry, and
+//! with 100,000 waiting (`RETRY_BENCH_BACKLOG`). A waiting event failed once with a deferred error under
+//! a 10-minute policy, so it sits in the broker's delay mechanism for the whole measurement.
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use retry_core::broker::Broker;
+use retry_core::classify::HandlerError;
+use retry_core::event::Event;
+use retry_core::policy::RetryPolicy;
+use retry_core::runtime::{Context, handler_fn};
+use retry_core::time::Timestamp;
+use tokio::sync::mpsc;
+
+use crate::bench::Error;
+use crate::child;
+
+/// The part name the bench binary is run again with, as the consumer.
+pub const CONSUMER_PART: &str = "backlog-consumer";
+const TOPIC_ENV: &str = "RETRY_BENCH_BACKLOG_TOPIC";
+const HEALTHY_PER_PHASE: usize = 1_000;
+/// Healthy events sent (and not measured) before the idle phase: the consumer's start-up (group join,
+/// partition assignment, first fetch) is not the idle figure.
+const WARM_UP: usize = 200;
+const HEALTHY_PER_SECOND: u64 = 100;
+const WAIT_POLICY: &str = "10m x1";
+
+/// A line the consumer process prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Report {
+    /// The consumer has started.
+    Ready,
+    /// A healthy event's latency, in ms.
+    Latency(i64),
+    /// Retries scheduled so far.
+    Scheduled(u64),
+}
+
+impl Report {
+    fn render(self) -> String {
+        match self {
+            Report::Ready => "BACKLOG ready".into(),
+            Report::Latency(ms) => format!("BACKLOG latency {ms}"),
+            Report::Scheduled(n) => format!("BACKLOG scheduled {n}"),
+        }
+    }
+
+    fn parse(line: &str) -> Option<Report> {
+        let rest = line.trim().strip_prefix("BACKLOG ")?;
+        match rest.split_once(' ') {
+            None if rest == "ready" => Some(Report::Ready),
+            Some(("latency", ms)) => ms.parse().ok().map(Report::Latency),
+            Some(("scheduled", n)) => n.parse().ok().map(Report::Scheduled),
+            _ => None,
+        }
+    }
+}
+
+/// The consumer process: consumes the topic named in its environment until killed; a healthy event
+/// (`h:<publish ms>`) reports its latency, a waiting one (`w:<n>`) fails once with a deferred error.
+pub async fn consumer(broker: &Broker) -> Result<(), Error> {
+    let topic = std::env::var(TOPIC_ENV).map_err(|_| format!("{TOPIC_ENV} is not set"))?;
+    let handler = handler_fn(|event: Event, ctx: Context| async move {
+        let body = String::from_utf8_lossy(&event.payload);
+        if let Some(sent) = body
+            .strip_prefix("h:")
+            .and_then(|ms| ms.parse::<i64>().ok())
+        {
+            let latency = Timestamp::now().as_millis() as i64 - sent;
+            println!("{}", Report::Latency(latency).render());
+            return Ok(());
+        }
+        if ctx.attempt == 1 {
+            return Err(HandlerError::deferred("waits in retry"));
+        }
+        Ok::<(), HandlerError>(())
+    });
+    let consumer = broker
+        .consumer(&topic)
+        .policy(RetryPolicy::parse(WAIT_POLICY)?)
+        .start(handler)
+        .await?;
+    println!("{}", Report::Ready.render());
+    let mut last = u64::MAX;
+    loop {
+        let scheduled = consumer.stats().retries_scheduled;
+        if scheduled != last {
+            println!("{}", Report::Scheduled(scheduled).render());
+            last = scheduled;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// One phase's figures.
+#[derive(Debug, Clone, Copy)]
+struct Phase {
+    waiting: u64,
+    p50: i64,
+    p99: i64,
+    max: i64,
+    rss_kib: u64,
+}
+
+/// The bench side: starts the consumer process, measures the three phases, prints them and the ratio
+/// lines (`ratio backlog/idle latency p99 <broker> <n> waiting: x`, and the same for RSS).
+pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Error> {
+    let waiting_max: u64 = match std::env::var("RETRY_BENCH_BACKLOG") {
+        Ok(v) => v
+            .parse()
+            .map_err(|e| format!("RETRY_BENCH_BACKLOG={v:?}: {e}"))?,
+        Err(_) => 100_000,
+    };
+    let topic = format!("bench-backlog-{}", uuid_like());
+    let log = child::log_path(&format!("backlog-consumer-{name}.log"))?;
+    let child::Helper {
+        mut child,
+        pid,
+        mut lines,
+        ..
+    } = child::spawn(CONSUMER_PART, &[(TOPIC_ENV, topic.clone())], &log)?;
+    let (tx, mut reports) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Some(line) = lines.recv().await {
+            if let Some(r) = Report::parse(&line)
+                && tx.send(r).is_err()
+            {
+                break;
+            }
+        }
+    });
+    let fail =
+        |what: String| -> Error { format!("{what} (consumer log: {})", log.display()).into() };
+    wait_for(&mut reports, Duration::from_secs(120), |r| {
+        r == Report::Ready
+    })
+    .await
+    .map_err(|_| fail("the consumer did not start".into()))?;
+
+    let producer = broker.producer();
+    let mut phases = Vec::new();
+    let mut waiting = 0;
+    let mut targets = vec![0, 1_000.min(waiting_max), waiting_max];
+    targets.dedup();
+    for target in targets {
+        if target > waiting {
+            futures::stream::iter(waiting..target)
+                .map(|n| {
+                    let producer = producer.clone();
+                    let topic = topic.clone();
+                    async move {
+                        let id = format!("w-{n}");
+                        producer
+                            .publish(&topic, Event::new(format!("w:{n}")).with_id(id))
+                            .await
+                            .map(drop)
+                    }
+                })
+                .buffer_unordered(256)
+                .try_collect::<Vec<()>>()
+                .await?;
+            wait_for(
+                &mut reports,
+                Duration::from_secs(600),
+                |r| matches!(r, Report::Scheduled(n) if n >= target),
+            )
+            .await
+            .map_err(|_| fail(format!("{target} retries were not scheduled within 600 s")))?;
+            waiting = target;
+        }
+        if phases.is_empty() {
+            healthy_phase(broker, &topic, "warm-up", WARM_UP, &mut reports)
+                .await
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        let label = format!("phase-{}", phases.len());
+        let mut latencies = healthy_phase(broker, &topic, &label, HEALTHY_PER_PHASE, &mut reports)
+            .await
+            .map_err(|e| fail(e.to_string()))?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let rss_kib = child::rss_kib(pid)?;
+        latencies.sort_unstable();
+        let rank = |p: usize| latencies[(latencies.len() * p).div_ceil(100).max(1) - 1];
+        let phase = Phase {
+            waiting,
+            p50: rank(50),
+            p99: rank(99),
+            max: latencies[latencies.len() - 1],
+            rss_kib,
+        };
+        println!(
+            "backlog {name}: {:>6} waiting: healthy latency p50 {} ms, p99 {} ms, max {} ms; consumer RSS {:.1} MiB",
+            phase.waiting,
+            phase.p50,
+            phase.p99,
+            phase.max,
+            phase.rss_kib as f64 / 1024.0
+        );
+        phases.push(phase);
+    }
+    child.kill().await.ok();
+    println!(
+        "({HEALTHY_PER_PHASE} healthy events at {HEALTHY_PER_SECOND}/s per phase; waiting events under \"{WAIT_POLICY}\"; {describe})"
+    );
+    let idle = phases[0];
+    for p in &phases[1..] {
+        println!(
+            "ratio backlog/idle latency p99 {name} {}: {:.2}",
+            p.waiting,
+            p.p99 as f64 / (idle.p99 as f64).max(1.0)
+        );
+    }
+    for p in &phases[1..] {
+        println!(
+            "ratio backlog/idle rss {name} {}: {:.2}",
+            p.waiting,
+            p.rss_kib as f64 / idle.rss_kib.max(1) as f64
+        );
+    }
+    Ok(())
+}
+
+/// Publishes `count` healthy events at a steady rate and collects their latencies.
+async fn healthy_phase(
+    broker: &Broker,
+    topic: &str,
+    label: &str,
+    count: usize,
+    reports: &mut mpsc::UnboundedReceiver<Report>,
+) -> Result<Vec<i64>, Error> {
+    let producer = broker.producer();
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / HEALTHY_PER_SECOND));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sends = Vec::with_capacity(count);
+    for i in 0..count {
+        tick.tick().await;
+        let producer = producer.clone();
+        let topic = topic.to_string();
+        let id = format!("h-{label}-{i}");
+        sends.push(tokio::spawn(async move {
+            let sent = Timestamp::now().as_millis();
+            producer
+                .publish(&topic, Event::new(format!("h:{sent}")).with_id(id))
+                .await
+                .map(drop)
+        }));
+    }
+    for send in sends {
+        send.await??;
+    }
+    let mut latencies = Vec::with_capacity(count);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while latencies.len() < count {
+        match tokio::time::timeout_at(deadline, reports.recv()).await {
+            Ok(Some(Report::Latency(ms))) => latencies.push(ms),
+            Ok(Some(_)) => {}
+            Ok(None) => return Err("the consumer process exited".into()),
+            Err(_) => {
+                return Err(format!(
+                    "{label}: {} of {count} healthy events handled within 120 s",
+                    latencies.len()
+                )
+                .into());
+            }
+        }
+    }
+    Ok(latencies)
+}
+
+async fn wait_for(
+    reports: &mut mpsc::UnboundedReceiver<Report>,
+    within: Duration,
+    done: impl Fn(Report) -> bool,
+) -> Result<(), Error> {
+    tokio::time::timeout(within, async {
+        while let Some(r) = reports.recv().await {
+            if done(r) {
+                return Ok(());
+            }
+        }
+        Err::<(), Error>("the consumer process exited".into())
+    })
+    .await
+    .map_err(|_| -> Error { "timed out".into() })?
+}
+
+fn uuid_like() -> String {
+    format!("{:x}{:x}", Timestamp::now().as_millis(), std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_lines_round_trip_and_other_lines_are_ignored() {
+        for r in [
+            Report::Ready,
+            Report::Latency(-2),
+            Report::Scheduled(100_000),
+        ] {
+            assert_eq!(Report::parse(&r.render()), Some(r));
+        }
+        for other in [
+            "",
+            "BACKLOG",
+            "BACKLOG latency",
+            "BACKLOG scheduled x",
+            "INFO ready",
+        ] {
+            assert_eq!(Report::parse(other), None, "{other:?}");
+        }
+    }
+}

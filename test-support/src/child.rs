@@ -1,0 +1,101 @@
+//! A bench binary's helper process: the same binary run again with one part named (for example
+//! `backlog-consumer`), so a consumer under measurement has a process, a resident set and a CPU share
+//! of its own. Its standard output comes back line by line; its standard error goes to a log file.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Child;
+use tokio::sync::mpsc;
+
+use crate::bench::Error;
+
+/// A running helper process and the lines it prints.
+pub struct Helper {
+    /// The process (killed when dropped).
+    pub child: Child,
+    /// Its pid.
+    pub pid: u32,
+    /// Its standard output, line by line (closed when it exits).
+    pub lines: mpsc::UnboundedReceiver<String>,
+    /// Where its standard error goes.
+    pub log: PathBuf,
+}
+
+impl Helper {
+    /// Writes one line to its standard input (when started with [`spawn_with_input`]).
+    pub async fn tell(&mut self, line: &str) -> Result<(), Error> {
+        use tokio::io::AsyncWriteExt;
+        let stdin = self.child.stdin.as_mut().ok_or("the helper has no stdin")?;
+        stdin.write_all(format!("{line}\n").as_bytes()).await?;
+        stdin.flush().await?;
+        Ok(())
+    }
+}
+
+/// Starts this binary again with `part` as its only argument and `env` added to its environment.
+pub fn spawn(part: &str, env: &[(&str, String)], log: &Path) -> Result<Helper, Error> {
+    start(part, env, log, Stdio::null())
+}
+
+/// As [`spawn`], with its standard input open for [`Helper::tell`].
+pub fn spawn_with_input(part: &str, env: &[(&str, String)], log: &Path) -> Result<Helper, Error> {
+    start(part, env, log, Stdio::piped())
+}
+
+fn start(part: &str, env: &[(&str, String)], log: &Path, stdin: Stdio) -> Result<Helper, Error> {
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .arg(part)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log)?)
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().ok_or("the helper process has no pid")?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let (tx, lines) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(stdout).lines();
+        while let Ok(Some(line)) = reader.next_line().await {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(Helper {
+        child,
+        pid,
+        lines,
+        log: log.to_path_buf(),
+    })
+}
+
+/// `target/bench/<name>` in the workspace (the folder created).
+pub fn log_path(name: &str) -> Result<PathBuf, Error> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir.join(name))
+}
+
+/// The resident set of a live process, in KiB (`VmRSS` in `/proc/PID/status`).
+pub fn rss_kib(pid: u32) -> Result<u64, Error> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| format!("no VmRSS for pid {pid}").into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_a_resident_set() {
+        assert!(rss_kib(std::process::id()).expect("own status") > 0);
+    }
+}
