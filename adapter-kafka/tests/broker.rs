@@ -52,7 +52,7 @@ fn main() {
         return;
     }
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 6] = [
+    let tests: [(&str, Test); 7] = [
         (
             "killed_process_loses_no_delayed_retry",
             killed_process_loses_no_delayed_retry,
@@ -76,6 +76,10 @@ fn main() {
         (
             "ordered_group_keeps_key_order_across_members",
             ordered_group_keeps_key_order_across_members,
+        ),
+        (
+            "a_second_member_takes_half_of_the_source_partitions",
+            a_second_member_takes_half_of_the_source_partitions,
         ),
     ];
     let trials = test_support::broker::trials("kafka", "RETRY_TEST_KAFKA", &tests);
@@ -627,6 +631,68 @@ fn ordered_group_keeps_key_order_across_members(url: String) -> Result<(), Strin
             {
                 return Err(format!("key k{k} ran {order:?}, want {want:?}"));
             }
+        }
+        Ok(())
+    })
+}
+
+/// Scale-out: a member that joins a running member's group takes its share of the source topic's
+/// partitions (each member subscribes to the source and the group's retry topic; an assignor that
+/// balances only the total count could give the newcomer nothing but retry partitions).
+fn a_second_member_takes_half_of_the_source_partitions(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("share-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, Some("share"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut members = Vec::new();
+        for name in ["first", "second"] {
+            let handler = handler_fn(|_event: Event, _ctx: Context| async { Ok(()) });
+            members.push(
+                Broker::new(transport.clone())
+                    .consumer(&topic)
+                    .group("share")
+                    .name(name)
+                    .start(handler)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+            // The first member owns every partition before the second arrives.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        // Room for the rebalance the second member's arrival starts.
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let events = 200;
+        for n in 0..events {
+            let id = format!("e{n}");
+            transport
+                .publish(
+                    &topic,
+                    &Event::new(id.clone()).with_key(id.clone()).with_id(id),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let handled = |members: &[retry_core::runtime::ConsumerHandle]| -> Vec<u64> {
+            members.iter().map(|m| m.stats().succeeded).collect()
+        };
+        while handled(&members).iter().sum::<u64>() < events {
+            if Instant::now() > deadline {
+                return Err(format!("handled {:?} of {events}", handled(&members)));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let shares = handled(&members);
+        for m in members {
+            m.shutdown().await.map_err(|e| e.to_string())?;
+        }
+        if shares.contains(&0) {
+            return Err(format!(
+                "a member handled nothing of the source topic ({shares:?} of {events})"
+            ));
         }
         Ok(())
     })
