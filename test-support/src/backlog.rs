@@ -37,7 +37,7 @@ const WAIT_POLICY: &str = "10m x1";
 enum Report {
     /// The consumer has started.
     Ready,
-    /// A healthy event's latency, in ms.
+    /// A healthy event's latency, in µs.
     Latency(i64),
     /// Retries scheduled so far.
     Scheduled(u64),
@@ -47,7 +47,7 @@ impl Report {
     fn render(self) -> String {
         match self {
             Report::Ready => "BACKLOG ready".into(),
-            Report::Latency(ms) => format!("BACKLOG latency {ms}"),
+            Report::Latency(us) => format!("BACKLOG latency {us}"),
             Report::Scheduled(n) => format!("BACKLOG scheduled {n}"),
         }
     }
@@ -56,7 +56,7 @@ impl Report {
         let rest = line.trim().strip_prefix("BACKLOG ")?;
         match rest.split_once(' ') {
             None if rest == "ready" => Some(Report::Ready),
-            Some(("latency", ms)) => ms.parse().ok().map(Report::Latency),
+            Some(("latency", us)) => us.parse().ok().map(Report::Latency),
             Some(("scheduled", n)) => n.parse().ok().map(Report::Scheduled),
             _ => None,
         }
@@ -64,16 +64,16 @@ impl Report {
 }
 
 /// The consumer process: consumes the topic named in its environment until killed; a healthy event
-/// (`h:<publish ms>`) reports its latency, a waiting one (`w:<n>`) fails once with a deferred error.
+/// (`h:<publish µs>`) reports its latency, a waiting one (`w:<n>`) fails once with a deferred error.
 pub async fn consumer(broker: &Broker) -> Result<(), Error> {
     let topic = std::env::var(TOPIC_ENV).map_err(|_| format!("{TOPIC_ENV} is not set"))?;
     let handler = handler_fn(|event: Event, ctx: Context| async move {
         let body = String::from_utf8_lossy(&event.payload);
         if let Some(sent) = body
             .strip_prefix("h:")
-            .and_then(|ms| ms.parse::<i64>().ok())
+            .and_then(|us| us.parse::<i64>().ok())
         {
-            let latency = Timestamp::now().as_millis() as i64 - sent;
+            let latency = now_micros() - sent;
             println!("{}", Report::Latency(latency).render());
             return Ok(());
         }
@@ -196,11 +196,11 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
             rss_kib,
         };
         println!(
-            "backlog {name}: {:>6} waiting: healthy latency p50 {} ms, p99 {} ms, max {} ms; consumer RSS {:.1} MiB",
+            "backlog {name}: {:>6} waiting: healthy latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; consumer RSS {:.1} MiB",
             phase.waiting,
-            phase.p50,
-            phase.p99,
-            phase.max,
+            phase.p50 as f64 / 1000.0,
+            phase.p99 as f64 / 1000.0,
+            phase.max as f64 / 1000.0,
             phase.rss_kib as f64 / 1024.0
         );
         phases.push(phase);
@@ -245,7 +245,7 @@ async fn healthy_phase(
         let topic = topic.to_string();
         let id = format!("h-{label}-{i}");
         sends.push(tokio::spawn(async move {
-            let sent = Timestamp::now().as_millis();
+            let sent = now_micros();
             producer
                 .publish(&topic, Event::new(format!("h:{sent}")).with_id(id))
                 .await
@@ -259,7 +259,7 @@ async fn healthy_phase(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while latencies.len() < count {
         match tokio::time::timeout_at(deadline, reports.recv()).await {
-            Ok(Some(Report::Latency(ms))) => latencies.push(ms),
+            Ok(Some(Report::Latency(us))) => latencies.push(us),
             Ok(Some(_)) => {}
             Ok(None) => return Err("the consumer process exited".into()),
             Err(_) => {
@@ -289,6 +289,13 @@ async fn wait_for(
     })
     .await
     .map_err(|_| -> Error { "timed out".into() })?
+}
+
+/// Wall-clock microseconds since the Unix epoch (both processes read the same clock).
+fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
 }
 
 fn uuid_like() -> String {

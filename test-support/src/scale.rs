@@ -143,7 +143,7 @@ where
                         .map(drop)
                 }
             })
-            .buffer_unordered(1_024)
+            .buffer_unordered(256)
             .try_collect::<Vec<()>>()
             .await?;
         let publish_time = published.elapsed();
