@@ -123,11 +123,12 @@ async fn throughput(url: &str, transport: &KafkaTransport) -> Result<(), Error> 
             ),
         );
     }
-    rounds.report();
     println!(
         "the runtime alone (in-memory transport, same handler and concurrency): {:.0} msg/s",
         memory_run().await?
     );
+    // The ratio lines come last.
+    rounds.report("kafka");
     Ok(())
 }
 

@@ -130,7 +130,7 @@ async fn throughput(url: &str, transport: &PulsarTransport) -> Result<(), Error>
             &format!("{MESSAGES} messages, receiver queue/concurrency {PREFETCH}"),
         );
     }
-    rounds.report();
+    rounds.report("pulsar");
     Ok(())
 }
 

@@ -143,6 +143,6 @@ async fn throughput(url: &str, transport: &RabbitTransport) -> Result<(), Error>
             &format!("{MESSAGES} messages, prefetch/concurrency {PREFETCH}"),
         );
     }
-    rounds.report();
+    rounds.report("rabbitmq");
     Ok(())
 }

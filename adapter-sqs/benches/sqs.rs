@@ -130,7 +130,7 @@ async fn throughput(url: &str, transport: &SqsTransport) -> Result<(), Error> {
             &format!("{MESSAGES} messages, batches of 10, concurrency {CONCURRENCY}"),
         );
     }
-    rounds.report();
+    rounds.report("sqs");
     Ok(())
 }
 

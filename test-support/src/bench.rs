@@ -213,8 +213,9 @@ impl Throughput {
     }
 
     /// Prints the ratio of the best rounds and of the medians, from the consumers' start and from their
-    /// first message.
-    pub fn report(&self) {
+    /// first message, then the summary line `ratio sdk/raw <broker> <payload bytes>: x` (medians, from
+    /// the consumers' start).
+    pub fn report(&self, broker: &str) {
         let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
         let median = |v: &[f64]| {
             let mut v = v.to_vec();
@@ -239,6 +240,12 @@ impl Throughput {
                 median(&sdk) / median(&raw)
             );
         }
+        let whole = |v: &[Rate]| median(&v.iter().map(|r| r.whole).collect::<Vec<_>>());
+        println!(
+            "ratio sdk/raw {broker} {}: {:.2}",
+            payload_bytes().unwrap_or(DEFAULT_PAYLOAD),
+            whole(&self.sdk) / whole(&self.raw)
+        );
     }
 }
 
