@@ -33,7 +33,6 @@ use retry_core::classify::HandlerError;
 use retry_core::event::Event;
 use retry_core::runtime::{Context, handler_fn};
 use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
-use test_support::{backlog, scale};
 
 const MESSAGES: usize = 50_000;
 const CONCURRENCY: usize = 64;
@@ -138,34 +137,26 @@ async fn run(url: &str) -> Result<(), Error> {
         ..KafkaConfig::default()
     };
     let transport = KafkaTransport::connect_with(url, config).await?;
-    if bench::asked(backlog::CONSUMER_PART) {
-        // This process is the backlog part's consumer, started by the part below.
-        return backlog::consumer(&Broker::new(transport)).await;
+    if let Some(done) = bench::helper_consumer(&Broker::new(transport.clone())).await {
+        return done;
     }
-    if bench::asked(scale::CONSUMER_PART) {
-        // This process is one of the scale-out part's consumers.
-        return scale::consumer(&Broker::new(transport)).await;
-    }
-    if bench::wants("backlog") {
-        let describe = transport.config().to_string();
-        backlog::run(&Broker::new(transport.clone()), "kafka", &describe).await?;
-    }
-    if bench::wants("scale") {
-        // Four partitions, so up to four processes of one group each have work.
-        let scale_transport = KafkaTransport::connect_with(
-            url,
-            KafkaConfig {
-                partitions: 4,
-                ..KafkaConfig::default()
-            },
-        )
-        .await?;
-        let declare = |topic: String| {
-            let t = scale_transport.clone();
-            async move { t.declare(&topic, None).await.map_err(Error::from) }
+    // Four partitions for the scale part, so up to four processes of one group each have work.
+    let scale_transport = if bench::wants("scale") {
+        let four = KafkaConfig {
+            partitions: 4,
+            ..KafkaConfig::default()
         };
-        scale::run(&Broker::new(transport.clone()), "kafka", declare).await?;
-    }
+        KafkaTransport::connect_with(url, four).await?
+    } else {
+        transport.clone()
+    };
+    bench::consumer_process_parts(
+        &Broker::new(transport.clone()),
+        "kafka",
+        &transport.config().to_string(),
+        &scale_transport,
+    )
+    .await?;
     if bench::wants("throughput") {
         throughput(url, &transport).await?;
     }

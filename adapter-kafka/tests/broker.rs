@@ -100,6 +100,24 @@ fn config() -> KafkaConfig {
     }
 }
 
+/// Publishes one event per id, keyed and identified by it, one at a time.
+async fn publish_keyed(
+    transport: &KafkaTransport,
+    topic: &str,
+    ids: impl Iterator<Item = String>,
+) -> Result<(), String> {
+    for id in ids {
+        transport
+            .publish(
+                topic,
+                &Event::new(id.clone()).with_key(id.clone()).with_id(id),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
 async fn connect(url: &str) -> Result<KafkaTransport, String> {
     KafkaTransport::connect_with(url, config())
         .await
@@ -487,16 +505,7 @@ fn ladder_partitions_given_back_keep_moving(url: String) -> Result<(), String> {
             .start(handler)
             .await
             .map_err(|e| e.to_string())?;
-        for i in 0..EVENTS {
-            let id = format!("e{i:02}");
-            transport
-                .publish(
-                    &topic,
-                    &Event::new(id.clone()).with_key(id.clone()).with_id(id),
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-        }
+        publish_keyed(&transport, &topic, (0..EVENTS).map(|i| format!("e{i:02}"))).await?;
         let reached = tokio::time::timeout(
             Duration::from_secs(30),
             stays.wait_until(|s| s.retries_scheduled >= EVENTS as u64),
@@ -665,16 +674,7 @@ fn a_second_member_takes_half_of_the_source_partitions(url: String) -> Result<()
         // Room for the rebalance the second member's arrival starts.
         tokio::time::sleep(Duration::from_secs(8)).await;
         let events = 200;
-        for n in 0..events {
-            let id = format!("e{n}");
-            transport
-                .publish(
-                    &topic,
-                    &Event::new(id.clone()).with_key(id.clone()).with_id(id),
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-        }
+        publish_keyed(&transport, &topic, (0..events).map(|n| format!("e{n}"))).await?;
         let deadline = Instant::now() + Duration::from_secs(60);
         let handled = |members: &[retry_core::runtime::ConsumerHandle]| -> Vec<u64> {
             members.iter().map(|m| m.stats().succeeded).collect()

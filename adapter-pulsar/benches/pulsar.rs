@@ -24,10 +24,8 @@ use event_retry_pulsar::{PulsarConfig, PulsarTransport};
 use futures::StreamExt;
 use pulsar::consumer::InitialPosition;
 use pulsar::{Consumer, ConsumerOptions, Pulsar, SubType, TokioExecutor};
-use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
 use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
-use test_support::{backlog, scale};
 
 const MESSAGES: usize = 20_000;
 const PREFETCH: usize = 64;
@@ -141,25 +139,16 @@ async fn run(url: &str) -> Result<(), Error> {
         ..PulsarConfig::default()
     };
     let transport = PulsarTransport::connect_with(url, config).await?;
-    if bench::asked(backlog::CONSUMER_PART) {
-        // This process is the backlog part's consumer, started by the part below.
-        return backlog::consumer(&Broker::new(transport)).await;
+    if let Some(done) = bench::helper_consumer(&Broker::new(transport.clone())).await {
+        return done;
     }
-    if bench::asked(scale::CONSUMER_PART) {
-        // This process is one of the scale-out part's consumers.
-        return scale::consumer(&Broker::new(transport)).await;
-    }
-    if bench::wants("backlog") {
-        let describe = format!("delayed delivery, tick {:?}", transport.config().tick);
-        backlog::run(&Broker::new(transport.clone()), "pulsar", &describe).await?;
-    }
-    if bench::wants("scale") {
-        let declare = |topic: String| {
-            let t = transport.clone();
-            async move { t.declare(&topic, None).await.map_err(Error::from) }
-        };
-        scale::run(&Broker::new(transport.clone()), "pulsar", declare).await?;
-    }
+    bench::consumer_process_parts(
+        &Broker::new(transport.clone()),
+        "pulsar",
+        &format!("delayed delivery, tick {:?}", transport.config().tick),
+        &transport,
+    )
+    .await?;
     if bench::wants("throughput") {
         throughput(url, &transport).await?;
     }

@@ -27,7 +27,6 @@ use lapin::{Connection, ConnectionProperties};
 use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
 use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
-use test_support::{backlog, scale};
 
 const MESSAGES: usize = 20_000;
 const PREFETCH: usize = 64;
@@ -92,25 +91,16 @@ async fn sdk_run(transport: &RabbitTransport, topic: &str) -> Result<Rate, Error
 
 async fn run(url: &str) -> Result<(), Error> {
     let transport = RabbitTransport::connect(url).await?;
-    if bench::asked(backlog::CONSUMER_PART) {
-        // This process is the backlog part's consumer, started by the part below.
-        return backlog::consumer(&Broker::new(transport)).await;
+    if let Some(done) = bench::helper_consumer(&Broker::new(transport.clone())).await {
+        return done;
     }
-    if bench::asked(scale::CONSUMER_PART) {
-        // This process is one of the scale-out part's consumers.
-        return scale::consumer(&Broker::new(transport)).await;
-    }
-    if bench::wants("backlog") {
-        let describe = format!("granularity {:?}", transport.config().granularity);
-        backlog::run(&Broker::new(transport.clone()), "rabbitmq", &describe).await?;
-    }
-    if bench::wants("scale") {
-        let declare = |topic: String| {
-            let t = transport.clone();
-            async move { t.declare(&topic, None).await.map_err(Error::from) }
-        };
-        scale::run(&Broker::new(transport.clone()), "rabbitmq", declare).await?;
-    }
+    bench::consumer_process_parts(
+        &Broker::new(transport.clone()),
+        "rabbitmq",
+        &format!("granularity {:?}", transport.config().granularity),
+        &transport,
+    )
+    .await?;
     if bench::wants("throughput") {
         throughput(url, &transport).await?;
     }

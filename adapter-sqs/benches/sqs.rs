@@ -23,7 +23,6 @@ use event_retry_sqs::SqsTransport;
 use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
 use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
-use test_support::{backlog, scale};
 
 const MESSAGES: usize = 3_000;
 const CONCURRENCY: usize = 10;
@@ -136,25 +135,16 @@ async fn throughput(url: &str, transport: &SqsTransport) -> Result<(), Error> {
 
 async fn run(url: &str) -> Result<(), Error> {
     let transport = SqsTransport::connect(url).await?;
-    if bench::asked(backlog::CONSUMER_PART) {
-        // This process is the backlog part's consumer, started by the part below.
-        return backlog::consumer(&Broker::new(transport)).await;
+    if let Some(done) = bench::helper_consumer(&Broker::new(transport.clone())).await {
+        return done;
     }
-    if bench::asked(scale::CONSUMER_PART) {
-        // This process is one of the scale-out part's consumers.
-        return scale::consumer(&Broker::new(transport)).await;
-    }
-    if bench::wants("backlog") {
-        let describe = "visibility-timeout retries".to_string();
-        backlog::run(&Broker::new(transport.clone()), "sqs", &describe).await?;
-    }
-    if bench::wants("scale") {
-        let declare = |topic: String| {
-            let t = transport.clone();
-            async move { t.declare(&topic, None).await.map_err(Error::from) }
-        };
-        scale::run(&Broker::new(transport.clone()), "sqs", declare).await?;
-    }
+    bench::consumer_process_parts(
+        &Broker::new(transport.clone()),
+        "sqs",
+        "visibility-timeout retries",
+        &transport,
+    )
+    .await?;
     if bench::wants("throughput") {
         throughput(url, &transport).await?;
     }

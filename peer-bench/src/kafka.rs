@@ -11,6 +11,8 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
+use test_support::bench;
+
 use crate::Error;
 
 /// `host:port` from a `kafka://host:port` URL (or a bare bootstrap list).
@@ -19,13 +21,6 @@ pub fn bootstrap(url: &str) -> String {
         .unwrap_or(url)
         .trim_end_matches('/')
         .to_string()
-}
-
-/// A payload of exactly `size` bytes (at least the id's JSON), unique per `i`: `{"id":i,"pad":"xx…"}`.
-pub fn payload(i: u64, size: usize) -> String {
-    let head = format!("{{\"id\":{i},\"pad\":\"");
-    let pad = size.saturating_sub(head.len() + 2);
-    format!("{head}{}\"}}", "x".repeat(pad))
 }
 
 fn admin(url: &str) -> Result<AdminClient<DefaultClientContext>, Error> {
@@ -60,7 +55,7 @@ pub async fn fill(url: &str, topic: &str, events: u64, payload_bytes: usize) -> 
     let mut sends = futures::stream::iter(0..events)
         .map(|i| async move {
             let key = format!("e{i}");
-            let body = payload(i, payload_bytes);
+            let body = bench::payload(i as usize, payload_bytes);
             producer
                 .send(
                     FutureRecord::to(topic).key(&key).payload(&body),
@@ -107,11 +102,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn payloads_have_the_size_asked_and_urls_lose_their_scheme() {
-        for size in [100, 1024, 16_384] {
-            assert_eq!(payload(7, size).len(), size);
-        }
-        assert_ne!(payload(1, 100), payload(2, 100));
+    fn urls_lose_their_scheme() {
         assert_eq!(bootstrap("kafka://127.0.0.1:19092/"), "127.0.0.1:19092");
         assert_eq!(bootstrap("127.0.0.1:19092"), "127.0.0.1:19092");
     }

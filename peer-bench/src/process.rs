@@ -61,7 +61,10 @@ pub async fn run(mut command: Command, log: &Path, deadline: Duration) -> Result
         .kill_on_drop(true);
     let mut child = command.spawn()?;
     let result = tokio::time::timeout(deadline, read_until_done(&mut child, log)).await;
-    let peak = child.id().map(peak_rss_kib).transpose();
+    let peak = child
+        .id()
+        .map(|pid| test_support::child::status_kib(pid, "VmHWM"))
+        .transpose();
     child.kill().await.ok();
     let mut outcome = match result {
         Ok(outcome) => outcome?,
@@ -104,23 +107,6 @@ async fn read_until_done(child: &mut Child, log: &Path) -> Result<Outcome, Error
     .into())
 }
 
-/// The peak resident set of a live process, in KiB, from `/proc/PID/status`.
-pub fn peak_rss_kib(pid: u32) -> Result<u64, Error> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    parse_vm_hwm(&status).ok_or_else(|| format!("no VmHWM for pid {pid}").into())
-}
-
-fn parse_vm_hwm(status: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
-        .trim()
-        .strip_suffix("kB")?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// Where the round logs go (`target/peer-bench/` of the workspace, created).
 pub fn log_dir() -> Result<PathBuf, Error> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/peer-bench");
@@ -131,14 +117,6 @@ pub fn log_dir() -> Result<PathBuf, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn peak_rss_comes_from_vm_hwm_and_this_process_has_one() {
-        let status = "Name:\tjava\nVmPeak:\t 9000 kB\nVmHWM:\t  330752 kB\nVmRSS:\t 1 kB\n";
-        assert_eq!(parse_vm_hwm(status), Some(330_752));
-        assert_eq!(parse_vm_hwm("VmRSS:\t1 kB\n"), None);
-        assert!(peak_rss_kib(std::process::id()).expect("own status") > 0);
-    }
 
     #[test]
     fn rate_is_events_over_the_reported_time() {

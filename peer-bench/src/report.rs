@@ -1,6 +1,8 @@
 //! Summaries of rounds: min / median / max of a figure across rounds, lateness percentiles, and the
 //! ratio lines every bench prints last.
 
+use test_support::bench::percentile;
+
 /// Min, median and max of `values` (`None` when empty).
 pub fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
     let mut v = values.to_vec();
@@ -31,11 +33,10 @@ impl Lateness {
         }
         let mut v = late_ms.to_vec();
         v.sort_unstable();
-        let rank = |p: usize| v[((v.len() * p).div_ceil(100)).clamp(1, v.len()) - 1];
         Some(Lateness {
             count: v.len(),
-            p50: rank(50),
-            p99: rank(99),
+            p50: percentile(&v, 50),
+            p99: percentile(&v, 99),
             max: v[v.len() - 1],
             early: v.iter().filter(|&&l| l < 0).count(),
         })

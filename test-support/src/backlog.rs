@@ -19,7 +19,7 @@ use retry_core::runtime::{Context, handler_fn};
 use retry_core::time::Timestamp;
 use tokio::sync::mpsc;
 
-use crate::bench::Error;
+use crate::bench::{Error, percentile};
 use crate::child;
 
 /// The part name the bench binary is run again with, as the consumer.
@@ -187,11 +187,10 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
         tokio::time::sleep(Duration::from_secs(1)).await;
         let rss_kib = child::rss_kib(pid)?;
         latencies.sort_unstable();
-        let rank = |p: usize| latencies[(latencies.len() * p).div_ceil(100).max(1) - 1];
         let phase = Phase {
             waiting,
-            p50: rank(50),
-            p99: rank(99),
+            p50: percentile(&latencies, 50),
+            p99: percentile(&latencies, 99),
             max: latencies[latencies.len() - 1],
             rss_kib,
         };

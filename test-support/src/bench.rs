@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
@@ -60,6 +61,43 @@ pub fn asked(part: &str) -> bool {
     parts_asked().iter().any(|a| a == part)
 }
 
+/// When this process is the helper consumer of a part that runs its consumers apart ([`backlog`],
+/// [`scale`]), runs it and returns its end; `None` in the bench's own process.
+///
+/// [`backlog`]: crate::backlog
+/// [`scale`]: crate::scale
+pub async fn helper_consumer(broker: &Broker) -> Option<Result<(), Error>> {
+    if asked(crate::backlog::CONSUMER_PART) {
+        Some(crate::backlog::consumer(broker).await)
+    } else if asked(crate::scale::CONSUMER_PART) {
+        Some(crate::scale::consumer(broker).await)
+    } else {
+        None
+    }
+}
+
+/// The parts whose consumers run in processes of their own, where asked for: `backlog` (`describe`
+/// says how the broker delays) and `scale` (its topics declared through `scale_admin`).
+pub async fn consumer_process_parts(
+    broker: &Broker,
+    name: &str,
+    describe: &str,
+    scale_admin: &dyn Admin,
+) -> Result<(), Error> {
+    if wants("backlog") {
+        crate::backlog::run(broker, name, describe).await?;
+    }
+    if wants("scale") {
+        crate::scale::run(broker, name, scale_admin).await?;
+    }
+    Ok(())
+}
+
+/// The nearest-rank `p`th percentile of `sorted` (ascending, not empty).
+pub fn percentile(sorted: &[i64], p: usize) -> i64 {
+    sorted[(sorted.len() * p).div_ceil(100).clamp(1, sorted.len()) - 1]
+}
+
 /// The work every consumer does per message: look at every byte (so the payload is really read).
 pub fn work(payload: &[u8]) -> u64 {
     payload.iter().map(|b| u64::from(*b)).sum()
@@ -85,8 +123,9 @@ const DEFAULT_PAYLOAD: usize = 230;
 /// The smallest payload: room for the JSON frame around the padding.
 const MIN_PAYLOAD: usize = 32;
 
-/// A JSON payload of exactly `size` bytes for event `i` (`size` at least [`MIN_PAYLOAD`]).
-fn payload(i: usize, size: usize) -> String {
+/// A JSON payload of exactly `size` bytes for event `i` (`size` at least 32 bytes):
+/// `{"id":i,"pad":"xx…"}`.
+pub fn payload(i: usize, size: usize) -> String {
     let head = format!("{{\"id\":{i},\"pad\":\"");
     let pad = size.saturating_sub(head.len() + 2);
     format!("{head}{}\"}}", "x".repeat(pad))
@@ -322,6 +361,20 @@ pub async fn lateness(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let v: Vec<i64> = (1..=100).collect();
+        assert_eq!(
+            (percentile(&v, 50), percentile(&v, 99), percentile(&v, 100)),
+            (50, 99, 100)
+        );
+        assert_eq!(
+            (percentile(&[-5, 10], 50), percentile(&[-5, 10], 99)),
+            (-5, 10)
+        );
+        assert_eq!(percentile(&[7], 0), 7);
+    }
 
     #[test]
     fn the_steady_rate_leaves_out_the_wait_for_the_first_message() {

@@ -79,15 +79,26 @@ pub fn log_path(name: &str) -> Result<PathBuf, Error> {
     Ok(dir.join(name))
 }
 
-/// The resident set of a live process, in KiB (`VmRSS` in `/proc/PID/status`).
+/// The resident set of a live process, in KiB (`VmRSS`).
 pub fn rss_kib(pid: u32) -> Result<u64, Error> {
+    status_kib(pid, "VmRSS")
+}
+
+/// A size field of a live process's `/proc/PID/status` (`VmRSS`, `VmHWM`, …), in KiB.
+pub fn status_kib(pid: u32, field: &str) -> Result<u64, Error> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    parse_status_kib(&status, field).ok_or_else(|| format!("no {field} for pid {pid}").into())
+}
+
+fn parse_status_kib(status: &str, field: &str) -> Option<u64> {
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().strip_suffix("kB"))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| format!("no VmRSS for pid {pid}").into())
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()
 }
 
 #[cfg(test)]
@@ -95,7 +106,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn this_process_has_a_resident_set() {
+    fn this_process_has_a_resident_set_and_fields_are_read_by_name() {
         assert!(rss_kib(std::process::id()).expect("own status") > 0);
+        assert!(status_kib(std::process::id(), "VmHWM").expect("own peak") > 0);
+        let status = "Name:\tjava\nVmPeak:\t 9000 kB\nVmHWM:\t  330752 kB\nVmRSS:\t 1 kB\n";
+        assert_eq!(parse_status_kib(status, "VmHWM"), Some(330_752));
+        assert_eq!(parse_status_kib(status, "VmRSS"), Some(1));
+        assert_eq!(parse_status_kib("VmRSS:\t1 kB\n", "VmHWM"), None);
     }
 }

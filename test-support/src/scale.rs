@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, TryStreamExt};
+use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
@@ -72,14 +73,10 @@ fn parse(line: &str) -> Option<Option<u64>> {
     }
 }
 
-/// The bench side: for 1, 2 and 4 processes, a fresh topic made ready by `declare` (partitions, a
-/// subscription), the consumers started, the events published, the rate measured. Prints a line per
+/// The bench side: for 1, 2 and 4 processes, a fresh topic declared through `admin` (which sets its
+/// partitions), the consumers started, the events published, the rate measured. Prints a line per
 /// count and `ratio scale-out <broker> <n>/1: x`.
-pub async fn run<F, Fut>(broker: &Broker, name: &str, declare: F) -> Result<(), Error>
-where
-    F: Fn(String) -> Fut,
-    Fut: Future<Output = Result<(), Error>>,
-{
+pub async fn run(broker: &Broker, name: &str, admin: &dyn Admin) -> Result<(), Error> {
     let events: u64 = match std::env::var("RETRY_BENCH_SCALE_EVENTS") {
         Ok(v) => v
             .parse()
@@ -93,7 +90,7 @@ where
             "bench-scale-{processes}-{:x}",
             retry_core::time::Timestamp::now().as_millis()
         );
-        declare(topic.clone()).await?;
+        admin.declare(&topic, None).await?;
         let (tx, mut counts) = mpsc::unbounded_channel::<(usize, Option<u64>)>();
         let mut helpers = Vec::new();
         for i in 0..processes {
