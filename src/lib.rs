@@ -140,7 +140,9 @@ pub use retry_core::runtime::{
     App, AppError, Consumer, ConsumerBuilder, ConsumerError, ConsumerHandle, Context, Handler,
     ParkedAfterDead, Shutdown, Stats, decode_json, handler_fn, json_handler, shutdown_signal,
 };
-pub use retry_core::{adapter, check, classify, config, error, metadata, policy, telemetry, time};
+pub use retry_core::{
+    adapter, check, classify, config, error, metadata, options, policy, secret, telemetry, time,
+};
 
 /// Handlers as `tower` services, and `tower` layers around a consumer's handler (feature `tower`).
 #[cfg(feature = "tower")]

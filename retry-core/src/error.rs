@@ -34,6 +34,10 @@ pub enum Kind {
     AlreadySettled,
     /// The broker or this adapter cannot do what was asked.
     Unsupported,
+    /// The broker did not accept who we are or we did not trust it: wrong credentials, an untrusted or
+    /// mismatched certificate, plaintext to a TLS port or TLS to a plaintext one. Never temporary: trying
+    /// again with the same settings fails the same way.
+    Security,
     /// Anything else the broker client reported.
     Other,
 }
@@ -51,6 +55,7 @@ impl Kind {
             Kind::Closed => "closed",
             Kind::AlreadySettled => "already_settled",
             Kind::Unsupported => "unsupported",
+            Kind::Security => "security",
             Kind::Other => "other",
         }
     }

@@ -27,6 +27,7 @@ pub mod options;
 pub mod policy;
 pub mod producer;
 pub mod runtime;
+pub mod secret;
 pub mod telemetry;
 pub mod time;
 

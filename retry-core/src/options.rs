@@ -25,6 +25,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, Kind};
+use crate::secret::Secret;
 
 /// Adapter settings: keys and text values, later ones overriding earlier ones.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -33,9 +34,26 @@ pub struct Options {
 }
 
 /// Words in a key that mark its value as secret; such values never appear in `Debug` output.
-const SECRET_WORDS: [&str; 5] = ["password", "secret", "token", "credential", "private"];
+const SECRET_WORDS: [&str; 7] = [
+    "password",
+    "secret",
+    "token",
+    "credential",
+    "private",
+    "key.pem",
+    "passphrase",
+];
 
-fn is_secret(key: &str) -> bool {
+/// Whether a setting named `key` holds a secret (its name has `password`, `secret`, `token`,
+/// `credential`, `private`, `key.pem` or `passphrase` in it), so its value is never shown.
+///
+/// ```
+/// use retry_core::options::is_secret;
+/// assert!(is_secret("sasl.password"));
+/// assert!(is_secret("rdkafka.ssl.key.pem"));
+/// assert!(!is_secret("sasl.username"));
+/// ```
+pub fn is_secret(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
     SECRET_WORDS.iter().any(|w| key.contains(w))
 }
@@ -125,21 +143,53 @@ impl Options {
     }
 }
 
-/// The URL with the password of its user info shown as `***` (`amqp://app:***@host/`), for logs and
-/// messages.
+/// The URL with its secrets shown as `***`: the password of its user info (`amqp://app:***@host/`)
+/// and the value of every query parameter whose name says it is secret ([`is_secret`]:
+/// `?sasl.password=***`), for logs and messages.
 ///
 /// ```
+/// use retry_core::options::redact_url;
+/// assert_eq!(redact_url("amqp://app:s3cret@mq:5672/%2f"), "amqp://app:***@mq:5672/%2f");
 /// assert_eq!(
-///     retry_core::options::redact_url("amqp://app:s3cret@mq:5672/%2f"),
-///     "amqp://app:***@mq:5672/%2f"
+///     redact_url("kafka://h:9093?sasl.username=app&sasl.password=s3cret"),
+///     "kafka://h:9093?sasl.username=app&sasl.password=***"
 /// );
-/// assert_eq!(retry_core::options::redact_url("kafka://h:9092"), "kafka://h:9092");
+/// assert_eq!(redact_url("kafka://h:9092"), "kafka://h:9092");
 /// ```
 pub fn redact_url(url: &str) -> String {
+    let (url, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let mut out = redact_user_info(url);
+    if let Some(query) = query {
+        let pairs: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) if is_secret(&decoded(key)) => format!("{key}=***"),
+                _ => pair.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&pairs.join("&"));
+    }
+    out
+}
+
+/// A query key with its percent-escapes decoded (a secret's name hidden behind `%70assword` is
+/// still a secret's name).
+fn decoded(key: &str) -> String {
+    form_urlencoded::parse(key.as_bytes())
+        .next()
+        .map(|(k, _)| k.into_owned())
+        .unwrap_or_default()
+}
+
+fn redact_user_info(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority_end = rest.find(['/', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(authority_end);
     match authority.rsplit_once('@') {
         Some((user_info, host)) => {
@@ -170,7 +220,7 @@ impl<K: Into<String>, V: ToString> FromIterator<(K, V)> for Options {
 pub struct OptionReader<'a> {
     options: &'a Options,
     adapter: &'static str,
-    known: BTreeSet<&'static str>,
+    known: BTreeSet<String>,
     prefixes: BTreeSet<&'static str>,
 }
 
@@ -192,7 +242,7 @@ impl OptionReader<'_> {
         expected: &str,
         parse: impl FnOnce(&str) -> Option<T>,
     ) -> Result<Option<T>, Error> {
-        self.known.insert(key);
+        self.known.insert(key.to_string());
         match self.options.get(key) {
             None => Ok(None),
             Some(text) => parse(text.trim())
@@ -203,7 +253,7 @@ impl OptionReader<'_> {
 
     /// The text of `key`.
     pub fn string(&mut self, key: &'static str) -> Option<String> {
-        self.known.insert(key);
+        self.known.insert(key.to_string());
         self.options.get(key).map(str::to_string)
     }
 
@@ -240,6 +290,58 @@ impl OptionReader<'_> {
         })
     }
 
+    /// `key` as a secret, given in at most one of three ways: inline as `key`, as `key_env` (the name of
+    /// an environment variable holding it) or as `key_file` (a file holding it, one trailing line break
+    /// removed). A secret never has to be written into a URL or a config file.
+    ///
+    /// ```
+    /// use retry_core::options::Options;
+    ///
+    /// let o = Options::new().set("password_env", "PATH");
+    /// let password = o.reader("RabbitMQ").secret("password")?.expect("given");
+    /// assert_eq!(password.expose(), std::env::var("PATH").unwrap_or_default());
+    /// # Ok::<(), retry_core::error::Error>(())
+    /// ```
+    pub fn secret(&mut self, key: &'static str) -> Result<Option<Secret>, Error> {
+        let env_key = format!("{key}_env");
+        let file_key = format!("{key}_file");
+        let inline = self.options.get(key).map(Secret::new);
+        let from_env = self.options.get(&env_key).map(str::to_string);
+        let from_file = self.options.get(&file_key).map(str::to_string);
+        let given = [inline.is_some(), from_env.is_some(), from_file.is_some()];
+        if given.iter().filter(|g| **g).count() > 1 {
+            return Err(Error::new(
+                Kind::Config,
+                format!(
+                    "the {} adapter's secret {key} is given more than one way: set one of {key}, \
+                     {env_key} and {file_key}",
+                    self.adapter
+                ),
+            ));
+        }
+        self.known.insert(key.to_string());
+        self.known.insert(env_key.clone());
+        self.known.insert(file_key.clone());
+        let with_key = |e: Error| {
+            Error::new(
+                e.kind(),
+                format!(
+                    "option {} of the {} adapter: {}",
+                    key,
+                    self.adapter,
+                    e.message()
+                ),
+            )
+        };
+        if let Some(name) = from_env {
+            return Secret::from_env(name.trim()).map(Some).map_err(with_key);
+        }
+        if let Some(path) = from_file {
+            return Secret::from_file(path.trim()).map(Some).map_err(with_key);
+        }
+        Ok(inline)
+    }
+
     /// Every key starting with `prefix`, with the prefix removed (settings passed through to the broker's
     /// client, such as `rdkafka.fetch.queue.backoff.ms`).
     pub fn prefixed(&mut self, prefix: &'static str) -> Vec<(String, String)> {
@@ -264,12 +366,12 @@ impl OptionReader<'_> {
             .entries
             .iter()
             .map(|(k, _)| k.as_str())
-            .filter(|k| !self.known.contains(k) && !self.prefixes.iter().any(|p| k.starts_with(p)))
+            .filter(|k| !self.known.contains(*k) && !self.prefixes.iter().any(|p| k.starts_with(p)))
             .collect();
         if unknown.is_empty() {
             return Ok(());
         }
-        let mut known: Vec<String> = self.known.iter().map(|k| (*k).to_string()).collect();
+        let mut known: Vec<String> = self.known.iter().cloned().collect();
         known.extend(self.prefixes.iter().map(|p| format!("{p}*")));
         Err(Error::new(
             Kind::Config,
@@ -333,6 +435,61 @@ mod tests {
         assert!(!shown.contains("hunter2"), "{shown}");
         let e = o.reader("Kafka").bool("sasl.password").unwrap_err();
         assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn a_secret_comes_inline_from_a_variable_or_from_a_file_but_one_way_only() {
+        let o = Options::new().set("password", "inline");
+        assert_eq!(
+            o.reader("RabbitMQ")
+                .secret("password")
+                .unwrap()
+                .unwrap()
+                .expose(),
+            "inline"
+        );
+        let dir = std::env::temp_dir().join(format!("options-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("password");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let o = Options::new().set("password_file", file.display());
+        let mut r = o.reader("RabbitMQ");
+        assert_eq!(r.secret("password").unwrap().unwrap().expose(), "from-file");
+        r.finish().unwrap();
+        let o = Options::new()
+            .set("password", "inline")
+            .set("password_file", file.display());
+        let e = o.reader("RabbitMQ").secret("password").unwrap_err();
+        assert!(e.to_string().contains("more than one way"), "{e}");
+        assert!(!e.to_string().contains("inline"), "{e}");
+        let o = Options::new().set("password_env", "EVENT_RETRY_SURELY_UNSET_VARIABLE");
+        let e = o.reader("RabbitMQ").secret("password").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("option password of the RabbitMQ adapter"),
+            "{e}"
+        );
+        assert_eq!(
+            Options::new()
+                .reader("RabbitMQ")
+                .secret("password")
+                .unwrap(),
+            None
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn urls_lose_their_secrets_and_keep_the_rest() {
+        assert_eq!(
+            redact_url("amqps://app:pw@mq:5671/%2f?password=x&tls_ca=/ca.pem&token_file=/t"),
+            "amqps://app:***@mq:5671/%2f?password=***&tls_ca=/ca.pem&token_file=***"
+        );
+        assert_eq!(
+            redact_url("pulsar+ssl://h:6651?%74oken=abc"),
+            "pulsar+ssl://h:6651?%74oken=***"
+        );
+        assert_eq!(redact_url("not a url"), "not a url");
     }
 
     #[test]
