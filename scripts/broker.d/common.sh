@@ -208,3 +208,6 @@ cmdline_has() {
 
 # java_bin — the java to run brokers with.
 java_bin() { command -v java || die "java is not installed (OpenJDK 17 is expected)"; }
+
+# shellcheck source=tls.sh
+source "$(dirname "${BASH_SOURCE[0]}")/tls.sh"

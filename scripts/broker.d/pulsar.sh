@@ -3,6 +3,15 @@
 # Sourced by scripts/brokers after common.sh; defines pulsar_install, pulsar_start, pulsar_status and
 # pulsar_stop. State, config and log live in $STATE/pulsar/; the data folder is wiped at every start but
 # a restart.
+#
+# With --tls the broker also serves pulsar+ssl on <tls-port> and https on <web-tls-port> ($STATE/pulsar/
+# tls-port, web-tls-port; the PEM files of tls.sh), and authentication is on: a token (HS256, checked
+# against pulsar-secret.key) or a client certificate signed by the CA is verified when presented and
+# refused when bad, while a client that presents nothing gets the role "anonymous" (authorization stays
+# off), so the plaintext listeners serve the rest of the suite as before. On the binary protocol a client
+# always names its method, so a bad token is refused. Over HTTP, Pulsar checks a token as a token only
+# when the request says so (header X-Pulsar-Auth-Method-Name: token, as Pulsar's own admin client sends
+# it); without that header a token no provider accepts falls back to the anonymous role (200, not 401).
 
 # The Maven project, config template and log4j2 config next to this file.
 pulsar_home() { printf '%s' "$ROOT/scripts/broker.d/pulsar"; }
@@ -64,10 +73,76 @@ pulsar_wipe() {
   mkdir -p "$1/data" "$1/tmp"
 }
 
-# pulsar_write_config DIR BROKER_PORT WEB_PORT BOOKIE_PORT — fills the template into DIR/standalone.conf.
+# pulsar_write_config DIR BROKER_PORT WEB_PORT BOOKIE_PORT [TLS_PORT WEB_TLS_PORT] — fills the template
+# into DIR/standalone.conf; with the TLS ports, appends the secured listeners and authentication
+# (pulsar_tls_config).
 pulsar_write_config() {
   sed -e "s|@BROKER_PORT@|$2|g" -e "s|@WEB_PORT@|$3|g" -e "s|@BOOKIE_PORT@|$4|g" \
     "$(pulsar_home)/standalone.conf.in" > "$1/standalone.conf"
+  [ -z "${5:-}" ] || pulsar_tls_config "$5" "$6" >> "$1/standalone.conf"
+}
+
+# pulsar_tls_config TLS_PORT WEB_TLS_PORT — the standalone.conf lines of the secured listeners.
+pulsar_tls_config() {
+  cat <<EOF
+
+### Secured listeners (scripts/brokers start --tls), next to the plaintext ones above.
+brokerServicePortTls=$1
+webServicePortTls=$2
+tlsCertificateFilePath=$TLS_DIR/server.pem
+tlsKeyFilePath=$TLS_DIR/server.key
+tlsTrustCertsFilePath=$TLS_DIR/ca.pem
+# A client certificate is optional; one that is sent must be signed by the CA.
+tlsRequireTrustedClientCertOnConnect=false
+tlsAllowInsecureConnection=false
+
+### Authentication: a token or a client certificate is verified when presented and a bad one refused (over
+### HTTP, a token only with header X-Pulsar-Auth-Method-Name: token); a client that presents nothing gets
+### the anonymous role, and without authorization every role may do everything, so the plaintext
+### listeners work as without --tls.
+authenticationEnabled=true
+authenticationProviders=org.apache.pulsar.broker.authentication.AuthenticationProviderToken,org.apache.pulsar.broker.authentication.AuthenticationProviderTls
+# The HS256 key as raw bytes (the form \`pulsar tokens create-secret-key\` writes).
+tokenSecretKey=file://$TLS_DIR/pulsar-secret.key
+anonymousUserRole=anonymous
+authorizationEnabled=false
+superUserRoles=$TLS_USER
+# The standalone's own clients (namespace setup, system topics) use the plaintext listeners, with the token.
+brokerClientTlsEnabled=false
+brokerClientAuthenticationPlugin=org.apache.pulsar.client.impl.auth.AuthenticationToken
+brokerClientAuthenticationParameters=file://$TLS_DIR/pulsar.token
+EOF
+}
+
+# pulsar_tls_code WEB_TLS_PORT PATH TOKEN_FILE — the HTTP status of a GET of PATH over https, verifying the
+# server against our CA and sending the token of TOKEN_FILE (through curl's stdin, not its command line).
+# The X-Pulsar-Auth-Method-Name header makes the broker check the token as a token: without it, a token
+# that no provider accepts falls back to the anonymous role.
+pulsar_tls_code() {
+  printf 'header = "Authorization: Bearer %s"\n' "$(cat "$3")" \
+    | curl -s -K - -o /dev/null -w '%{http_code}' --max-time 15 --cacert "$TLS_DIR/ca.pem" \
+        -H 'X-Pulsar-Auth-Method-Name: token' "https://127.0.0.1:$1$2"
+}
+
+# pulsar_tls_ready TLS_PORT WEB_TLS_PORT — true when the admin API answers 200 over https with our token
+# and 401 with the wrong one, and the broker's TLS port completes a handshake that verifies against our CA.
+pulsar_tls_ready() {
+  local ns=/admin/v2/namespaces/public/default
+  [ "$(pulsar_tls_code "$2" "$ns" "$TLS_DIR/pulsar.token")" = 200 ] || return 1
+  [ "$(pulsar_tls_code "$2" "$ns" "$TLS_DIR/pulsar-wrong.token")" = 401 ] || return 1
+  timeout 10 openssl s_client -connect "127.0.0.1:$1" -CAfile "$TLS_DIR/ca.pem" -verify_return_error \
+    -verify_ip 127.0.0.1 < /dev/null >/dev/null 2>&1
+}
+
+# pulsar_tls_status — prints the RETRY_TEST_PULSAR_TLS URL when our standalone runs with its secured
+# listeners and its health check answers over https with our token; else prints nothing and fails.
+pulsar_tls_status() {
+  local d="$STATE/pulsar"
+  tls_on pulsar && cmdline_has "$d/pid" PulsarStandaloneStarter && [ -s "$d/tls-port" ] && [ -s "$d/web-tls-port" ] \
+    || return 1
+  [ "$(pulsar_tls_code "$(cat "$d/web-tls-port")" /admin/v2/brokers/health "$TLS_DIR/pulsar.token")" = 200 ] || return 1
+  printf 'pulsar+ssl://127.0.0.1:%s?tls_ca=%s&token_file=%s\n' \
+    "$(cat "$d/tls-port")" "$TLS_DIR/ca.pem" "$TLS_DIR/pulsar.token"
 }
 
 # pulsar_jvm_args DIR CLASSPATH — writes DIR/java.args, a java @argfile holding the classpath and JVM flags
@@ -123,6 +198,8 @@ pulsar_ensure_namespace() {
 
 # pulsar_start — starts a fresh standalone (wiped data, free ports written to DIR/port and DIR/web-port),
 # waits until it really serves (health check through the bookie), then makes sure public/default exists.
+# With TLS (tls_wanted), the secured listeners too (DIR/tls-port, DIR/web-tls-port), checked with
+# pulsar_tls_ready.
 pulsar_start() {
   local d; d=$(dir pulsar)
   local cp; cp=$(maven_classpath pulsar "$(pulsar_home)")
@@ -133,12 +210,23 @@ pulsar_start() {
   port=$(pick_port pulsar $(recorded_port "$d/port") 6650 16650 26650)
   web=$(pick_port pulsar $(recorded_port "$d/web-port") 8080 18080 28080)
   bk=$(pick_port pulsar $(recorded_port "$d/bookie-port") 3181 13181 23181)
+  local tls="" webtls=""
+  if tls_wanted; then
+    tls_material
+    tls=$(pick_port pulsar $(recorded_port "$d/tls-port") 6651 16651 26651)
+    webtls=$(pick_port pulsar $(recorded_port "$d/web-tls-port") 8443 18443 28443)
+  fi
+  tls_mark "$d"
   printf '%s\n' "$port" > "$d/port"
   printf '%s\n' "$web" > "$d/web-port"
   printf '%s\n' "$bk" > "$d/bookie-port"
-  pulsar_write_config "$d" "$port" "$web" "$bk"
+  if [ -n "$tls" ]; then
+    printf '%s\n' "$tls" > "$d/tls-port"
+    printf '%s\n' "$webtls" > "$d/web-tls-port"
+  fi
+  pulsar_write_config "$d" "$port" "$web" "$bk" "$tls" "$webtls"
   pulsar_jvm_args "$d" "$cp"
-  log "pulsar: starting (broker $port, web $web, bookie $bk; log $d/pulsar.log)"
+  log "pulsar: starting (broker $port, web $web, bookie $bk${tls:+, TLS broker $tls and web $webtls}; log $d/pulsar.log)"
   pulsar_launch "$d" "$bk"
   serve_or_stop pulsar pulsar_stop 240 pulsar_healthy "$web"
   pulsar_ensure_namespace "$web"
@@ -156,7 +244,10 @@ pulsar_start() {
     RETRY_BROKERS_KEEP_DATA=1 pulsar_launch "$d" "$bk"
     serve_or_stop pulsar pulsar_stop 240 pulsar_healthy "$web"
   done
-  log "pulsar: up at pulsar://127.0.0.1:$port (admin http://127.0.0.1:$web)"
+  if [ -n "$tls" ]; then
+    serve_or_stop pulsar pulsar_stop 60 pulsar_tls_ready "$tls" "$webtls"
+  fi
+  log "pulsar: up at pulsar://127.0.0.1:$port (admin http://127.0.0.1:$web)${tls:+ and pulsar+ssl://127.0.0.1:$tls (admin https://127.0.0.1:$webtls)}"
 }
 
 # pulsar_flapping DIR — true when, over two seconds, the log shows the bookie's registration lock being
