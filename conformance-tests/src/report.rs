@@ -55,7 +55,17 @@ pub struct Report {
 }
 
 /// The adapters in the report's column order; others follow alphabetically.
-const COLUMN_ORDER: [&str; 6] = ["memory", "kafka", "rabbitmq", "sqs", "sqs-fifo", "pulsar"];
+const COLUMN_ORDER: [&str; 9] = [
+    "memory",
+    "kafka",
+    "kafka-tls",
+    "rabbitmq",
+    "rabbitmq-tls",
+    "sqs",
+    "sqs-fifo",
+    "pulsar",
+    "pulsar-tls",
+];
 
 fn escape(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")

@@ -55,6 +55,37 @@ const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 /// }
 /// ```
 pub fn run(adapter: Adapter) -> ! {
+    run_scenarios(adapter, None)
+}
+
+/// Runs only the scenarios numbered in `numbers` (the others are "not run" in the report, not
+/// skips), as [`run`] does every one: a representative part of the suite over another setting of a
+/// broker, such as its TLS listener.
+///
+/// ```no_run
+/// // tests/conformance_tls.rs: success, retry, the DLQ and replay over the secured listener.
+/// # use conformance_tests::Adapter;
+/// # fn connect(_url: String) -> conformance_tests::BoxFuture<Result<conformance_tests::Fixture, String>> { todo!() }
+/// fn main() {
+///     conformance_tests::run_only(
+///         Adapter { name: "kafka-tls", url_env: Some("RETRY_TEST_KAFKA_TLS"), connect },
+///         &[1, 2, 3, 4, 9],
+///     )
+/// }
+/// ```
+pub fn run_only(adapter: Adapter, numbers: &[u8]) -> ! {
+    run_scenarios(adapter, Some(numbers))
+}
+
+/// The scenarios a run covers: all, or those numbered in `only`.
+fn selected(only: Option<&[u8]>) -> Vec<scenarios::Scenario> {
+    scenarios::all()
+        .into_iter()
+        .filter(|s| only.is_none_or(|n| n.contains(&s.number)))
+        .collect()
+}
+
+fn run_scenarios(adapter: Adapter, only: Option<&[u8]>) -> ! {
     // Started again as the consumer a crash scenario kills: be that, and nothing else.
     if let Ok(spec) = std::env::var(scenarios::crash::CHILD_ENV) {
         scenarios::crash::child_main(adapter, &spec);
@@ -107,11 +138,17 @@ pub fn run(adapter: Adapter) -> ! {
                     }
                     _ => fixture,
                 };
-                trials.extend(trials_for(Arc::new(fixture), &runtime, &report));
+                trials.extend(trials_for(Arc::new(fixture), &runtime, &report, only));
                 None
             }
-            Ok(Err(e)) => Some(format!("cannot connect to {url}: {e}")),
-            Err(_) => Some(format!("connecting to {url} took longer than 60 s")),
+            Ok(Err(e)) => Some(format!(
+                "cannot connect to {}: {e}",
+                retry_core::options::redact_url(&url)
+            )),
+            Err(_) => Some(format!(
+                "connecting to {} took longer than 60 s",
+                retry_core::options::redact_url(&url)
+            )),
         },
     };
     if let Some(reason) = unavailable {
@@ -125,7 +162,7 @@ pub fn run(adapter: Adapter) -> ! {
                 move || Err(Failed::from(message)),
             ));
         }
-        for s in scenarios::all() {
+        for s in selected(only) {
             eprintln!("SKIP {}::{}: {reason}", adapter.name, s.test_name());
             report.record(&s, Cell::Skip(reason.clone()));
             trials.push(
@@ -174,10 +211,11 @@ fn trials_for(
     fixture: Arc<Fixture>,
     runtime: &Arc<tokio::runtime::Runtime>,
     report: &Arc<Report>,
+    only: Option<&[u8]>,
 ) -> Vec<Trial> {
     let caps = fixture.capabilities();
     let abilities = fixture.abilities();
-    scenarios::all()
+    selected(only)
         .into_iter()
         .map(|s| {
             let name = format!("{}::{}", fixture.name(), s.test_name());

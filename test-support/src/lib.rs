@@ -8,6 +8,8 @@
 //! * [`backlog`]: healthy-event latency and the consumer's memory while retries wait in the broker;
 //! * [`child`]: a bench's helper process (the same binary, one part), its output and resident set;
 //! * [`scale`]: throughput of 1, 2 and 4 consumer processes in one group;
+//! * [`security`]: the secured listeners' material, URL edits, "fails fast" and secrets hidden from
+//!   every output;
 //! * [`restart`]: delayed retries surviving a restart of the broker (`scripts/brokers restart`).
 //!
 //! Adapters use it as a dev-dependency; it depends only on `retry-core`, so the conformance suite uses it
@@ -19,3 +21,4 @@ pub mod broker;
 pub mod child;
 pub mod restart;
 pub mod scale;
+pub mod security;
