@@ -16,11 +16,12 @@ use std::time::Duration;
 
 use retry_core::adapter::{BeyondMax, DelayCapability};
 use retry_core::error::{Error, Kind};
-use retry_core::options::Options;
+use retry_core::options::{Options, is_secret};
+use retry_core::secret::Secret;
 use retry_core::time::format_duration;
 
 /// The adapter's settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct KafkaConfig {
     /// The ladder's step: level *k* holds a record `granularity × 2^k`, and a retry is never early and at
     /// most about one step late. Default 100 ms.
@@ -49,8 +50,36 @@ pub struct KafkaConfig {
     /// settled (and committed) before it lets them go. Default 10 s.
     pub revoke_grace: Duration,
     /// Extra librdkafka settings for every client (security, timeouts), e.g.
-    /// `("security.protocol", "ssl")`.
+    /// `("security.protocol", "SASL_SSL")`. A secret belongs in `client_secrets`; one put here anyway is
+    /// still hidden from `Debug` when its name says it is secret (`sasl.password`).
     pub client: Vec<(String, String)>,
+    /// Secret librdkafka settings for every client (`sasl.password`, `ssl.key.password`, …): set after
+    /// `client`, never shown.
+    pub client_secrets: Vec<(String, Secret)>,
+}
+
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let client: Vec<(&str, &str)> = self
+            .client
+            .iter()
+            .map(|(k, v)| (k.as_str(), if is_secret(k) { "***" } else { v.as_str() }))
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("granularity", &self.granularity)
+            .field("max_delay", &self.max_delay)
+            .field("create_topics", &self.create_topics)
+            .field("partitions", &self.partitions)
+            .field("replication_factor", &self.replication_factor)
+            .field("retry_infix", &self.retry_infix)
+            .field("delay_infix", &self.delay_infix)
+            .field("dlq_suffix", &self.dlq_suffix)
+            .field("dlq_group", &self.dlq_group)
+            .field("revoke_grace", &self.revoke_grace)
+            .field("client", &client)
+            .field("client_secrets", &self.client_secrets)
+            .finish()
+    }
 }
 
 impl Default for KafkaConfig {
@@ -67,6 +96,7 @@ impl Default for KafkaConfig {
             dlq_group: "event-retry-dlq".to_string(),
             revoke_grace: Duration::from_secs(10),
             client: Vec::new(),
+            client_secrets: Vec::new(),
         }
     }
 }
@@ -78,8 +108,12 @@ impl KafkaConfig {
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
     /// starting from the defaults: `granularity`, `max_delay`, `revoke_grace` (durations such as `100ms`),
     /// `create_topics` (true/false), `partitions`, `replication_factor`, `retry_infix`, `delay_infix`,
-    /// `dlq_suffix`, `dlq_group`, and `rdkafka.<property>` for any librdkafka client property
-    /// (`rdkafka.fetch.queue.backoff.ms=10`). An unknown key is an error.
+    /// `dlq_suffix`, `dlq_group`, `rdkafka.<property>` for any librdkafka client property
+    /// (`rdkafka.fetch.queue.backoff.ms=10`), and librdkafka's TLS and SASL properties by their own
+    /// names ([`crate::security::SECURITY_KEYS`]: `security.protocol`, `sasl.mechanism`,
+    /// `sasl.username`, `ssl.ca.location`, …). The secrets among them ([`crate::security::SECRET_KEYS`]:
+    /// `sasl.password`, `ssl.key.password`, …) may come from a variable (`sasl.password_env=NAME`) or a
+    /// file (`sasl.password_file=/run/secrets/kafka`) instead. An unknown key is an error.
     pub fn from_options(options: &Options) -> Result<Self, Error> {
         let mut c = Self::default();
         let mut read = options.reader("Kafka");
@@ -113,7 +147,17 @@ impl KafkaConfig {
         if let Some(v) = read.duration("revoke_grace")? {
             c.revoke_grace = v;
         }
-        c.client = read.prefixed("rdkafka.");
+        let (security, secrets) = crate::security::read(&mut read)?;
+        c.client = security;
+        // A secret passed through `rdkafka.` lands with the other secrets, hidden all the same.
+        for (k, v) in read.prefixed("rdkafka.") {
+            if is_secret(&k) {
+                c.client_secrets.push((k, Secret::new(v)));
+            } else {
+                c.client.push((k, v));
+            }
+        }
+        c.client_secrets.extend(secrets);
         read.finish()?;
         c.validate()?;
         Ok(c)
@@ -311,6 +355,43 @@ mod tests {
         assert_eq!(typo.err().map(|e| e.kind()), Some(Kind::Config));
         let invalid = KafkaConfig::from_options(&Options::new().set("partitions", "0"));
         assert_eq!(invalid.err().map(|e| e.kind()), Some(Kind::Config));
+    }
+
+    #[test]
+    fn security_settings_by_their_own_names_and_secrets_never_shown() {
+        let options = Options::new()
+            .set("security.protocol", "SASL_SSL")
+            .set("sasl.mechanism", "SCRAM-SHA-512")
+            .set("sasl.username", "app")
+            .set("sasl.password", "hunter2-kafka")
+            .set("rdkafka.ssl.key.password", "hunter3-kafka");
+        let c = KafkaConfig::from_options(&options).unwrap_or_default();
+        assert!(
+            c.client
+                .contains(&("security.protocol".into(), "SASL_SSL".into()))
+        );
+        assert!(c.client.contains(&("sasl.username".into(), "app".into())));
+        let secrets: Vec<(&str, &str)> = c
+            .client_secrets
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.expose()))
+            .collect();
+        assert!(
+            secrets.contains(&("sasl.password", "hunter2-kafka")),
+            "{secrets:?}"
+        );
+        assert!(
+            secrets.contains(&("ssl.key.password", "hunter3-kafka")),
+            "{secrets:?}"
+        );
+        let shown = format!("{c:?} {options:?}");
+        assert!(!shown.contains("hunter"), "{shown}");
+        // Even a secret put among the plain settings in code stays hidden.
+        let by_hand = KafkaConfig {
+            client: vec![("sasl.password".into(), "hunter4-kafka".into())],
+            ..KafkaConfig::default()
+        };
+        assert!(!format!("{by_hand:?}").contains("hunter4"));
     }
 
     #[test]

@@ -23,13 +23,13 @@ mod hops;
 mod ladder;
 mod link;
 mod offsets;
+pub mod security;
 mod subscription;
 mod worker;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use rdkafka::producer::Producer;
 use retry_core::adapter::{
     Admin, Capabilities, ConnectFuture, DlqSession, Published, Scheme, Subscription,
     SubscriptionSpec, Transport,
@@ -93,21 +93,20 @@ impl KafkaTransport {
         Self::connect_with(url, KafkaConfig::default()).await
     }
 
-    /// Connects with explicit settings; fails when the cluster does not answer.
+    /// Connects with explicit settings; fails when the cluster does not answer within 15 s, and at
+    /// once with [`Kind::Security`] when it refuses the handshake (wrong credentials, an untrusted
+    /// certificate, plaintext to a TLS listener or TLS to a plaintext one).
     pub async fn connect_with(url: &str, config: KafkaConfig) -> Result<Self, Error> {
         config.validate()?;
         let bootstrap = bootstrap_of(url)?;
-        let link = Arc::new(Link::new(&bootstrap, config)?);
-        let producer = link.producer.clone();
+        let probe = link::probe_config(&bootstrap, &config);
+        let target = bootstrap.clone();
         tokio::task::spawn_blocking(move || {
-            producer
-                .client()
-                .fetch_metadata(None, REQUEST_TIMEOUT)
-                .map(drop)
+            security::check_connection(&target, &probe, REQUEST_TIMEOUT)
         })
         .await
-        .map_err(wrap(Kind::Other, "connect"))?
-        .map_err(wrap(Kind::Connection, format!("connect to {bootstrap}")))?;
+        .map_err(wrap(Kind::Other, "connect"))??;
+        let link = Arc::new(Link::new(&bootstrap, config)?);
         Ok(Self { link })
     }
 

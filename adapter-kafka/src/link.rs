@@ -456,7 +456,15 @@ fn client_config_with(
     for (k, v) in &config.client {
         c.set(k, v);
     }
+    for (k, v) in &config.client_secrets {
+        c.set(k, v.expose());
+    }
     c
+}
+
+/// The settings of a client that only reads metadata (the connect check).
+pub(crate) fn probe_config(bootstrap: &str, config: &KafkaConfig) -> ClientConfig {
+    client_config(bootstrap, config)
 }
 
 #[cfg(test)]

@@ -1,0 +1,246 @@
+//! TLS and SASL: which librdkafka settings a URL or config file may give without the `rdkafka.`
+//! prefix, which of them are secrets, and the connect check that turns a refused handshake into one
+//! clear error instead of librdkafka's endless reconnecting.
+//!
+//! librdkafka is built with OpenSSL, so `security.protocol` `SSL` and `SASL_SSL`, SASL `PLAIN`,
+//! `SCRAM-SHA-256`, `SCRAM-SHA-512` and `OAUTHBEARER` work in every build; hostname verification is
+//! librdkafka's default (`ssl.endpoint.identification.algorithm=https`).
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rdkafka::ClientContext;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext};
+use retry_core::error::{Error, Kind};
+use retry_core::options::OptionReader;
+use retry_core::secret::Secret;
+
+/// librdkafka's security settings a URL query or the config file may give by their own names
+/// (`kafka://h:9093?security.protocol=SASL_SSL&sasl.mechanism=SCRAM-SHA-512`).
+pub const SECURITY_KEYS: [&str; 20] = [
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "ssl.ca.location",
+    "ssl.ca.pem",
+    "ssl.certificate.location",
+    "ssl.certificate.pem",
+    "ssl.key.location",
+    "ssl.keystore.location",
+    "ssl.endpoint.identification.algorithm",
+    "enable.ssl.certificate.verification",
+    "ssl.cipher.suites",
+    "sasl.oauthbearer.method",
+    "sasl.oauthbearer.config",
+    "sasl.oauthbearer.client.id",
+    "sasl.oauthbearer.scope",
+    "sasl.oauthbearer.extensions",
+    "sasl.oauthbearer.token.endpoint.url",
+    "enable.sasl.oauthbearer.unsecure.jwt",
+];
+
+/// The secret ones: each may also be given as `<key>_env` or `<key>_file`, and is never shown.
+pub const SECRET_KEYS: [&str; 5] = [
+    "sasl.password",
+    "ssl.key.password",
+    "ssl.keystore.password",
+    "ssl.key.pem",
+    "sasl.oauthbearer.client.secret",
+];
+
+/// librdkafka settings by name: the plain ones and the secret ones.
+pub(crate) type Settings = (Vec<(String, String)>, Vec<(String, Secret)>);
+
+/// Reads the security settings: the plain ones, then the secrets.
+pub(crate) fn read(read: &mut OptionReader<'_>) -> Result<Settings, Error> {
+    let mut plain = Vec::new();
+    for key in SECURITY_KEYS {
+        if let Some(v) = read.string(key) {
+            plain.push((key.to_string(), v));
+        }
+    }
+    let mut secrets = Vec::new();
+    for key in SECRET_KEYS {
+        if let Some(v) = read.secret(key)? {
+            secrets.push((key.to_string(), v));
+        }
+    }
+    Ok((plain, secrets))
+}
+
+/// How long one metadata request of the connect check waits before the check looks at what the
+/// client reported.
+const PROBE_SLICE: Duration = Duration::from_millis(500);
+
+/// A client context that keeps the first security failure librdkafka reports, and its latest report.
+#[derive(Default)]
+struct Watch {
+    /// Whether the client speaks plaintext (`security.protocol` PLAINTEXT or SASL_PLAINTEXT).
+    plaintext: bool,
+    failure: Mutex<Option<String>>,
+    last: Mutex<Option<String>>,
+}
+
+impl ClientContext for Watch {
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(reason.to_string());
+        }
+        if is_security_failure(&error, reason)
+            && let Ok(mut failure) = self.failure.lock()
+            && failure.is_none()
+        {
+            *failure = Some(reason.to_string());
+        }
+    }
+
+    /// librdkafka reports a plaintext client on a TLS listener only as an informational `FAIL` line:
+    /// the broker hung up before answering the first request, which a Kafka listener speaking the
+    /// client's protocol never does.
+    fn log(&self, _level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        let hung_up_on_plaintext = self.plaintext
+            && log_message.contains("closed by peer")
+            && log_message.contains("APIVERSION_QUERY");
+        if fac == "FAIL"
+            && (hung_up_on_plaintext || log_message.contains("incorrect security.protocol"))
+            && let Ok(mut failure) = self.failure.lock()
+            && failure.is_none()
+        {
+            *failure = Some(format!(
+                "{log_message} (a TLS listener? this client's security.protocol is plaintext)"
+            ));
+        }
+    }
+}
+
+impl ProducerContext for Watch {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, _: &DeliveryResult<'_>, _: Self::DeliveryOpaque) {
+        // The probe produces nothing.
+    }
+}
+
+/// Whether a client with this `security.protocol` speaks plaintext (librdkafka's default does).
+fn speaks_plaintext(protocol: Option<&str>) -> bool {
+    protocol.is_none_or(|p| {
+        p.eq_ignore_ascii_case("plaintext") || p.eq_ignore_ascii_case("sasl_plaintext")
+    })
+}
+
+/// Whether librdkafka's report is a refused handshake rather than a broker that is not there (yet):
+/// failed SASL authentication, a failed TLS handshake, or a plaintext client on a TLS listener.
+fn is_security_failure(error: &KafkaError, reason: &str) -> bool {
+    let code = error.rdkafka_error_code();
+    matches!(
+        code,
+        Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed)
+    ) || reason.contains("SSL handshake failed")
+        || reason.contains("SASL")
+        || reason.contains("incorrect security.protocol")
+}
+
+/// Connects a throwaway client with `config` and waits until the cluster answers a metadata request,
+/// for at most `timeout`. A refused handshake fails at once with [`Kind::Security`] and librdkafka's
+/// reason (which never holds a password); a cluster that does not answer fails with
+/// [`Kind::Connection`] when the time is up.
+pub(crate) fn check_connection(
+    bootstrap: &str,
+    config: &ClientConfig,
+    timeout: Duration,
+) -> Result<(), Error> {
+    // Informational lines too: a plaintext client on a TLS listener is told only at that level.
+    let probe: BaseProducer<Watch> = config
+        .clone()
+        .set("log_level", "6")
+        .set_log_level(RDKafkaLogLevel::Info)
+        .create_with_context(Watch {
+            plaintext: speaks_plaintext(config.get("security.protocol")),
+            ..Watch::default()
+        })
+        .map_err(|e| Error::from_source(Kind::Config, e).with_operation("Kafka client settings"))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        let answer = probe.client().fetch_metadata(None, PROBE_SLICE);
+        // Errors reach the context's callbacks only while the client is polled.
+        probe.poll(Duration::ZERO);
+        let failure = probe.context().failure.lock().ok().and_then(|f| f.clone());
+        if let Some(reason) = failure {
+            return Err(Error::new(
+                Kind::Security,
+                format!("Apache Kafka at {bootstrap} refused the connection: {reason}"),
+            )
+            .with_operation(format!("connect to {bootstrap}"))
+            .temporary(false));
+        }
+        match answer {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() >= deadline => {
+                return Err(
+                    Error::from_source(Kind::Connection, e).with_operation(format!(
+                        "connect to Apache Kafka at {bootstrap} (no answer in {} s)",
+                        timeout.as_secs()
+                    )),
+                );
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refused_handshakes_are_told_from_a_missing_broker() {
+        let transport = KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure);
+        assert!(is_security_failure(
+            &transport,
+            "ssl://127.0.0.1:9093/bootstrap: SSL handshake failed: certificate verify failed"
+        ));
+        assert!(is_security_failure(
+            &transport,
+            "Disconnected while requesting ApiVersion: might be caused by incorrect \
+             security.protocol configuration (connecting to a SSL listener?)"
+        ));
+        assert!(is_security_failure(
+            &KafkaError::Global(RDKafkaErrorCode::Authentication),
+            "SASL authentication error: Authentication failed"
+        ));
+        assert!(!is_security_failure(
+            &transport,
+            "127.0.0.1:9092/bootstrap: Connect to ipv4#127.0.0.1:9092 failed: Connection refused"
+        ));
+        assert!(!is_security_failure(
+            &KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
+            "1/1 brokers are down"
+        ));
+    }
+
+    #[test]
+    fn a_hang_up_before_the_first_answer_is_a_tls_listener_only_for_a_plaintext_client() {
+        let line = "127.0.0.1:9093/bootstrap: Disconnected: connection closed by peer: receive 0 \
+                    after POLLIN (after 0ms in state APIVERSION_QUERY)";
+        let plaintext = Watch {
+            plaintext: speaks_plaintext(None),
+            ..Watch::default()
+        };
+        plaintext.log(RDKafkaLogLevel::Info, "FAIL", line);
+        let said = plaintext
+            .failure
+            .lock()
+            .map(|f| f.clone())
+            .unwrap_or_default();
+        assert!(said.is_some_and(|s| s.contains("a TLS listener?")));
+        let tls = Watch {
+            plaintext: speaks_plaintext(Some("SASL_SSL")),
+            ..Watch::default()
+        };
+        tls.log(RDKafkaLogLevel::Info, "FAIL", line);
+        assert!(tls.failure.lock().map(|f| f.is_none()).unwrap_or(false));
+    }
+}
