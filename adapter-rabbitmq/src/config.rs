@@ -9,6 +9,8 @@ use std::time::Duration;
 use retry_core::error::{Error, Kind};
 use retry_core::options::Options;
 
+pub use crate::security::RabbitSecurity;
+
 /// The queue type for every queue the adapter declares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum QueueType {
@@ -51,6 +53,8 @@ pub struct RabbitConfig {
     /// Declare missing queues, exchanges and bindings (idempotently) on first use. Default true; when
     /// false, a missing queue is an error naming it.
     pub declare: bool,
+    /// The password, CA and client certificate ([`RabbitSecurity`]).
+    pub security: RabbitSecurity,
 }
 
 impl Default for RabbitConfig {
@@ -63,6 +67,7 @@ impl Default for RabbitConfig {
             prefix: "event-retry".to_string(),
             dlq_suffix: ".dlq".to_string(),
             declare: true,
+            security: RabbitSecurity::default(),
         }
     }
 }
@@ -82,7 +87,9 @@ pub(crate) const URI_PARAMETERS: [&str; 5] = [
 impl RabbitConfig {
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
     /// starting from the defaults: `granularity` (a duration such as `100ms`), `levels`, `queue_type`
-    /// (`classic` or `quorum`), `delivery_limit`, `prefix`, `dlq_suffix` and `declare` (true/false). The
+    /// (`classic` or `quorum`), `delivery_limit`, `prefix`, `dlq_suffix`, `declare` (true/false), and
+    /// [`RabbitSecurity`]'s `password` (or `password_env`, `password_file`), `tls_ca`, `tls_cert` and
+    /// `tls_key`. The
     /// AMQP URI's own parameters (`heartbeat`, `connection_timeout`, `channel_max`, `frame_max`,
     /// `auth_mechanism`) are returned apart, for the connection URL. An unknown key is an error.
     pub fn from_options(options: &Options) -> Result<(Self, Vec<(String, String)>), Error> {
@@ -109,6 +116,7 @@ impl RabbitConfig {
         if let Some(v) = read.bool("declare")? {
             c.declare = v;
         }
+        c.security = RabbitSecurity::read(&mut read)?;
         let uri: Vec<(String, String)> = URI_PARAMETERS
             .iter()
             .filter_map(|k| read.string(k).map(|v| ((*k).to_string(), v)))
@@ -128,6 +136,7 @@ impl RabbitConfig {
 
     /// Checks the settings, with the reason when they cannot work.
     pub fn validate(&self) -> Result<(), Error> {
+        self.security.validate()?;
         let g = self.granularity.as_millis();
         if g == 0 || !self.granularity.as_nanos().is_multiple_of(1_000_000) {
             return Err(Error::new(

@@ -20,6 +20,7 @@ mod codec;
 pub mod config;
 mod dlq;
 mod link;
+mod security;
 mod subscription;
 mod topology;
 
@@ -35,7 +36,7 @@ use retry_core::error::Error;
 use retry_core::event::Event;
 use retry_core::options::Options;
 
-pub use crate::config::{QueueType, RabbitConfig};
+pub use crate::config::{QueueType, RabbitConfig, RabbitSecurity};
 use crate::link::{Link, amqp_error};
 use crate::subscription::RabbitSubscription;
 

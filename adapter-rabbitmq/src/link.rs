@@ -16,13 +16,16 @@ use lapin::Confirmation;
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueDeclareOptions,
 };
+use lapin::tcp::OwnedTLSConfig;
 use lapin::types::FieldTable;
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::uri::AMQPUri;
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, DefaultConnectionBuilder};
 use retry_core::error::{Error, Kind};
 use tokio::sync::Mutex;
 
 use crate::codec;
 use crate::config::RabbitConfig;
+use crate::security;
 use crate::topology::{self, Names};
 
 /// Publisher channels: as many publishes can be in flight at once.
@@ -33,7 +36,10 @@ const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The shared connection state of one transport.
 pub(crate) struct Link {
-    url: String,
+    /// Where to connect, the password put in (never shown: `Link` has no `Debug`).
+    uri: AMQPUri,
+    /// The CA and client identity of an `amqps://` connection.
+    tls: OwnedTLSConfig,
     /// The user the connection logs in as (RabbitMQ checks a message's `user-id` against it).
     pub(crate) user: String,
     pub(crate) config: RabbitConfig,
@@ -100,13 +106,12 @@ async fn bounded<T>(what: &str, fut: impl Future<Output = Result<T, Error>>) -> 
 impl Link {
     pub(crate) fn new(url: String, config: RabbitConfig) -> Result<Self, Error> {
         config.validate()?;
-        let user = url
-            .parse::<lapin::uri::AMQPUri>()
-            .map(|uri| uri.authority.userinfo.username)
-            .unwrap_or_default();
+        let uri = config.security.uri(&url)?;
+        let tls = config.security.tls_config()?;
         Ok(Self {
-            user,
-            url,
+            user: uri.authority.userinfo.username.clone(),
+            uri,
+            tls,
             names: Names::new(&config),
             config,
             connection: Mutex::new(None),
@@ -125,11 +130,14 @@ impl Link {
             return Ok(conn.clone());
         }
         let conn = bounded("connect", async {
-            Connection::connect(&self.url, ConnectionProperties::default())
+            DefaultConnectionBuilder::new()
+                .map_err(|e| Error::from_source(Kind::Other, e).with_operation("connect"))?
+                .with_uri(self.uri.clone())
+                .with_properties(ConnectionProperties::default())
+                .with_tls_config(self.tls.clone())
+                .connect()
                 .await
-                .map_err(|e| {
-                    Error::from_source(Kind::Connection, e).with_operation("connect to RabbitMQ")
-                })
+                .map_err(|e| security::connect_error(e, &self.uri))
         })
         .await?;
         let conn = Arc::new(conn);
