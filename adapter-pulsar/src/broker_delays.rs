@@ -20,11 +20,16 @@ pub(crate) async fn apply(config: &mut PulsarConfig) -> Result<(), Error> {
         return Ok(());
     };
     let namespace = config.namespace.clone();
+    let security = config.security.clone();
     let (broker, policy) = tokio::task::spawn_blocking(move || {
-        let broker = get(&format!("{admin}/admin/v2/brokers/configuration/runtime"))?;
-        let policy = get(&format!(
-            "{admin}/admin/v2/namespaces/{namespace}/delayedDelivery"
-        ))?;
+        let broker = get(
+            &format!("{admin}/admin/v2/brokers/configuration/runtime"),
+            &security,
+        )?;
+        let policy = get(
+            &format!("{admin}/admin/v2/namespaces/{namespace}/delayedDelivery"),
+            &security,
+        )?;
         Ok::<_, Error>((broker, policy))
     })
     .await

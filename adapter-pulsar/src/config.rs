@@ -6,6 +6,8 @@ use retry_core::adapter::{BeyondMax, DelayCapability};
 use retry_core::error::{Error, Kind};
 use retry_core::options::Options;
 
+pub use crate::security::PulsarSecurity;
+
 /// The adapter's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PulsarConfig {
@@ -34,6 +36,8 @@ pub struct PulsarConfig {
     /// reads the delayed-delivery settings above from the broker and the namespace's policy instead of
     /// trusting the configured ones, so a policy the broker cannot honour is refused at start.
     pub admin_url: Option<String>,
+    /// The token and TLS settings ([`PulsarSecurity`]).
+    pub security: PulsarSecurity,
 }
 
 impl Default for PulsarConfig {
@@ -48,6 +52,7 @@ impl Default for PulsarConfig {
             max_delay: None,
             delayed_delivery: true,
             admin_url: None,
+            security: PulsarSecurity::default(),
         }
     }
 }
@@ -55,8 +60,9 @@ impl Default for PulsarConfig {
 impl PulsarConfig {
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
     /// starting from the defaults: `namespace`, `retry_suffix`, `dlq_suffix`, `dlq_subscription`, `tick`
-    /// and `max_delay` (durations such as `100ms`), `strict_deliver_at` (true/false), `admin_url`. An
-    /// unknown key is an error.
+    /// and `max_delay` (durations such as `100ms`), `strict_deliver_at` (true/false), `admin_url`, and
+    /// [`PulsarSecurity`]'s `token` (or `token_env`, `token_file`), `tls_ca` and
+    /// `tls_hostname_verification`. An unknown key is an error.
     pub fn from_options(options: &Options) -> Result<Self, Error> {
         let mut c = Self::default();
         let mut read = options.reader("Apache Pulsar");
@@ -84,6 +90,7 @@ impl PulsarConfig {
         if let Some(v) = read.string("admin_url") {
             c.admin_url = Some(v);
         }
+        c.security = PulsarSecurity::read(&mut read)?;
         read.finish()?;
         c.validate()?;
         Ok(c)

@@ -21,12 +21,12 @@ mod codec;
 pub mod config;
 mod dlq;
 mod link;
+mod security;
 mod subscription;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use pulsar::{Pulsar, TokioExecutor};
 use retry_core::adapter::{
     Admin, Capabilities, ConnectFuture, DlqSession, Published, Scheme, Subscription,
     SubscriptionSpec, Transport,
@@ -35,7 +35,7 @@ use retry_core::error::Error;
 use retry_core::event::Event;
 use retry_core::options::Options;
 
-pub use crate::config::PulsarConfig;
+pub use crate::config::{PulsarConfig, PulsarSecurity};
 use crate::dlq::DlqConsumers;
 use crate::link::Link;
 
@@ -80,15 +80,7 @@ impl PulsarTransport {
     pub async fn connect_with(url: &str, mut config: PulsarConfig) -> Result<Self, Error> {
         config.validate()?;
         broker_delays::apply(&mut config).await?;
-        let client: Pulsar<TokioExecutor> = Pulsar::builder(url, TokioExecutor)
-            .build()
-            .await
-            .map_err(|e| {
-                Error::from_source(link::kind_of(&e), e).with_operation(format!(
-                    "connect to {}",
-                    retry_core::options::redact_url(url)
-                ))
-            })?;
+        let client = security::connect(url, &config.security).await?;
         let link = Arc::new(Link::new(client, config));
         Ok(Self {
             dlq: Arc::default(),

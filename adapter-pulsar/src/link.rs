@@ -180,8 +180,9 @@ impl Link {
         let full = self.config.full_name(topic);
         if let Some(admin) = self.config.admin_url.clone() {
             let (full, group) = (full.clone(), group.to_string());
+            let security = self.config.security.clone();
             return tokio::task::spawn_blocking(move || {
-                crate::admin_api::create_subscription(&admin, &full, &group)
+                crate::admin_api::create_subscription(&admin, &full, &group, &security)
             })
             .await
             .map_err(|e| Error::from_source(Kind::Other, e))?;
