@@ -5,6 +5,8 @@ use std::time::Duration;
 use retry_core::error::{Error, Kind};
 use retry_core::options::Options;
 
+pub use crate::url::ClientSettings;
+
 /// The adapter's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SqsConfig {
@@ -49,9 +51,10 @@ impl Default for SqsConfig {
 impl SqsConfig {
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
     /// starting from the defaults: `visibility`, `max_visibility`, `max_send_delay`, `wait` (durations
-    /// such as `30s`), `dlq_suffix`, `create_queues`, `max_receive_count`, `set_redrive`; and `region`,
-    /// returned apart for the client. An unknown key is an error.
-    pub fn from_options(options: &Options) -> Result<(Self, Option<String>), Error> {
+    /// such as `30s`), `dlq_suffix`, `create_queues`, `max_receive_count`, `set_redrive`; and `region`
+    /// and `profile` (the AWS shared-config profile), returned apart for the client. An unknown key is
+    /// an error.
+    pub fn from_options(options: &Options) -> Result<(Self, ClientSettings), Error> {
         let mut c = Self::default();
         let mut read = options.reader("Amazon SQS");
         if let Some(v) = read.duration("visibility")? {
@@ -78,10 +81,13 @@ impl SqsConfig {
         if let Some(v) = read.bool("set_redrive")? {
             c.set_redrive = v;
         }
-        let region = read.string("region");
+        let client = ClientSettings {
+            region: read.string("region"),
+            profile: read.string("profile"),
+        };
         read.finish()?;
         c.validate()?;
-        Ok((c, region))
+        Ok((c, client))
     }
 
     /// Checks the settings against what SQS accepts.
@@ -159,7 +165,7 @@ mod tests {
         assert_eq!(c.dlq_suffix, "-dead");
         assert!(!c.create_queues && c.set_redrive);
         assert_eq!(c.max_receive_count, 10);
-        assert_eq!(region.as_deref(), Some("eu-west-1"));
+        assert_eq!(region.region.as_deref(), Some("eu-west-1"));
         let typo = SqsConfig::from_options(&Options::new().set("visiblity", "1s"));
         assert_eq!(typo.err().map(|e| e.kind()), Some(Kind::Config));
         let fraction = SqsConfig::from_options(&Options::new().set("wait", "1500ms"));

@@ -38,7 +38,7 @@ use retry_core::error::{Error, Kind};
 use retry_core::event::Event;
 use retry_core::options::Options;
 
-pub use crate::config::SqsConfig;
+pub use crate::config::{ClientSettings, SqsConfig};
 use crate::link::{Link, sdk_error};
 use crate::queues::{Queues, check_redrive, check_retention};
 use crate::subscription::SqsSubscription;
@@ -53,8 +53,8 @@ pub const SCHEME: Scheme = Scheme {
 
 fn connect_url(url: String, options: Options) -> ConnectFuture {
     Box::pin(async move {
-        let (config, region) = SqsConfig::from_options(&options)?;
-        let transport = SqsTransport::connect_in(&url, config, region).await?;
+        let (config, client) = SqsConfig::from_options(&options)?;
+        let transport = SqsTransport::connect_in(&url, config, &client).await?;
         Ok(Arc::new(transport) as Arc<dyn Transport>)
     })
 }
@@ -74,26 +74,26 @@ impl std::fmt::Debug for SqsTransport {
 }
 
 impl SqsTransport {
-    /// Connects by URL with the default settings: `sqs://` (AWS; region and credentials from `AWS_REGION`,
-    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`), `sqs://key:secret@host:port`
-    /// or `http://host:port` (an SQS-compatible endpoint; `?region=` sets the region), or an `https://`
-    /// queue URL (its endpoint and region).
+    /// Connects by URL with the default settings: `sqs://` (AWS; region and credentials from the AWS
+    /// chain: environment, profiles, SSO, web identity, container and instance roles),
+    /// `sqs://key:secret@host:port` or `http://host:port` (an SQS-compatible endpoint; `?region=` sets
+    /// the region), or an `https://` queue URL (its endpoint and region).
     pub async fn connect(url: &str) -> Result<Self, Error> {
         Self::connect_with(url, SqsConfig::default()).await
     }
 
     /// Connects by URL with explicit settings, and checks the endpoint answers.
     pub async fn connect_with(url: &str, config: SqsConfig) -> Result<Self, Error> {
-        Self::connect_in(url, config, None).await
+        Self::connect_in(url, config, &ClientSettings::default()).await
     }
 
-    /// Connects with a region that overrides the URL's and the environment's.
-    async fn connect_in(
+    /// Connects with client settings (region, profile) that override the URL's and the chain's.
+    pub async fn connect_in(
         url: &str,
         config: SqsConfig,
-        region: Option<String>,
+        client: &ClientSettings,
     ) -> Result<Self, Error> {
-        let client = url::client_for(url, region)?;
+        let client = url::client_for(url, client).await?;
         let transport = Self::from_client(client, config)?;
         transport
             .link

@@ -6,14 +6,27 @@
 //!   elsewhere with `sqs://`);
 //! * `https://sqs.<region>.amazonaws.com/<account>/<queue>` — a queue URL: its endpoint and region.
 //!
-//! Credentials: `key:secret@` in the URL (percent-encoded), else `AWS_ACCESS_KEY_ID` /
-//! `AWS_SECRET_ACCESS_KEY` (/ `AWS_SESSION_TOKEN`), else, for a loopback endpoint, placeholders (local
-//! emulators accept any). The rest of the AWS credential chain (profiles, SSO, instance roles) comes with
-//! a client built by `aws-config`, passed to `SqsTransport::from_client`.
+//! Credentials and region come from the AWS SDK's own chain (`aws-config`), as every AWS tool finds
+//! them: the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`,
+//! `AWS_REGION`), the shared config and credentials files (`AWS_PROFILE` or the `profile` option,
+//! `AWS_CONFIG_FILE`, `AWS_SHARED_CREDENTIALS_FILE`) with SSO and `credential_process` profiles, web
+//! identity (`AWS_WEB_IDENTITY_TOKEN_FILE`, `AWS_ROLE_ARN`), the container role (ECS, EKS pod identity)
+//! and the instance role (IMDS). `key:secret@` in the URL (percent-encoded) overrides the chain. For a
+//! loopback endpoint (a local emulator) the chain stops at the environment and the profile files, and
+//! ends in placeholders (emulators accept any), so a laptop never waits on the instance-metadata
+//! service; its region defaults to `us-east-1`.
 
+use aws_config::default_provider::credentials::DefaultCredentialsChain;
+use aws_config::environment::{
+    EnvironmentVariableCredentialsProvider, EnvironmentVariableRegionProvider,
+};
+use aws_config::meta::credentials::CredentialsProviderChain;
+use aws_config::meta::region::RegionProviderChain;
+use aws_config::profile::{ProfileFileCredentialsProvider, ProfileFileRegionProvider};
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use retry_core::error::{Error, Kind};
+use retry_core::options::redact_url;
 
 /// What a URL says.
 #[derive(Debug, PartialEq, Eq)]
@@ -48,7 +61,12 @@ fn percent_decode(s: &str) -> Result<String, Error> {
 }
 
 pub(crate) fn parse(url: &str) -> Result<Target, Error> {
-    let bad = |why: &str| Error::new(Kind::Config, format!("SQS URL {url:?}: {why}"));
+    let bad = |why: &str| {
+        Error::new(
+            Kind::Config,
+            format!("SQS URL {:?}: {why}", redact_url(url)),
+        )
+    };
     let (scheme, rest) = url
         .split_once("://")
         .ok_or_else(|| bad("expected scheme://"))?;
@@ -102,54 +120,82 @@ pub(crate) fn parse(url: &str) -> Result<Target, Error> {
     })
 }
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
+/// How the client finds its region and credentials beyond the URL: the options `region` and
+/// `profile`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientSettings {
+    /// The region, over the URL's and the chain's (option `region`).
+    pub region: Option<String>,
+    /// The shared-config profile to read, over `AWS_PROFILE` (option `profile`).
+    pub profile: Option<String>,
 }
 
-/// A client for `url`; `region` (the `region` option) overrides the URL's and the environment's.
-pub(crate) fn client_for(url: &str, region: Option<String>) -> Result<Client, Error> {
+/// A client for `url`, its region and credentials from the URL, `settings` and the AWS chain.
+pub(crate) async fn client_for(url: &str, settings: &ClientSettings) -> Result<Client, Error> {
     let target = parse(url)?;
-    let region = region
-        .or_else(|| target.region.clone())
-        .or_else(|| env("AWS_REGION"))
-        .or_else(|| env("AWS_DEFAULT_REGION"))
-        .or_else(|| target.loopback.then(|| "us-east-1".to_string()))
-        .ok_or_else(|| {
-            Error::new(
-                Kind::Config,
-                format!("SQS URL {url:?}: no region (add ?region= or set AWS_REGION)"),
-            )
-        })?;
-    let credentials = match (
-        &target.user,
-        env("AWS_ACCESS_KEY_ID"),
-        env("AWS_SECRET_ACCESS_KEY"),
-    ) {
-        (Some((k, s)), _, _) => Credentials::new(k, s, None, None, "url"),
-        (None, Some(k), Some(s)) => {
-            Credentials::new(k, s, env("AWS_SESSION_TOKEN"), None, "environment")
-        }
-        (None, _, _) if target.loopback => {
-            Credentials::new("local", "local", None, None, "loopback")
-        }
-        _ => {
-            return Err(Error::new(
-                Kind::Config,
-                format!(
-                    "SQS URL {url:?}: no credentials (key:secret@ in the URL, AWS_ACCESS_KEY_ID and \
-                 AWS_SECRET_ACCESS_KEY, or a client from aws-config through SqsTransport::from_client)"
-                ),
-            ));
-        }
-    };
-    let mut builder = aws_sdk_sqs::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new(region))
-        .credentials_provider(credentials);
-    if let Some(endpoint) = target.endpoint {
-        builder = builder.endpoint_url(endpoint);
+    let shown = redact_url(url);
+    let mut loader = aws_config::defaults(BehaviorVersion::latest());
+    if let Some(profile) = &settings.profile {
+        loader = loader.profile_name(profile);
     }
-    Ok(Client::from_conf(builder.build()))
+    let region = settings.region.clone().or_else(|| target.region.clone());
+    if let Some(region) = region {
+        loader = loader.region(Region::new(region));
+    } else if target.loopback {
+        loader = loader.region(local_region(settings.profile.as_deref()));
+    }
+    if let Some((key, secret)) = &target.user {
+        loader = loader.credentials_provider(Credentials::new(key, secret, None, None, "url"));
+    } else if target.loopback {
+        loader = loader.credentials_provider(local_credentials(settings.profile.as_deref()));
+    } else {
+        let mut chain = DefaultCredentialsChain::builder();
+        if let Some(profile) = &settings.profile {
+            chain = chain.profile_name(profile);
+        }
+        loader = loader.credentials_provider(chain.build().await);
+    }
+    if let Some(endpoint) = &target.endpoint {
+        loader = loader.endpoint_url(endpoint);
+    }
+    let shared = loader.load().await;
+    if shared.region().is_none() {
+        return Err(Error::new(
+            Kind::Config,
+            format!(
+                "SQS URL {shown:?}: no region (add ?region=, set AWS_REGION, or give the profile one)"
+            ),
+        ));
+    }
+    Ok(Client::new(&shared))
+}
+
+/// A local emulator's region: the environment's, the profile's, else `us-east-1`.
+fn local_region(profile: Option<&str>) -> RegionProviderChain {
+    let mut from_profile = ProfileFileRegionProvider::builder();
+    if let Some(p) = profile {
+        from_profile = from_profile.profile_name(p);
+    }
+    RegionProviderChain::first_try(EnvironmentVariableRegionProvider::new())
+        .or_else(from_profile.build())
+        .or_else(Region::new("us-east-1"))
+}
+
+/// A local emulator's credentials: the environment's, the profile's, else placeholders.
+fn local_credentials(profile: Option<&str>) -> CredentialsProviderChain {
+    let mut from_profile = ProfileFileCredentialsProvider::builder();
+    if let Some(p) = profile {
+        from_profile = from_profile.profile_name(p);
+    }
+    CredentialsProviderChain::first_try(
+        "Environment",
+        EnvironmentVariableCredentialsProvider::new(),
+    )
+    .or_else("Profile", from_profile.build())
+    .or_else(
+        "Loopback",
+        Credentials::new("local", "local", None, None, "loopback"),
+    )
 }
 
 #[cfg(test)]
