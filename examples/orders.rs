@@ -61,7 +61,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let topic = "orders";
 
     let broker = event_retry::connect(&url).await?;
-    println!("broker: {url} ({} transport)", broker.name());
+    println!(
+        "broker: {} ({} transport)",
+        event_retry::options::redact_url(&url),
+        broker.name()
+    );
     let orders = broker
         .consumer(topic)
         .name("order-service")

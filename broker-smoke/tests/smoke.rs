@@ -11,11 +11,15 @@ type Check = fn(String) -> Result<(), String>;
 fn main() {
     let args = Arguments::from_args();
     let required = std::env::var("RETRY_TEST_REQUIRE").unwrap_or_default();
-    let brokers: [(&str, &str, Check); 4] = [
+    let brokers: [(&str, &str, Check); 7] = [
         ("kafka", "RETRY_TEST_KAFKA", kafka::smoke),
         ("rabbitmq", "RETRY_TEST_AMQP", rabbitmq::smoke),
         ("sqs", "RETRY_TEST_SQS", sqs::smoke),
         ("pulsar", "RETRY_TEST_PULSAR", pulsar_smoke::smoke),
+        // The secured listeners of `scripts/brokers start --tls`, through the same raw clients.
+        ("kafka-tls", "RETRY_TEST_KAFKA_TLS", kafka::smoke),
+        ("rabbitmq-tls", "RETRY_TEST_AMQP_TLS", rabbitmq::smoke),
+        ("pulsar-tls", "RETRY_TEST_PULSAR_TLS", pulsar_smoke::smoke),
     ];
     let mut trials = Vec::new();
     for (name, var, check) in brokers {
@@ -51,6 +55,29 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
 
+/// A URL's base and its query's settings, where a `<key>_file` setting becomes `<key>` with the
+/// file's content (a password file), as the adapters read them.
+fn settings_of(url: &str) -> Result<(String, Vec<(String, String)>), String> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_string(), Vec::new()));
+    };
+    let mut out = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match key.strip_suffix("_file") {
+            Some(key) => {
+                let text = std::fs::read_to_string(value).map_err(|e| format!("{value}: {e}"))?;
+                out.push((
+                    key.to_string(),
+                    text.trim_end_matches(['\r', '\n']).to_string(),
+                ));
+            }
+            None => out.push((key.to_string(), value.to_string())),
+        }
+    }
+    Ok((base.to_string(), out))
+}
+
 fn ensure(condition: bool, message: impl FnOnce() -> String) -> Result<(), String> {
     if condition { Ok(()) } else { Err(message()) }
 }
@@ -63,12 +90,21 @@ mod kafka {
     use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
     use rdkafka::producer::{FutureProducer, FutureRecord};
 
+    /// A client configuration for the URL: its servers and its security settings.
+    fn client(url: &str) -> Result<ClientConfig, String> {
+        let (base, settings) = settings_of(url)?;
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", base.trim_start_matches("kafka://"));
+        for (k, v) in settings {
+            c.set(k, v);
+        }
+        Ok(c)
+    }
+
     pub(super) fn smoke(url: String) -> Result<(), String> {
-        let servers = url.trim_start_matches("kafka://").to_string();
         runtime()?.block_on(async move {
             let topic = unique("smoke");
-            let producer: FutureProducer = ClientConfig::new()
-                .set("bootstrap.servers", &servers)
+            let producer: FutureProducer = client(&url)?
                 .set("acks", "all")
                 .set("enable.idempotence", "true")
                 .create()
@@ -87,8 +123,7 @@ mod kafka {
                 )
                 .await
                 .map_err(|(e, _)| format!("produce: {e}"))?;
-            let consumer: StreamConsumer = ClientConfig::new()
-                .set("bootstrap.servers", &servers)
+            let consumer: StreamConsumer = client(&url)?
                 .set("group.id", unique("smoke-group"))
                 .set("auto.offset.reset", "earliest")
                 .set("enable.auto.commit", "false")
@@ -125,14 +160,35 @@ mod rabbitmq {
         BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions,
         QueueDeclareOptions, QueueDeleteOptions,
     };
+    use lapin::tcp::OwnedTLSConfig;
     use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-    use lapin::{BasicProperties, Connection, ConnectionProperties};
+    use lapin::uri::AMQPUri;
+    use lapin::{BasicProperties, ConnectionProperties, DefaultConnectionBuilder};
 
     pub(super) fn smoke(url: String) -> Result<(), String> {
         runtime()?.block_on(async move {
-            let conn = Connection::connect(&url, ConnectionProperties::default())
+            // `password` (from `password_file`) and `tls_ca`, as the adapter reads them.
+            let (base, settings) = settings_of(&url)?;
+            let mut uri: AMQPUri = base.parse().map_err(|e| format!("URI: {e}"))?;
+            let mut tls = OwnedTLSConfig::default();
+            for (k, v) in settings {
+                match k.as_str() {
+                    "password" => uri.authority.userinfo.password = v,
+                    "tls_ca" => {
+                        tls.cert_chain =
+                            Some(std::fs::read_to_string(&v).map_err(|e| format!("{v}: {e}"))?)
+                    }
+                    _ => return Err(format!("the smoke test does not know the setting {k}")),
+                }
+            }
+            let conn = DefaultConnectionBuilder::new()
+                .map_err(|e| format!("lapin: {e}"))?
+                .with_uri(uri)
+                .with_properties(ConnectionProperties::default())
+                .with_tls_config(tls)
+                .connect()
                 .await
-                .map_err(|e| format!("connect {url}: {e}"))?;
+                .map_err(|e| format!("connect: {e}"))?;
             let ch = conn
                 .create_channel()
                 .await
@@ -381,14 +437,29 @@ mod pulsar_smoke {
     use futures::TryStreamExt;
     use pulsar::consumer::Consumer;
     use pulsar::producer::Message;
-    use pulsar::{Pulsar, SubType, TokioExecutor};
+    use pulsar::{Authentication, Pulsar, SubType, TokioExecutor};
 
     pub(super) fn smoke(url: String) -> Result<(), String> {
         runtime()?.block_on(async move {
-            let client: Pulsar<TokioExecutor> = Pulsar::builder(&url, TokioExecutor)
+            // `tls_ca` and `token` (from `token_file`), as the adapter reads them.
+            let (base, settings) = settings_of(&url)?;
+            let mut builder = Pulsar::builder(&base, TokioExecutor);
+            for (k, v) in settings {
+                builder = match k.as_str() {
+                    "tls_ca" => builder
+                        .with_certificate_chain_file(&v)
+                        .map_err(|e| format!("{v}: {e}"))?,
+                    "token" => builder.with_auth(Authentication {
+                        name: "token".into(),
+                        data: v.into_bytes(),
+                    }),
+                    _ => return Err(format!("the smoke test does not know the setting {k}")),
+                };
+            }
+            let client: Pulsar<TokioExecutor> = builder
                 .build()
                 .await
-                .map_err(|e| format!("connect {url}: {e}"))?;
+                .map_err(|e| format!("connect {base}: {e}"))?;
             let topic = format!("persistent://public/default/{}", unique("smoke"));
             let mut consumer: Consumer<Vec<u8>, TokioExecutor> = client
                 .consumer()
