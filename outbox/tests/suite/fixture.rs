@@ -260,7 +260,7 @@ pub(crate) async fn wait_states(
                 "{what}: not within {limit:?}; the outbox holds {by_state:?}"
             ));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

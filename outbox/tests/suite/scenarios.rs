@@ -823,9 +823,12 @@ async fn graceful_shutdown(column: Column) -> Result<String, String> {
     let ids = business
         .orders(&s.outbox, &s.topic, events(ROWS, None), true)
         .await?;
+    // Small batches, so the run lasts long enough to be caught mid-way: with the default batch a
+    // fast machine publishes all 3,000 rows between two looks at the table.
     let relay = s
         .outbox
         .relay(s.broker.producer())
+        .batch_size(10)
         .start()
         .map_err(|e| e.to_string())?;
     wait_states(
