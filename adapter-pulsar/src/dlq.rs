@@ -2,7 +2,10 @@
 //! (`event-retry-dlq`).
 //!
 //! Pulsar removes a message from a subscription when it is acknowledged there, so that subscription *is*
-//! the DLQ's content: a session reads every entry it holds (until nothing more arrives for a moment),
+//! the DLQ's content: a session asks the broker how many entries the subscription holds (its backlog)
+//! and reads until it has that many — entries a previous operation just gave back can take a moment to
+//! be dispatched again, and a quiet moment alone would miss them — or, without the count, until nothing
+//! more arrives for a moment;
 //! acknowledges what it removes — a replayed entry only after its copy was confirmed, the order being
 //! `retry_core::dlq`'s — and when it finishes closes its consumer, and the broker gives what it did not
 //! acknowledge to the next operation. Each session has a consumer of its own, closed (and the close
@@ -26,9 +29,14 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 use crate::codec;
 use crate::link::{Link, error};
 
-/// How long a session waits for the first entry, and then for each next one, before it has them all.
+/// Without the backlog's count: how long a session waits for the first entry, and then for each next
+/// one, before it has them all.
 const FIRST_WAIT: Duration = Duration::from_millis(1_500);
 const NEXT_WAIT: Duration = Duration::from_millis(1_000);
+/// With the count: how long a session waits for each entry it knows is there, and for one beyond it
+/// (dead-lettered while the session started).
+const COUNTED_WAIT: Duration = Duration::from_secs(10);
+const BEYOND_COUNT_WAIT: Duration = Duration::from_millis(200);
 
 /// One lock per DLQ: the operations of one transport on a DLQ run one at a time.
 #[derive(Default)]
@@ -54,7 +62,14 @@ pub(crate) async fn open(
     source_topic: &str,
 ) -> Result<Option<Box<dyn DlqSession>>, Error> {
     let turn = consumers.lock(source_topic).await;
-    let consumer = link.dlq_consumer(source_topic).await?;
+    let mut consumer = link.dlq_consumer(source_topic).await?;
+    let backlog = match consumer.get_stats().await {
+        Ok(stats) => stats.iter().map(|s| s.msg_backlog).sum::<Option<u64>>(),
+        Err(e) => {
+            tracing::debug!(error = %e, topic = source_topic, "no backlog count for the DLQ; reading until it is quiet");
+            None
+        }
+    };
     Ok(Some(Box::new(PulsarDlqSession {
         link,
         topic: source_topic.to_string(),
@@ -63,6 +78,7 @@ pub(crate) async fn open(
         held: Vec::new(),
         removed: Vec::new(),
         wait: FIRST_WAIT,
+        backlog: backlog.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
         drained: false,
     })))
 }
@@ -77,6 +93,8 @@ struct PulsarDlqSession {
     held: Vec<Message<Vec<u8>>>,
     removed: Vec<bool>,
     wait: Duration,
+    /// How many entries the subscription held when the session began, if the broker said.
+    backlog: Option<usize>,
     drained: bool,
 }
 
@@ -122,7 +140,12 @@ impl DlqSession for PulsarDlqSession {
         if self.drained {
             return Ok(None);
         }
-        let Ok(next) = tokio::time::timeout(self.wait, self.consumer.next()).await else {
+        let wait = match self.backlog {
+            Some(n) if self.held.len() < n => COUNTED_WAIT,
+            Some(_) => BEYOND_COUNT_WAIT,
+            None => self.wait,
+        };
+        let Ok(next) = tokio::time::timeout(wait, self.consumer.next()).await else {
             self.drained = true;
             return Ok(None);
         };
@@ -168,23 +191,20 @@ impl DlqSession for PulsarDlqSession {
         Ok(())
     }
 
-    /// Gives back what was not removed, and makes sure the removals reached the broker: the client queues
-    /// acknowledgements without a receipt, and a request on the same consumer after them returns once
-    /// the broker has read them, so a short-lived caller (retryctl) does not exit before they land.
+    /// Makes sure the removals reached the broker, then gives back what was not removed by closing the
+    /// consumer and waiting for the broker's answer: the client queues acknowledgements without a
+    /// receipt (a request on the same consumer after them returns once the broker has read them), and a
+    /// closed consumer's unacknowledged entries go back to the subscription at once — so the next
+    /// operation, in this process or a short-lived `retryctl`, finds them.
     async fn finish(mut self: Box<Self>) -> Result<(), Error> {
-        let held = std::mem::take(&mut self.held);
-        let mut any_removed = false;
-        for (message, removed) in held.iter().zip(&self.removed) {
-            if *removed {
-                any_removed = true;
-            } else {
-                self.consumer.nack(message).await.map_err(|e| {
-                    Error::from_source(Kind::Connection, e).with_operation("give back a DLQ entry")
-                })?;
-            }
-        }
-        if any_removed && let Err(e) = self.consumer.get_last_message_id().await {
+        if self.removed.iter().any(|r| *r)
+            && let Err(e) = self.consumer.get_last_message_id().await
+        {
             tracing::warn!(error = %e, topic = self.topic, "could not confirm that the DLQ removals reached the broker");
+        }
+        if let Err(e) = self.consumer.close().await {
+            // The broker gives the entries back when the connection goes, too.
+            tracing::warn!(error = %e, topic = self.topic, "could not close the DLQ consumer");
         }
         Ok(())
     }
