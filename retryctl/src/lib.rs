@@ -7,10 +7,15 @@
 //!   on any broker whose adapter is compiled in.
 //! * `retryctl outbox --db URL <list|show|replay|purge>` — the transactional outbox's rows (SQLite or
 //!   PostgreSQL): by state, topic, key and time; replay `DEAD` rows, purge `DEAD` or `PUBLISHED` ones.
+//! * `retryctl completions <shell>` — a completion script for bash, zsh, fish, elvish or PowerShell.
+//!
+//! Read commands print for people (times in UTC with their age, durations such as `2h 8m 15s`) or,
+//! with `--json`, one JSON document for scripts.
 
 use std::io::Write;
 
 pub mod outbox;
+pub mod render;
 
 use clap::{Args, Parser, Subcommand};
 use event_retry::adapter::Honour;
@@ -18,7 +23,6 @@ use event_retry::check::DelayReport;
 use event_retry::classify::ErrorKind;
 use event_retry::error::Kind;
 use event_retry::policy::RetryPolicy;
-use event_retry::time::format_duration;
 use event_retry::{Broker, DeadLetter, DlqFilter};
 
 /// `retryctl` arguments.
@@ -26,13 +30,21 @@ use event_retry::{Broker, DeadLetter, DlqFilter};
 #[command(
     name = "retryctl",
     version,
-    about = "Explain retry policies; inspect, replay and purge dead letter queues and outbox rows"
+    about = "Explain retry policies; inspect, replay and purge dead letter queues and outbox rows",
+    after_help = EXIT_CODES
 )]
 pub struct Cli {
     /// The command.
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// What the exit codes mean, for `--help`.
+pub const EXIT_CODES: &str = "Exit codes:
+  0  done
+  1  the broker or the database failed (unreachable, refused, an operation that did not complete)
+  2  bad input: arguments, a policy that does not parse, a URL or setting the adapter refuses, an
+     unconfirmed purge";
 
 /// The top-level commands.
 #[derive(Debug, Subcommand)]
@@ -44,6 +56,11 @@ pub enum Command {
     Dlq(DlqArgs),
     /// The transactional outbox.
     Outbox(outbox::OutboxArgs),
+    /// Prints a shell completion script (e.g. `retryctl completions bash > /etc/bash_completion.d/retryctl`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// `retryctl policy …`
@@ -59,6 +76,9 @@ pub enum PolicyCommand {
         /// At most this many retries (for unlimited policies).
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// One JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -88,6 +108,12 @@ pub struct Selection {
     /// Only entries with this key (UTF-8).
     #[arg(long)]
     pub key: Option<String>,
+    /// Only entries dead-lettered at or after this time (RFC 3339, or a duration ago such as `2h`).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only entries dead-lettered before this time (RFC 3339, or a duration ago such as `30m`).
+    #[arg(long)]
+    pub until: Option<String>,
     /// At most this many entries.
     #[arg(long)]
     pub limit: Option<usize>,
@@ -97,30 +123,49 @@ pub struct Selection {
 }
 
 impl Selection {
-    fn filter(&self) -> DlqFilter {
-        DlqFilter {
+    fn filter(&self) -> Result<DlqFilter, CliError> {
+        Ok(DlqFilter {
             ids: (!self.ids.is_empty()).then(|| self.ids.clone()),
             error_kind: self.kind,
             key: self.key.clone().map(Into::into),
+            since: self.since.as_deref().map(render::parse_time).transpose()?,
+            until: self.until.as_deref().map(render::parse_time).transpose()?,
             limit: self.limit,
-            ..DlqFilter::default()
-        }
+        })
     }
 
     fn is_narrowed(&self) -> bool {
-        !self.ids.is_empty() || self.kind.is_some() || self.key.is_some() || self.limit.is_some()
+        !self.ids.is_empty()
+            || self.kind.is_some()
+            || self.key.is_some()
+            || self.since.is_some()
+            || self.until.is_some()
+            || self.limit.is_some()
     }
 }
+
+/// The filters a replay or purge needs one of.
+const FILTERS: &str = "--all or a filter (--id, --kind, --key, --since, --until, --limit)";
 
 /// `retryctl dlq --url … --topic … <command>`
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// Lists entries, oldest first.
-    List(Selection),
+    List {
+        /// Which entries.
+        #[command(flatten)]
+        selection: Selection,
+        /// One JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Shows one entry with all its metadata.
     Show {
         /// The entry id.
         id: String,
+        /// One JSON document instead of the text.
+        #[arg(long)]
+        json: bool,
     },
     /// Sends entries back to their origin (payload unedited, attempts restarted).
     Replay(Selection),
@@ -180,18 +225,28 @@ pub async fn run(cli: Cli, out: &mut dyn Write) -> Result<(), CliError> {
             policy,
             broker,
             limit,
+            json,
         }) => {
             let broker = match broker {
                 Some(url) => Some(event_retry::connect(&url).await?),
                 None => None,
             };
-            explain(&policy, broker.as_ref(), limit, out)
+            if json {
+                explain_json(&policy, broker.as_ref(), limit, out)
+            } else {
+                explain(&policy, broker.as_ref(), limit, out)
+            }
         }
         Command::Dlq(args) => {
             let broker = event_retry::connect(&args.url).await?;
             dlq(&broker, &args.topic, args.command, out).await
         }
         Command::Outbox(args) => outbox::run(args, out).await,
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut command, "retryctl", out);
+            Ok(())
+        }
     }
 }
 
@@ -216,7 +271,7 @@ pub fn explain(
         "{:>7}  {:>10}  {:>12}{header}",
         "attempt", "delay", "cumulative"
     )?;
-    writeln!(out, "{:>7}  {:>10}  {:>12}", 1, "-", "0ms")?;
+    writeln!(out, "{:>7}  {:>10}  {:>12}", 1, "-", "0s")?;
     for row in &rows {
         let honour = capability.map_or(String::new(), |(_, cap)| match cap.honour(row.delay) {
             Honour::Exact => "  exact".to_string(),
@@ -226,8 +281,8 @@ pub fn explain(
             out,
             "{:>7}  {:>10}  {:>12}{honour}",
             row.attempt,
-            format_duration(row.delay),
-            format_duration(row.cumulative)
+            render::duration(row.delay),
+            render::duration(row.cumulative)
         )?;
     }
     if policy.max_retries().is_none_or(|max| max > limit) {
@@ -237,7 +292,7 @@ pub fn explain(
         writeln!(
             out,
             "budget: retries stop once {} have passed since the first attempt",
-            format_duration(budget)
+            render::duration(budget)
         )?;
     }
     if let Some((name, cap)) = capability {
@@ -252,22 +307,177 @@ pub fn explain(
     Ok(())
 }
 
+/// `policy explain --json`: the policy, its attempts, and per retry the delay and cumulative time in
+/// milliseconds (and how the broker honours it).
+pub fn explain_json(
+    policy: &str,
+    broker: Option<&Broker>,
+    limit: u32,
+    out: &mut dyn Write,
+) -> Result<(), CliError> {
+    let policy = RetryPolicy::parse(policy).map_err(|e| CliError::Policy(e.render()))?;
+    let capability = broker.map(|b| (b.name(), b.capabilities().delay));
+    let rows: Vec<serde_json::Value> = policy
+        .explain(limit)
+        .iter()
+        .map(|row| {
+            serde_json::json!({
+                "attempt": row.attempt,
+                "delay_ms": row.delay.as_millis() as u64,
+                "cumulative_ms": row.cumulative.as_millis() as u64,
+                "delay": render::duration(row.delay),
+                "cumulative": render::duration(row.cumulative),
+                "broker": capability.map(|(_, cap)| match cap.honour(row.delay) {
+                    Honour::Exact => "exact".to_string(),
+                    other => other.to_string(),
+                }),
+            })
+        })
+        .collect();
+    let refused = capability.and_then(|(_, cap)| {
+        let report = DelayReport::new(&policy, &cap);
+        (!report.is_ok()).then(|| report.to_string())
+    });
+    let doc = serde_json::json!({
+        "policy": policy.to_string(),
+        "max_attempts": policy.max_attempts(),
+        "broker": capability.map(|(name, _)| name),
+        "retries": rows,
+        "truncated": policy.max_retries().is_none_or(|max| max > limit),
+        "budget_ms": policy.max_elapsed().map(|d| d.as_millis() as u64),
+        "refused": refused,
+    });
+    writeln!(
+        out,
+        "{}",
+        serde_json::to_string_pretty(&doc).map_err(std::io::Error::other)?
+    )?;
+    Ok(())
+}
+
+/// One line of `dlq list`.
 fn describe(entry: &DeadLetter) -> String {
     let m = entry.event.metadata();
     let dead = m.dead.as_ref();
+    let error: String = m
+        .last_error
+        .as_deref()
+        .unwrap_or("-")
+        .chars()
+        .take(100)
+        .collect();
     format!(
-        "{:<12} {:<18} {:<14} attempts={:<3} key={} error={}",
+        "{:<12} {:<20} {:<20} {:<14} attempts={:<3} key={} error={}",
         entry.id,
+        dead.map_or("-".to_string(), |d| render::time(d.at)),
         m.event_id.as_deref().unwrap_or("-"),
         dead.map_or("-".to_string(), |d| d.reason.to_string()),
         m.attempts,
         entry
             .event
             .key
-            .as_ref()
-            .map_or("-".to_string(), |k| String::from_utf8_lossy(k).into_owned()),
-        m.last_error.as_deref().unwrap_or("-"),
+            .as_deref()
+            .map_or("-".to_string(), render::text_or_hex),
+        error,
     )
+}
+
+/// An entry in JSON: its id, the SDK's metadata with times in UTC, the key, the producer's headers,
+/// and (`with_payload`) the payload.
+pub fn entry_json(entry: &DeadLetter, with_payload: bool) -> serde_json::Value {
+    let e = &entry.event;
+    let m = e.metadata();
+    let dead = m.dead.as_ref();
+    let headers: Vec<serde_json::Value> = e
+        .headers
+        .iter()
+        .map(
+            |(name, value)| serde_json::json!({ "name": name, "value": render::bytes_json(value) }),
+        )
+        .collect();
+    let mut doc = serde_json::json!({
+        "id": entry.id,
+        "event_id": m.event_id,
+        "key": e.key.as_deref().map(render::bytes_json),
+        "reason": dead.map(|d| d.reason.to_string()),
+        "dead_at": render::time_json(dead.map(|d| d.at)),
+        "consumer": dead.map(|d| d.consumer.clone()),
+        "error_kind": m.error_kind.map(|k| k.as_str()),
+        "last_error": m.last_error,
+        "attempts": m.attempts,
+        "retries": m.retries,
+        "first_seen": render::time_json(m.first_seen),
+        "last_delay_ms": m.last_delay.map(|d| d.as_millis() as u64),
+        "origin": m.origin.as_ref().map(|o| serde_json::json!({
+            "topic": o.topic, "partition": o.partition, "offset": o.offset,
+        })),
+        "replay_count": m.replay_count,
+        "replayed_at": render::time_json(m.replayed_at),
+        "headers": headers,
+        "payload_bytes": e.payload.len(),
+    });
+    if with_payload {
+        let (kind, _) = render::payload(&e.payload);
+        doc["payload_format"] = kind.into();
+        doc["payload"] = render::bytes_json(&e.payload);
+    }
+    doc
+}
+
+/// `dlq show`: every field of an entry, for a person.
+fn show_entry(entry: &DeadLetter, out: &mut dyn Write) -> Result<(), CliError> {
+    let e = &entry.event;
+    let m = e.metadata();
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let mut fields: Vec<(&str, String)> = vec![
+        ("id", entry.id.clone()),
+        ("event id", opt(m.event_id.clone())),
+        ("key", opt(e.key.as_deref().map(render::text_or_hex))),
+    ];
+    if let Some(dead) = &m.dead {
+        fields.push(("dead", dead.reason.to_string()));
+        fields.push(("dead at", render::time_ago(dead.at)));
+        fields.push(("dead-lettered by", dead.consumer.clone()));
+    }
+    fields.extend([
+        (
+            "error kind",
+            opt(m.error_kind.map(|k| k.as_str().to_string())),
+        ),
+        ("last error", opt(m.last_error.clone())),
+        ("attempts", m.attempts.to_string()),
+        ("retries", m.retries.to_string()),
+        ("first seen", opt(m.first_seen.map(render::time_ago))),
+        ("last delay", opt(m.last_delay.map(render::duration))),
+        (
+            "origin",
+            opt(m.origin.as_ref().map(|o| match (o.partition, o.offset) {
+                (Some(p), Some(off)) => format!("{} (partition {p}, offset {off})", o.topic),
+                _ => o.topic.clone(),
+            })),
+        ),
+        ("replays", m.replay_count.to_string()),
+        ("replayed at", opt(m.replayed_at.map(render::time_ago))),
+    ]);
+    for (name, value) in fields {
+        writeln!(out, "{name:<17} {value}")?;
+    }
+    let headers: Vec<_> = e.headers.iter().collect();
+    writeln!(
+        out,
+        "{}",
+        render::counted(headers.len(), "header", "headers")
+    )?;
+    for (name, value) in headers {
+        writeln!(out, "  {name}: {}", render::text_or_hex(value))?;
+    }
+    let (kind, shown) = render::payload(&e.payload);
+    writeln!(
+        out,
+        "payload ({}, {kind}):\n{shown}",
+        render::counted(e.payload.len(), "byte", "bytes")
+    )?;
+    Ok(())
 }
 
 /// Runs a DLQ command against `broker`.
@@ -278,65 +488,62 @@ pub async fn dlq(
     out: &mut dyn Write,
 ) -> Result<(), CliError> {
     let queue = broker.dead_letters();
+    let plural = |n: usize| render::counted(n, "dead letter", "dead letters");
     match command {
-        DlqCommand::List(selection) => {
-            let entries = queue.list(topic, &selection.filter()).await?;
-            writeln!(out, "{} dead letters from {topic}", entries.len())?;
+        DlqCommand::List { selection, json } => {
+            let entries = queue.list(topic, &selection.filter()?).await?;
+            if json {
+                let doc: Vec<_> = entries.iter().map(|e| entry_json(e, false)).collect();
+                let text = serde_json::to_string_pretty(&doc).map_err(std::io::Error::other)?;
+                writeln!(out, "{text}")?;
+                return Ok(());
+            }
+            writeln!(out, "{} from {topic}", plural(entries.len()))?;
+            if !entries.is_empty() {
+                writeln!(
+                    out,
+                    "{:<12} {:<20} {:<20} {:<14} DETAILS",
+                    "ID", "DEAD AT (UTC)", "EVENT ID", "REASON"
+                )?;
+            }
             for entry in &entries {
                 writeln!(out, "{}", describe(entry))?;
             }
         }
-        DlqCommand::Show { id } => {
+        DlqCommand::Show { id, json } => {
             let entry = queue
                 .show(topic, &id)
                 .await?
                 .ok_or_else(|| CliError::Usage(format!("no dead letter {id:?} from {topic}")))?;
-            let e = &entry.event;
-            writeln!(out, "id: {}", entry.id)?;
-            writeln!(
-                out,
-                "key: {:?}",
-                e.key
-                    .as_ref()
-                    .map(|k| String::from_utf8_lossy(k).into_owned())
-            )?;
-            writeln!(
-                out,
-                "payload ({} bytes): {}",
-                e.payload.len(),
-                String::from_utf8_lossy(&e.payload)
-            )?;
-            for (name, value) in event_retry::metadata::encode(e.metadata(), &e.headers).iter() {
-                writeln!(out, "header {name}: {}", String::from_utf8_lossy(value))?;
+            if json {
+                let text = serde_json::to_string_pretty(&entry_json(&entry, true))
+                    .map_err(std::io::Error::other)?;
+                writeln!(out, "{text}")?;
+            } else {
+                show_entry(&entry, out)?;
             }
         }
         DlqCommand::Replay(selection) => {
             if !selection.all && !selection.is_narrowed() {
-                return Err(CliError::Usage(
-                    "replay needs --all or a filter (--id, --kind, --key, --limit)".into(),
-                ));
+                return Err(CliError::Usage(format!("replay needs {FILTERS}")));
             }
-            let report = queue.replay(topic, &selection.filter()).await?;
-            writeln!(
-                out,
-                "replayed {} dead letters to their origin",
-                report.replayed
-            )?;
+            let report = queue.replay(topic, &selection.filter()?).await?;
+            writeln!(out, "replayed {} to their origin", plural(report.replayed))?;
         }
         DlqCommand::Purge { selection, yes } => {
             if !selection.all && !selection.is_narrowed() {
-                return Err(CliError::Usage(
-                    "purge needs --all or a filter (--id, --kind, --key, --limit)".into(),
-                ));
+                return Err(CliError::Usage(format!("purge needs {FILTERS}")));
             }
+            let filter = selection.filter()?;
             if !yes {
-                let n = queue.list(topic, &selection.filter()).await?.len();
+                let n = queue.list(topic, &filter).await?.len();
                 return Err(CliError::Usage(format!(
-                    "purge would remove {n} dead letters; add --yes to confirm"
+                    "purge would remove {}; add --yes to confirm",
+                    plural(n)
                 )));
             }
-            let n = queue.purge(topic, &selection.filter()).await?;
-            writeln!(out, "purged {n} dead letters")?;
+            let n = queue.purge(topic, &filter).await?;
+            writeln!(out, "purged {}", plural(n))?;
         }
     }
     Ok(())
@@ -363,7 +570,10 @@ mod tests {
             .filter(|l| l.trim_start().starts_with(char::is_numeric))
             .collect();
         assert_eq!(rows.len(), 9, "{out}");
-        assert!(rows[8].contains("10s") && rows[8].contains("65s"), "{out}");
+        assert!(
+            rows[8].contains("10s") && rows[8].contains("1m 5s"),
+            "{out}"
+        );
     }
 
     #[test]
@@ -413,9 +623,13 @@ mod tests {
     async fn dlq_list_show_replay_purge() {
         let broker = Broker::memory();
         dead_letters(&broker, "orders", 3).await;
-        let list = |sel| async {
+        let list = |selection| async {
             let mut o = Vec::new();
-            dlq(&broker, "orders", DlqCommand::List(sel), &mut o)
+            let command = DlqCommand::List {
+                selection,
+                json: false,
+            };
+            dlq(&broker, "orders", command, &mut o)
                 .await
                 .map(|()| String::from_utf8(o).unwrap())
         };
@@ -433,15 +647,22 @@ mod tests {
         dlq(
             &broker,
             "orders",
-            DlqCommand::Show { id: id.clone() },
+            DlqCommand::Show {
+                id: id.clone(),
+                json: false,
+            },
             &mut o,
         )
         .await
         .unwrap();
         let shown = String::from_utf8(o).unwrap();
         assert!(
-            shown.contains("x-retry-dead-reason: non_retryable")
-                && shown.contains("payload (2 bytes): p0"),
+            shown.contains("dead              non_retryable")
+                && shown.contains("key               k\n")
+                && shown.contains("payload (2 bytes, text):\np0")
+                && shown.contains(" ago)")
+                && !shown.contains("Some(")
+                && !shown.contains("x-retry-"),
             "{shown}"
         );
 
@@ -501,6 +722,120 @@ mod tests {
                 .await
                 .unwrap()
                 .starts_with("0 dead letters")
+        );
+    }
+
+    #[tokio::test]
+    async fn json_for_scripts_and_time_filters() {
+        let broker = Broker::memory();
+        dead_letters(&broker, "orders", 2).await;
+        let run_list = |selection, json| {
+            let broker = broker.clone();
+            async move {
+                let mut o = Vec::new();
+                dlq(
+                    &broker,
+                    "orders",
+                    DlqCommand::List { selection, json },
+                    &mut o,
+                )
+                .await
+                .map(|()| String::from_utf8(o).unwrap())
+            }
+        };
+        let doc: serde_json::Value =
+            serde_json::from_str(&run_list(Selection::default(), true).await.unwrap()).unwrap();
+        let entries = doc.as_array().unwrap();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries[0]["reason"], "non_retryable");
+        assert_eq!(entries[0]["key"], "k");
+        assert_eq!(entries[0]["last_error"], "boom");
+        assert!(
+            entries[0]["dead_at"]["utc"]
+                .as_str()
+                .unwrap()
+                .ends_with('Z')
+        );
+        let id = entries[0]["id"].as_str().unwrap().to_string();
+        let mut o = Vec::new();
+        dlq(
+            &broker,
+            "orders",
+            DlqCommand::Show { id, json: true },
+            &mut o,
+        )
+        .await
+        .unwrap();
+        let one: serde_json::Value = serde_json::from_slice(&o).unwrap();
+        assert_eq!(one["payload"], "p0");
+        assert_eq!(one["payload_format"], "text");
+
+        let recent = Selection {
+            since: Some("1h".into()),
+            ..Selection::default()
+        };
+        assert!(
+            run_list(recent, false)
+                .await
+                .unwrap()
+                .starts_with("2 dead letters")
+        );
+        let future = Selection {
+            since: Some("2999-01-01T00:00:00Z".into()),
+            ..Selection::default()
+        };
+        assert!(
+            run_list(future, false)
+                .await
+                .unwrap()
+                .starts_with("0 dead letters")
+        );
+        let old = Selection {
+            until: Some("1h".into()),
+            ..Selection::default()
+        };
+        assert!(
+            run_list(old, false)
+                .await
+                .unwrap()
+                .starts_with("0 dead letters")
+        );
+        let bad = Selection {
+            since: Some("last tuesday".into()),
+            ..Selection::default()
+        };
+        assert_eq!(run_list(bad, false).await.unwrap_err().exit_code(), 2);
+    }
+
+    #[test]
+    fn explain_speaks_in_human_durations_and_json() {
+        let out = text(|o| explain("exp(1s, 1h, 2, 14)", None, 20, o)).unwrap();
+        assert!(out.contains("34m 7s") || out.contains("1h 8m"), "{out}");
+        assert!(!out.contains("2047s"), "{out}");
+        let json = text(|o| explain_json("5000x3,10000x5", None, 20, o)).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(doc["max_attempts"], 9);
+        assert_eq!(doc["retries"].as_array().unwrap().len(), 8);
+        assert_eq!(doc["retries"][7]["cumulative_ms"], 65_000);
+        assert_eq!(doc["retries"][7]["cumulative"], "1m 5s");
+    }
+
+    #[tokio::test]
+    async fn completions_and_exit_codes_in_help() {
+        let cli = Cli::try_parse_from(["retryctl", "completions", "bash"]).unwrap();
+        let mut o = Vec::new();
+        run(cli, &mut o).await.unwrap();
+        let script = String::from_utf8(o).unwrap();
+        assert!(
+            script.contains("retryctl") && script.contains("complete"),
+            "{script}"
+        );
+        let help = <Cli as clap::CommandFactory>::command()
+            .render_long_help()
+            .to_string();
+        assert!(
+            help.contains("Exit codes:") && help.contains("2  bad input"),
+            "{help}"
         );
     }
 

@@ -5,7 +5,6 @@
 //! shown in UTC (RFC 3339) and `--since`/`--until` take either such a time or a duration ago (`2h`).
 
 use std::io::Write;
-use std::time::{Duration, SystemTime};
 
 use clap::{Args, Subcommand};
 use event_retry::time::Timestamp;
@@ -71,11 +70,21 @@ impl RowSelection {
 #[derive(Debug, Subcommand)]
 pub enum OutboxCommand {
     /// Lists rows, oldest first, with counts by state.
-    List(RowSelection),
+    List {
+        /// Which rows.
+        #[command(flatten)]
+        selection: RowSelection,
+        /// One JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Shows one row with every field.
     Show {
         /// The row id.
         id: i64,
+        /// One JSON document instead of the text.
+        #[arg(long)]
+        json: bool,
     },
     /// Moves DEAD rows back to PENDING (due now, attempts restarted, replay count kept and raised).
     Replay(RowSelection),
@@ -106,14 +115,29 @@ impl From<OutboxError> for CliError {
 pub async fn run(args: OutboxArgs, out: &mut dyn Write) -> Result<(), CliError> {
     let outbox = Outbox::connect_with(&args.db, 2).await?;
     match args.command {
-        OutboxCommand::List(selection) => {
+        OutboxCommand::List { selection, json } => {
             let rows = outbox.list(&selection.filter()?).await?;
+            if json {
+                let doc: Vec<_> = rows.iter().map(|r| row_json(r, false)).collect();
+                let text = serde_json::to_string_pretty(&doc).map_err(std::io::Error::other)?;
+                writeln!(out, "{text}")?;
+                return Ok(());
+            }
             writeln!(out, "{}", summary(&rows))?;
             for row in &rows {
                 writeln!(out, "{}", line(row))?;
             }
         }
-        OutboxCommand::Show { id } => show(&outbox.get(id).await?, out)?,
+        OutboxCommand::Show { id, json } => {
+            let row = outbox.get(id).await?;
+            if json {
+                let text = serde_json::to_string_pretty(&row_json(&row, true))
+                    .map_err(std::io::Error::other)?;
+                writeln!(out, "{text}")?;
+            } else {
+                show(&row, out)?;
+            }
+        }
         OutboxCommand::Replay(selection) => {
             narrowed(&selection, "replay")?;
             let n = outbox.replay(&selection.filter()?).await?;
@@ -170,23 +194,44 @@ fn summary(list: &[OutboxRow]) -> String {
     }
 }
 
-/// A time for people: RFC 3339 in UTC, to the second.
-pub fn human_time(t: Timestamp) -> String {
-    humantime::format_rfc3339_seconds(t.to_system_time()).to_string()
-}
+use crate::render::{parse_time, text_or_hex, time as human_time};
 
 fn opt_time(t: Option<Timestamp>) -> String {
     t.map_or_else(|| "-".into(), human_time)
 }
 
-fn text_or_hex(bytes: &[u8]) -> String {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => text.to_string(),
-        Err(_) => {
-            let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            format!("0x{}", hex.join(""))
-        }
+/// A row in JSON: every field, times in UTC with their epoch milliseconds, bytes as text or hex.
+fn row_json(row: &OutboxRow, with_payload: bool) -> serde_json::Value {
+    use crate::render::{bytes_json, time_json};
+    let headers: Vec<serde_json::Value> = row
+        .headers
+        .iter()
+        .map(|(name, value)| serde_json::json!({ "name": name, "value": bytes_json(value) }))
+        .collect();
+    let mut doc = serde_json::json!({
+        "id": row.id,
+        "event_id": row.event_id,
+        "topic": row.topic,
+        "key": row.key.as_deref().map(bytes_json),
+        "state": row.state.as_str(),
+        "attempts": row.attempts,
+        "replay_count": row.replay_count,
+        "available_at": time_json(Some(row.available_at)),
+        "claimed_at": time_json(row.claimed_at),
+        "lease_until": time_json(row.lease_until),
+        "claimed_by": row.claimed_by,
+        "last_error": row.last_error,
+        "created_at": time_json(Some(row.created_at)),
+        "published_at": time_json(row.published_at),
+        "dead_at": time_json(row.dead_at),
+        "headers": headers,
+        "headers_error": row.headers_error,
+        "payload_bytes": row.payload.len(),
+    });
+    if with_payload {
+        doc["payload"] = bytes_json(&row.payload);
     }
+    doc
 }
 
 fn line(row: &OutboxRow) -> String {
@@ -251,37 +296,10 @@ fn show(row: &OutboxRow, out: &mut dyn Write) -> Result<(), CliError> {
     Ok(())
 }
 
-/// `2026-11-24T10:00:00Z`, or a duration ago (`90s`, `2h`, `1d`).
-fn parse_time(text: &str) -> Result<Timestamp, CliError> {
-    if let Ok(t) = humantime::parse_rfc3339_weak(text) {
-        return Ok(Timestamp::from_system_time(t));
-    }
-    let ago: Duration = humantime::parse_duration(text).map_err(|_| {
-        CliError::Usage(format!(
-            "{text:?} is neither a time (2026-11-24T10:00:00Z) nor a duration ago (2h)"
-        ))
-    })?;
-    Ok(Timestamp::from_system_time(
-        SystemTime::now()
-            .checked_sub(ago)
-            .unwrap_or(SystemTime::UNIX_EPOCH),
-    ))
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn times_parse_as_instants_or_durations_ago() {
-        let t = parse_time("2026-11-24T10:00:00Z").unwrap();
-        assert_eq!(human_time(t), "2026-11-24T10:00:00Z");
-        let ago = parse_time("2h").unwrap();
-        let expected = Timestamp::now().minus(Duration::from_secs(7200));
-        assert!(ago.since(expected) < Duration::from_secs(5));
-        assert!(parse_time("yesterday-ish").is_err());
-    }
 
     #[test]
     fn plurals_and_summaries_read_right() {

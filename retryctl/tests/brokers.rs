@@ -112,11 +112,22 @@ fn dlq_commands(url: String) -> Result<(), String> {
         let shown = retryctl(&cmd(&base, &["show", &ids[0]]))
             .await
             .map_err(|e| e.0)?;
-        if !(shown.contains("x-retry-dead-reason: non_retryable")
-            && shown.contains("refused by the test")
-            && shown.contains("payload-"))
+        if !(shown.contains("dead              non_retryable")
+            && shown.contains("last error        refused by the test")
+            && shown.contains("payload-")
+            && !shown.contains("Some(")
+            && !shown.contains("x-retry-"))
         {
             return Err(format!("show said:\n{shown}"));
+        }
+        // The same entry for a script: one JSON document with the metadata in fields.
+        let json = retryctl(&cmd(&base, &["show", &ids[0], "--json"]))
+            .await
+            .map_err(|e| e.0)?;
+        let doc: serde_json::Value =
+            serde_json::from_str(&json).map_err(|e| format!("show --json: {e}:\n{json}"))?;
+        if doc["reason"] != "non_retryable" || doc["last_error"] != "refused by the test" {
+            return Err(format!("show --json said:\n{json}"));
         }
 
         let replayed = retryctl(&cmd(&base, &["replay", "--id", &ids[0]]))
