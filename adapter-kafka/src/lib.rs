@@ -99,7 +99,7 @@ impl KafkaTransport {
     pub async fn connect_with(url: &str, config: KafkaConfig) -> Result<Self, Error> {
         config.validate()?;
         let bootstrap = bootstrap_of(url)?;
-        let probe = link::probe_config(&bootstrap, &config);
+        let probe = link::client_config(&bootstrap, &config);
         let target = bootstrap.clone();
         tokio::task::spawn_blocking(move || {
             security::check_connection(&target, &probe, REQUEST_TIMEOUT)

@@ -435,7 +435,7 @@ pub(crate) fn delivered(
 const FETCH_QUEUE_BACKOFF_MS: &str = "10";
 
 /// Settings every client shares, and the user's own `rdkafka.*` settings.
-fn client_config(bootstrap: &str, config: &KafkaConfig) -> ClientConfig {
+pub(crate) fn client_config(bootstrap: &str, config: &KafkaConfig) -> ClientConfig {
     client_config_with(bootstrap, config, &[])
 }
 
@@ -460,11 +460,6 @@ fn client_config_with(
         c.set(k, v.expose());
     }
     c
-}
-
-/// The settings of a client that only reads metadata (the connect check).
-pub(crate) fn probe_config(bootstrap: &str, config: &KafkaConfig) -> ClientConfig {
-    client_config(bootstrap, config)
 }
 
 #[cfg(test)]

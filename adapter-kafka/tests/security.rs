@@ -13,14 +13,14 @@
 //! They fail when `RETRY_TEST_REQUIRE` names `kafka-tls` and the variable is unset, and are skipped
 //! loudly otherwise.
 
-use event_retry_kafka::{KafkaConfig, KafkaTransport};
+use event_retry_kafka::{KafkaConfig, SCHEME};
 use libtest_mimic::Arguments;
 use retry_core::broker::Broker;
 use retry_core::error::Error;
 use retry_core::options::Options;
 use test_support::broker::{Test, runtime};
 use test_support::security::{
-    assert_hidden, capture_tracing, fails_fast, round_trip, tls_file, tls_secret, with_address_of,
+    Printed, capture_tracing, expect_refused, round_trip, tls_file, tls_secret, with_address_of,
     with_query,
 };
 
@@ -58,45 +58,31 @@ fn main() {
 }
 
 /// Connects as `event_retry::connect` does: the URL's query is the adapter's options.
-async fn connect(url: &str) -> Result<KafkaTransport, Error> {
-    let (base, options) = Options::split_url(url)?;
-    KafkaTransport::connect_with(&base, KafkaConfig::from_options(&options)?).await
+async fn connect(url: &str) -> Result<Broker, Error> {
+    test_support::security::connect(&SCHEME, url).await
 }
 
 fn every_sasl_mechanism_carries_an_event(url: String) -> Result<(), String> {
+    let oauth = with_query(&url, "sasl.username", None);
+    let oauth = with_query(&oauth, "sasl.password_file", None);
+    let oauth = with_query(&oauth, "sasl.mechanism", Some("OAUTHBEARER"));
+    let oauth = with_query(&oauth, "enable.sasl.oauthbearer.unsecure.jwt", Some("true"));
+    let oauth = with_query(
+        &oauth,
+        "sasl.oauthbearer.config",
+        Some("principal%3Devent-retry"),
+    );
+    let mut urls: Vec<(&str, String)> = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+        .into_iter()
+        .map(|m| (m, with_query(&url, "sasl.mechanism", Some(m))))
+        .collect();
+    urls.push(("OAUTHBEARER", oauth));
     runtime()?.block_on(async {
-        let oauth = with_query(
-            &with_query(
-                &with_query(&url, "sasl.username", None),
-                "sasl.password_file",
-                None,
-            ),
-            "sasl.mechanism",
-            Some("OAUTHBEARER"),
-        );
-        let oauth = with_query(&oauth, "enable.sasl.oauthbearer.unsecure.jwt", Some("true"));
-        let oauth = with_query(
-            &oauth,
-            "sasl.oauthbearer.config",
-            Some("principal%3Devent-retry"),
-        );
-        let urls = [
-            ("PLAIN", with_query(&url, "sasl.mechanism", Some("PLAIN"))),
-            (
-                "SCRAM-SHA-256",
-                with_query(&url, "sasl.mechanism", Some("SCRAM-SHA-256")),
-            ),
-            (
-                "SCRAM-SHA-512",
-                with_query(&url, "sasl.mechanism", Some("SCRAM-SHA-512")),
-            ),
-            ("OAUTHBEARER", oauth),
-        ];
         for (mechanism, url) in urls {
-            let transport = connect(&url)
+            let broker = connect(&url)
                 .await
                 .map_err(|e| format!("{mechanism}: connect: {e}"))?;
-            round_trip(&Broker::new(transport), "sasl")
+            round_trip(&broker, "sasl")
                 .await
                 .map_err(|e| format!("{mechanism}: {e}"))?;
             println!("  {mechanism} over TLS: one event, one broker retry, handled");
@@ -108,108 +94,44 @@ fn every_sasl_mechanism_carries_an_event(url: String) -> Result<(), String> {
 fn a_wrong_password_is_refused_fast(url: String) -> Result<(), String> {
     let url = with_query(&url, "sasl.password_file", None);
     let url = with_query(&url, "sasl.password", Some("not-the-password-0451"));
-    let said = runtime()?.block_on(fails_fast("Kafka", &["authentication"], connect(&url)))?;
-    println!("  {said}");
-    Ok(())
+    expect_refused("Kafka", &["authentication"], connect(&url))
 }
 
 fn an_untrusted_certificate_is_refused_fast(url: String) -> Result<(), String> {
     let url = with_query(&url, "ssl.ca.location", Some(&tls_file("other-ca.pem")?));
-    let said = runtime()?.block_on(fails_fast(
-        "Kafka",
-        &["certificate verify failed"],
-        connect(&url),
-    ))?;
-    println!("  {said}");
-    Ok(())
+    expect_refused("Kafka", &["certificate verify failed"], connect(&url))
 }
 
 fn plaintext_to_the_tls_port_is_refused_fast(url: String) -> Result<(), String> {
     let plain = url.split('?').next().unwrap_or(&url).to_string();
-    let said = runtime()?.block_on(fails_fast("Kafka", &["a TLS listener?"], connect(&plain)))?;
-    println!("  {said}");
-    Ok(())
+    expect_refused("Kafka", &["a TLS listener?"], connect(&plain))
 }
 
 fn tls_to_the_plaintext_port_is_refused_fast(url: String) -> Result<(), String> {
     let plaintext = std::env::var("RETRY_TEST_KAFKA")
         .map_err(|_| "RETRY_TEST_KAFKA (the plaintext listener) is not set".to_string())?;
     let url = with_address_of(&url, &plaintext);
-    let said = runtime()?.block_on(fails_fast(
-        "Kafka",
-        &["SSL handshake failed"],
-        connect(&url),
-    ))?;
-    println!("  {said}");
-    Ok(())
+    expect_refused("Kafka", &["SSL handshake failed"], connect(&url))
 }
 
 fn the_password_is_never_printed(url: String) -> Result<(), String> {
     let captured = capture_tracing();
     let password = tls_secret("kafka.password")?;
-    let inline = with_query(
-        &with_query(&url, "sasl.password_file", None),
-        "sasl.password",
-        Some(&password),
-    );
-    let wrong = with_query(
-        &with_query(&url, "sasl.password_file", None),
-        "sasl.password",
-        Some("wrong-password-3141"),
-    );
+    let bare = with_query(&url, "sasl.password_file", None);
+    let inline = with_query(&bare, "sasl.password", Some(&password));
+    let wrong = with_query(&bare, "sasl.password", Some("wrong-password-3141"));
+    let settings = |o: &Options| KafkaConfig::from_options(o).map(|c| format!("{c:?}"));
     runtime()?.block_on(async {
-        let mut outputs = Vec::new();
+        let mut printed = Printed::default();
         for (how, url) in [("file", &url), ("inline", &inline)] {
-            let (_, options) = Options::split_url(url).map_err(|e| e.to_string())?;
-            let config = KafkaConfig::from_options(&options).map_err(|e| e.to_string())?;
-            outputs.push((
-                format!("Debug of the options ({how})"),
-                format!("{options:?}"),
-            ));
-            outputs.push((
-                format!("Debug of the config ({how})"),
-                format!("{config:?}"),
-            ));
-            let transport = connect(url).await.map_err(|e| format!("{how}: {e}"))?;
-            outputs.push((
-                format!("Debug of the transport ({how})"),
-                format!("{transport:?}"),
-            ));
-            let broker = Broker::new(transport);
-            outputs.push((
-                format!("Debug of the broker ({how})"),
-                format!("{broker:?}"),
-            ));
-            round_trip(&broker, "redaction").await?;
+            printed.connect_and_use(&SCHEME, how, url, settings).await?;
         }
-        // The error of a refused connection, with the right password of another mechanism inline.
-        let refused = with_query(&inline, "ssl.ca.location", Some(&tls_file("other-ca.pem")?));
-        let e = connect(&refused)
-            .await
-            .err()
-            .ok_or("connected with an untrusted CA")?;
-        outputs.push(("Display of a refused connect".into(), format!("{e}")));
-        outputs.push(("Debug of a refused connect".into(), format!("{e:?}")));
-        let e = connect(&wrong)
-            .await
-            .err()
-            .ok_or("connected with a wrong password")?;
-        outputs.push(("Debug of a wrong-password connect".into(), format!("{e:?}")));
-        outputs.push(("the tracing events".into(), captured.text()));
-        if captured.text().is_empty() {
-            return Err("no tracing event was captured: the search would prove nothing".into());
-        }
-        let named: Vec<(&str, String)> = outputs
-            .iter()
-            .map(|(w, t)| (w.as_str(), t.clone()))
-            .collect();
-        assert_hidden(&password, &named)?;
-        assert_hidden("wrong-password-3141", &named)?;
-        println!(
-            "  searched {} outputs ({} bytes of tracing) for the password: absent",
-            named.len(),
-            captured.text().len()
-        );
-        Ok(())
+        // The right password inline, refused for the CA; then a wrong one.
+        let untrusted = with_query(&inline, "ssl.ca.location", Some(&tls_file("other-ca.pem")?));
+        printed
+            .refused(&SCHEME, "an untrusted CA", &untrusted)
+            .await?;
+        printed.refused(&SCHEME, "a wrong password", &wrong).await?;
+        printed.search(&captured, &[&password, "wrong-password-3141"])
     })
 }

@@ -17,7 +17,7 @@ use libtest_mimic::Arguments;
 use retry_core::options::Options;
 use test_support::broker::{Test, runtime};
 use test_support::security::{
-    assert_hidden, capture_tracing, connect, fails_fast, round_trip, tls_file, tls_secret,
+    Printed, capture_tracing, connect, expect_refused, round_trip, tls_file, tls_secret,
     with_address_of, with_query,
 };
 
@@ -109,44 +109,28 @@ fn the_admin_api_is_read_over_https_with_the_token(url: String) -> Result<(), St
 
 fn a_wrongly_signed_token_is_refused_fast(url: String) -> Result<(), String> {
     let url = with_query(&url, "token_file", Some(&tls_file("pulsar-wrong.token")?));
-    let said = runtime()?.block_on(fails_fast(
+    expect_refused(
         "Pulsar",
         &["refused the authentication"],
         connect(&SCHEME, &url),
-    ))?;
-    println!("  {said}");
-    Ok(())
+    )
 }
 
 fn an_untrusted_certificate_is_refused_fast(url: String) -> Result<(), String> {
     let url = with_query(&url, "tls_ca", Some(&tls_file("other-ca.pem")?));
-    let said = runtime()?.block_on(fails_fast(
-        "Pulsar",
-        &["does not trust"],
-        connect(&SCHEME, &url),
-    ))?;
-    println!("  {said}");
-    Ok(())
+    expect_refused("Pulsar", &["does not trust"], connect(&SCHEME, &url))
 }
 
 fn plaintext_to_the_tls_port_is_refused_fast(url: String) -> Result<(), String> {
     let url = with_query(&url, "tls_ca", None).replacen("pulsar+ssl://", "pulsar://", 1);
-    let said = runtime()?.block_on(fails_fast("Pulsar", &["TLS port"], connect(&SCHEME, &url)))?;
-    println!("  {said}");
-    Ok(())
+    expect_refused("Pulsar", &["TLS port"], connect(&SCHEME, &url))
 }
 
 fn tls_to_the_plaintext_port_is_refused_fast(url: String) -> Result<(), String> {
     let plaintext = std::env::var("RETRY_TEST_PULSAR")
         .map_err(|_| "RETRY_TEST_PULSAR (the plaintext listener) is not set".to_string())?;
     let url = with_address_of(&url, &plaintext);
-    let said = runtime()?.block_on(fails_fast(
-        "Pulsar",
-        &["TLS handshake failed"],
-        connect(&SCHEME, &url),
-    ))?;
-    println!("  {said}");
-    Ok(())
+    expect_refused("Pulsar", &["TLS handshake failed"], connect(&SCHEME, &url))
 }
 
 fn the_token_is_never_printed(url: String) -> Result<(), String> {
@@ -154,61 +138,20 @@ fn the_token_is_never_printed(url: String) -> Result<(), String> {
     let token = tls_secret("pulsar.token")?;
     let wrong = tls_secret("pulsar-wrong.token")?;
     let inline = with_query(&with_query(&url, "token_file", None), "token", Some(&token));
+    let wrong_inline = with_query(&inline, "token", Some(&wrong));
+    let settings = |o: &Options| PulsarConfig::from_options(o).map(|c| format!("{c:?}"));
     runtime()?.block_on(async {
-        let mut outputs = Vec::new();
+        let mut printed = Printed::default();
         for (how, url) in [("file", &url), ("inline", &inline)] {
-            let (_, options) = Options::split_url(url).map_err(|e| e.to_string())?;
-            let config = PulsarConfig::from_options(&options).map_err(|e| e.to_string())?;
-            outputs.push((
-                format!("Debug of the options ({how})"),
-                format!("{options:?}"),
-            ));
-            outputs.push((
-                format!("Debug of the config ({how})"),
-                format!("{config:?}"),
-            ));
-            outputs.push((
-                format!("the URL redacted ({how})"),
-                retry_core::options::redact_url(url),
-            ));
-            let broker = connect(&SCHEME, url)
-                .await
-                .map_err(|e| format!("{how}: {e}"))?;
-            outputs.push((
-                format!("Debug of the broker ({how})"),
-                format!("{broker:?}"),
-            ));
-            round_trip(&broker, "redaction").await?;
+            printed.connect_and_use(&SCHEME, how, url, settings).await?;
         }
-        let refused = with_query(&inline, "tls_ca", Some(&tls_file("other-ca.pem")?));
-        let e = connect(&SCHEME, &refused)
-            .await
-            .err()
-            .ok_or("connected with an untrusted CA")?;
-        outputs.push(("Display of a refused connect".into(), format!("{e}")));
-        outputs.push(("Debug of a refused connect".into(), format!("{e:?}")));
-        let wrong_inline = with_query(&inline, "token", Some(&wrong));
-        let e = connect(&SCHEME, &wrong_inline)
-            .await
-            .err()
-            .ok_or("connected with a wrong token")?;
-        outputs.push(("Display of a wrong-token connect".into(), format!("{e}")));
-        outputs.push(("Debug of a wrong-token connect".into(), format!("{e:?}")));
-        if captured.text().is_empty() {
-            return Err("no tracing event was captured: the search would prove nothing".into());
-        }
-        outputs.push(("the tracing events".into(), captured.text()));
-        let named: Vec<(&str, String)> = outputs
-            .iter()
-            .map(|(w, t)| (w.as_str(), t.clone()))
-            .collect();
-        assert_hidden(&token, &named)?;
-        assert_hidden(&wrong, &named)?;
-        println!(
-            "  searched {} outputs ({} bytes of tracing) for the token: absent",
-            named.len(),
-            captured.text().len()
-        );
-        Ok(())
+        let untrusted = with_query(&inline, "tls_ca", Some(&tls_file("other-ca.pem")?));
+        printed
+            .refused(&SCHEME, "an untrusted CA", &untrusted)
+            .await?;
+        printed
+            .refused(&SCHEME, "a wrong token", &wrong_inline)
+            .await?;
+        printed.search(&captured, &[&token, &wrong])
     })
 }

@@ -16,7 +16,7 @@ use libtest_mimic::Arguments;
 use retry_core::options::Options;
 use test_support::broker::{Test, runtime};
 use test_support::security::{
-    assert_hidden, capture_tracing, connect, fails_fast, round_trip, tls_file, tls_secret,
+    Printed, capture_tracing, connect, expect_refused, round_trip, tls_file, tls_secret,
     with_address_of, with_query,
 };
 
@@ -90,48 +90,24 @@ fn a_client_certificate_logs_in_with_external(url: String) -> Result<(), String>
 fn a_wrong_password_is_refused_fast(url: String) -> Result<(), String> {
     let url = with_query(&url, "password_file", None);
     let url = with_query(&url, "password", Some("not-the-password-0451"));
-    let said = runtime()?.block_on(fails_fast(
-        "RabbitMQ",
-        &["refused the login"],
-        connect(&SCHEME, &url),
-    ))?;
-    println!("  {said}");
-    Ok(())
+    expect_refused("RabbitMQ", &["refused the login"], connect(&SCHEME, &url))
 }
 
 fn an_untrusted_certificate_is_refused_fast(url: String) -> Result<(), String> {
     let url = with_query(&url, "tls_ca", Some(&tls_file("other-ca.pem")?));
-    let said = runtime()?.block_on(fails_fast(
-        "RabbitMQ",
-        &["does not trust"],
-        connect(&SCHEME, &url),
-    ))?;
-    println!("  {said}");
-    Ok(())
+    expect_refused("RabbitMQ", &["does not trust"], connect(&SCHEME, &url))
 }
 
 fn plaintext_to_the_tls_port_is_refused_fast(url: String) -> Result<(), String> {
     let url = with_query(&url, "tls_ca", None).replacen("amqps://", "amqp://", 1);
-    let said = runtime()?.block_on(fails_fast(
-        "RabbitMQ",
-        &["TLS port"],
-        connect(&SCHEME, &url),
-    ))?;
-    println!("  {said}");
-    Ok(())
+    expect_refused("RabbitMQ", &["TLS port"], connect(&SCHEME, &url))
 }
 
 fn tls_to_the_plaintext_port_is_refused_fast(url: String) -> Result<(), String> {
     let plaintext = std::env::var("RETRY_TEST_AMQP")
         .map_err(|_| "RETRY_TEST_AMQP (the plaintext listener) is not set".to_string())?;
     let url = with_address_of(&url, &plaintext);
-    let said = runtime()?.block_on(fails_fast(
-        "RabbitMQ",
-        &["did not answer TLS"],
-        connect(&SCHEME, &url),
-    ))?;
-    println!("  {said}");
-    Ok(())
+    expect_refused("RabbitMQ", &["did not answer TLS"], connect(&SCHEME, &url))
 }
 
 fn the_password_is_never_printed(url: String) -> Result<(), String> {
@@ -141,64 +117,21 @@ fn the_password_is_never_printed(url: String) -> Result<(), String> {
     let as_option = with_query(&bare, "password", Some(&password));
     let in_user_info = bare.replacen("event-retry@", &format!("event-retry:{password}@"), 1);
     let wrong = with_query(&bare, "password", Some("wrong-password-3141"));
+    let settings = |o: &Options| RabbitConfig::from_options(o).map(|c| format!("{c:?}"));
     runtime()?.block_on(async {
-        let mut outputs = Vec::new();
+        let mut printed = Printed::default();
         for (how, url) in [
             ("file", &url),
             ("option", &as_option),
             ("user info", &in_user_info),
         ] {
-            let (_, options) = Options::split_url(url).map_err(|e| e.to_string())?;
-            let config = RabbitConfig::from_options(&options).map_err(|e| e.to_string())?;
-            outputs.push((
-                format!("Debug of the options ({how})"),
-                format!("{options:?}"),
-            ));
-            outputs.push((
-                format!("Debug of the config ({how})"),
-                format!("{config:?}"),
-            ));
-            outputs.push((
-                format!("the URL redacted ({how})"),
-                retry_core::options::redact_url(url),
-            ));
-            let broker = connect(&SCHEME, url)
-                .await
-                .map_err(|e| format!("{how}: {e}"))?;
-            outputs.push((
-                format!("Debug of the broker ({how})"),
-                format!("{broker:?}"),
-            ));
-            round_trip(&broker, "redaction").await?;
+            printed.connect_and_use(&SCHEME, how, url, settings).await?;
         }
-        let refused = with_query(&as_option, "tls_ca", Some(&tls_file("other-ca.pem")?));
-        let e = connect(&SCHEME, &refused)
-            .await
-            .err()
-            .ok_or("connected with an untrusted CA")?;
-        outputs.push(("Display of a refused connect".into(), format!("{e}")));
-        outputs.push(("Debug of a refused connect".into(), format!("{e:?}")));
-        let e = connect(&SCHEME, &wrong)
-            .await
-            .err()
-            .ok_or("connected with a wrong password")?;
-        outputs.push(("Display of a wrong-password connect".into(), format!("{e}")));
-        outputs.push(("Debug of a wrong-password connect".into(), format!("{e:?}")));
-        if captured.text().is_empty() {
-            return Err("no tracing event was captured: the search would prove nothing".into());
-        }
-        outputs.push(("the tracing events".into(), captured.text()));
-        let named: Vec<(&str, String)> = outputs
-            .iter()
-            .map(|(w, t)| (w.as_str(), t.clone()))
-            .collect();
-        assert_hidden(&password, &named)?;
-        assert_hidden("wrong-password-3141", &named)?;
-        println!(
-            "  searched {} outputs ({} bytes of tracing) for the password: absent",
-            named.len(),
-            captured.text().len()
-        );
-        Ok(())
+        let untrusted = with_query(&as_option, "tls_ca", Some(&tls_file("other-ca.pem")?));
+        printed
+            .refused(&SCHEME, "an untrusted CA", &untrusted)
+            .await?;
+        printed.refused(&SCHEME, "a wrong password", &wrong).await?;
+        printed.search(&captured, &[&password, "wrong-password-3141"])
     })
 }

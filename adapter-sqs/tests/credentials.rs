@@ -14,7 +14,7 @@
 //!
 //! They fail when `RETRY_TEST_REQUIRE` names `sqs` and `RETRY_TEST_SQS` is unset.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
@@ -150,9 +150,15 @@ async fn pass(client: TcpStream, server: TcpStream, seen: Arc<Mutex<Vec<String>>
     tokio::join!(upstream, downstream);
 }
 
-/// Profile files with two profiles: `event-retry-test` (eu-west-3) and `other` (ap-south-1).
-fn profile_files(dir: &Path, secret: &str) -> Result<(PathBuf, PathBuf), String> {
-    std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+/// Environment variables for a child process.
+type Env = Vec<(&'static str, String)>;
+
+/// Profile files with two profiles — `event-retry-test` (eu-west-3) and `other` (ap-south-1) — in a
+/// scratch folder of their own named `name`, and the environment that points the AWS chain at them
+/// with `AWS_PROFILE=event-retry-test`. Returns the folder (to remove) and the environment.
+fn profile_env(name: &str, secret: &str) -> Result<(PathBuf, Env), String> {
+    let dir = std::env::temp_dir().join(format!("sqs-credentials-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let config = dir.join("config");
     let credentials = dir.join("credentials");
     std::fs::write(
@@ -168,7 +174,15 @@ fn profile_files(dir: &Path, secret: &str) -> Result<(PathBuf, PathBuf), String>
         ),
     )
     .map_err(|e| e.to_string())?;
-    Ok((config, credentials))
+    let env = vec![
+        ("AWS_CONFIG_FILE", config.display().to_string()),
+        (
+            "AWS_SHARED_CREDENTIALS_FILE",
+            credentials.display().to_string(),
+        ),
+        ("AWS_PROFILE", "event-retry-test".to_string()),
+    ];
+    Ok((dir, env))
 }
 
 /// Runs the child against the relay in an environment of only the given AWS variables; returns its
@@ -235,59 +249,30 @@ fn signed_by(scopes: &[String], key: &str, region: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn scratch(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("sqs-credentials-{}-{name}", std::process::id()))
-}
-
 fn a_profile_gives_the_key_and_the_region(url: String) -> Result<(), String> {
-    let dir = scratch("profile");
-    let (config, credentials) = profile_files(&dir, "profile-secret-4f1d9c2e")?;
-    let env = [
-        ("AWS_CONFIG_FILE", config.display().to_string()),
-        (
-            "AWS_SHARED_CREDENTIALS_FILE",
-            credentials.display().to_string(),
-        ),
-        ("AWS_PROFILE", "event-retry-test".to_string()),
-    ];
+    let (dir, env) = profile_env("profile", "profile-secret-4f1d9c2e")?;
     let (_, scopes) = run_child(&url, |a| format!("http://{a}"), &env)?;
     let _ = std::fs::remove_dir_all(&dir);
     signed_by(&scopes, PROFILE_KEY, "eu-west-3")
 }
 
 fn the_environment_wins_over_the_profile(url: String) -> Result<(), String> {
-    let dir = scratch("environment");
-    let (config, credentials) = profile_files(&dir, "profile-secret-4f1d9c2e")?;
-    let env = [
-        ("AWS_CONFIG_FILE", config.display().to_string()),
-        (
-            "AWS_SHARED_CREDENTIALS_FILE",
-            credentials.display().to_string(),
-        ),
-        ("AWS_PROFILE", "event-retry-test".to_string()),
+    let (dir, mut env) = profile_env("environment", "profile-secret-4f1d9c2e")?;
+    env.extend([
         ("AWS_ACCESS_KEY_ID", ENV_KEY.to_string()),
         (
             "AWS_SECRET_ACCESS_KEY",
             "environment-secret-77aa".to_string(),
         ),
         ("AWS_REGION", "eu-north-1".to_string()),
-    ];
+    ]);
     let (_, scopes) = run_child(&url, |a| format!("http://{a}"), &env)?;
     let _ = std::fs::remove_dir_all(&dir);
     signed_by(&scopes, ENV_KEY, "eu-north-1")
 }
 
 fn the_profile_option_picks_a_profile(url: String) -> Result<(), String> {
-    let dir = scratch("option");
-    let (config, credentials) = profile_files(&dir, "profile-secret-4f1d9c2e")?;
-    let env = [
-        ("AWS_CONFIG_FILE", config.display().to_string()),
-        (
-            "AWS_SHARED_CREDENTIALS_FILE",
-            credentials.display().to_string(),
-        ),
-        ("AWS_PROFILE", "event-retry-test".to_string()),
-    ];
+    let (dir, env) = profile_env("option", "profile-secret-4f1d9c2e")?;
     let (_, scopes) = run_child(&url, |a| format!("http://{a}?profile=other"), &env)?;
     let _ = std::fs::remove_dir_all(&dir);
     signed_by(&scopes, OTHER_PROFILE_KEY, "ap-south-1")
@@ -295,16 +280,7 @@ fn the_profile_option_picks_a_profile(url: String) -> Result<(), String> {
 
 fn the_secret_key_is_never_printed(url: String) -> Result<(), String> {
     let secret = "profile-secret-9b7e31c05d";
-    let dir = scratch("redaction");
-    let (config, credentials) = profile_files(&dir, secret)?;
-    let env = [
-        ("AWS_CONFIG_FILE", config.display().to_string()),
-        (
-            "AWS_SHARED_CREDENTIALS_FILE",
-            credentials.display().to_string(),
-        ),
-        ("AWS_PROFILE", "event-retry-test".to_string()),
-    ];
+    let (dir, env) = profile_env("redaction", secret)?;
     let (from_profile, scopes) = run_child(&url, |a| format!("http://{a}"), &env)?;
     signed_by(&scopes, PROFILE_KEY, "eu-west-3")?;
     // The key in the URL's user info: the child's URL is sqs://key:secret@relay.

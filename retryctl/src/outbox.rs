@@ -172,11 +172,7 @@ fn narrowed(selection: &RowSelection, what: &str) -> Result<(), CliError> {
 }
 
 fn rows(n: u64) -> String {
-    if n == 1 {
-        "1 row".into()
-    } else {
-        format!("{n} rows")
-    }
+    crate::render::counted(usize::try_from(n).unwrap_or(usize::MAX), "row", "rows")
 }
 
 fn summary(list: &[OutboxRow]) -> String {

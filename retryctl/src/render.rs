@@ -65,10 +65,11 @@ pub fn text_or_hex(bytes: &[u8]) -> String {
 
 /// `0x` and two hex digits per byte.
 pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
     let mut out = String::with_capacity(2 + bytes.len() * 2);
     out.push_str("0x");
     for b in bytes {
-        out.push_str(&format!("{b:02x}"));
+        let _ = write!(out, "{b:02x}");
     }
     out
 }

@@ -101,6 +101,103 @@ pub async fn fails_fast<T>(
     Ok(format!("{text} (after {} ms)", took.as_millis()))
 }
 
+/// Runs `attempt` (a connect) on a runtime of its own and expects the refusal [`fails_fast`]
+/// describes; prints what the error said.
+pub fn expect_refused<T>(
+    broker: &str,
+    words: &[&str],
+    attempt: impl std::future::Future<Output = Result<T, Error>>,
+) -> Result<(), String> {
+    let said = crate::broker::runtime()?.block_on(fails_fast(broker, words, attempt))?;
+    println!("  {said}");
+    Ok(())
+}
+
+/// What a careless service could print about its broker connections — `Debug` of the options, the
+/// adapter's settings and the broker, the redacted URL, the errors of refused connects — gathered to
+/// be searched for a secret together with every tracing event.
+#[derive(Default)]
+pub struct Printed(Vec<(String, String)>);
+
+impl Printed {
+    /// Adds one output, named for the failure message.
+    pub fn add(&mut self, what: impl Into<String>, text: impl Into<String>) {
+        self.0.push((what.into(), text.into()));
+    }
+
+    /// Connects with `url` (the secret given as `how` says) and carries an event through the broker,
+    /// adding `Debug` of the options, of `settings` (the adapter's configuration read from them), of
+    /// the broker, and the redacted URL.
+    pub async fn connect_and_use(
+        &mut self,
+        scheme: &Scheme,
+        how: &str,
+        url: &str,
+        settings: impl Fn(&Options) -> Result<String, Error>,
+    ) -> Result<(), String> {
+        let (_, options) = Options::split_url(url).map_err(|e| e.to_string())?;
+        self.add(
+            format!("Debug of the options ({how})"),
+            format!("{options:?}"),
+        );
+        let config = settings(&options).map_err(|e| e.to_string())?;
+        self.add(format!("Debug of the settings ({how})"), config);
+        self.add(
+            format!("the URL redacted ({how})"),
+            retry_core::options::redact_url(url),
+        );
+        let broker = connect(scheme, url)
+            .await
+            .map_err(|e| format!("{how}: {e}"))?;
+        self.add(
+            format!("Debug of the broker ({how})"),
+            format!("{broker:?}"),
+        );
+        round_trip(&broker, "redaction").await
+    }
+
+    /// Connects with `url`, which must be refused (`why` names what is wrong with it), adding the
+    /// error's `Display` and `Debug`.
+    pub async fn refused(&mut self, scheme: &Scheme, why: &str, url: &str) -> Result<(), String> {
+        let e = connect(scheme, url)
+            .await
+            .err()
+            .ok_or_else(|| format!("connected with {why}"))?;
+        self.add(format!("Display of a connect with {why}"), format!("{e}"));
+        self.add(format!("Debug of a connect with {why}"), format!("{e:?}"));
+        Ok(())
+    }
+
+    /// Adds the tracing events captured so far (there must be some, or the search proves nothing) and
+    /// fails if any of `secrets` appears in any output; prints how much was searched.
+    pub fn search(mut self, captured: &Captured, secrets: &[&str]) -> Result<(), String> {
+        let tracing = captured.text();
+        if tracing.is_empty() {
+            return Err("no tracing event was captured: the search would prove nothing".into());
+        }
+        let bytes = tracing.len();
+        self.add("the tracing events", tracing);
+        let named: Vec<(&str, String)> = self
+            .0
+            .iter()
+            .map(|(w, t)| (w.as_str(), t.clone()))
+            .collect();
+        for secret in secrets {
+            assert_hidden(secret, &named)?;
+        }
+        println!(
+            "  searched {} outputs ({bytes} bytes of tracing) for {}: absent",
+            named.len(),
+            if secrets.len() == 1 {
+                "the secret"
+            } else {
+                "the secrets"
+            }
+        );
+        Ok(())
+    }
+}
+
 /// Connects as `event_retry::connect` does: the URL's query is the adapter's options.
 pub async fn connect(scheme: &Scheme, url: &str) -> Result<Broker, Error> {
     let (base, options) = Options::split_url(url)?;
@@ -236,6 +333,23 @@ mod tests {
             ),
             "amqps://u@127.0.0.1:5672/%2f?x=1"
         );
+    }
+
+    #[test]
+    fn printed_outputs_and_tracing_are_searched_and_empty_tracing_proves_nothing() {
+        let mut tracing = Captured::default();
+        assert!(Printed::default().search(&tracing, &["hunter22"]).is_err());
+        tracing.write_all(b"INFO connected").unwrap();
+        let mut printed = Printed::default();
+        printed.add("Debug of the config", "password: hunter22");
+        let e = printed.search(&tracing, &["hunter22"]).unwrap_err();
+        assert_eq!(e, "the secret appears in Debug of the config");
+        tracing.write_all(b" token=hunter23").unwrap();
+        let e = Printed::default()
+            .search(&tracing, &["hunter23"])
+            .unwrap_err();
+        assert_eq!(e, "the secret appears in the tracing events");
+        assert!(Printed::default().search(&tracing, &["hunter24"]).is_ok());
     }
 
     #[test]
