@@ -13,7 +13,7 @@
 //! They fail when `RETRY_TEST_REQUIRE` names `kafka-tls` and the variable is unset, and are skipped
 //! loudly otherwise.
 
-use event_retry_kafka::{KafkaConfig, SCHEME};
+use event_retry_kafka::{KafkaConfig, KafkaTransport, SCHEME};
 use libtest_mimic::Arguments;
 use retry_core::broker::Broker;
 use retry_core::error::Error;
@@ -125,6 +125,16 @@ fn the_password_is_never_printed(url: String) -> Result<(), String> {
         let mut printed = Printed::default();
         for (how, url) in [("file", &url), ("inline", &inline)] {
             printed.connect_and_use(&SCHEME, how, url, settings).await?;
+            // The transport's own Debug (bootstrap and settings), which the broker's does not show.
+            let (base, options) = Options::split_url(url).map_err(|e| e.to_string())?;
+            let config = KafkaConfig::from_options(&options).map_err(|e| e.to_string())?;
+            let transport = KafkaTransport::connect_with(&base, config)
+                .await
+                .map_err(|e| format!("{how}: {e}"))?;
+            printed.add(
+                format!("Debug of the transport ({how})"),
+                format!("{transport:?}"),
+            );
         }
         // The right password inline, refused for the CA; then a wrong one.
         let untrusted = with_query(&inline, "ssl.ca.location", Some(&tls_file("other-ca.pem")?));
