@@ -141,7 +141,8 @@ pub use retry_core::runtime::{
     ParkedAfterDead, Shutdown, Stats, decode_json, handler_fn, json_handler, shutdown_signal,
 };
 pub use retry_core::{
-    adapter, check, classify, config, error, metadata, options, policy, secret, telemetry, time,
+    adapter, check, classify, config, dlq, error, metadata, options, policy, secret, telemetry,
+    time,
 };
 
 /// Handlers as `tower` services, and `tower` layers around a consumer's handler (feature `tower`).

@@ -56,9 +56,22 @@ struct Broker {
 struct State {
     topics: HashMap<String, Topic>,
     /// Dead letters by source topic, each with the group that dead-lettered it.
-    dead: HashMap<String, Vec<(StoredDeadLetter, String)>>,
+    dead: HashMap<String, Vec<StoredDeadLetter>>,
     unwritable_dlq: HashSet<String>,
     next_seq: u64,
+}
+
+impl State {
+    /// Adds `event` to the DLQ of `source_topic`, dead-lettered by `group`.
+    fn add_dead_letter(&mut self, source_topic: &str, group: Option<String>, event: &Event) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let entry = StoredDeadLetter::new(seq.to_string(), event.to_raw()).with_group(group);
+        self.dead
+            .entry(source_topic.to_string())
+            .or_default()
+            .push(entry);
+    }
 }
 
 /// A topic: one queue per consumer group, and the offsets its messages are numbered with.
@@ -322,6 +335,21 @@ impl Transport for MemoryTransport {
         })))
     }
 
+    async fn write_dead_letter(
+        &self,
+        source_topic: &str,
+        group: Option<&str>,
+        event: &Event,
+    ) -> Result<(), Error> {
+        let mut state = self.broker.lock();
+        if state.unwritable_dlq.contains(source_topic) {
+            return Err(Error::new(Kind::Rejected, "the DLQ is not writable")
+                .with_operation(format!("dead-letter to the DLQ of {source_topic}")));
+        }
+        state.add_dead_letter(source_topic, group.map(str::to_string), event);
+        Ok(())
+    }
+
     fn admin(&self) -> &dyn Admin {
         self
     }
@@ -468,12 +496,7 @@ impl Receipt for MemoryReceipt {
             return Err(Error::new(Kind::Rejected, "the DLQ is not writable")
                 .with_operation(format!("dead-letter to the DLQ of {}", self.topic)));
         }
-        let seq = state.next_seq;
-        state.next_seq += 1;
-        state.dead.entry(self.topic.clone()).or_default().push((
-            StoredDeadLetter::new(seq.to_string(), event.to_raw()),
-            self.group.clone(),
-        ));
+        state.add_dead_letter(&self.topic, Some(self.group.clone()), event);
         drop(state);
         self.settle().map(drop)
     }
@@ -510,21 +533,21 @@ impl Drop for MemoryReceipt {
 struct MemoryDlqSession {
     transport: MemoryTransport,
     topic: String,
-    entries: Vec<(StoredDeadLetter, String)>,
+    entries: Vec<StoredDeadLetter>,
     read: usize,
 }
 
 #[async_trait]
 impl DlqSession for MemoryDlqSession {
     async fn next(&mut self) -> Result<Option<StoredDeadLetter>, Error> {
-        let entry = self.entries.get(self.read).map(|(e, _)| e.clone());
+        let entry = self.entries.get(self.read).cloned();
         self.read += usize::from(entry.is_some());
         Ok(entry)
     }
 
     /// Back to the group that dead-lettered it, so the topic's other groups do not handle it again.
     async fn replay(&mut self, entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
-        let group = self.entries.get(entry).map(|(_, g)| g.as_str());
+        let group = self.entries.get(entry).and_then(|e| e.group.as_deref());
         self.transport
             .broker
             .enqueue(origin, group, event.to_raw(), Instant::now(), None);
@@ -535,10 +558,10 @@ impl DlqSession for MemoryDlqSession {
         let doomed: HashSet<&str> = entries
             .iter()
             .filter_map(|&i| self.entries.get(i))
-            .map(|(e, _)| e.id.as_str())
+            .map(|e| e.id.as_str())
             .collect();
         if let Some(list) = self.transport.broker.lock().dead.get_mut(&self.topic) {
-            list.retain(|(e, _)| !doomed.contains(e.id.as_str()));
+            list.retain(|e| !doomed.contains(e.id.as_str()));
         }
         Ok(())
     }

@@ -39,7 +39,7 @@ mod transport;
 
 pub use admin::{Admin, TopicNames};
 pub use capabilities::{BeyondMax, Capabilities, DelayCapability, Honour};
-pub use dlq::{DlqSession, StoredDeadLetter};
+pub use dlq::{DlqSession, Native, StoredDeadLetter};
 pub use registry::{ConnectFuture, Scheme};
 pub use spec::{SubscriptionSpec, default_group};
 pub use subscription::{Delivery, DeliveryInfo, Receipt, Subscription, Unsettled};

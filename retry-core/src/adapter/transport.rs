@@ -80,6 +80,25 @@ pub trait Transport: Send + Sync + 'static {
         source_topic: &str,
     ) -> Result<Option<Box<dyn DlqSession>>, Error>;
 
+    /// Writes `event` — a dead letter with its history, the dead-letter part of its metadata set — into
+    /// the DLQ of `source_topic` as though consumer group `group` had dead-lettered it (declaring the
+    /// DLQ if it is missing), and returns once the broker confirmed it. A migration between brokers uses
+    /// it; the runtime dead-letters through a delivery's [`Receipt`](super::Receipt) instead. By default
+    /// a transport cannot: [`Kind::Unsupported`](crate::error::Kind::Unsupported).
+    async fn write_dead_letter(
+        &self,
+        source_topic: &str,
+        group: Option<&str>,
+        event: &Event,
+    ) -> Result<(), Error> {
+        let _ = (group, event);
+        Err(Error::new(
+            crate::error::Kind::Unsupported,
+            format!("the {} transport cannot write dead letters", self.name()),
+        )
+        .with_operation(format!("dead-letter to the DLQ of {source_topic}")))
+    }
+
     /// Creating, deleting and naming the broker objects of a topic.
     fn admin(&self) -> &dyn Admin;
 }

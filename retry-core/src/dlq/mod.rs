@@ -8,9 +8,13 @@
 //! raised, and removes (or marks) the entry only after the broker confirmed the copy — and finally give
 //! back what was not removed. A broker supplies only the five steps of its session.
 
+mod migrate;
+
+pub use migrate::{MigrationReport, MigrationTarget, Moved, MovedEntry};
+
 use bytes::Bytes;
 
-use crate::adapter::{DlqSession, StoredDeadLetter, Transport};
+use crate::adapter::{DlqSession, Native, StoredDeadLetter, Transport};
 use crate::classify::ErrorKind;
 use crate::error::Error;
 use crate::event::Event;
@@ -24,6 +28,11 @@ pub struct DeadLetter {
     pub id: String,
     /// The event, with its dead-letter metadata ([`DeadLetter::dead`]).
     pub event: Event,
+    /// The consumer group that dead-lettered it, where the broker keeps one (Kafka, RabbitMQ, Pulsar):
+    /// a replay goes back to that group alone.
+    pub group: Option<String>,
+    /// What the broker holds beyond payload, key and header bytes: message properties and header types.
+    pub native: Native,
 }
 
 impl DeadLetter {
@@ -38,6 +47,8 @@ impl DeadLetter {
         DeadLetter {
             id: stored.id,
             event: Event::from_parts(stored.message.payload, stored.message.key, headers, meta),
+            group: stored.group,
+            native: stored.native,
         }
     }
 
@@ -86,6 +97,8 @@ pub struct DlqFilter {
     pub since: Option<Timestamp>,
     /// Only entries dead-lettered before this time.
     pub until: Option<Timestamp>,
+    /// Only entries whose last error contains this text (ignoring case).
+    pub error_text: Option<String>,
     /// At most this many entries.
     pub limit: Option<usize>,
 }
@@ -116,6 +129,11 @@ impl DlqFilter {
                 .is_none_or(|k| entry.event.key.as_ref() == Some(k))
             && self.since.is_none_or(|t| dead_at.is_some_and(|d| d >= t))
             && self.until.is_none_or(|t| dead_at.is_some_and(|d| d < t))
+            && self.error_text.as_deref().is_none_or(|text| {
+                meta.last_error
+                    .as_deref()
+                    .is_some_and(|e| e.to_lowercase().contains(&text.to_lowercase()))
+            })
     }
 }
 
@@ -181,7 +199,8 @@ impl DeadLetters {
         source_topic: &str,
         filter: &DlqFilter,
     ) -> Result<Vec<DeadLetter>, Error> {
-        self.run(source_topic, filter, Action::List).await
+        self.run(source_topic, filter, Action::List, &NoProgress)
+            .await
     }
 
     /// One entry with all its metadata.
@@ -197,7 +216,19 @@ impl DeadLetters {
         source_topic: &str,
         filter: &DlqFilter,
     ) -> Result<ReplayReport, Error> {
-        let replayed = self.run(source_topic, filter, Action::Replay).await?;
+        self.replay_with(source_topic, filter, &NoProgress).await
+    }
+
+    /// [`DeadLetters::replay`], telling `progress` how far it is.
+    pub async fn replay_with(
+        &self,
+        source_topic: &str,
+        filter: &DlqFilter,
+        progress: &dyn Progress,
+    ) -> Result<ReplayReport, Error> {
+        let replayed = self
+            .run(source_topic, filter, Action::Replay, progress)
+            .await?;
         Ok(ReplayReport {
             replayed: replayed.len(),
             ids: replayed.into_iter().map(|e| e.id).collect(),
@@ -206,7 +237,25 @@ impl DeadLetters {
 
     /// Removes (or marks as purged) the selected entries; returns how many.
     pub async fn purge(&self, source_topic: &str, filter: &DlqFilter) -> Result<usize, Error> {
-        Ok(self.run(source_topic, filter, Action::Purge).await?.len())
+        self.purge_with(source_topic, filter, &NoProgress).await
+    }
+
+    /// [`DeadLetters::purge`], telling `progress` how far it is.
+    pub async fn purge_with(
+        &self,
+        source_topic: &str,
+        filter: &DlqFilter,
+        progress: &dyn Progress,
+    ) -> Result<usize, Error> {
+        Ok(self
+            .run(source_topic, filter, Action::Purge, progress)
+            .await?
+            .len())
+    }
+
+    /// The broker these operations run on.
+    pub fn transport(&self) -> &std::sync::Arc<dyn Transport> {
+        &self.transport
     }
 
     async fn run(
@@ -214,26 +263,53 @@ impl DeadLetters {
         source_topic: &str,
         filter: &DlqFilter,
         action: Action,
+        progress: &dyn Progress,
     ) -> Result<Vec<DeadLetter>, Error> {
         let Some(mut session) = self.transport.open_dead_letters(source_topic).await? else {
             return Ok(Vec::new());
         };
-        let result = apply(session.as_mut(), source_topic, filter, action).await;
-        // The session gives back what was not removed, after a failure too.
-        let finished = session.finish().await;
-        let done = result?;
-        finished?;
-        Ok(done)
+        let result = apply(session.as_mut(), source_topic, filter, action, progress).await;
+        finish(session, result).await
     }
 }
 
-/// Reads the entries, selects, and acts; returns the entries acted on (listed, replayed or purged).
-async fn apply(
+/// Ends `session` — it gives back what was not removed — after a failure too; the operation's own
+/// error comes first.
+async fn finish<T>(session: Box<dyn DlqSession>, result: Result<T, Error>) -> Result<T, Error> {
+    let finished = session.finish().await;
+    let done = result?;
+    finished?;
+    Ok(done)
+}
+
+/// Where a long DLQ operation tells how far it is: a progress bar, a console's live view.
+pub trait Progress: Send + Sync {
+    /// The operation selected `total` entries and starts acting on them.
+    fn start(&self, total: usize) {
+        let _ = total;
+    }
+
+    /// `done` of the selected entries are done.
+    fn advance(&self, done: usize) {
+        let _ = done;
+    }
+}
+
+/// A [`Progress`] that reports nothing.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoProgress;
+
+impl Progress for NoProgress {}
+
+/// How many entries a purge removes in one call: progress shows between calls.
+const PURGE_CHUNK: usize = 256;
+
+/// Reads the entries and picks those `filter` selects (up to its limit), each with its index in the
+/// session.
+async fn select(
     session: &mut dyn DlqSession,
-    source_topic: &str,
     filter: &DlqFilter,
-    action: Action,
-) -> Result<Vec<DeadLetter>, Error> {
+) -> Result<Vec<(usize, DeadLetter)>, Error> {
     let limit = filter.limit.unwrap_or(usize::MAX);
     let mut chosen: Vec<(usize, DeadLetter)> = Vec::new();
     let mut index = 0;
@@ -247,15 +323,33 @@ async fn apply(
         }
         index += 1;
     }
+    Ok(chosen)
+}
+
+/// Reads the entries, selects, and acts; returns the entries acted on (listed, replayed or purged).
+async fn apply(
+    session: &mut dyn DlqSession,
+    source_topic: &str,
+    filter: &DlqFilter,
+    action: Action,
+    progress: &dyn Progress,
+) -> Result<Vec<DeadLetter>, Error> {
+    let chosen = select(session, filter).await?;
     if action == Action::List || chosen.is_empty() {
         return Ok(chosen.into_iter().map(|(_, e)| e).collect());
     }
     let indices: Vec<usize> = chosen.iter().map(|(i, _)| *i).collect();
     session.check_removal(&indices).await?;
+    progress.start(chosen.len());
     match action {
         Action::List => unreachable!("handled above"),
         Action::Purge => {
-            session.remove(&indices).await?;
+            let mut done = 0;
+            for chunk in indices.chunks(PURGE_CHUNK) {
+                session.remove(chunk).await?;
+                done += chunk.len();
+                progress.advance(done);
+            }
             Ok(chosen.into_iter().map(|(_, e)| e).collect())
         }
         Action::Replay => {
@@ -265,6 +359,7 @@ async fn apply(
                 session.replay(i, &origin, &event).await?;
                 session.remove(&[i]).await?;
                 done.push(entry);
+                progress.advance(done.len());
             }
             Ok(done)
         }
@@ -289,6 +384,8 @@ mod tests {
         DeadLetter {
             id: id.into(),
             event,
+            group: None,
+            native: Native::default(),
         }
     }
 
@@ -371,7 +468,7 @@ mod tests {
     ) -> (Result<Vec<DeadLetter>, Error>, Vec<String>) {
         let log = session.log.clone();
         let mut boxed: Box<dyn DlqSession> = Box::new(session);
-        let result = apply(boxed.as_mut(), "orders", filter, action).await;
+        let result = apply(boxed.as_mut(), "orders", filter, action, &NoProgress).await;
         boxed.finish().await.unwrap();
         let lines = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
         (result, lines)
@@ -465,5 +562,14 @@ mod tests {
             ..DlqFilter::all()
         };
         assert!(!window.matches(&e), "until is exclusive");
+        let mut failed = entry("9", ErrorKind::Deferred, 1_000);
+        failed.event.metadata_mut().last_error = Some("Connection REFUSED by db-1".into());
+        let by_text = |text: &str| DlqFilter {
+            error_text: Some(text.into()),
+            ..DlqFilter::all()
+        };
+        assert!(by_text("refused by").matches(&failed), "ignoring case");
+        assert!(!by_text("timeout").matches(&failed));
+        assert!(!by_text("refused").matches(&e), "no error at all");
     }
 }
