@@ -63,6 +63,15 @@ pub(crate) struct Outbound<'a> {
 pub(crate) struct Nulls(Vec<(String, usize)>);
 
 impl Nulls {
+    /// The names of the null headers, once each, in the order they came.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
+        let mut seen = std::collections::HashSet::new();
+        self.0
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(move |n| seen.insert(*n))
+    }
+
     /// Whether the `nth` header named `name` (counting from 0) was null.
     fn contains(&self, name: &str, nth: usize) -> bool {
         self.0.iter().any(|(n, i)| n == name && *i == nth)
@@ -222,6 +231,12 @@ pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn null_headers_are_named_once_each() {
+        let nulls = Nulls(vec![("a".into(), 0), ("b".into(), 0), ("a".into(), 2)]);
+        assert_eq!(nulls.names().collect::<Vec<_>>(), ["a", "b"]);
+    }
 
     #[test]
     fn headers_keep_order_repeats_and_bytes() {

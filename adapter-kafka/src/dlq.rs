@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Message, Offset, TopicPartitionList};
-use retry_core::adapter::{DlqSession, StoredDeadLetter};
+use retry_core::adapter::{DlqSession, Native, StoredDeadLetter};
 use retry_core::error::{Error, Kind, wrap};
 use retry_core::event::{Event, RawMessage};
 
@@ -156,10 +156,18 @@ impl DlqSession for KafkaDlqSession {
             return Ok(None);
         };
         self.read += 1;
-        Ok(Some(StoredDeadLetter::new(
-            format!("{}:{}", read.partition, read.offset),
-            read.message.clone(),
-        )))
+        let mut native = Native::default();
+        for name in read.nulls.names() {
+            native.header_type(name, "null");
+        }
+        Ok(Some(
+            StoredDeadLetter::new(
+                format!("{}:{}", read.partition, read.offset),
+                read.message.clone(),
+            )
+            .with_group(read.group.clone())
+            .with_native(native),
+        ))
     }
 
     async fn check_removal(&mut self, entries: &[usize]) -> Result<(), Error> {

@@ -168,6 +168,38 @@ impl Transport for KafkaTransport {
         dlq::open(self.link.clone(), source_topic).await
     }
 
+    /// Produces the entry to `<topic>.dlq` (in its origin's partition, when the DLQ has it) with the
+    /// group header, after declaring the DLQ and the group's retry topic a replay goes to.
+    async fn write_dead_letter(
+        &self,
+        source_topic: &str,
+        group: Option<&str>,
+        event: &Event,
+    ) -> Result<(), Error> {
+        check_name("topic", source_topic)?;
+        if let Some(group) = group {
+            check_name("group", group)?;
+        }
+        self.link.ensure_topics(source_topic, group).await?;
+        let dlq = self.link.config.dlq_topic(source_topic);
+        let partition = event.metadata().origin.as_ref().and_then(|o| o.partition);
+        let extra: Vec<(&str, &[u8])> = group
+            .map(|g| (codec::GROUP, g.as_bytes()))
+            .into_iter()
+            .collect();
+        self.link
+            .send(
+                &dlq,
+                partition,
+                &event.to_raw(),
+                &codec::Nulls::default(),
+                &extra,
+                &format!("dead-letter to {dlq}"),
+            )
+            .await
+            .map(drop)
+    }
+
     fn admin(&self) -> &dyn Admin {
         self
     }

@@ -19,6 +19,7 @@ use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
 use pulsar::producer;
 use pulsar::proto::MessageMetadata;
+use retry_core::adapter::Native;
 use retry_core::error::{Error, Kind};
 use retry_core::event::{Event, RawMessage};
 use retry_core::headers::Headers;
@@ -55,6 +56,24 @@ impl Envelope {
             ordering_key: metadata.ordering_key.clone(),
             event_time: metadata.event_time,
         }
+    }
+}
+
+impl Envelope {
+    /// What the envelope holds beyond payload, key and properties: the event time, and an ordering key
+    /// a message has beside its partition key.
+    pub(crate) fn native(&self) -> Native {
+        let mut native = Native::default();
+        if let Some(t) = self.event_time.filter(|t| *t > 0) {
+            native.property("pulsar.event-time", t.to_string());
+        }
+        if let (Some(ordering), Some(_)) = (&self.ordering_key, &self.partition_key) {
+            native.property(
+                "pulsar.ordering-key",
+                String::from_utf8(ordering.clone()).unwrap_or_else(|_| STANDARD.encode(ordering)),
+            );
+        }
+        native
     }
 }
 
@@ -208,6 +227,29 @@ pub(crate) fn decode(data: Bytes, metadata: &MessageMetadata) -> RawMessage {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn native_names_the_event_time_and_an_ordering_key_beside_the_partition_key() {
+        let metadata = MessageMetadata {
+            event_time: Some(1_700_000_000_000),
+            partition_key: Some("k".into()),
+            ordering_key: Some(b"o".to_vec()),
+            ..MessageMetadata::default()
+        };
+        let native = Envelope::of(&metadata).native();
+        assert_eq!(
+            native.properties,
+            [
+                ("pulsar.event-time".to_string(), "1700000000000".to_string()),
+                ("pulsar.ordering-key".to_string(), "o".to_string()),
+            ]
+        );
+        assert!(
+            Envelope::of(&MessageMetadata::default())
+                .native()
+                .is_empty()
+        );
+    }
     use pulsar::proto::KeyValue;
 
     fn metadata_of(m: &producer::Message) -> MessageMetadata {

@@ -132,6 +132,8 @@ fn stored(message: &Message<Vec<u8>>) -> StoredDeadLetter {
         ),
         raw,
     )
+    .with_group(group_of(message))
+    .with_native(codec::Envelope::of(&message.payload.metadata).native())
 }
 
 #[async_trait]

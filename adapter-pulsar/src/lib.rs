@@ -137,6 +137,29 @@ impl Transport for PulsarTransport {
         dlq::open(self.link.clone(), &self.dlq, source_topic).await
     }
 
+    /// Sends the entry to `<topic>-DLQ` with the group property, after making sure the DLQ keeps it
+    /// (its subscription exists) and that the group's retry topic a replay goes to keeps what is sent
+    /// there.
+    async fn write_dead_letter(
+        &self,
+        source_topic: &str,
+        group: Option<&str>,
+        event: &Event,
+    ) -> Result<(), Error> {
+        self.link.ensure_topic(source_topic).await?;
+        if let Some(group) = group {
+            let retry = self.link.config.retry_topic(source_topic, group);
+            self.link.ensure_group(&retry, group).await?;
+        }
+        let dlq = self.link.config.dlq_topic(source_topic);
+        let extra: Vec<(&str, &str)> = group.map(|g| (codec::GROUP, g)).into_iter().collect();
+        let message = codec::encode(event, None, None, &extra)?;
+        self.link
+            .send(&dlq, message, &format!("dead-letter to {dlq}"))
+            .await
+            .map(drop)
+    }
+
     fn admin(&self) -> &dyn Admin {
         self
     }

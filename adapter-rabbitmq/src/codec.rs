@@ -22,6 +22,7 @@
 use bytes::Bytes;
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use retry_core::adapter::Native;
 use retry_core::event::{Event, RawMessage};
 use retry_core::headers::Headers;
 use retry_core::metadata::{self, Packing};
@@ -260,6 +261,94 @@ pub(crate) fn raw_message(body: Bytes, properties: &BasicProperties) -> RawMessa
     }
 }
 
+/// What a DLQ entry's message holds beyond body, key and header bytes, for people: its properties (as
+/// the original's, where a copy keeps one in a header) and the AMQP type of each producer header that
+/// is not a long string.
+pub(crate) fn native(properties: &BasicProperties) -> Native {
+    let mut native = Native::default();
+    let header = |name: &str| {
+        properties
+            .headers()
+            .as_ref()
+            .and_then(|t| t.inner().get(name))
+            .map(|v| String::from_utf8_lossy(&bytes_of(v)).into_owned())
+    };
+    let short = |v: &Option<ShortString>| v.as_ref().map(|s| s.as_str().to_string());
+    // The SDK's producer writes the event id as the message id: not worth a word where it is just that.
+    let message_id = short(properties.message_id())
+        .filter(|id| Some(id.as_str()) != header(metadata::names::EVENT_ID).as_deref());
+    let fields = [
+        ("amqp.content-type", short(properties.content_type())),
+        (
+            "amqp.content-encoding",
+            short(properties.content_encoding()),
+        ),
+        ("amqp.message-id", message_id),
+        ("amqp.correlation-id", short(properties.correlation_id())),
+        ("amqp.reply-to", short(properties.reply_to())),
+        ("amqp.type", short(properties.kind())),
+        ("amqp.app-id", short(properties.app_id())),
+        ("amqp.cluster-id", short(properties.cluster_id())),
+        (
+            "amqp.user-id",
+            header(USER_ID_HEADER).or_else(|| short(properties.user_id())),
+        ),
+        (
+            "amqp.expiration",
+            header(EXPIRATION_HEADER).or_else(|| short(properties.expiration())),
+        ),
+        (
+            "amqp.priority",
+            properties.priority().map(|p| p.to_string()),
+        ),
+        (
+            "amqp.timestamp",
+            properties.timestamp().map(|t| t.to_string()),
+        ),
+    ];
+    for (name, value) in fields {
+        if let Some(value) = value {
+            native.property(name, value);
+        }
+    }
+    if let Some(table) = properties.headers() {
+        for (name, value) in table.inner() {
+            let name = name.as_str();
+            if is_broker_header(name) || is_sdk_header(name) || is_adapter_header(name) {
+                continue;
+            }
+            if let Some(kind) = type_name(value) {
+                native.header_type(name, kind);
+            }
+        }
+    }
+    native
+}
+
+/// The AMQP type of a header value, or `None` for a long string (the plain form).
+fn type_name(value: &AMQPValue) -> Option<&'static str> {
+    Some(match value {
+        AMQPValue::LongString(_) => return None,
+        AMQPValue::Boolean(_) => "boolean",
+        AMQPValue::ShortShortInt(_) => "short-short-int",
+        AMQPValue::ShortShortUInt(_) => "short-short-uint",
+        AMQPValue::ShortInt(_) => "short-int",
+        AMQPValue::ShortUInt(_) => "short-uint",
+        AMQPValue::LongInt(_) => "long-int",
+        AMQPValue::LongUInt(_) => "long-uint",
+        AMQPValue::LongLongInt(_) => "long-long-int",
+        AMQPValue::Float(_) => "float",
+        AMQPValue::Double(_) => "double",
+        AMQPValue::DecimalValue(_) => "decimal",
+        AMQPValue::ShortString(_) => "short-string",
+        AMQPValue::FieldArray(_) => "array",
+        AMQPValue::Timestamp(_) => "timestamp",
+        AMQPValue::FieldTable(_) => "table",
+        AMQPValue::ByteArray(_) => "byte-array",
+        AMQPValue::Void => "void",
+    })
+}
+
 /// A header value as a handler sees it: bytes as they are, other types in their text form.
 fn bytes_of(value: &AMQPValue) -> Bytes {
     match value {
@@ -345,6 +434,48 @@ mod tests {
         assert_eq!(back.payload, event.payload);
         assert_eq!(back.key, event.key);
         assert_eq!(back.headers, event.headers);
+    }
+
+    #[test]
+    fn native_names_the_properties_and_the_typed_headers() {
+        let mut table = FieldTable::default();
+        table.insert("count".into(), AMQPValue::LongInt(7));
+        table.insert("plain".into(), text("v"));
+        table.insert("x-retry-event-id".into(), text("e1"));
+        table.insert(EXPIRATION_HEADER.into(), text("60000"));
+        table.insert("x-death".into(), AMQPValue::Void);
+        let props = BasicProperties::default()
+            .with_headers(table.clone())
+            .with_priority(5)
+            .with_content_type("application/json".into())
+            .with_message_id("e1".into());
+        let found = native(&props);
+        assert_eq!(
+            found.properties,
+            [
+                (
+                    "amqp.content-type".to_string(),
+                    "application/json".to_string()
+                ),
+                ("amqp.expiration".to_string(), "60000".to_string()),
+                ("amqp.priority".to_string(), "5".to_string()),
+            ],
+            "the message id that is the event id is not listed"
+        );
+        assert_eq!(
+            found.header_types,
+            [("count".to_string(), "long-int".to_string())],
+            "plain, SDK, adapter and broker headers are not listed"
+        );
+        let other_id = native(
+            &BasicProperties::default()
+                .with_headers(table)
+                .with_message_id("m-9".into()),
+        );
+        assert_eq!(
+            other_id.properties[0],
+            ("amqp.message-id".to_string(), "m-9".to_string())
+        );
     }
 
     #[test]

@@ -73,6 +73,22 @@ struct RabbitDlqSession {
 }
 
 impl RabbitDlqSession {
+    /// The group an entry names: the adapter's own dead letters carry it.
+    fn group_of(&self, properties: &lapin::BasicProperties) -> Option<String> {
+        text_header(properties, codec::GROUP_HEADER)
+    }
+
+    /// The group of the queue a message the broker dead-lettered itself (over a quorum queue's delivery
+    /// limit) died in, among `origin`'s groups.
+    fn died_in(&self, origin: &str, properties: &lapin::BasicProperties) -> Option<String> {
+        text_header(properties, "x-first-death-queue").and_then(|queue| {
+            self.link
+                .names
+                .group_of_queue(origin, &queue)
+                .map(str::to_string)
+        })
+    }
+
     fn held(&self, entry: usize) -> Result<&BasicGetMessage, Error> {
         self.held
             .get(entry)
@@ -107,24 +123,20 @@ impl DlqSession for RabbitDlqSession {
         let id = text_header(properties, codec::ENTRY_HEADER)
             .or_else(|| properties.message_id().as_ref().map(|id| id.to_string()))
             .unwrap_or_else(|| format!("tag-{}", message.delivery.delivery_tag));
+        let stored = StoredDeadLetter::new(id, raw)
+            .with_group(self.group_of(properties))
+            .with_native(codec::native(properties));
         self.held.push(message);
-        Ok(Some(StoredDeadLetter::new(id, raw)))
+        Ok(Some(stored))
     }
 
     /// Back to the queue of the group that dead-lettered it, so the topic's other groups do not handle it
     /// again; an entry that names no group goes to the topic's exchange.
     async fn replay(&mut self, entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
         let native = self.held(entry)?.delivery.properties.clone();
-        // The adapter's own dead letters name their group; a message the broker dead-lettered itself
-        // (over a quorum queue's delivery limit) names the queue it died in.
-        let group = text_header(&native, codec::GROUP_HEADER).or_else(|| {
-            text_header(&native, "x-first-death-queue").and_then(|queue| {
-                self.link
-                    .names
-                    .group_of_queue(origin, &queue)
-                    .map(str::to_string)
-            })
-        });
+        let group = self
+            .group_of(&native)
+            .or_else(|| self.died_in(origin, &native));
         self.link
             .publish_event(
                 origin,

@@ -181,6 +181,23 @@ impl Transport for RabbitTransport {
         dlq::open(self.link.clone(), source_topic).await
     }
 
+    /// Publishes the entry to `<topic>.dlq` with a new entry id and the group header, after declaring
+    /// the topic's topology (a replay declares the group's queue when it needs it).
+    async fn write_dead_letter(
+        &self,
+        source_topic: &str,
+        group: Option<&str>,
+        event: &Event,
+    ) -> Result<(), Error> {
+        if let Some(group) = group {
+            crate::topology::check_group(&self.link.names, source_topic, group)?;
+        }
+        self.link.ensure_topic(source_topic).await?;
+        self.link
+            .dead_letter(source_topic, group, event, None)
+            .await
+    }
+
     fn admin(&self) -> &dyn Admin {
         self
     }

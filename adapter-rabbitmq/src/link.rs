@@ -21,6 +21,7 @@ use lapin::types::FieldTable;
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, DefaultConnectionBuilder};
 use retry_core::error::{Error, Kind};
+use retry_core::event::Event;
 use tokio::sync::Mutex;
 
 use crate::codec;
@@ -223,7 +224,7 @@ impl Link {
         &self,
         topic: &str,
         group: Option<&str>,
-        event: &retry_core::event::Event,
+        event: &Event,
         native: Option<&BasicProperties>,
         operation: &str,
     ) -> Result<String, Error> {
@@ -244,6 +245,28 @@ impl Link {
         self.publish(&exchange, &routing_key, &event.payload, props, operation)
             .await?;
         Ok(id)
+    }
+
+    /// Puts `event` in `topic`'s DLQ queue as dead-lettered by `group`, under a new entry id, keeping
+    /// `native` (the original message's properties) when there is one; returns once the broker confirmed
+    /// it.
+    pub(crate) async fn dead_letter(
+        &self,
+        topic: &str,
+        group: Option<&str>,
+        event: &Event,
+        native: Option<&BasicProperties>,
+    ) -> Result<(), Error> {
+        let dlq = self.names.dlq(topic);
+        let entry_id = uuid::Uuid::new_v4().to_string();
+        let mut extra = vec![(codec::ENTRY_HEADER, entry_id.as_str())];
+        if let Some(group) = group {
+            extra.push((codec::GROUP_HEADER, group));
+        }
+        let props = codec::properties(event, native, &entry_id, &self.user, &extra);
+        let operation = format!("dead-letter to {dlq}");
+        self.publish("", &dlq, &event.payload, props, &operation)
+            .await
     }
 
     /// Declares (or, with `declare` off, checks) the ladder, `topic`'s exchange and DLQ, and its default

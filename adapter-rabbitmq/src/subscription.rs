@@ -396,21 +396,8 @@ impl Receipt for RabbitReceipt {
 
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         self.acker.get()?;
-        let dlq = self.link.names.dlq(&self.topic);
-        let entry_id = uuid::Uuid::new_v4().to_string();
-        let operation = format!("dead-letter to {dlq}");
-        let props = codec::properties(
-            event,
-            Some(&self.native),
-            &entry_id,
-            &self.link.user,
-            &[
-                (codec::ENTRY_HEADER, &entry_id),
-                (codec::GROUP_HEADER, &self.group),
-            ],
-        );
         self.link
-            .publish("", &dlq, &event.payload, props, &operation)
+            .dead_letter(&self.topic, Some(&self.group), event, Some(&self.native))
             .await?;
         RabbitReceipt::ack(self).await
     }
