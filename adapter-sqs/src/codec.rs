@@ -2,7 +2,8 @@
 //!
 //! The SDK's metadata travels packed in one `x-retry` attribute (SQS allows 10 attributes per message);
 //! the key in `x-retry-key`; each producer header in an attribute of its own name, as a String when it is
-//! text SQS accepts and as Binary otherwise, so every value comes back byte for byte. The body is the
+//! text SQS accepts and as Binary otherwise, so every value comes back byte for byte (a header whose name
+//! SQS refuses as an attribute name travels inside `x-retry`, as below). The body is the
 //! payload when it is text SQS accepts; otherwise it is base64 and `x-retry-body` says so. SQS returns
 //! attributes as a map, so the first value of each name is an attribute and the
 //! [layout](retry_core::layout) inside `x-retry` restores the producer's order and repeated names.
@@ -19,6 +20,7 @@ use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeN
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use bytes::Bytes;
+use retry_core::adapter::Native;
 use retry_core::error::{Error, Kind};
 use retry_core::event::{Event, RawMessage};
 use retry_core::headers::Headers;
@@ -103,6 +105,21 @@ fn bytes_of(value: &MessageAttributeValue) -> Bytes {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Attributes(Vec<(String, MessageAttributeValue)>);
 
+impl Attributes {
+    /// The data type of each attribute that is not one the SDK writes itself (`String`, `Binary`):
+    /// `Number`, and custom labels such as `Number.int` or `String.x`.
+    pub(crate) fn native(&self) -> Native {
+        let mut native = Native::default();
+        for (name, value) in &self.0 {
+            let kind = value.data_type();
+            if !matches!(kind, "String" | "Binary" | EMPTY) {
+                native.header_type(name, kind);
+            }
+        }
+        native
+    }
+}
+
 /// A received message: what the runtime decodes, and what a copy of it keeps.
 #[derive(Debug)]
 pub(crate) struct Decoded {
@@ -135,17 +152,17 @@ pub(crate) fn encode(
     fifo: bool,
 ) -> Result<Outgoing, Error> {
     let (sdk, unique) = metadata::encode_for_map(event.metadata(), &event.headers, Packing::Single);
-    let mut own: Vec<(String, MessageAttributeValue)> = match native {
+    let own: Vec<(String, MessageAttributeValue)> = match native {
         Some(native) => native.0.clone(),
         None => {
             let mut own = Vec::with_capacity(unique.len());
             for (name, v) in unique {
-                if !valid_name(name) || is_adapter_attribute(name) {
+                if is_adapter_attribute(name) {
                     return Err(Error::new(
                         Kind::InvalidInput,
                         format!(
-                            "header {name:?} cannot be an SQS message attribute name (letters, digits, \
-                             '_', '-', '.'; not AWS./Amazon.; not {}, {KEY}, {BODY} or {})",
+                            "header {name:?} is one of the adapter's own SQS message attributes ({}, \
+                             {KEY}, {BODY}, {})",
                             metadata::PACKED,
                             crate::link::COPY
                         ),
@@ -180,12 +197,14 @@ pub(crate) fn encode(
     if copy {
         attributes.insert(crate::link::COPY.to_string(), value(b"1")?);
     }
+    // A header whose name SQS refuses as an attribute name (a Kafka header `trace id`, say) travels
+    // inside `x-retry` with the ones that do not fit.
+    let (mut own, mut overflow): (Vec<_>, Vec<_>) =
+        own.into_iter().partition(|(name, _)| valid_name(name));
     let room = MAX_ATTRIBUTES - attributes.len() - 1;
-    let overflow = if own.len() > room {
-        own.split_off(room)
-    } else {
-        Vec::new()
-    };
+    if own.len() > room {
+        overflow.extend(own.split_off(room));
+    }
     let packed = sdk.get(metadata::PACKED).cloned().unwrap_or_default();
     let packed = if overflow.is_empty() {
         packed
@@ -434,10 +453,50 @@ mod tests {
     }
 
     #[test]
-    fn what_sqs_cannot_carry_is_refused_with_the_reason() {
-        let bad_name = Event::new("x").with_header("AWS.trace", "v");
-        assert!(encode(&bad_name, None, false, false).is_err());
+    fn header_names_sqs_refuses_travel_inside_the_metadata() {
+        let event = Event::new("x")
+            .with_header("AWS.trace", "v")
+            .with_header("trace id", Bytes::from_static(&[0xff]))
+            .with_header("plain", "p");
+        let out = encode(&event, None, false, false).unwrap();
+        assert!(out.attributes.contains_key("plain"));
+        assert!(
+            !out.attributes.contains_key("AWS.trace") && !out.attributes.contains_key("trace id")
+        );
+        let decoded = decode(&received(out));
+        assert_eq!(Event::from_raw(decoded.raw).unwrap().headers, event.headers);
+        // A copy (a dead letter, a replay) keeps carrying them there.
+        let copy = encode(&event, Some(&decoded.attributes), true, false).unwrap();
+        assert!(!copy.attributes.contains_key("trace id"));
+        assert_eq!(
+            Event::from_raw(decode(&received(copy)).raw)
+                .unwrap()
+                .headers,
+            event.headers
+        );
+    }
+
+    #[test]
+    fn native_names_the_data_types_the_sdk_does_not_write() {
+        let mut attributes: HashMap<String, MessageAttributeValue> = HashMap::new();
+        attributes.insert("n".into(), typed("Number.int", Some("12"), None));
+        attributes.insert("s".into(), typed("String", Some("v"), None));
+        attributes.insert("b".into(), typed("Binary", None, Some(b"x")));
+        let message = Message::builder()
+            .body("p")
+            .set_message_attributes(Some(attributes))
+            .build();
+        let native = decode(&message).attributes.native();
+        assert_eq!(
+            native.header_types,
+            [("n".to_string(), "Number.int".to_string())]
+        );
+    }
+
+    #[test]
+    fn the_adapters_own_attribute_names_are_refused_with_the_reason() {
         let sdk_name = Event::new("x").with_header(KEY, "v");
-        assert!(encode(&sdk_name, None, false, false).is_err());
+        let err = encode(&sdk_name, None, false, false).unwrap_err();
+        assert!(err.to_string().contains("adapter's own"), "{err}");
     }
 }

@@ -171,7 +171,8 @@ fn entries<'a>(handles: impl Iterator<Item = &'a str>, op: Op) -> Vec<Entry> {
 fn stored(m: &Message) -> (StoredDeadLetter, codec::Attributes) {
     let decoded = codec::decode(m);
     (
-        StoredDeadLetter::new(m.message_id().unwrap_or_default(), decoded.raw),
+        StoredDeadLetter::new(m.message_id().unwrap_or_default(), decoded.raw)
+            .with_native(decoded.attributes.native()),
         decoded.attributes,
     )
 }

@@ -244,6 +244,19 @@ impl Transport for SqsTransport {
         dlq::open(self.link.clone(), source_topic).await
     }
 
+    /// Sends the entry to the queue's DLQ (found or created with the queue). SQS keeps no consumer
+    /// group: `group` is not stored, and a replay goes to the queue every consumer shares.
+    async fn write_dead_letter(
+        &self,
+        source_topic: &str,
+        group: Option<&str>,
+        event: &Event,
+    ) -> Result<(), Error> {
+        let _ = group;
+        let queue = self.link.queues.resolve(source_topic).await?;
+        self.link.send_dead_letter(&queue, event, None).await
+    }
+
     fn admin(&self) -> &dyn Admin {
         self
     }

@@ -122,6 +122,25 @@ impl Link {
 
     /// Sends `event` to `topic`'s queue — a new message, or (a DLQ replay) a copy of one whose
     /// attributes are `native` — and returns SQS's message id.
+    /// Sends `event` to `queue`'s DLQ as a dead letter (a copy of a message whose attributes are
+    /// `native`, when given) and returns once SQS accepted it.
+    pub(crate) async fn send_dead_letter(
+        &self,
+        queue: &QueueInfo,
+        event: &retry_core::event::Event,
+        native: Option<&crate::codec::Attributes>,
+    ) -> Result<(), Error> {
+        let out = crate::codec::encode(event, native, false, queue.fifo)?;
+        let options = SendOptions {
+            group: group_of(event.key.as_deref()),
+            ..SendOptions::default()
+        };
+        let operation = format!("dead-letter to {}", queue.dlq_name);
+        self.send(queue, &queue.dlq_url, out, options, &operation)
+            .await
+            .map(drop)
+    }
+
     pub(crate) async fn send_event(
         &self,
         topic: &str,

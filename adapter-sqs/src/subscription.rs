@@ -27,7 +27,7 @@ use tracing::{debug, warn};
 
 use crate::batch::{Op, Settler, SqsBatches};
 use crate::codec;
-use crate::link::{Link, SendOptions, group_of, sdk_error, seconds_up};
+use crate::link::{Link, SendOptions, sdk_error, seconds_up};
 use crate::queues::QueueInfo;
 
 /// Room left before a visibility window or retention ends, for clocks and requests in flight.
@@ -463,17 +463,9 @@ impl SqsReceipt {
     /// (an SQS-compatible server restarted empty) and queues may be created, both are created again and
     /// the send tried once more; a DLQ deleted on its own stays an outage the runtime holds for.
     async fn send_dead_letter(&self, event: &Event) -> Result<(), Error> {
-        let operation = format!("dead-letter to {}", self.queue.dlq_name);
-        let send = || async {
-            let out = codec::encode(event, Some(&self.attributes), false, self.queue.fifo)?;
-            let options = SendOptions {
-                group: group_of(event.key.as_deref()),
-                ..SendOptions::default()
-            };
+        let send = || {
             self.link
-                .send(&self.queue, &self.queue.dlq_url, out, options, &operation)
-                .await
-                .map(drop)
+                .send_dead_letter(&self.queue, event, Some(&self.attributes))
         };
         match send().await {
             Err(e) if e.kind() == Kind::NotFound => {
