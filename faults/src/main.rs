@@ -16,7 +16,6 @@ mod consume;
 mod faults;
 mod forward;
 mod netns;
-mod raw;
 mod record;
 mod report;
 mod run;

@@ -10,7 +10,7 @@ use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 
-use crate::raw::BoxError;
+use raw_brokers::BoxError;
 
 /// The namespace's name.
 const NAMESPACE: &str = "event-retry-faults";

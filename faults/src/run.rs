@@ -17,11 +17,11 @@ use tokio::process::{Child, Command};
 
 use crate::faults::{AT_SHARE, Fault};
 use crate::netns::Namespace;
-use crate::raw::{BoxError, RawKafka};
 use crate::record::{RecordReader, now_ms};
 use crate::report::Row;
 use crate::target::{self, BrokerName, Target};
 use crate::workload::{self, Fate};
+use raw_brokers::{BoxError, RawKafka};
 
 /// Events produced after the fault ended, which the consumer must handle too.
 const PROBES: usize = 20;

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::raw::{BoxError, RawBroker, RawKafka, RawPulsar, RawRabbit, RawSqs};
+use raw_brokers::{BoxError, RawBroker, RawKafka, RawPulsar, RawRabbit, RawSqs};
 
 /// A broker `scripts/brokers` starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -178,7 +178,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl RawBroker for Nothing {
-        async fn dlq_payloads(&self, _: &str) -> Result<Vec<String>, BoxError> {
+        async fn messages(&self, _: &str) -> Result<Vec<raw_brokers::RawEntry>, BoxError> {
             Ok(vec![])
         }
         async fn refuse_dlq_writes(&self, _: &str) -> Result<Vec<String>, BoxError> {

@@ -1,5 +1,6 @@
-//! Kafka read with rdkafka itself: the DLQ topic from its first offset to its end, and the DLQ made
-//! unwritable by lowering its `max.message.bytes` below any record (its records stay).
+//! Kafka read with rdkafka itself: a topic from its first offset to its end, a consumer group's committed
+//! offsets, and a DLQ made unwritable by lowering its `max.message.bytes` below any record (its records
+//! stay).
 
 use std::time::{Duration, Instant};
 
@@ -8,18 +9,19 @@ use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Headers;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
-use super::{BoxError, RawBroker};
+use super::{BoxError, RawBroker, RawEntry, reader_name};
 
 /// Kafka's own client on the broker at `bootstrap`.
-pub(crate) struct RawKafka {
+pub struct RawKafka {
     bootstrap: String,
 }
 
 impl RawKafka {
     /// A client of the brokers in a `kafka://host:port[,host:port]` URL.
-    pub(crate) fn new(url: &str) -> Self {
+    pub fn new(url: &str) -> Self {
         let hosts = url.trim_start_matches("kafka://");
         let hosts = hosts.split(['?', '/']).next().unwrap_or(hosts);
         Self {
@@ -27,14 +29,11 @@ impl RawKafka {
         }
     }
 
-    fn read_all(&self, topic: &str) -> Result<Vec<String>, BoxError> {
+    fn read_all(&self, topic: &str) -> Result<Vec<RawEntry>, BoxError> {
         let timeout = Duration::from_secs(10);
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &self.bootstrap)
-            .set(
-                "group.id",
-                format!("faults-reader-{}", crate::record::now_ms()),
-            )
+            .set("group.id", reader_name())
             .set("enable.auto.commit", "false")
             .create()?;
         let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
@@ -65,16 +64,58 @@ impl RawKafka {
             let Some(Ok(message)) = consumer.poll(Duration::from_millis(200)) else {
                 continue;
             };
-            payloads
-                .push(String::from_utf8_lossy(message.payload().unwrap_or_default()).into_owned());
+            let headers = message
+                .headers()
+                .map(|h| {
+                    h.iter()
+                        .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            payloads.push(RawEntry {
+                payload: message.payload().unwrap_or_default().to_vec(),
+                key: message.key().map(<[u8]>::to_vec),
+                headers,
+            });
             let (partition, offset) = (message.partition(), message.offset());
             ends.retain(|&(p, end)| p != partition || offset + 1 < end);
         }
         Ok(payloads)
     }
 
+    /// How many records of `topic` lie at or beyond consumer group `group`'s committed offsets (all of
+    /// a partition where it committed none).
+    pub fn uncommitted(&self, group: &str, topic: &str) -> Result<i64, BoxError> {
+        let timeout = Duration::from_secs(10);
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.bootstrap)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()?;
+        let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+        let partitions = metadata
+            .topics()
+            .first()
+            .map_or(0, |t| t.partitions().len());
+        let mut list = TopicPartitionList::new();
+        for p in 0..i32::try_from(partitions)? {
+            list.add_partition(topic, p);
+        }
+        let committed = consumer.committed_offsets(list, timeout)?;
+        let mut left = 0;
+        for element in committed.elements() {
+            let (low, high) = consumer.fetch_watermarks(topic, element.partition(), timeout)?;
+            let from = match element.offset() {
+                Offset::Offset(o) => o.max(low),
+                _ => low,
+            };
+            left += (high - from).max(0);
+        }
+        Ok(left)
+    }
+
     /// The node that leads `partition` of `topic`.
-    pub(crate) fn leader(&self, topic: &str, partition: i32) -> Result<i32, BoxError> {
+    pub fn leader(&self, topic: &str, partition: i32) -> Result<i32, BoxError> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &self.bootstrap)
             .create()?;
@@ -104,12 +145,12 @@ impl RawKafka {
 
 #[async_trait]
 impl RawBroker for RawKafka {
-    async fn dlq_payloads(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
+    async fn messages(&self, topic: &str) -> Result<Vec<RawEntry>, BoxError> {
         let this = Self {
             bootstrap: self.bootstrap.clone(),
         };
-        let dlq = dlq.to_string();
-        tokio::task::spawn_blocking(move || this.read_all(&dlq)).await?
+        let topic = topic.to_string();
+        tokio::task::spawn_blocking(move || this.read_all(&topic)).await?
     }
 
     async fn refuse_dlq_writes(&self, dlq: &str) -> Result<Vec<String>, BoxError> {

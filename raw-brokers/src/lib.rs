@@ -1,5 +1,7 @@
-//! The brokers' own clients, for what a fault run claims about a broker's state: what its DLQ holds, and
-//! a DLQ that refuses writes. Nothing here goes through the SDK.
+//! The four brokers through their own clients (rdkafka, lapin, aws-sdk-sqs, pulsar), for tests and
+//! harnesses that claim something about a broker's state: what a queue or topic holds — payload, key and
+//! headers as the broker stores them — and a DLQ made unwritable. Nothing here goes through the SDK, so a
+//! claim read here cannot be an echo of the SDK's own view.
 
 mod kafka;
 mod pulsar;
@@ -8,22 +10,62 @@ mod sqs;
 
 use async_trait::async_trait;
 
-pub(crate) use self::kafka::RawKafka;
-pub(crate) use self::pulsar::RawPulsar;
-pub(crate) use self::rabbitmq::RawRabbit;
-pub(crate) use self::sqs::RawSqs;
+pub use self::kafka::RawKafka;
+pub use self::pulsar::RawPulsar;
+pub use self::rabbitmq::RawRabbit;
+pub use self::sqs::RawSqs;
 
 /// Any error of a raw client.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One message as the broker stores it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RawEntry {
+    /// The payload (the body; on SQS the message body as sent, base64 where the SDK wrote it so).
+    pub payload: Vec<u8>,
+    /// The broker's own key, where it has one (Kafka's record key, Pulsar's partition key).
+    pub key: Option<Vec<u8>>,
+    /// Headers, properties or message attributes, by name, with their value's bytes (an AMQP header in
+    /// its text form; a Kafka null header empty).
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+impl RawEntry {
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// The payloads of `entries`, as text.
+pub(crate) fn payloads(entries: Vec<RawEntry>) -> Vec<String> {
+    entries
+        .into_iter()
+        .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
+        .collect()
+}
+
+/// A unique name for a reader's own subscription or group.
+pub(crate) fn reader_name() -> String {
+    format!("raw-reader-{}", uuid::Uuid::new_v4().simple())
+}
 
 /// One broker through its own client.
 #[async_trait]
-pub(crate) trait RawBroker: Send + Sync {
-    /// The payload of every entry in the DLQ `dlq`, read with the broker's client; the entries stay.
-    async fn dlq_payloads(&self, dlq: &str) -> Result<Vec<String>, BoxError>;
+pub trait RawBroker: Send + Sync {
+    /// Every message in the queue or topic `name`, read with the broker's client; the messages stay.
+    async fn messages(&self, name: &str) -> Result<Vec<RawEntry>, BoxError>;
+
+    /// The payload of every entry in the DLQ `dlq`, as text; the entries stay.
+    async fn dlq_payloads(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
+        Ok(payloads(self.messages(dlq).await?))
+    }
 
     /// Makes `dlq` refuse writes. Where that cannot keep its entries in the broker, they are taken out and
-    /// returned, and the harness counts them as DLQ entries.
+    /// returned (their payloads), and the harness counts them as DLQ entries.
     async fn refuse_dlq_writes(&self, dlq: &str) -> Result<Vec<String>, BoxError>;
 
     /// Makes `dlq` accept writes again (the harness then declares the topic again), returning any entries

@@ -1,5 +1,5 @@
-//! RabbitMQ read with lapin itself: the DLQ queue taken on a channel without acknowledging, then the
-//! channel closed so the broker keeps every message. The DLQ is made unwritable by moving its entries
+//! RabbitMQ read with lapin itself: a queue's depth, and its messages taken on a channel without
+//! acknowledging, then the channel closed so the broker keeps every message. The DLQ is made unwritable by moving its entries
 //! into the harness's count and deleting the queue; the SDK's copies then come back unroutable until the
 //! harness declares the queue again. A classic queue is deleted only when empty (`if-empty`, checked by
 //! the broker, so no entry that arrives meanwhile is lost); quorum queues do not offer `if-empty`, so
@@ -7,19 +7,52 @@
 //! would be lost by the harness, not the SDK.
 
 use async_trait::async_trait;
-use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeleteOptions};
+use lapin::message::BasicGetMessage;
+use lapin::options::{BasicAckOptions, BasicGetOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties};
 
-use super::{BoxError, RawBroker};
+use super::{BoxError, RawBroker, RawEntry, payloads};
 
 /// RabbitMQ's own client on the broker at `url`.
-pub(crate) struct RawRabbit {
+pub struct RawRabbit {
     url: String,
+}
+
+/// A header value's bytes: strings and byte arrays as they are, anything else in its debug text.
+fn value_bytes(value: &AMQPValue) -> Vec<u8> {
+    match value {
+        AMQPValue::LongString(s) => s.as_bytes().to_vec(),
+        AMQPValue::ShortString(s) => s.as_str().as_bytes().to_vec(),
+        AMQPValue::ByteArray(b) => b.as_slice().to_vec(),
+        other => format!("{other:?}").into_bytes(),
+    }
+}
+
+/// A message as RabbitMQ holds it: the body and the header table (RabbitMQ has no key).
+fn entry(message: &BasicGetMessage) -> RawEntry {
+    let headers = message
+        .delivery
+        .properties
+        .headers()
+        .as_ref()
+        .map(|t| {
+            t.inner()
+                .iter()
+                .map(|(k, v)| (k.as_str().to_string(), value_bytes(v)))
+                .collect()
+        })
+        .unwrap_or_default();
+    RawEntry {
+        payload: message.delivery.data.clone(),
+        key: None,
+        headers,
+    }
 }
 
 impl RawRabbit {
     /// A client of the broker at the `amqp://` URL `url`.
-    pub(crate) fn new(url: &str) -> Self {
+    pub fn new(url: &str) -> Self {
         Self {
             url: url.to_string(),
         }
@@ -31,18 +64,35 @@ impl RawRabbit {
         Ok((connection, channel))
     }
 
+    /// How many messages `queue` holds that no consumer has taken.
+    pub async fn depth(&self, queue: &str) -> Result<u32, BoxError> {
+        let (connection, channel) = self.channel().await?;
+        let declared = channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await;
+        let _ = connection.close(200, "read".into()).await;
+        Ok(declared?.message_count())
+    }
+
     /// Takes every message of `queue`; with `remove`, acknowledges each (it leaves the queue).
     async fn take_all(
         channel: &Channel,
         queue: &str,
         remove: bool,
-    ) -> Result<Vec<String>, BoxError> {
+    ) -> Result<Vec<RawEntry>, BoxError> {
         let mut payloads = Vec::new();
         while let Some(message) = channel
             .basic_get(queue.into(), BasicGetOptions { no_ack: false })
             .await?
         {
-            payloads.push(String::from_utf8_lossy(&message.delivery.data).into_owned());
+            payloads.push(entry(&message));
             if remove {
                 message.delivery.ack(BasicAckOptions::default()).await?;
             }
@@ -56,9 +106,9 @@ impl RawRabbit {
 
 #[async_trait]
 impl RawBroker for RawRabbit {
-    async fn dlq_payloads(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
+    async fn messages(&self, queue: &str) -> Result<Vec<RawEntry>, BoxError> {
         let (connection, channel) = self.channel().await?;
-        let payloads = Self::take_all(&channel, dlq, false).await;
+        let payloads = Self::take_all(&channel, queue, false).await;
         // Closing the connection gives back every message taken without an acknowledgement.
         let _ = connection.close(200, "read".into()).await;
         payloads
@@ -82,7 +132,7 @@ impl RawBroker for RawRabbit {
             // Not empty (an entry arrived after the last take: take again), or a queue type without
             // `if-empty`.
             if deleted.is_ok() {
-                return Ok(moved);
+                return Ok(payloads(moved));
             }
         }
         // A quorum queue: take what is there and delete it at once.
@@ -92,7 +142,7 @@ impl RawBroker for RawRabbit {
             .queue_delete(dlq.into(), QueueDeleteOptions::default())
             .await?;
         let _ = connection.close(200, "done".into()).await;
-        Ok(moved)
+        Ok(payloads(moved))
     }
 
     async fn accept_dlq_writes(&self, _dlq: &str) -> Result<Vec<String>, BoxError> {

@@ -1,4 +1,5 @@
-//! SQS read with aws-sdk-sqs itself: every message of the DLQ received (and made visible again at once).
+//! SQS read with aws-sdk-sqs itself: every message of a queue received with its attributes (and made
+//! visible again at once).
 //! SQS has no way to make one queue refuse sends but deleting it, so the DLQ is made unwritable by moving
 //! its entries into the harness's count (received until a short poll finds none) and deleting the queue
 //! at once; an entry that arrived in between would be lost by the harness, not the SDK.
@@ -6,18 +7,44 @@
 use async_trait::async_trait;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
-use aws_sdk_sqs::types::ChangeMessageVisibilityBatchRequestEntry;
+use aws_sdk_sqs::types::{ChangeMessageVisibilityBatchRequestEntry, Message};
 
-use super::{BoxError, RawBroker};
+use super::{BoxError, RawBroker, RawEntry, payloads};
 
 /// The SQS API's own client on the endpoint of an `http://host:port` URL.
-pub(crate) struct RawSqs {
+pub struct RawSqs {
     client: Client,
+}
+
+/// A message as SQS holds it: the body and every message attribute's value (string or binary).
+fn entry(m: &Message) -> RawEntry {
+    let mut headers: Vec<(String, Vec<u8>)> = m
+        .message_attributes()
+        .map(|attributes| {
+            attributes
+                .iter()
+                .map(|(name, v)| {
+                    let bytes = match (v.string_value(), v.binary_value()) {
+                        (Some(s), _) => s.as_bytes().to_vec(),
+                        (None, Some(b)) => b.as_ref().to_vec(),
+                        (None, None) => Vec::new(),
+                    };
+                    (name.clone(), bytes)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    headers.sort();
+    RawEntry {
+        payload: m.body().unwrap_or_default().as_bytes().to_vec(),
+        key: None,
+        headers,
+    }
 }
 
 impl RawSqs {
     /// A client of the endpoint `url` with the local test credentials.
-    pub(crate) fn new(url: &str) -> Self {
+    pub fn new(url: &str) -> Self {
         let config = aws_sdk_sqs::Config::builder()
             .behavior_version(BehaviorVersion::latest())
             .region(Region::new("us-east-1"))
@@ -42,14 +69,14 @@ impl RawSqs {
         }
     }
 
-    /// Receives every visible message of `url`: (receipt handle, body) pairs, hidden for a minute. With
+    /// Receives every visible message of `url`: (receipt handle, message) pairs, hidden for a minute. With
     /// `until_first_empty`, stops at the first empty short poll (moments before a delete, so that as
     /// little as possible can arrive in between); otherwise at the second empty long poll.
     async fn receive_all(
         &self,
         url: &str,
         until_first_empty: bool,
-    ) -> Result<Vec<(String, String)>, BoxError> {
+    ) -> Result<Vec<(String, RawEntry)>, BoxError> {
         let mut taken = Vec::new();
         let mut empty = 0;
         let (wait, empties) = if until_first_empty { (0, 1) } else { (1, 2) };
@@ -61,6 +88,7 @@ impl RawSqs {
                 .max_number_of_messages(10)
                 .visibility_timeout(60)
                 .wait_time_seconds(wait)
+                .message_attribute_names("All")
                 .send()
                 .await?;
             let messages = out.messages.unwrap_or_default();
@@ -70,10 +98,8 @@ impl RawSqs {
             }
             empty = 0;
             for m in messages {
-                taken.push((
-                    m.receipt_handle.unwrap_or_default(),
-                    m.body.unwrap_or_default(),
-                ));
+                let entry = entry(&m);
+                taken.push((m.receipt_handle.unwrap_or_default(), entry));
             }
         }
         Ok(taken)
@@ -82,8 +108,8 @@ impl RawSqs {
 
 #[async_trait]
 impl RawBroker for RawSqs {
-    async fn dlq_payloads(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
-        let Some(url) = self.queue_url(dlq).await? else {
+    async fn messages(&self, queue: &str) -> Result<Vec<RawEntry>, BoxError> {
+        let Some(url) = self.queue_url(queue).await? else {
             return Ok(Vec::new());
         };
         let taken = self.receive_all(&url, false).await?;
@@ -107,7 +133,7 @@ impl RawBroker for RawSqs {
                 .send()
                 .await?;
         }
-        Ok(taken.into_iter().map(|(_, body)| body).collect())
+        Ok(taken.into_iter().map(|(_, entry)| entry).collect())
     }
 
     async fn refuse_dlq_writes(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
@@ -118,7 +144,9 @@ impl RawBroker for RawSqs {
         // Deleted first, the entries being the harness's now: what arrives until the delete is lost to
         // the count.
         self.client.delete_queue().queue_url(&url).send().await?;
-        Ok(taken.into_iter().map(|(_, body)| body).collect())
+        Ok(payloads(
+            taken.into_iter().map(|(_, entry)| entry).collect(),
+        ))
     }
 
     async fn accept_dlq_writes(&self, _dlq: &str) -> Result<Vec<String>, BoxError> {
