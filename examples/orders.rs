@@ -5,6 +5,8 @@
 //! cargo run --example orders -- memory://demo 12  # another URL, 12 orders
 //! cargo run --example orders --features kafka -- kafka://127.0.0.1:19092
 //! cargo run --example orders --features kafka -- kafka://127.0.0.1:19092 serve   # until SIGTERM/ctrl-c
+//! cargo run --example orders --features kafka,prometheus -- kafka://127.0.0.1:19092 serve \
+//!     --metrics 127.0.0.1:9464                    # Prometheus scrapes http://127.0.0.1:9464/metrics
 //! ```
 //!
 //! Each broker adapter adds its scheme to `event_retry::connect` behind its cargo feature; without the
@@ -52,8 +54,37 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// `--metrics ADDR`, taken out of `args`: where to serve the SDK's metrics for Prometheus.
+fn take_metrics_flag(args: &mut Vec<String>) -> Result<Option<String>, String> {
+    let Some(at) = args.iter().position(|a| a == "--metrics") else {
+        return Ok(None);
+    };
+    args.remove(at);
+    if at < args.len() {
+        Ok(Some(args.remove(at)))
+    } else {
+        Err("--metrics needs an address, e.g. 127.0.0.1:9464".into())
+    }
+}
+
+#[cfg(feature = "prometheus")]
+fn serve_metrics(addr: &str) -> Result<(), Box<dyn std::error::Error>> {
+    event_retry::prometheus::serve(addr.parse()?)?;
+    println!("metrics on http://{addr}/metrics");
+    Ok(())
+}
+
+#[cfg(not(feature = "prometheus"))]
+fn serve_metrics(_addr: &str) -> Result<(), Box<dyn std::error::Error>> {
+    Err("--metrics needs the example built with --features prometheus".into())
+}
+
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let mut args = std::env::args().skip(1);
+    let mut argv: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(addr) = take_metrics_flag(&mut argv)? {
+        serve_metrics(&addr)?;
+    }
+    let mut args = argv.into_iter();
     let url = args
         .next()
         .unwrap_or_else(|| "memory://orders-demo".to_string());

@@ -149,6 +149,9 @@ pub use retry_core::{
 #[cfg(feature = "tower")]
 pub use retry_core::runtime::tower;
 
+#[cfg(feature = "prometheus")]
+pub mod prometheus;
+
 /// Lets a retry policy drive `backoff::backoff::Backoff` (feature `backoff`; the crate is unmaintained).
 #[cfg(feature = "backoff")]
 pub use retry_core::backoff_compat;
