@@ -169,6 +169,12 @@ install_build_packages() {
   apt_install protobuf-compiler libssl-dev pkg-config zlib1g-dev cmake build-essential
 }
 
+# install_browser_packages — Debian's chromium and its WebDriver (chromedriver), for the DLQ console's
+# browser test (retryctl/tests/console.rs).
+install_browser_packages() {
+  apt_install chromium chromium-driver
+}
+
 # maven_classpath NAME POMDIR — resolves the Maven project in POMDIR into a classpath (cached by the pom's
 # hash under $CACHE/NAME) and prints it. The jars themselves stay in ~/.m2.
 maven_classpath() {
