@@ -311,8 +311,8 @@ impl Transport for MemoryTransport {
         Broker::topic(&mut self.broker.lock(), &spec.topic).group(&spec.group);
         Ok(Box::new(MemorySubscription {
             broker: self.broker.clone(),
-            topic: spec.topic.clone(),
-            group: spec.group.clone(),
+            topic: Arc::from(spec.topic.as_str()),
+            group: Arc::from(spec.group.as_str()),
         }))
     }
 
@@ -382,8 +382,9 @@ impl Admin for MemoryTransport {
 
 struct MemorySubscription {
     broker: Arc<Broker>,
-    topic: String,
-    group: String,
+    // Shared with every receipt, which would otherwise copy both names for each delivery.
+    topic: Arc<str>,
+    group: Arc<str>,
 }
 
 impl MemorySubscription {
@@ -392,8 +393,8 @@ impl MemorySubscription {
         let mut state = self.broker.lock();
         let Some(queue) = state
             .topics
-            .get_mut(&self.topic)
-            .and_then(|t| t.groups.get_mut(&self.group))
+            .get_mut(&*self.topic)
+            .and_then(|t| t.groups.get_mut(&*self.group))
         else {
             return Err(None);
         };
@@ -405,13 +406,13 @@ impl MemorySubscription {
                 format!("{}/{}", self.topic, stored.offset),
                 Origin {
                     offset: Some(stored.offset),
-                    ..Origin::new(self.topic.clone())
+                    ..Origin::new(self.topic.to_string())
                 },
             ),
             receipt: Box::new(MemoryReceipt {
                 broker: self.broker.clone(),
-                topic: self.topic.clone(),
-                group: self.group.clone(),
+                topic: Arc::clone(&self.topic),
+                group: Arc::clone(&self.group),
                 original: Unsettled::new(stored),
             }),
         })
@@ -443,8 +444,8 @@ impl Subscription for MemorySubscription {
 /// Settles one in-memory delivery; dropping it unsettled puts the message back at once.
 struct MemoryReceipt {
     broker: Arc<Broker>,
-    topic: String,
-    group: String,
+    topic: Arc<str>,
+    group: Arc<str>,
     original: Unsettled<Stored>,
 }
 
@@ -492,11 +493,11 @@ impl Receipt for MemoryReceipt {
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         self.original.get()?;
         let mut state = self.broker.lock();
-        if state.unwritable_dlq.contains(&self.topic) {
+        if state.unwritable_dlq.contains(&*self.topic) {
             return Err(Error::new(Kind::Rejected, "the DLQ is not writable")
                 .with_operation(format!("dead-letter to the DLQ of {}", self.topic)));
         }
-        state.add_dead_letter(&self.topic, Some(self.group.clone()), event);
+        state.add_dead_letter(&self.topic, Some(self.group.to_string()), event);
         drop(state);
         self.settle().map(drop)
     }

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use metrics::{counter, histogram};
+use metrics::{Counter, Histogram, counter, histogram};
 
 use crate::metadata::DeadReason;
 
@@ -32,39 +32,133 @@ pub const HANDLER_SECONDS: &str = "event_retry_handler_seconds";
 /// Retry lateness in seconds: how long after its due time a retry ran (histogram).
 pub const LATENESS_SECONDS: &str = "event_retry_lateness_seconds";
 
-pub(crate) fn attempt(topic: &str, handler_time: Duration) {
-    counter!(ATTEMPTS, "topic" => topic.to_string()).increment(1);
-    histogram!(HANDLER_SECONDS, "topic" => topic.to_string()).record(handler_time.as_secs_f64());
+/// The metric handles of one consumer, registered once when it starts: the hot path then only
+/// increments them, with no label to build or registry to search per event. Handles belong to the
+/// recorder installed when they were registered, so a service installs its exporter before it starts its
+/// consumers (as `event_retry::prometheus::serve` does when called first).
+pub(crate) struct Telemetry {
+    attempts: Counter,
+    handler_seconds: Histogram,
+    retries_scheduled: Counter,
+    in_place_retries: Counter,
+    dead_letters: [Counter; DeadReason::ALL.len()],
+    success_after_retry: Counter,
+    holds: Counter,
+    duplicates_skipped: Counter,
+    settle_errors: Counter,
+    lateness: Histogram,
 }
 
-pub(crate) fn retry_scheduled(topic: &str) {
-    counter!(RETRIES_SCHEDULED, "topic" => topic.to_string()).increment(1);
+impl Telemetry {
+    /// The handles of the consumer of `topic`.
+    pub(crate) fn new(topic: &str) -> Self {
+        let topic = topic.to_string();
+        let counter = |name: &'static str| counter!(name, "topic" => topic.clone());
+        let histogram = |name: &'static str| histogram!(name, "topic" => topic.clone());
+        Self {
+            attempts: counter(ATTEMPTS),
+            handler_seconds: histogram(HANDLER_SECONDS),
+            retries_scheduled: counter(RETRIES_SCHEDULED),
+            in_place_retries: counter(IN_PLACE_RETRIES),
+            dead_letters: DeadReason::ALL.map(|reason| {
+                counter!(DEAD_LETTERS, "topic" => topic.clone(), "reason" => reason.as_str())
+            }),
+            success_after_retry: counter(SUCCESS_AFTER_RETRY),
+            holds: counter(HOLDS),
+            duplicates_skipped: counter(DUPLICATES_SKIPPED),
+            settle_errors: counter(SETTLE_ERRORS),
+            lateness: histogram(LATENESS_SECONDS),
+        }
+    }
+
+    pub(crate) fn attempt(&self, handler_time: Duration) {
+        self.attempts.increment(1);
+        self.handler_seconds.record(handler_time.as_secs_f64());
+    }
+
+    pub(crate) fn retry_scheduled(&self) {
+        self.retries_scheduled.increment(1);
+    }
+
+    pub(crate) fn in_place_retry(&self) {
+        self.in_place_retries.increment(1);
+    }
+
+    pub(crate) fn dead_letter(&self, reason: DeadReason) {
+        let at = DeadReason::ALL.iter().position(|r| *r == reason);
+        if let Some(counter) = at.and_then(|i| self.dead_letters.get(i)) {
+            counter.increment(1);
+        }
+    }
+
+    pub(crate) fn success_after_retry(&self) {
+        self.success_after_retry.increment(1);
+    }
+
+    pub(crate) fn hold(&self) {
+        self.holds.increment(1);
+    }
+
+    pub(crate) fn duplicate_skipped(&self) {
+        self.duplicates_skipped.increment(1);
+    }
+
+    pub(crate) fn settle_error(&self) {
+        self.settle_errors.increment(1);
+    }
+
+    pub(crate) fn lateness(&self, late_by: Duration) {
+        self.lateness.record(late_by.as_secs_f64());
+    }
 }
 
-pub(crate) fn in_place_retry(topic: &str) {
-    counter!(IN_PLACE_RETRIES, "topic" => topic.to_string()).increment(1);
-}
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
-pub(crate) fn dead_letter(topic: &str, reason: DeadReason) {
-    counter!(DEAD_LETTERS, "topic" => topic.to_string(), "reason" => reason.as_str()).increment(1);
-}
+    use super::*;
 
-pub(crate) fn success_after_retry(topic: &str) {
-    counter!(SUCCESS_AFTER_RETRY, "topic" => topic.to_string()).increment(1);
-}
-
-pub(crate) fn hold(topic: &str) {
-    counter!(HOLDS, "topic" => topic.to_string()).increment(1);
-}
-
-pub(crate) fn duplicate_skipped(topic: &str) {
-    counter!(DUPLICATES_SKIPPED, "topic" => topic.to_string()).increment(1);
-}
-
-pub(crate) fn settle_error(topic: &str) {
-    counter!(SETTLE_ERRORS, "topic" => topic.to_string()).increment(1);
-}
-
-pub(crate) fn lateness(topic: &str, late_by: Duration) {
-    histogram!(LATENESS_SECONDS, "topic" => topic.to_string()).record(late_by.as_secs_f64());
+    #[test]
+    fn handles_count_under_the_topic_and_the_reason() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let t = Telemetry::new("orders");
+            t.attempt(Duration::from_millis(3));
+            t.dead_letter(DeadReason::Poison);
+            t.dead_letter(DeadReason::Poison);
+        });
+        let counted: Vec<(String, Vec<String>, DebugValue)> = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, _, _, value)| {
+                let key = key.key();
+                let labels = key
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                (key.name().to_string(), labels, value)
+            })
+            .collect();
+        let find = |name: &str, label: &str| {
+            counted
+                .iter()
+                .find(|(n, l, _)| n == name && l.iter().any(|x| x == label))
+                .map(|(_, _, v)| v)
+        };
+        assert_eq!(
+            find(ATTEMPTS, "topic=orders"),
+            Some(&DebugValue::Counter(1))
+        );
+        assert_eq!(
+            find(DEAD_LETTERS, "reason=poison"),
+            Some(&DebugValue::Counter(2))
+        );
+        assert_eq!(
+            find(DEAD_LETTERS, "reason=exhausted"),
+            Some(&DebugValue::Counter(0))
+        );
+    }
 }

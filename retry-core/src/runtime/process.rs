@@ -1,5 +1,9 @@
 //! One delivery, from decoding to a settled outcome.
 //!
+//! Each delivery is a task, and a task's future is allocated and moved whole: the cold paths (a retry, a
+//! dead letter, a hold, an in-place wait, a failed settle, the idempotency claim) are boxed where they are
+//! awaited, so the future of the common path — decode, handle, acknowledge — stays small.
+//!
 //! The order of operations is the safety argument: the handler runs, the pure decision picks an outcome,
 //! and the receipt carries it out — an acknowledgement only after success, a retry or DLQ copy that the
 //! broker confirmed before the original is let go. An unwritable DLQ is a dependency outage: the original
@@ -20,7 +24,7 @@ use tracing::{Instrument, debug, info_span, warn};
 use super::handler::{Context, UndecodablePayload};
 use super::ordering::Verdict;
 use super::receive::Shared;
-use crate::adapter::{Delivery, Receipt};
+use crate::adapter::{Delivery, DeliveryInfo, Receipt};
 use crate::classify::{ErrorKind, HandlerError, chain};
 use crate::decide::{Attempt, Outcome, decide};
 use crate::error::Kind;
@@ -28,7 +32,6 @@ use crate::event::Event;
 use crate::idempotency::Begin;
 use crate::lifecycle::{Input, State};
 use crate::metadata::{self, DeadInfo, DeadReason};
-use crate::telemetry;
 use crate::time::Timestamp;
 
 /// Handles one delivery to a settled (or released) end.
@@ -38,10 +41,55 @@ pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
         info,
         mut receipt,
     } = delivery;
+    // Decoding is synchronous and its locals die before the first await: only what the handling needs
+    // is kept in this future.
+    match prepare(&shared, message, info) {
+        Prepared::Ready { event, id, span } => {
+            Handling {
+                shared: &shared,
+                receipt: &mut *receipt,
+                event,
+                id,
+                state: State::Pending,
+            }
+            .run()
+            .instrument(span)
+            .await;
+        }
+        Prepared::Poison(poison) => {
+            Box::pin(dead_letter(
+                &shared,
+                &mut *receipt,
+                poison,
+                DeadReason::Poison,
+            ))
+            .await;
+        }
+    }
+}
+
+/// A delivery decoded: ready to handle, or poison (its metadata does not parse).
+enum Prepared {
+    Ready {
+        event: Event,
+        id: String,
+        span: tracing::Span,
+    },
+    Poison(Event),
+}
+
+/// Decodes a delivery's metadata and completes it from the broker's facts.
+fn prepare(shared: &Shared, message: crate::event::RawMessage, info: DeliveryInfo) -> Prepared {
     shared.counters.bump(&shared.counters.received);
     let now = Timestamp::now();
-    let mut event = match Event::from_raw(message.clone()) {
-        Ok(event) => event,
+    // Decoded from the headers in place: the message itself is needed again only for a poison event.
+    let mut event = match metadata::decode(&message.headers) {
+        Ok((meta, headers)) => Event {
+            payload: message.payload,
+            key: message.key,
+            headers,
+            meta,
+        },
         Err(err) => {
             // Keep what did parse (event id, origin, history) for whoever triages the DLQ entry.
             let (meta, headers, problems) = metadata::decode_lenient(&message.headers);
@@ -69,21 +117,24 @@ pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
             };
             poison.meta.set_last_error(&format!("poison: {reasons}"));
             warn!(event_id = %info.message_id, error = %err, "poison message: malformed metadata");
-            dead_letter(&shared, &mut *receipt, poison, DeadReason::Poison).await;
-            return;
+            return Prepared::Poison(poison);
         }
     };
     let meta = &mut event.meta;
-    let id = meta
-        .event_id
-        .get_or_insert_with(|| info.message_id.clone())
-        .clone();
+    // The delivery's facts are moved in, not copied: each is needed once.
+    let DeliveryInfo {
+        message_id,
+        origin,
+        broker_attempts,
+        broker_retries,
+    } = info;
+    let id = meta.event_id.get_or_insert(message_id).clone();
     meta.first_seen.get_or_insert(now);
-    meta.origin.get_or_insert_with(|| info.origin.clone());
-    if let Some(counted) = info.broker_attempts {
+    meta.origin.get_or_insert(origin);
+    if let Some(counted) = broker_attempts {
         meta.attempts = meta.attempts.max(counted);
     }
-    if let Some(counted) = info.broker_retries {
+    if let Some(counted) = broker_retries {
         meta.retries = meta.retries.max(counted);
     }
     let span = info_span!(
@@ -93,16 +144,7 @@ pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
         attempt = meta.attempts.saturating_add(1),
         next_delay_ms = tracing::field::Empty,
     );
-    Handling {
-        shared: &shared,
-        receipt: &mut *receipt,
-        event,
-        id,
-        state: State::Pending,
-    }
-    .run()
-    .instrument(span)
-    .await;
+    Prepared::Ready { event, id, span }
 }
 
 struct Handling<'a> {
@@ -134,30 +176,30 @@ impl Handling<'_> {
             Some(_) => None,
         };
         if let Some(late) = lateness {
-            telemetry::lateness(&shared.spec.topic, late);
+            shared.telemetry.lateness(late);
         }
         if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
             match parking.verdict(&key, &self.id, now) {
                 Verdict::Run => self.event.meta.parked_behind = None,
-                Verdict::Park { head, delay } => return self.park(head, delay).await,
+                Verdict::Park { head, delay } => return Box::pin(self.park(head, delay)).await,
                 Verdict::FollowToDlq { head } => {
                     self.event
                         .meta
                         .set_last_error(&format!("parked behind {head}, which was dead-lettered"));
                     self.step(Input::Claim);
                     self.step(Input::Die);
-                    dead_letter(
+                    Box::pin(dead_letter(
                         shared,
                         self.receipt,
                         self.event,
                         DeadReason::ParkedBehindDead,
-                    )
+                    ))
                     .await;
                     return;
                 }
             }
         }
-        if !self.claim_idempotency().await {
+        if shared.idempotency.is_some() && !Box::pin(self.claim_idempotency()).await {
             return;
         }
         self.step(Input::Claim);
@@ -201,9 +243,9 @@ impl Handling<'_> {
                 Outcome::RetryInPlace(pause_for) => {
                     in_place_retries += 1;
                     shared.counters.bump(&shared.counters.in_place_retries);
-                    telemetry::in_place_retry(&shared.spec.topic);
-                    if !self.wait(pause_for).await {
-                        return self.release_on_shutdown().await;
+                    shared.telemetry.in_place_retry();
+                    if !Box::pin(self.wait(pause_for)).await {
+                        return Box::pin(self.release_on_shutdown()).await;
                     }
                 }
                 Outcome::Hold(backoff) => {
@@ -214,31 +256,30 @@ impl Handling<'_> {
                     }
                     holds += 1;
                     shared.counters.bump(&shared.counters.holds);
-                    telemetry::hold(&shared.spec.topic);
-                    if let Err(e) = self
-                        .receipt
-                        .keep_alive(backoff + Duration::from_secs(30))
-                        .await
+                    shared.telemetry.hold();
+                    if let Err(e) =
+                        Box::pin(self.receipt.keep_alive(backoff + Duration::from_secs(30))).await
                     {
                         shared
                             .counters
                             .error(&shared.counters.settle_errors, e.to_string());
                     }
-                    if !self.wait(backoff).await {
-                        return self.release_on_shutdown().await;
+                    if !Box::pin(self.wait(backoff)).await {
+                        return Box::pin(self.release_on_shutdown()).await;
                     }
                 }
                 Outcome::Ack => {
                     if pause.take().is_some() {
                         self.step(Input::Unblock);
                     }
-                    return self.ack().await;
+                    self.ack().await;
+                    return;
                 }
                 Outcome::RetryAfter(delay) => {
                     if pause.take().is_some() {
                         self.step(Input::Unblock);
                     }
-                    return self.retry_later(delay).await;
+                    return Box::pin(self.retry_later(delay)).await;
                 }
                 Outcome::Dead(reason) => {
                     if pause.take().is_some() {
@@ -247,7 +288,8 @@ impl Handling<'_> {
                     self.step(Input::Die);
                     self.abandon_idempotency().await;
                     let key = self.ordered_key();
-                    let accepted = dead_letter(shared, self.receipt, self.event, reason).await;
+                    let accepted =
+                        Box::pin(dead_letter(shared, self.receipt, self.event, reason)).await;
                     if let (true, Some(parking), Some(key)) = (accepted, &shared.parking, key) {
                         parking.resolved(&key, &self.id, true, Timestamp::now());
                     }
@@ -271,7 +313,7 @@ impl Handling<'_> {
                     self.shared
                         .counters
                         .bump(&self.shared.counters.duplicates_skipped);
-                    telemetry::duplicate_skipped(&self.shared.spec.topic);
+                    self.shared.telemetry.duplicate_skipped();
                     debug!("duplicate delivery skipped");
                     self.settle_ack().await;
                     return false;
@@ -333,7 +375,7 @@ impl Handling<'_> {
                     "handler panicked: {message}"
                 )))
             });
-        telemetry::attempt(&self.shared.spec.topic, started.elapsed());
+        self.shared.telemetry.attempt(started.elapsed());
         result
     }
 
@@ -345,7 +387,7 @@ impl Handling<'_> {
         }
     }
 
-    async fn ack(mut self) {
+    async fn ack(&mut self) {
         let shared = self.shared;
         // The handler succeeded: record it before acknowledging, so a redelivery after a failed ack (or a
         // crash in between) is skipped as a duplicate instead of repeating the side effects.
@@ -361,7 +403,7 @@ impl Handling<'_> {
         // `succeeded` last: whoever waits on it sees the success complete, its retry count included.
         if self.event.meta.attempts > 0 {
             shared.counters.bump(&shared.counters.succeeded_after_retry);
-            telemetry::success_after_retry(&shared.spec.topic);
+            shared.telemetry.success_after_retry();
         }
         shared.counters.bump(&shared.counters.succeeded);
         if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
@@ -373,7 +415,7 @@ impl Handling<'_> {
         match self.receipt.ack().await {
             Ok(()) => true,
             Err(e) => {
-                settle_failed(self.shared, self.receipt, "ack", e).await;
+                Box::pin(settle_failed(self.shared, self.receipt, "ack", e)).await;
                 false
             }
         }
@@ -393,7 +435,7 @@ impl Handling<'_> {
         match self.receipt.retry(&self.event, delay).await {
             Ok(()) => {
                 shared.counters.bump(&shared.counters.retries_scheduled);
-                telemetry::retry_scheduled(&shared.spec.topic);
+                shared.telemetry.retry_scheduled();
                 if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
                     parking.head_retrying(&key, &self.id, due, Timestamp::now());
                 }
@@ -452,7 +494,7 @@ async fn dead_letter(
                     tracing::info!("the DLQ accepts again: resuming consumption");
                 }
                 shared.counters.bump(&shared.counters.dead_lettered);
-                telemetry::dead_letter(&shared.spec.topic, reason);
+                shared.telemetry.dead_letter(reason);
                 return true;
             }
             Err(e) => e,
@@ -472,8 +514,8 @@ async fn dead_letter(
             tracing::error!(%message, "the DLQ does not accept the entry: holding consumption until it does");
             hold = Some(shared.pause.hold());
         }
-        telemetry::settle_error(&shared.spec.topic);
-        telemetry::hold(&shared.spec.topic);
+        shared.telemetry.settle_error();
+        shared.telemetry.hold();
         shared
             .counters
             .error(&shared.counters.settle_errors, message);
@@ -508,7 +550,7 @@ async fn settle_failed(
 ) {
     let message = format!("{what} failed: {error}");
     tracing::error!(%message, "settle failed; the delivery is released for redelivery");
-    telemetry::settle_error(&shared.spec.topic);
+    shared.telemetry.settle_error();
     shared
         .counters
         .error(&shared.counters.settle_errors, message);

@@ -28,6 +28,7 @@ use crate::classify::Classifier;
 use crate::decide::Policies;
 use crate::error::Kind;
 use crate::idempotency::IdempotencyStore;
+use crate::telemetry::Telemetry;
 
 /// Subscribes and spawns the receive loop.
 pub(super) async fn start(
@@ -61,6 +62,7 @@ pub(super) async fn start(
         }),
         handler,
         counters: counters.clone(),
+        telemetry: Telemetry::new(&b.spec.topic),
         pause: PauseGate { holds: pause_tx },
         shutdown: shutdown.clone(),
         rng: Mutex::new(
@@ -105,6 +107,7 @@ pub(crate) struct Shared {
     pub(super) parking: Option<Parking>,
     pub(super) handler: Arc<dyn Handler>,
     pub(super) counters: Arc<Counters>,
+    pub(super) telemetry: Telemetry,
     pub(super) pause: PauseGate,
     pub(super) shutdown: CancellationToken,
     pub(super) rng: Mutex<StdRng>,
