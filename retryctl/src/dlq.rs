@@ -188,38 +188,7 @@ pub fn entry_json(entry: &DeadLetter, with_payload: bool) -> serde_json::Value {
 /// `dlq show`: every field of an entry, for a person.
 fn show_entry(entry: &DeadLetter, out: &mut dyn Write) -> Result<(), CliError> {
     let e = &entry.event;
-    let m = e.metadata();
-    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    let mut fields: Vec<(&str, String)> = vec![
-        ("id", entry.id.clone()),
-        ("event id", opt(m.event_id.clone())),
-        ("key", opt(e.key.as_deref().map(render::text_or_hex))),
-    ];
-    if let Some(dead) = &m.dead {
-        fields.push(("dead", dead.reason.to_string()));
-        fields.push(("dead at", render::time_ago(dead.at)));
-        fields.push(("dead-lettered by", dead.consumer.clone()));
-    }
-    fields.extend([
-        (
-            "error kind",
-            opt(m.error_kind.map(|k| k.as_str().to_string())),
-        ),
-        ("last error", opt(m.last_error.clone())),
-        ("attempts", m.attempts.to_string()),
-        ("retries", m.retries.to_string()),
-        ("first seen", opt(m.first_seen.map(render::time_ago))),
-        ("last delay", opt(m.last_delay.map(render::duration))),
-        (
-            "origin",
-            opt(m.origin.as_ref().map(|o| match (o.partition, o.offset) {
-                (Some(p), Some(off)) => format!("{} (partition {p}, offset {off})", o.topic),
-                _ => o.topic.clone(),
-            })),
-        ),
-        ("replays", m.replay_count.to_string()),
-        ("replayed at", opt(m.replayed_at.map(render::time_ago))),
-    ]);
+    let fields = render::entry_fields(entry);
     for (name, value) in fields {
         writeln!(out, "{name:<17} {value}")?;
     }
@@ -316,11 +285,11 @@ pub async fn dlq(
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use event_retry::{Context, Event, HandlerError, handler_fn};
 
-    async fn dead_letters(broker: &Broker, topic: &str, n: usize) {
+    pub(crate) async fn dead_letters(broker: &Broker, topic: &str, n: usize) {
         let handle = broker
             .consumer(topic)
             .start(handler_fn(|_e: Event, _c: Context| async {

@@ -171,24 +171,9 @@ fn report_json(report: &MigrationReport, args: &MigrateArgs, to_topic: &str) -> 
 mod tests {
     use super::*;
     use crate::Cli;
+    use crate::dlq::tests::dead_letters;
     use clap::Parser;
-    use event_retry::{Broker, Context, DlqFilter, Event, HandlerError, handler_fn};
-
-    async fn dead_letters(broker: &Broker, topic: &str, n: usize) {
-        let handle = broker
-            .consumer(topic)
-            .start(handler_fn(|_e: Event, _c: Context| async {
-                Err(HandlerError::non_retryable("boom"))
-            }))
-            .await
-            .unwrap();
-        for i in 0..n {
-            let event = Event::new(format!("p{i}")).with_id(format!("e{i}"));
-            broker.producer().publish(topic, event).await.unwrap();
-        }
-        handle.wait_until(|s| s.dead_lettered >= n as u64).await;
-        handle.shutdown().await.unwrap();
-    }
+    use event_retry::DlqFilter;
 
     async fn migrate(args: &[&str]) -> Result<String, CliError> {
         let mut argv = vec!["retryctl", "migrate"];

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use event_retry::DeadLetter;
 use event_retry::time::Timestamp;
 use serde_json::{Value, json};
 
@@ -124,6 +125,42 @@ pub fn parse_time(text: &str) -> Result<Timestamp, CliError> {
             .checked_sub(ago)
             .unwrap_or(SystemTime::UNIX_EPOCH),
     ))
+}
+
+/// A dead letter's fields for people, in the order `dlq show` and the console show them: its ids, key
+/// and group, why and when it died, its history, its origin and its replays ("-" where there is none).
+pub fn entry_fields(entry: &DeadLetter) -> Vec<(&'static str, String)> {
+    let e = &entry.event;
+    let m = e.metadata();
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    let dead = m.dead.as_ref();
+    vec![
+        ("id", entry.id.clone()),
+        ("event id", opt(m.event_id.clone())),
+        ("key", opt(e.key.as_deref().map(text_or_hex))),
+        ("consumer group", opt(entry.group.clone())),
+        ("dead", opt(dead.map(|d| d.reason.to_string()))),
+        ("dead at", opt(dead.map(|d| time_ago(d.at)))),
+        ("dead-lettered by", opt(dead.map(|d| d.consumer.clone()))),
+        (
+            "error kind",
+            opt(m.error_kind.map(|k| k.as_str().to_string())),
+        ),
+        ("last error", opt(m.last_error.clone())),
+        ("attempts", m.attempts.to_string()),
+        ("retries", m.retries.to_string()),
+        ("first seen", opt(m.first_seen.map(time_ago))),
+        ("last delay", opt(m.last_delay.map(duration))),
+        (
+            "origin",
+            opt(m.origin.as_ref().map(|o| match (o.partition, o.offset) {
+                (Some(p), Some(off)) => format!("{} (partition {p}, offset {off})", o.topic),
+                _ => o.topic.clone(),
+            })),
+        ),
+        ("replays", m.replay_count.to_string()),
+        ("replayed at", opt(m.replayed_at.map(time_ago))),
+    ]
 }
 
 #[cfg(test)]

@@ -295,12 +295,25 @@ mod tests {
         handle.shutdown().await.unwrap();
     }
 
-    fn target(dlq: &DeadLetters, dry_run: bool) -> MigrationTarget<'_> {
-        MigrationTarget {
-            dead_letters: dlq,
+    /// Migrates every entry of `orders` from `from` to the DLQ operations `to`.
+    async fn migrate(
+        from: &Broker,
+        to: &DeadLetters,
+        dry_run: bool,
+    ) -> Result<MigrationReport, Error> {
+        let target = MigrationTarget {
+            dead_letters: to,
             topic: "orders",
             dry_run,
-        }
+        };
+        from.dead_letters()
+            .migrate(
+                "orders",
+                &DlqFilter::all(),
+                target,
+                &super::super::NoProgress,
+            )
+            .await
     }
 
     #[tokio::test]
@@ -313,16 +326,7 @@ mod tests {
             .await
             .unwrap();
         let to_dlq = to.dead_letters();
-        let report = from
-            .dead_letters()
-            .migrate(
-                "orders",
-                &DlqFilter::all(),
-                target(&to_dlq, false),
-                &super::super::NoProgress,
-            )
-            .await
-            .unwrap();
+        let report = migrate(&from, &to_dlq, false).await.unwrap();
         assert_eq!(report.count(Moved::Copied), 3);
         let after = to_dlq.list("orders", &DlqFilter::all()).await.unwrap();
         assert_eq!(after.len(), 3);
@@ -355,16 +359,7 @@ mod tests {
             .await
             .unwrap();
         let to_dlq = to.dead_letters();
-        let dry = from
-            .dead_letters()
-            .migrate(
-                "orders",
-                &DlqFilter::all(),
-                target(&to_dlq, true),
-                &super::super::NoProgress,
-            )
-            .await
-            .unwrap();
+        let dry = migrate(&from, &to_dlq, true).await.unwrap();
         assert_eq!(
             (dry.count(Moved::WouldRemove), dry.count(Moved::WouldCopy)),
             (1, 2)
@@ -378,16 +373,7 @@ mod tests {
             1,
             "a dry run writes nothing"
         );
-        let report = from
-            .dead_letters()
-            .migrate(
-                "orders",
-                &DlqFilter::all(),
-                target(&to_dlq, false),
-                &super::super::NoProgress,
-            )
-            .await
-            .unwrap();
+        let report = migrate(&from, &to_dlq, false).await.unwrap();
         assert_eq!(
             (
                 report.count(Moved::AlreadyThere),
@@ -421,16 +407,7 @@ mod tests {
         let to_broker =
             Broker::from(std::sync::Arc::new(to) as std::sync::Arc<dyn crate::adapter::Transport>);
         let to_dlq = to_broker.dead_letters();
-        let err = from
-            .dead_letters()
-            .migrate(
-                "orders",
-                &DlqFilter::all(),
-                target(&to_dlq, false),
-                &super::super::NoProgress,
-            )
-            .await
-            .unwrap_err();
+        let err = migrate(&from, &to_dlq, false).await.unwrap_err();
         assert!(err.to_string().contains("event e0"), "{err}");
         assert_eq!(
             from.dead_letters()

@@ -620,6 +620,19 @@ fn admit_change(
     Ok((selected, filter))
 }
 
+/// The DLQ, the selection and its filter of a state-changing request, once the change is admitted.
+fn change_request<'c>(
+    console: &'c Console,
+    caller: &Caller,
+    headers: &HeaderMap,
+    index: usize,
+    body: &[u8],
+) -> Result<(&'c Dlq, Selected, DlqFilter), Refused> {
+    let dlq = dlq_of(console, &frame(console, caller), index)?;
+    let (selected, filter) = admit_change(console, caller, headers, &Form::parse(body))?;
+    Ok((dlq, selected, filter))
+}
+
 async fn confirm(
     State(console): State<Shared>,
     Extension(caller): Extension<Caller>,
@@ -628,9 +641,7 @@ async fn confirm(
     body: Bytes,
 ) -> Result<Response, Refused> {
     let frame = frame(&console, &caller);
-    let dlq = dlq_of(&console, &frame, index)?;
-    let form = Form::parse(&body);
-    let (selected, filter) = admit_change(&console, &caller, &headers, &form)?;
+    let (dlq, selected, filter) = change_request(&console, &caller, &headers, index, &body)?;
     let all = read_all(dlq, &frame).await?;
     let chosen: Vec<&DeadLetter> = all.iter().filter(|e| filter.matches(e)).collect();
     let view = pages::Confirm {
@@ -652,10 +663,7 @@ async fn run_job(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, Refused> {
-    let frame = frame(&console, &caller);
-    let dlq = dlq_of(&console, &frame, index)?;
-    let form = Form::parse(&body);
-    let (selected, filter) = admit_change(&console, &caller, &headers, &form)?;
+    let (dlq, selected, filter) = change_request(&console, &caller, &headers, index, &body)?;
     let verb = pages::verb(&selected.action);
     let scope = match &selected.filter {
         Some(_) => "the entries the filter selects".to_string(),

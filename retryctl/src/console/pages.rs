@@ -306,35 +306,8 @@ pub(crate) fn entry(
     e: &DeadLetter,
 ) -> Markup {
     let m = e.event.metadata();
-    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
     let (format, shown) = render::payload(&e.event.payload);
-    let fields: Vec<(&str, String)> = vec![
-        ("entry id", e.id.clone()),
-        ("event id", opt(m.event_id.clone())),
-        ("key", opt(e.event.key.as_deref().map(render::text_or_hex))),
-        ("consumer group", opt(e.group.clone())),
-        ("dead", opt(e.dead().map(|d| d.reason.to_string()))),
-        ("dead at", opt(e.dead().map(|d| render::time_ago(d.at)))),
-        (
-            "dead-lettered by",
-            opt(e.dead().map(|d| d.consumer.clone())),
-        ),
-        ("error kind", kind_name(m.error_kind).to_string()),
-        ("last error", opt(m.last_error.clone())),
-        ("attempts", m.attempts.to_string()),
-        ("retries", m.retries.to_string()),
-        ("first seen", opt(m.first_seen.map(render::time_ago))),
-        ("last delay", opt(m.last_delay.map(render::duration))),
-        (
-            "origin",
-            opt(m.origin.as_ref().map(|o| match (o.partition, o.offset) {
-                (Some(p), Some(off)) => format!("{} (partition {p}, offset {off})", o.topic),
-                _ => o.topic.clone(),
-            })),
-        ),
-        ("replays", m.replay_count.to_string()),
-        ("replayed at", opt(m.replayed_at.map(render::time_ago))),
-    ];
+    let fields = render::entry_fields(e);
     html! {
         p { a href={ "/dlq/" (index) } { "← " (dlq_name) } }
         h1 { "Dead letter " (m.event_id.as_deref().unwrap_or(&e.id)) }
