@@ -29,21 +29,27 @@ impl RawKafka {
         }
     }
 
-    fn read_all(&self, topic: &str) -> Result<Vec<RawEntry>, BoxError> {
-        let timeout = Duration::from_secs(10);
+    /// A consumer in `group` that commits nothing by itself, and the partition count of `topic`.
+    fn consumer(&self, group: &str, topic: &str) -> Result<(BaseConsumer, i32), BoxError> {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &self.bootstrap)
-            .set("group.id", reader_name())
+            .set("group.id", group)
             .set("enable.auto.commit", "false")
             .create()?;
-        let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
         let partitions = metadata
             .topics()
             .first()
             .map_or(0, |t| t.partitions().len());
+        Ok((consumer, i32::try_from(partitions)?))
+    }
+
+    fn read_all(&self, topic: &str) -> Result<Vec<RawEntry>, BoxError> {
+        let timeout = Duration::from_secs(10);
+        let (consumer, partitions) = self.consumer(&reader_name(), topic)?;
         let mut assignment = TopicPartitionList::new();
         let mut ends = Vec::new();
-        for p in 0..i32::try_from(partitions)? {
+        for p in 0..partitions {
             let (low, high) = consumer.fetch_watermarks(topic, p, timeout)?;
             if high > low {
                 assignment.add_partition_offset(topic, p, Offset::Offset(low))?;
@@ -87,18 +93,9 @@ impl RawKafka {
     /// a partition where it committed none).
     pub fn uncommitted(&self, group: &str, topic: &str) -> Result<i64, BoxError> {
         let timeout = Duration::from_secs(10);
-        let consumer: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &self.bootstrap)
-            .set("group.id", group)
-            .set("enable.auto.commit", "false")
-            .create()?;
-        let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
-        let partitions = metadata
-            .topics()
-            .first()
-            .map_or(0, |t| t.partitions().len());
+        let (consumer, partitions) = self.consumer(group, topic)?;
         let mut list = TopicPartitionList::new();
-        for p in 0..i32::try_from(partitions)? {
+        for p in 0..partitions {
             list.add_partition(topic, p);
         }
         let committed = consumer.committed_offsets(list, timeout)?;
