@@ -1,6 +1,7 @@
 //! The Kafka adapter against a raw rdkafka consumer, on the local broker, in one run:
 //!
-//! 1. happy-path throughput: a topic of `MESSAGES` records drained by a raw `StreamConsumer` (the same
+//! 1. happy-path throughput: a topic of `RETRY_BENCH_MESSAGES` records (50,000 by default) drained by a
+//!    raw `StreamConsumer` (the same
 //!    work per record, then its offset stored and committed by librdkafka) and by the SDK's consumer
 //!    (concurrency P, same handler), three rounds each, alternating; the ratio compares the best run of
 //!    each (the broker's JVM warms up and its rate swings between rounds);
@@ -34,6 +35,7 @@ use retry_core::event::Event;
 use retry_core::runtime::{Context, handler_fn};
 use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
 
+/// Records per throughput round when `RETRY_BENCH_MESSAGES` is unset.
 const MESSAGES: usize = 50_000;
 const CONCURRENCY: usize = 64;
 const RETRIES: usize = 300;
@@ -46,13 +48,23 @@ fn main() -> Result<(), Error> {
     )
 }
 
-async fn prefill(transport: &KafkaTransport, topic: &str) -> Result<(), Error> {
-    transport.declare(topic, None).await?;
-    bench::publish_all(&Broker::new(transport.clone()), topic, MESSAGES, 1024).await
+/// Fills `topic` with `messages` records, after declaring its whole topology (the consumer group's retry
+/// topic included), as a deployment does once before its consumers start: neither side's timing then
+/// includes creating topics.
+async fn prefill(transport: &KafkaTransport, topic: &str, messages: usize) -> Result<(), Error> {
+    transport
+        .declare(topic, Some(&retry_core::adapter::default_group(topic)))
+        .await?;
+    bench::publish_all(&Broker::new(transport.clone()), topic, messages, 1024).await
 }
 
-async fn raw_run(url: &str, transport: &KafkaTransport, topic: &str) -> Result<Rate, Error> {
-    prefill(transport, topic).await?;
+async fn raw_run(
+    url: &str,
+    transport: &KafkaTransport,
+    topic: &str,
+    messages: usize,
+) -> Result<Rate, Error> {
+    prefill(transport, topic, messages).await?;
     let clock = Clock::start();
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap_of(url)?)
@@ -63,22 +75,22 @@ async fn raw_run(url: &str, transport: &KafkaTransport, topic: &str) -> Result<R
         .create()?;
     consumer.subscribe(&[topic])?;
     let mut sink = 0;
-    for _ in 0..MESSAGES {
+    for _ in 0..messages {
         let message = consumer.recv().await?;
         clock.message();
         sink += work(message.payload().unwrap_or_default());
         consumer.store_offset_from_message(&message)?;
     }
     std::hint::black_box(sink);
-    Ok(clock.rate(MESSAGES))
+    Ok(clock.rate(messages))
 }
 
-async fn sdk_run(transport: &KafkaTransport, topic: &str) -> Result<Rate, Error> {
-    prefill(transport, topic).await?;
+async fn sdk_run(transport: &KafkaTransport, topic: &str, messages: usize) -> Result<Rate, Error> {
+    prefill(transport, topic, messages).await?;
     bench::sdk_round(
         &Broker::new(transport.clone()),
         topic,
-        MESSAGES,
+        messages,
         CONCURRENCY,
     )
     .await
@@ -108,16 +120,17 @@ async fn memory_run() -> Result<f64, Error> {
 
 async fn throughput(url: &str, transport: &KafkaTransport) -> Result<(), Error> {
     let mut rounds = Throughput::default();
+    let messages = bench::messages(MESSAGES)?;
     for _ in 0..3 {
         let id = uuid::Uuid::new_v4().simple();
-        let raw = raw_run(url, transport, &format!("bench-raw-{id}")).await?;
-        let sdk = sdk_run(transport, &format!("bench-sdk-{id}")).await?;
+        let raw = raw_run(url, transport, &format!("bench-raw-{id}"), messages).await?;
+        let sdk = sdk_run(transport, &format!("bench-sdk-{id}"), messages).await?;
         rounds.round(
             raw,
             sdk,
             "raw rdkafka",
             &format!(
-                "{MESSAGES} records of {} B in 2 partitions, SDK concurrency {CONCURRENCY}",
+                "{messages} records of {} B in 2 partitions, SDK concurrency {CONCURRENCY}",
                 bench::payload_bytes()?
             ),
         );
@@ -163,7 +176,11 @@ async fn run(url: &str) -> Result<(), Error> {
     if bench::asked("sdk") {
         // The SDK's rounds alone (for profiling); not part of a default run.
         let topic = format!("bench-sdk-{}", uuid::Uuid::new_v4().simple());
-        println!("SDK alone: {:?} msg/s", sdk_run(&transport, &topic).await?);
+        let messages = bench::messages(MESSAGES)?;
+        println!(
+            "SDK alone: {:?} msg/s",
+            sdk_run(&transport, &topic, messages).await?
+        );
     }
     if bench::wants("lateness") {
         let topic = format!("bench-lateness-{}", uuid::Uuid::new_v4().simple());

@@ -118,6 +118,17 @@ pub fn payload_bytes() -> Result<usize, Error> {
     }
 }
 
+/// How many messages a throughput round drains: `RETRY_BENCH_MESSAGES`, or `default` when unset.
+pub fn messages(default: usize) -> Result<usize, Error> {
+    match std::env::var("RETRY_BENCH_MESSAGES") {
+        Ok(v) => match v.trim().parse::<usize>() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => Err(format!("RETRY_BENCH_MESSAGES={v}: expected a positive count").into()),
+        },
+        Err(_) => Ok(default),
+    }
+}
+
 /// The payload size when `RETRY_BENCH_PAYLOAD` is unset.
 const DEFAULT_PAYLOAD: usize = 230;
 /// The smallest payload: room for the JSON frame around the padding.
