@@ -7,7 +7,8 @@
 //! their AMQP types, times with their age), replays it and purges another through the confirmation and
 //! the live job page — the DLQ queue and the group's work queue, read with lapin, change by one each
 //! time; a state change with the session but without its CSRF token is refused, and so is one a page on
-//! another origin makes the browser send; a read-only console shows no actions and refuses changes.
+//! another origin makes the browser send; a read-only console shows no actions and refuses changes; the
+//! broker URL's password never appears on a page.
 //! A screenshot of each view is saved under `target/console/`.
 //!
 //! Needs `RETRY_TEST_AMQP` and chromedriver (`RETRY_TEST_CHROMEDRIVER`, else `chromedriver` on the
@@ -473,6 +474,11 @@ async fn browse(
     let count = wait_text(client, "#dlqs td.count", "6").await?;
     if count != "6" {
         return Err(format!("the overview counts {count}"));
+    }
+    // The broker URL carries a password (guest's): the page shows it as ***.
+    let overview = client.source().await.map_err(err)?;
+    if overview.contains(":guest@") || !overview.contains(":***@") {
+        return Err("the overview shows the broker URL's password".into());
     }
     screenshot(client, "overview").await?;
 
