@@ -125,7 +125,7 @@ fn millis(value: &[u8]) -> Option<Timestamp> {
 }
 
 /// The SDK's metadata header names, so a decoded record names them without an allocation each.
-const KNOWN: [&str; 21] = [
+const KNOWN: [&str; 22] = [
     names::EVENT_ID,
     names::ATTEMPTS,
     names::RETRIES,
@@ -145,6 +145,7 @@ const KNOWN: [&str; 21] = [
     names::DEAD_REASON,
     names::DEAD_AT,
     names::DEAD_CONSUMER,
+    names::MIGRATED_FROM,
     metadata::PACKED,
     retry_core::layout::LAYOUT,
 ];

@@ -73,6 +73,8 @@ pub mod names {
     pub const DEAD_AT: &str = "x-retry-dead-at";
     /// Which consumer dead-lettered it.
     pub const DEAD_CONSUMER: &str = "x-retry-dead-consumer";
+    /// On a DLQ entry moved from another broker: the entry it was copied from (`<transport>:<topic>:<id>`).
+    pub const MIGRATED_FROM: &str = "x-retry-migrated-from";
 }
 
 /// Where an event was first consumed.
@@ -247,6 +249,9 @@ pub struct RetryMetadata {
     pub parked_behind: Option<String>,
     /// Set on DLQ entries.
     pub dead: Option<DeadInfo>,
+    /// On a DLQ entry moved from another broker, the entry it was copied from
+    /// (`<transport>:<source topic>:<entry id>`): a migration run again finds what it already copied.
+    pub migrated_from: Option<String>,
 }
 
 impl RetryMetadata {
@@ -266,6 +271,7 @@ impl RetryMetadata {
         self.last_delay = None;
         self.parked_behind = None;
         self.dead = None;
+        self.migrated_from = None;
         self.replay_count = self.replay_count.saturating_add(1);
     }
 }
@@ -372,6 +378,9 @@ fn for_each_field(meta: &RetryMetadata, mut emit: impl FnMut(&'static str, Value
         emit(names::DEAD_REASON, Value::Text(d.reason.as_str()));
         emit(names::DEAD_AT, Value::Number(d.at.as_millis()));
         emit(names::DEAD_CONSUMER, Value::Text(&d.consumer));
+    }
+    if let Some(from) = &meta.migrated_from {
+        emit(names::MIGRATED_FROM, Value::Text(from));
     }
 }
 
@@ -574,12 +583,13 @@ enum Field {
     ReplayCount,
     ReplayedAt,
     ParkedBehind,
+    MigratedFrom,
     DeadReason,
     DeadAt,
     DeadConsumer,
 }
 
-const FIELDS: [(&str, Field); 19] = [
+const FIELDS: [(&str, Field); 20] = [
     (names::EVENT_ID, Field::EventId),
     (names::ATTEMPTS, Field::Attempts),
     (names::RETRIES, Field::Retries),
@@ -596,6 +606,7 @@ const FIELDS: [(&str, Field); 19] = [
     (names::REPLAY_COUNT, Field::ReplayCount),
     (names::REPLAYED_AT, Field::ReplayedAt),
     (names::PARKED_BEHIND, Field::ParkedBehind),
+    (names::MIGRATED_FROM, Field::MigratedFrom),
     (names::DEAD_REASON, Field::DeadReason),
     (names::DEAD_AT, Field::DeadAt),
     (names::DEAD_CONSUMER, Field::DeadConsumer),
@@ -813,6 +824,7 @@ fn apply(
         Field::LastDelay => meta.last_delay = Some(Duration::from_millis(number(name, value)?)),
         Field::ReplayCount => meta.replay_count = number(name, value)?,
         Field::ParkedBehind => meta.parked_behind = Some(text(value)?.to_string()),
+        Field::MigratedFrom => meta.migrated_from = Some(text(value)?.to_string()),
         Field::DeadReason => {
             parts.reason = Some(text(value)?.parse().map_err(|problem| MetadataError {
                 header: name.to_string(),
@@ -857,6 +869,7 @@ mod tests {
                 at: Timestamp::from_millis(1_700_000_009_000),
                 consumer: "orders-svc-1".into(),
             }),
+            migrated_from: Some("rabbitmq:orders:5f1c".into()),
         }
     }
 

@@ -366,6 +366,13 @@ fn history_moves(pair: Pair) -> Result<(), String> {
             if !seen.insert(id.clone()) {
                 return Err(format!("{id} is in the target twice"));
             }
+            let mark = event_retry::dlq::migration_mark(from_name, &topic, &want.id);
+            if meta.migrated_from.as_deref() != Some(mark.as_str()) {
+                return Err(format!(
+                    "{id}: the copy says it came from {:?}, want {mark}",
+                    meta.migrated_from
+                ));
+            }
             let (got, exp) = (history(&meta), history(want.event.metadata()));
             for (field, value) in &exp {
                 if got.get(field) != Some(value) {
@@ -472,7 +479,8 @@ fn killed_and_resumed(pair: Pair) -> Result<(), String> {
         let topic = topic_on(&source, "migrate-kill").await?;
         target.admin().declare(&topic, None).await.map_err(fail)?;
         seed_many(&source, &topic, N).await?;
-        // As though an earlier run had copied e0 and died before removing it from the source.
+        // As though an earlier run had copied e0 (its copy marked as the migration marks it) and died
+        // before removing it from the source.
         let e0 = source
             .dead_letters()
             .list(&topic, &DlqFilter::all())
@@ -481,9 +489,13 @@ fn killed_and_resumed(pair: Pair) -> Result<(), String> {
             .into_iter()
             .find(|e| e.event.id() == Some("e0"))
             .ok_or("e0 is not in the source")?;
+        let mut copy = e0.event.clone();
+        event_retry::adapter::metadata_mut(&mut copy).migrated_from = Some(
+            event_retry::dlq::migration_mark("rabbitmq", &topic, &e0.id),
+        );
         target
             .transport()
-            .write_dead_letter(&topic, e0.group.as_deref(), &e0.event)
+            .write_dead_letter(&topic, e0.group.as_deref(), &copy)
             .await
             .map_err(fail)?;
 

@@ -3,8 +3,9 @@
 //!
 //! An entry moves in three steps: copy it to the target, wait for the target's confirmation, then remove
 //! it from the source. A migration that dies at any point therefore loses nothing, and one started again
-//! leaves no duplicate: before it copies anything it lists the target's DLQ once, and an entry already
-//! there (the same event id, dead-letter time, replay count and payload) is only removed from the source.
+//! leaves no duplicate: each copy carries the entry it was copied from (`x-retry-migrated-from`:
+//! transport, source topic and entry id), the target's DLQ is listed once before anything is copied, and
+//! a source entry whose copy is already there is only removed from the source.
 //!
 //! What moves: payload, key and the producer's headers byte for byte; the SDK's whole history (event id,
 //! attempts, retries, first seen, origin, last error and its kind, last delay, replay count and time,
@@ -15,7 +16,6 @@
 //! target gives each entry an id of its own.
 
 use std::collections::HashSet;
-use std::hash::{Hash, Hasher};
 
 use super::{DeadLetter, DeadLetters, DlqFilter, Progress, finish, select};
 use crate::adapter::DlqSession;
@@ -100,39 +100,28 @@ pub struct MigrationTarget<'a> {
     pub dry_run: bool,
 }
 
-/// What makes two dead letters the same entry: a dead letter written twice by a migration that was
-/// interrupted has all of these equal, two different dead letters practically never do.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-struct Identity {
-    event_id: Option<String>,
-    dead_at: Option<u64>,
-    replay_count: u32,
-    payload: u64,
+/// The mark a migration's copy of entry `id` of `source_topic`'s DLQ on the `transport` transport carries
+/// in [`RetryMetadata::migrated_from`](crate::metadata::RetryMetadata::migrated_from): by it a rerun
+/// knows what it already copied.
+pub fn migration_mark(transport: &str, source_topic: &str, id: &str) -> String {
+    format!("{transport}:{source_topic}:{id}")
 }
 
-impl Identity {
-    fn of(entry: &DeadLetter) -> Self {
-        let meta = entry.event.metadata();
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        entry.event.payload.hash(&mut hasher);
-        entry.event.key.hash(&mut hasher);
-        Identity {
-            event_id: meta.event_id.clone(),
-            dead_at: meta.dead.as_ref().map(|d| d.at.as_millis()),
-            replay_count: meta.replay_count,
-            payload: hasher.finish(),
-        }
-    }
+/// Whether `target` holds source entry `entry` itself, not a copy: the same id and the same event, mark
+/// included (a copy always carries a new mark) — the two sides are one DLQ.
+fn same_entry(target: &DeadLetter, entry: &DeadLetter) -> bool {
+    target.id == entry.id && target.event == entry.event
 }
 
 impl DeadLetters {
     /// Moves the entries of `source_topic`'s DLQ that `filter` selects into the DLQ of `to.topic` on
     /// `to`'s broker, with their history: each is copied, confirmed by the target, then removed from the
-    /// source. Before copying, the target's DLQ is listed once, and an entry already there (the same
-    /// event id, dead-letter time, replay count and payload — an earlier run died before removing it) is
-    /// only removed from the source: a run that dies anywhere loses nothing, and running it again
-    /// finishes without duplicates. Stops at the first entry that cannot be copied or removed, with an
-    /// error naming it.
+    /// source. Each copy carries the entry it came from ([`migration_mark`]); before copying, the
+    /// target's DLQ is listed once, and an entry whose copy is already there (an earlier run died before
+    /// removing it) is only removed from the source: a run that dies anywhere loses nothing, and running
+    /// it again finishes without duplicates. Refuses, before it does anything, a target DLQ that holds the
+    /// source's entries themselves (one DLQ under two URLs). Stops at the first entry that cannot be
+    /// copied or removed, with an error naming it.
     ///
     /// What moves: payload, key and the producer's headers byte for byte; the whole history (event id,
     /// attempts, retries, first seen, origin, last error and its kind, last delay, replay count and time,
@@ -147,39 +136,54 @@ impl DeadLetters {
         to: MigrationTarget<'_>,
         progress: &dyn Progress,
     ) -> Result<MigrationReport, Error> {
-        let present: HashSet<Identity> = to
-            .dead_letters
-            .list(to.topic, &DlqFilter::all())
-            .await?
-            .iter()
-            .map(Identity::of)
-            .collect();
+        let in_target = to.dead_letters.list(to.topic, &DlqFilter::all()).await?;
         let Some(mut session) = self.transport.open_dead_letters(source_topic).await? else {
             return Ok(MigrationReport::default());
         };
-        let result = move_entries(
-            session.as_mut(),
-            source_topic,
-            filter,
-            to,
-            &present,
-            progress,
-        )
-        .await;
+        let source = Source {
+            transport: self.transport.name(),
+            topic: source_topic,
+        };
+        let result = move_entries(session.as_mut(), source, filter, to, &in_target, progress).await;
         finish(session, result).await
     }
 }
 
+/// Where a migration takes its entries from.
+#[derive(Clone, Copy)]
+struct Source<'a> {
+    transport: &'static str,
+    topic: &'a str,
+}
+
 async fn move_entries(
     session: &mut dyn DlqSession,
-    source_topic: &str,
+    source: Source<'_>,
     filter: &DlqFilter,
     to: MigrationTarget<'_>,
-    present: &HashSet<Identity>,
+    in_target: &[DeadLetter],
     progress: &dyn Progress,
 ) -> Result<MigrationReport, Error> {
+    let source_topic = source.topic;
     let chosen = select(session, filter).await?;
-    if !to.dry_run && !chosen.is_empty() {
+    if let Some((_, entry)) = chosen
+        .iter()
+        .find(|(_, e)| in_target.iter().any(|t| same_entry(t, e)))
+    {
+        return Err(Error::new(
+            crate::error::Kind::InvalidInput,
+            format!(
+                "the target DLQ holds source entry {} itself: source and target are one DLQ",
+                entry.id
+            ),
+        ));
+    }
+    let present: HashSet<&str> = in_target
+        .iter()
+        .filter_map(|t| t.event.metadata().migrated_from.as_deref())
+        .collect();
+    if !chosen.is_empty() {
+        // A dry run checks too: it must not promise what the real run would refuse.
         let indices: Vec<usize> = chosen.iter().map(|(i, _)| *i).collect();
         session.check_removal(&indices).await?;
     }
@@ -188,13 +192,15 @@ async fn move_entries(
     let keeps_groups = target.capabilities_for(to.topic).fan_out;
     let mut report = MigrationReport::default();
     for (index, entry) in chosen {
-        let there = present.contains(&Identity::of(&entry));
+        let mark = migration_mark(source.transport, source_topic, &entry.id);
+        let there = present.contains(mark.as_str());
         let moved = match (there, to.dry_run) {
             (true, true) => Moved::WouldRemove,
             (false, true) => Moved::WouldCopy,
             (true, false) => Moved::AlreadyThere,
             (false, false) => {
-                let event = retargeted(&entry, source_topic, to.topic);
+                let mut event = retargeted(&entry, source_topic, to.topic);
+                event.metadata_mut().migrated_from = Some(mark);
                 let group = if keeps_groups {
                     entry.group.as_deref()
                 } else {
@@ -331,7 +337,10 @@ mod tests {
         let after = to_dlq.list("orders", &DlqFilter::all()).await.unwrap();
         assert_eq!(after.len(), 3);
         for (a, b) in before.iter().zip(&after) {
-            assert_eq!(a.event, b.event, "payload, key, headers and history");
+            let mut copy = b.event.clone();
+            let mark = copy.metadata_mut().migrated_from.take();
+            assert_eq!(mark, Some(migration_mark("memory", "orders", &a.id)));
+            assert_eq!(a.event, copy, "payload, key, headers and history");
             assert_eq!(a.event.metadata().attempts, 2);
             assert_eq!(a.group, b.group);
         }
@@ -354,8 +363,10 @@ mod tests {
             .await
             .unwrap()
             .remove(0);
+        let mut copy = first.event.clone();
+        copy.metadata_mut().migrated_from = Some(migration_mark("memory", "orders", &first.id));
         to.transport()
-            .write_dead_letter("orders", first.group.as_deref(), &first.event)
+            .write_dead_letter("orders", first.group.as_deref(), &copy)
             .await
             .unwrap();
         let to_dlq = to.dead_letters();
@@ -396,6 +407,64 @@ mod tests {
                 .unwrap()
                 .len(),
             3
+        );
+    }
+
+    #[tokio::test]
+    async fn one_dlq_under_two_names_is_refused_and_keeps_its_entries() {
+        let broker = Broker::memory();
+        dead(&broker, "orders", 2).await;
+        let err = migrate(&broker, &broker.dead_letters(), false)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("one DLQ"), "{err}");
+        let left = broker
+            .dead_letters()
+            .list("orders", &DlqFilter::all())
+            .await
+            .unwrap();
+        assert_eq!(left.len(), 2);
+        assert!(
+            left.iter()
+                .all(|e| e.event.metadata().migrated_from.is_none())
+        );
+    }
+
+    #[tokio::test]
+    async fn copies_carry_their_source_and_unrelated_look_alikes_are_not_taken_for_them() {
+        let (from, to) = (Broker::memory(), Broker::memory());
+        dead(&from, "orders", 2).await;
+        // The target holds an entry equal in every way but the mark (dead-lettered there on its own).
+        let twin = from
+            .dead_letters()
+            .list("orders", &DlqFilter::all())
+            .await
+            .unwrap()
+            .remove(0);
+        to.transport()
+            .write_dead_letter("orders", twin.group.as_deref(), &twin.event)
+            .await
+            .unwrap();
+        let to_dlq = to.dead_letters();
+        let report = migrate(&from, &to_dlq, false).await.unwrap();
+        assert_eq!(
+            report.count(Moved::Copied),
+            2,
+            "the look-alike is not a copy"
+        );
+        let marks: Vec<Option<String>> = to_dlq
+            .list("orders", &DlqFilter::all())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.event.metadata().migrated_from.clone())
+            .collect();
+        assert_eq!(marks.iter().filter(|m| m.is_some()).count(), 2);
+        assert!(
+            marks
+                .iter()
+                .flatten()
+                .all(|m| m.starts_with("memory:orders:"))
         );
     }
 

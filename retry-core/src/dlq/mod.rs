@@ -10,7 +10,7 @@
 
 mod migrate;
 
-pub use migrate::{MigrationReport, MigrationTarget, Moved, MovedEntry};
+pub use migrate::{MigrationReport, MigrationTarget, Moved, MovedEntry, migration_mark};
 
 use bytes::Bytes;
 
