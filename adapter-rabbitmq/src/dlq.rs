@@ -41,6 +41,7 @@ pub(crate) async fn open(
         Ok(_) => Ok(Some(Box::new(RabbitDlqSession {
             link,
             channel,
+            topic: source_topic.to_string(),
             dlq,
             held: Vec::new(),
             drained: false,
@@ -67,6 +68,8 @@ fn text_header(properties: &lapin::BasicProperties, name: &str) -> Option<String
 struct RabbitDlqSession {
     link: Arc<Link>,
     channel: Channel,
+    /// The source topic whose DLQ this is.
+    topic: String,
     dlq: String,
     held: Vec<BasicGetMessage>,
     drained: bool,
@@ -123,8 +126,11 @@ impl DlqSession for RabbitDlqSession {
         let id = text_header(properties, codec::ENTRY_HEADER)
             .or_else(|| properties.message_id().as_ref().map(|id| id.to_string()))
             .unwrap_or_else(|| format!("tag-{}", message.delivery.delivery_tag));
+        let group = self
+            .group_of(properties)
+            .or_else(|| self.died_in(&self.topic, properties));
         let stored = StoredDeadLetter::new(id, raw)
-            .with_group(self.group_of(properties))
+            .with_group(group)
             .with_native(codec::native(properties));
         self.held.push(message);
         Ok(Some(stored))
