@@ -7,7 +7,8 @@
 //! their AMQP types, times with their age), replays it and purges another through the confirmation and
 //! the live job page — the DLQ queue and the group's work queue, read with lapin, change by one each
 //! time; a state change with the session but without its CSRF token is refused, and so is one a page on
-//! another origin makes the browser send; a read-only console shows no actions and refuses changes; the
+//! another origin makes the browser send; a request naming another host (DNS rebinding) is turned away;
+//! a confirmation posted twice acts once; a read-only console shows no actions and refuses changes; the
 //! broker URL's password never appears on a page.
 //! A screenshot of each view is saved under `target/console/`.
 //!
@@ -235,6 +236,37 @@ fn http(
     Ok((status, cookie, body))
 }
 
+/// The value that follows `marker` in `page`, up to the next quote.
+fn attribute_after(page: &str, marker: &str) -> Result<String, String> {
+    let start = page
+        .find(marker)
+        .ok_or(format!("no {marker} in the page"))?
+        + marker.len();
+    let end = page[start..].find('"').ok_or("an unterminated attribute")?;
+    Ok(page[start..start + end].to_string())
+}
+
+/// The status of a `GET /` to `addr` naming `host` in its `Host` header (written by hand: HTTP clients
+/// set the header from the URL).
+fn raw_status(addr: SocketAddr, host: &str) -> Result<u16, String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    write!(
+        stream,
+        "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|e| e.to_string())?;
+    answer
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or(format!("not an HTTP answer: {answer}"))
+}
+
 /// Runs `http` off the runtime's threads.
 async fn http_async(
     method: &'static str,
@@ -411,10 +443,47 @@ fn console_in_the_browser(amqp: String) -> Result<(), String> {
         }
         expect_depth(&amqp, &names.dlq, 6).await?;
 
+        // A page of another site reaching the console through a name that resolves to 127.0.0.1 (DNS
+        // rebinding) names another host: turned away.
+        let status = tokio::task::spawn_blocking(move || raw_status(addr, "rebound.example.com"))
+            .await
+            .map_err(|e| e.to_string())??;
+        if status != 421 {
+            return Err(format!(
+                "a request for another host name: {status}, want 421"
+            ));
+        }
+
         let client = browser(&driver).await?;
         let result = browse(&client, &base, &amqp, &names.dlq, &group_queue).await;
         let _ = client.close().await;
         result?;
+
+        // A confirmation is used once: the same form posted twice purges one entry, not two.
+        let session = vec![("Cookie", cookie.clone())];
+        let (_, _, list) = http_async("GET", format!("{base}/dlq/0"), session.clone(), "").await?;
+        let csrf = attribute_after(&list, "name=\"csrf\" value=\"")?;
+        let id = attribute_after(&list, "name=\"id\" value=\"")?;
+        let form: &'static str =
+            Box::leak(format!("csrf={csrf}&action=purge&scope=selected&id={id}").into_boxed_str());
+        let (_, _, confirm) = http_async(
+            "POST",
+            format!("{base}/dlq/0/confirm"),
+            session.clone(),
+            form,
+        )
+        .await?;
+        let nonce = attribute_after(&confirm, "name=\"nonce\" value=\"")?;
+        let run: &'static str = Box::leak(format!("{form}&nonce={nonce}").into_boxed_str());
+        let (first, _, _) =
+            http_async("POST", format!("{base}/dlq/0/run"), session.clone(), run).await?;
+        expect_depth(&amqp, &names.dlq, 3).await?;
+        let (again, _, body) =
+            http_async("POST", format!("{base}/dlq/0/run"), session, run).await?;
+        if first != 303 || again != 409 || !body.contains("used already") {
+            return Err(format!("a confirmation posted twice: {first} then {again}"));
+        }
+        expect_depth(&amqp, &names.dlq, 3).await?;
         let _ = stop.send(());
 
         // Read-only: no actions on the pages, and a change is refused even with the token.
@@ -438,7 +507,7 @@ fn console_in_the_browser(amqp: String) -> Result<(), String> {
         if status != 403 || !body.contains("read-only") {
             return Err(format!("a change on a read-only console: {status}"));
         }
-        expect_depth(&amqp, &names.dlq, 4).await?;
+        expect_depth(&amqp, &names.dlq, 3).await?;
         let _ = stop.send(());
         broker
             .admin()

@@ -69,10 +69,17 @@ struct Session {
     started: Instant,
 }
 
-/// The access token and the browser sessions it opened.
+/// The most confirmations waiting to be used; the oldest are dropped beyond it.
+const MAX_NONCES: usize = 1_000;
+/// How long a wrong token's answer waits (one at a time).
+const FAILED_LOGIN_DELAY: Duration = Duration::from_secs(1);
+
+/// The access token, the browser sessions it opened, and the confirmations not yet used.
 pub(crate) struct Auth {
     token: String,
     sessions: Mutex<HashMap<String, Session>>,
+    nonces: Mutex<std::collections::VecDeque<String>>,
+    failed_logins: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Auth {
@@ -99,6 +106,37 @@ impl Auth {
         Self {
             token,
             sessions: Mutex::new(HashMap::new()),
+            nonces: Mutex::new(std::collections::VecDeque::new()),
+            failed_logins: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Waits out a wrong token's delay, one caller at a time, so tokens are guessed at most once a second.
+    pub(crate) async fn failed_login(&self) {
+        let _one_at_a_time = self.failed_logins.lock().await;
+        tokio::time::sleep(FAILED_LOGIN_DELAY).await;
+    }
+
+    /// A new one-time token for a confirmation form.
+    pub(crate) fn issue_nonce(&self) -> String {
+        let nonce = random_hex();
+        let mut nonces = self.nonces.lock().unwrap_or_else(|p| p.into_inner());
+        if nonces.len() >= MAX_NONCES {
+            nonces.pop_front();
+        }
+        nonces.push_back(nonce.clone());
+        nonce
+    }
+
+    /// Whether `given` is a confirmation's token not used yet; it is used up.
+    pub(crate) fn use_nonce(&self, given: &str) -> bool {
+        let mut nonces = self.nonces.lock().unwrap_or_else(|p| p.into_inner());
+        match nonces.iter().position(|n| same(n, given)) {
+            Some(at) => {
+                nonces.remove(at);
+                true
+            }
+            None => false,
         }
     }
 
@@ -240,6 +278,16 @@ mod tests {
         assert_eq!(auth.caller(&made_up), None);
         auth.close_session(&with_cookie);
         assert_eq!(auth.caller(&with_cookie), None, "logged out");
+    }
+
+    #[test]
+    fn a_confirmation_token_is_used_once() {
+        let auth = Auth::new("0123456789abcdef".into());
+        let nonce = auth.issue_nonce();
+        assert!(!auth.use_nonce("made-up"));
+        assert!(auth.use_nonce(&nonce));
+        assert!(!auth.use_nonce(&nonce), "used up");
+        assert!(!auth.use_nonce(""));
     }
 
     #[test]

@@ -67,9 +67,31 @@ pub(crate) struct Jobs {
     jobs: Mutex<HashMap<u64, Arc<Job>>>,
 }
 
+/// Finished jobs kept for their pages; older ones are forgotten.
+const KEPT_FINISHED: usize = 100;
+
 impl Jobs {
-    /// Registers a new running job; returns its id and the job.
-    pub(crate) fn add(&self, title: String, dlq: usize) -> (u64, Arc<Job>) {
+    /// Registers a new running job on DLQ `dlq`; returns its id and the job, or `None` while another job
+    /// runs on that DLQ (two operations on one DLQ at once could act on an entry twice).
+    pub(crate) fn add(&self, title: String, dlq: usize) -> Option<(u64, Arc<Job>)> {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if jobs
+            .values()
+            .any(|j| j.dlq == dlq && j.state() == State::Running)
+        {
+            return None;
+        }
+        let mut finished: Vec<u64> = jobs
+            .iter()
+            .filter(|(_, j)| j.state() != State::Running)
+            .map(|(id, _)| *id)
+            .collect();
+        if finished.len() >= KEPT_FINISHED {
+            finished.sort_unstable();
+            for old in &finished[..=finished.len() - KEPT_FINISHED] {
+                jobs.remove(old);
+            }
+        }
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let job = Arc::new(Job {
             title,
@@ -78,11 +100,8 @@ impl Jobs {
             done: AtomicUsize::new(0),
             state: Mutex::new(State::Running),
         });
-        self.jobs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, job.clone());
-        (id, job)
+        jobs.insert(id, job.clone());
+        Some((id, job))
     }
 
     /// Job `id`.
@@ -101,9 +120,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn one_job_at_a_time_per_dlq_and_old_ones_are_forgotten() {
+        let jobs = Jobs::default();
+        let (first, job) = jobs.add("replay".into(), 0).unwrap();
+        assert!(
+            jobs.add("purge".into(), 0).is_none(),
+            "one at a time on DLQ 0"
+        );
+        assert!(jobs.add("purge".into(), 1).is_some(), "another DLQ may run");
+        job.end(State::Done("replayed 1".into()));
+        for _ in 0..KEPT_FINISHED + 5 {
+            let (_, j) = jobs.add("purge".into(), 0).unwrap();
+            j.end(State::Done("purged 0".into()));
+        }
+        assert!(
+            jobs.get(first).is_none(),
+            "the oldest finished jobs are forgotten"
+        );
+        let kept = jobs.jobs.lock().unwrap().len();
+        assert!(kept <= KEPT_FINISHED + 2, "{kept} jobs kept");
+    }
+
+    #[test]
     fn a_job_records_its_progress_and_its_end() {
         let jobs = Jobs::default();
-        let (id, job) = jobs.add("purge 2 entries".into(), 0);
+        let (id, job) = jobs.add("purge 2 entries".into(), 0).unwrap();
         job.start(2);
         job.advance(1);
         assert_eq!(jobs.get(id).unwrap().counts(), (2, 1));

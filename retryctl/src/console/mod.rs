@@ -108,6 +108,9 @@ pub struct Console {
     auth: Auth,
     jobs: Jobs,
     read_only: bool,
+    /// The `Host` values requests may name (the listening address's, when it is a loopback one: a page
+    /// of another site reaching it through a rebound DNS name is turned away); `None` for any.
+    hosts: Option<Vec<String>>,
 }
 
 impl std::fmt::Debug for Console {
@@ -159,7 +162,23 @@ impl Console {
             auth: Auth::new(token.trim().to_string()),
             jobs: Jobs::default(),
             read_only,
+            hosts: None,
         })
+    }
+
+    /// Accepts only requests naming `addr` as their host when it is a loopback address (`127.0.0.1:P`,
+    /// `localhost:P`, `[::1]:P`); any host otherwise.
+    pub fn serving_on(mut self, addr: SocketAddr) -> Self {
+        self.hosts = addr.ip().is_loopback().then(|| {
+            let port = addr.port();
+            vec![
+                format!("{addr}"),
+                format!("127.0.0.1:{port}"),
+                format!("localhost:{port}"),
+                format!("[::1]:{port}"),
+            ]
+        });
+        self
     }
 
     /// The console's routes.
@@ -181,7 +200,10 @@ impl Console {
             .route("/login", get(login_page).post(login))
             .route("/static/console.css", get(css))
             .route("/static/console.js", get(js))
-            .layer(axum::middleware::from_fn(protective_headers))
+            .layer(axum::middleware::from_fn_with_state(
+                console.clone(),
+                protective_headers,
+            ))
             .with_state(console)
     }
 }
@@ -192,6 +214,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let console = console.serving_on(listener.local_addr()?);
     axum::serve(listener, console.router())
         .with_graceful_shutdown(shutdown)
         .await
@@ -263,9 +286,28 @@ async fn require_caller(
     }
 }
 
-/// Headers on every answer: no framing by other sites, scripts and styles from the console only, no
-/// caching of pages that show dead letters.
-async fn protective_headers(request: Request, next: Next) -> Response {
+/// Turns away a request naming a host the console does not serve; sets headers on every answer: no
+/// framing by other sites, scripts and styles from the console only, no type sniffing, no caching of
+/// pages that show dead letters.
+async fn protective_headers(
+    State(console): State<Shared>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Some(hosts) = &console.hosts {
+        let host = request
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or_default();
+        if !hosts.iter().any(|h| h == host) {
+            return refusal(
+                None,
+                StatusCode::MISDIRECTED_REQUEST,
+                "this console does not serve that host name",
+            );
+        }
+    }
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
@@ -281,6 +323,10 @@ async fn protective_headers(request: Request, next: Next) -> Response {
         HeaderValue::from_static("same-origin"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     response
 }
 
@@ -312,6 +358,8 @@ async fn login(State(console): State<Shared>, headers: HeaderMap, body: Bytes) -
     }
     let form = Form::parse(&body);
     if !console.auth.is_token(form.get("token")) {
+        // Wrong tokens are answered one at a time, a second each: guessing is slow.
+        let _one_at_a_time = console.auth.failed_login().await;
         return (StatusCode::UNAUTHORIZED, pages::login(true)).into_response();
     }
     let id = console.auth.open_session();
@@ -643,14 +691,18 @@ async fn confirm(
     let frame = frame(&console, &caller);
     let (dlq, selected, filter) = change_request(&console, &caller, &headers, index, &body)?;
     let all = read_all(dlq, &frame).await?;
+    // The confirmation names the entries it shows: a filter is resolved now, so the job acts on exactly
+    // these (not on entries that arrive, or that a relative time takes in, after the page was shown).
     let chosen: Vec<&DeadLetter> = all.iter().filter(|e| filter.matches(e)).collect();
+    let ids: Vec<String> = chosen.iter().map(|e| e.id.clone()).collect();
+    let nonce = console.auth.issue_nonce();
     let view = pages::Confirm {
         index,
         dlq_name: &dlq.name,
         action: &selected.action,
         entries: &chosen,
-        ids: &selected.ids,
-        filter: selected.filter.as_ref(),
+        ids: &ids,
+        nonce: &nonce,
     };
     Ok(page("Confirm", &frame, pages::confirm(&frame, &view)))
 }
@@ -663,17 +715,36 @@ async fn run_job(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, Refused> {
+    let frame = frame(&console, &caller);
     let (dlq, selected, filter) = change_request(&console, &caller, &headers, index, &body)?;
+    // A browser's confirmation is used once: a resubmitted form or a second click does nothing.
+    if matches!(caller, Caller::Session { .. })
+        && !console.auth.use_nonce(Form::parse(&body).get("nonce"))
+    {
+        return Err(Refused::new(
+            Some(&frame),
+            StatusCode::CONFLICT,
+            "this confirmation was used already or has expired: confirm again from the DLQ",
+        ));
+    }
     let verb = pages::verb(&selected.action);
     let scope = match &selected.filter {
         Some(_) => "the entries the filter selects".to_string(),
         None => render::counted(selected.ids.len(), "entry", "entries"),
     };
-    let (id, job) = console
+    let Some((id, job)) = console
         .jobs
-        .add(format!("{verb} {scope} of {}", dlq.name), index);
+        .add(format!("{verb} {scope} of {}", dlq.name), index)
+    else {
+        return Err(Refused::new(
+            Some(&frame),
+            StatusCode::CONFLICT,
+            "a replay or purge is running on this DLQ: wait for it to end",
+        ));
+    };
     let (dead_letters, topic) = (dlq.broker.dead_letters(), dlq.topic.clone());
-    tokio::spawn(async move {
+    let watched = job.clone();
+    let work = tokio::spawn(async move {
         let ended = if verb == "purge" {
             dead_letters
                 .purge_with(&topic, &filter, job.as_ref())
@@ -699,6 +770,12 @@ async fn run_job(
             Ok(what) => JobState::Done(what),
             Err(e) => JobState::Failed(e.to_string()),
         });
+    });
+    // A job that panics ends as failed, not running for ever.
+    tokio::spawn(async move {
+        if work.await.is_err() {
+            watched.end(JobState::Failed("the job stopped unexpectedly".into()));
+        }
     });
     Ok(Redirect::to(&format!("/jobs/{id}")).into_response())
 }

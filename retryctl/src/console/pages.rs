@@ -273,9 +273,12 @@ pub(crate) fn list(frame: &Frame<'_>, view: &ListView<'_>) -> Markup {
     }
 }
 
-/// A path segment with everything but unreserved characters escaped.
+/// A path segment with everything but unreserved characters escaped (a space as `%20`: a path does not
+/// read `+` as one).
 pub(crate) fn urlencode(text: &str) -> String {
-    form_urlencoded::byte_serialize(text.as_bytes()).collect()
+    form_urlencoded::byte_serialize(text.as_bytes())
+        .collect::<String>()
+        .replace('+', "%20")
 }
 
 /// The type shown beside a header: the broker's own, where it typed the header, else the broker's
@@ -368,9 +371,10 @@ pub(crate) struct Confirm<'a> {
     pub(crate) action: &'a str,
     /// The entries it selects (read just now).
     pub(crate) entries: &'a [&'a DeadLetter],
-    /// The selection as the form gave it: entry ids, or the filter.
+    /// The ids of those entries: the job acts on these.
     pub(crate) ids: &'a [String],
-    pub(crate) filter: Option<&'a FilterForm>,
+    /// The one-time token of this confirmation.
+    pub(crate) nonce: &'a str,
 }
 
 /// "Replay 3 dead letters of orders?", with the entries and a button that does it.
@@ -394,19 +398,19 @@ pub(crate) fn confirm(frame: &Frame<'_>, c: &Confirm<'_>) -> Markup {
             }
             @if c.entries.len() > 50 { li { "… and " (c.entries.len() - 50) " more" } }
         }
-        form #run method="post" action={ "/dlq/" (c.index) "/run" } {
-            input type="hidden" name="csrf" value=(frame.csrf);
-            input type="hidden" name="action" value=(c.action);
-            @match c.filter {
-                Some(f) => { input type="hidden" name="scope" value="filter"; (f.hidden()) },
-                None => {
-                    input type="hidden" name="scope" value="selected";
-                    @for id in c.ids { input type="hidden" name="id" value=(id); }
-                },
+        @if c.entries.is_empty() {
+            p #nothing { "Nothing matches any more. " a href={ "/dlq/" (c.index) } { "Back to the DLQ" } }
+        } @else {
+            form #run method="post" action={ "/dlq/" (c.index) "/run" } {
+                input type="hidden" name="csrf" value=(frame.csrf);
+                input type="hidden" name="nonce" value=(c.nonce);
+                input type="hidden" name="action" value=(c.action);
+                input type="hidden" name="scope" value="selected";
+                @for id in c.ids { input type="hidden" name="id" value=(id); }
+                button #confirm type="submit" class=[(c.action == "purge").then_some("danger")] { "Confirm: " (verb.to_lowercase()) " " (what) }
+                " "
+                a href={ "/dlq/" (c.index) } { "Cancel" }
             }
-            button #confirm type="submit" class=[(c.action == "purge").then_some("danger")] { "Confirm: " (verb.to_lowercase()) " " (what) }
-            " "
-            a href={ "/dlq/" (c.index) } { "Cancel" }
         }
     }
 }
