@@ -31,6 +31,12 @@ pub struct SqsConfig {
     /// Set a redrive policy on an existing queue that has none. Default false (an existing queue's
     /// attributes are its owner's; a missing redrive policy is logged as a warning).
     pub set_redrive: bool,
+    /// How many visibility retries a consumer remembers the metadata of (about 0.6 KB each) to give it
+    /// back when the message returns. Beyond it a standard queue carries a retry by a copy with its
+    /// metadata instead (a send and a delete instead of one visibility change), so the process's memory
+    /// does not grow with the retries waiting in the queue; a FIFO queue, which cannot delay a copy, keeps
+    /// the broker's counts only for those. Default 1,000.
+    pub remembered_retries: usize,
 }
 
 impl Default for SqsConfig {
@@ -44,6 +50,7 @@ impl Default for SqsConfig {
             create_queues: true,
             max_receive_count: 50,
             set_redrive: false,
+            remembered_retries: 1_000,
         }
     }
 }
@@ -51,7 +58,8 @@ impl Default for SqsConfig {
 impl SqsConfig {
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
     /// starting from the defaults: `visibility`, `max_visibility`, `max_send_delay`, `wait` (durations
-    /// such as `30s`), `dlq_suffix`, `create_queues`, `max_receive_count`, `set_redrive`; and `region`
+    /// such as `30s`), `dlq_suffix`, `create_queues`, `max_receive_count`, `set_redrive`,
+    /// `remembered_retries`; and `region`
     /// and `profile` (the AWS shared-config profile), returned apart for the client. An unknown key is
     /// an error.
     pub fn from_options(options: &Options) -> Result<(Self, ClientSettings), Error> {
@@ -80,6 +88,9 @@ impl SqsConfig {
         }
         if let Some(v) = read.bool("set_redrive")? {
             c.set_redrive = v;
+        }
+        if let Some(v) = read.number("remembered_retries")? {
+            c.remembered_retries = v;
         }
         let client = ClientSettings {
             region: read.string("region"),
@@ -156,6 +167,7 @@ mod tests {
             .set("create_queues", "false")
             .set("max_receive_count", "10")
             .set("set_redrive", "true")
+            .set("remembered_retries", "0")
             .set("region", "eu-west-1");
         let (c, region) = SqsConfig::from_options(&options).unwrap_or_default();
         assert_eq!(c.visibility, Duration::from_secs(20));
@@ -165,6 +177,7 @@ mod tests {
         assert_eq!(c.dlq_suffix, "-dead");
         assert!(!c.create_queues && c.set_redrive);
         assert_eq!(c.max_receive_count, 10);
+        assert_eq!(c.remembered_retries, 0);
         assert_eq!(region.region.as_deref(), Some("eu-west-1"));
         let typo = SqsConfig::from_options(&Options::new().set("visiblity", "1s"));
         assert_eq!(typo.err().map(|e| e.kind()), Some(Kind::Config));

@@ -71,10 +71,6 @@ where
 /// The attribute marking a copy the adapter sent to carry a retry (its counts are in its metadata).
 pub(crate) const COPY: &str = "x-retry-copy";
 
-/// At most this many visibility retries are remembered; beyond it a retry still works, with the
-/// broker's counts only.
-const RECALL_CAPACITY: usize = 100_000;
-
 /// Everything a transport's parts share.
 pub(crate) struct Link {
     pub(crate) queues: Queues,
@@ -162,17 +158,25 @@ impl Link {
         sent
     }
 
-    /// Remembers the metadata of a visibility retry of `message_id`, to give it back when the message
-    /// returns to this process.
-    pub(crate) fn remember(&self, message_id: &str, meta: RetryMetadata, until: Instant) {
+    /// Remembers the metadata of a visibility retry of `message_id` until `until`, to give it back when
+    /// the message returns to this process; `false` (nothing kept) when `remembered_retries` are
+    /// already waiting.
+    pub(crate) fn remember(&self, message_id: &str, meta: &RetryMetadata, until: Instant) -> bool {
+        let capacity = self.queues.config.remembered_retries;
         let mut recall = self.recall.lock().unwrap_or_else(|p| p.into_inner());
-        if recall.len() >= RECALL_CAPACITY {
+        if recall.len() >= capacity {
+            // Entries of messages that went to another process, or never came back, expire.
             let now = Instant::now();
             recall.retain(|_, (_, until)| *until > now);
+            if recall.capacity() > 2 * capacity.max(16) {
+                recall.shrink_to(capacity);
+            }
         }
-        if recall.len() < RECALL_CAPACITY {
-            recall.insert(message_id.to_string(), (meta, until));
+        if recall.len() >= capacity {
+            return false;
         }
+        recall.insert(message_id.to_string(), (meta.clone(), until));
+        true
     }
 
     /// Takes what [`Link::remember`] kept for `message_id`.
@@ -274,5 +278,42 @@ mod tests {
         );
         assert_eq!(group_of(Some(&[0, 255])), Some("00ff".to_string()));
         assert_eq!(group_of(None), None);
+    }
+
+    fn link_remembering(remembered_retries: usize) -> Link {
+        let conf = aws_sdk_sqs::Config::builder()
+            .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+            .region(aws_sdk_sqs::config::Region::new("eu-west-1"))
+            .build();
+        let config = crate::SqsConfig {
+            remembered_retries,
+            ..crate::SqsConfig::default()
+        };
+        Link::new(Queues::new(aws_sdk_sqs::Client::from_conf(conf), config))
+    }
+
+    #[test]
+    fn remembers_up_to_its_bound_and_makes_room_as_retries_expire() {
+        let link = link_remembering(2);
+        let meta = RetryMetadata {
+            last_error: Some("boom".into()),
+            ..RetryMetadata::default()
+        };
+        let later = Instant::now() + Duration::from_secs(600);
+        assert!(link.remember("a", &meta, later));
+        assert!(link.remember("b", &meta, Instant::now()));
+        // Full: "b" has expired and makes room; then full with two live entries.
+        assert!(link.remember("c", &meta, later));
+        assert!(!link.remember("d", &meta, later), "beyond the bound");
+        assert_eq!(
+            link.recall("a").and_then(|m| m.last_error),
+            Some("boom".into())
+        );
+        assert!(link.recall("b").is_none(), "expired entries are dropped");
+        assert!(link.remember("d", &meta, later), "a recall makes room");
+        assert!(
+            !link_remembering(0).remember("x", &meta, later),
+            "0 remembers nothing"
+        );
     }
 }

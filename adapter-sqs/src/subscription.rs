@@ -6,7 +6,9 @@
 //! returns to another process carries the broker's counts only. A retry that would end beyond the 12 h
 //! visibility window (or the queue's retention) is carried instead: a copy with its metadata is sent and
 //! the original deleted; on arrival, a copy that is not due yet is hidden again, so no delay is ever
-//! capped. While a handler runs, a heartbeat keeps its message hidden.
+//! capped. So is a retry on a standard queue once `remembered_retries` retries wait already: what this
+//! process holds per waiting retry is bounded, however many wait in the queue. While a handler runs, a
+//! heartbeat keeps its message hidden.
 //!
 //! `next` is cancel-safe: a receive in flight is kept in the subscription and finished by the next call,
 //! so a dropped call loses no message (and does not inflate its receive count).
@@ -505,15 +507,22 @@ impl Receipt for SqsReceipt {
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
         let mut settled = self.settle().await?;
         let operation = format!("retry of {} on {}", self.message_id, self.topic);
-        if !self.copy && self.fits_visibility(delay) {
+        let visibility = !self.copy && self.fits_visibility(delay);
+        // A standard queue carries the retry by a copy once the remembered retries are full; a FIFO
+        // queue cannot delay a copy and keeps the broker's counts only.
+        let remembered = visibility && {
             let until = Instant::now()
                 + delay
                 + self.link.queues.config.visibility
                 + Duration::from_secs(60);
             self.link
-                .remember(&self.message_id, event.metadata().clone(), until);
+                .remember(&self.message_id, event.metadata(), until)
+        };
+        if visibility && (remembered || self.queue.fifo) {
             if let Err(e) = self.change_visibility(delay, &operation).await {
-                self.link.forget(&self.message_id);
+                if remembered {
+                    self.link.forget(&self.message_id);
+                }
                 return Err(e);
             }
         } else if self.queue.fifo {

@@ -3,6 +3,8 @@
 //!
 //! * a delay longer than the visibility limit is carried, not capped (limits scaled down through
 //!   configuration: 3 s of visibility, 1 s of send delay, a 7 s retry);
+//! * once `remembered_retries` retries wait, a retry on a standard queue is a copy carrying its
+//!   history (the previous error and counts reach the handler), not a visibility change that loses it;
 //! * a redrive policy that would move messages before the retry policy is spent stops the consumer from
 //!   starting;
 //! * a FIFO queue retries by visibility and dead-letters into its FIFO DLQ;
@@ -31,9 +33,16 @@ use test_support::broker::Test;
 
 type Calls = Arc<Mutex<HashMap<String, Vec<Instant>>>>;
 
+/// What a handler saw on each call: event id, attempts, retries, last error.
+type Seen = Arc<Mutex<Vec<(String, u32, u32, Option<String>)>>>;
+
 fn main() {
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 5] = [
+    let tests: [(&str, Test); 6] = [
+        (
+            "beyond_the_remembered_retries_a_retry_carries_its_history",
+            beyond_the_remembered_retries_a_retry_carries_its_history,
+        ),
         (
             "ten_attributes_retry_and_dead_letter_once",
             ten_attributes_retry_and_dead_letter_once,
@@ -180,6 +189,131 @@ fn long_delay_is_carried_not_capped(url: String) -> Result<(), String> {
             return Err(format!("{stats:?}"));
         }
         consumer.shutdown().await.map_err(|e| e.to_string())?;
+        transport.delete(&topic).await.map_err(|e| e.to_string())
+    })
+}
+
+/// With room to remember one retry, five events retry at once: every retry — the remembered one and the
+/// four carried by copies — must reach the handler with the previous call's error and counts, and the
+/// DLQ entries (read with aws-sdk-sqs) hold the last error and the first-seen time of the first call.
+fn beyond_the_remembered_retries_a_retry_carries_its_history(url: String) -> Result<(), String> {
+    block_on(async move {
+        let config = SqsConfig {
+            remembered_retries: 1,
+            ..SqsConfig::default()
+        };
+        let transport = SqsTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("remembered-{}", uuid::Uuid::new_v4().simple());
+        let seen: Seen = Arc::default();
+        let record = seen.clone();
+        let handler = handler_fn(move |event: Event, _ctx: Context| {
+            let record = record.clone();
+            async move {
+                let meta = event.metadata();
+                let id = event.id().unwrap_or_default().to_string();
+                record.lock().unwrap_or_else(|p| p.into_inner()).push((
+                    id.clone(),
+                    meta.attempts,
+                    meta.retries,
+                    meta.last_error.clone(),
+                ));
+                Err::<(), _>(HandlerError::deferred(format!(
+                    "boom {id} after {} retries",
+                    meta.retries
+                )))
+            }
+        });
+        let consumer = start(&transport, &topic, "1s x2", handler).await?;
+        let ids: Vec<String> = (0..5).map(|i| format!("r{i}")).collect();
+        for id in &ids {
+            transport
+                .publish(&topic, &Event::new("x").with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        wait_until("five dead letters", Duration::from_secs(60), || {
+            consumer.stats().dead_lettered >= 5
+        })
+        .await
+        .map_err(|e| format!("{e}: {:?}", consumer.stats()))?;
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for id in &ids {
+            let calls: Vec<_> = seen.iter().filter(|c| &c.0 == id).collect();
+            if calls.len() != 3 {
+                return Err(format!(
+                    "{id} handled {} times, want 3: {calls:?}",
+                    calls.len()
+                ));
+            }
+            for (n, call) in calls.iter().enumerate() {
+                let n = n as u32;
+                let want_error = (n > 0).then(|| format!("boom {id} after {} retries", n - 1));
+                if call.2 != n || call.3 != want_error {
+                    return Err(format!(
+                        "{id}'s call {} saw retries {} and last error {:?}, want {n} and {want_error:?} \
+                         (the retry lost its history): {calls:?}",
+                        n + 1,
+                        call.2,
+                        call.3
+                    ));
+                }
+            }
+        }
+        let raw = raw_client(&url);
+        let dlq_url = raw
+            .get_queue_url()
+            .queue_name(format!("{topic}-dlq"))
+            .send()
+            .await
+            .map_err(|e| format!("{e:?}"))?
+            .queue_url()
+            .unwrap_or_default()
+            .to_string();
+        let mut dead = Vec::new();
+        while dead.len() < 5 {
+            let got = raw
+                .receive_message()
+                .queue_url(&dlq_url)
+                .max_number_of_messages(10)
+                .wait_time_seconds(1)
+                .message_attribute_names("All")
+                .send()
+                .await
+                .map_err(|e| format!("{e:?}"))?;
+            let batch = got.messages();
+            if batch.is_empty() {
+                break;
+            }
+            dead.extend(batch.iter().cloned());
+        }
+        if dead.len() != 5 {
+            return Err(format!("the DLQ holds {} messages, want 5", dead.len()));
+        }
+        for m in &dead {
+            let packed = m
+                .message_attributes()
+                .and_then(|a| a.get("x-retry"))
+                .and_then(|v| v.string_value())
+                .unwrap_or_default();
+            let fields: HashMap<String, String> =
+                serde_json::from_str(packed).map_err(|e| format!("{e}: {packed}"))?;
+            let field = |name: &str| fields.get(name).map(String::as_str);
+            let id = field("event-id").unwrap_or_default();
+            let want_error = format!("boom {id} after 2 retries");
+            if field("retries") != Some("2")
+                || field("last-error") != Some(want_error.as_str())
+                || field("last-delay-ms") != Some("1000")
+                || field("first-seen").is_none()
+            {
+                return Err(format!(
+                    "a DLQ entry's history is incomplete (want retries 2, {want_error:?}, last delay \
+                     1000 ms, a first-seen time): {packed}"
+                ));
+            }
+        }
         transport.delete(&topic).await.map_err(|e| e.to_string())
     })
 }
