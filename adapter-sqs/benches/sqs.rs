@@ -147,7 +147,7 @@ async fn run(url: &str) -> Result<(), Error> {
     bench::consumer_process_parts(
         &Broker::new(transport.clone()),
         "sqs",
-        "visibility-timeout retries",
+        "visibility-timeout retries, copies beyond the 1,000 a consumer remembers",
         &transport,
     )
     .await?;

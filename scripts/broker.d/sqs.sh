@@ -34,8 +34,10 @@ sqs_start() {
   sed "s/@PORT@/$port/g" "$SQS_POM_DIR/elasticmq.conf.in" > "$d/elasticmq.conf"
   printf '%s\n' "$port" > "$d/port"
   log "sqs: starting ElasticMQ on 127.0.0.1:$port"
+  # ElasticMQ holds every message on its heap: 100,000 waiting retries with their attributes take about
+  # 200 MB, and a heap near its ceiling spends its time collecting (RETRY_BROKERS_SQS_HEAP, default 1g).
   launch_detached sqs "$d" "$d/sqs.log" \
-    "$java" -Xms64m -Xmx256m -Dconfig.file="$d/elasticmq.conf" -cp "$cp" org.elasticmq.server.Main
+    "$java" -Xms64m "-Xmx${RETRY_BROKERS_SQS_HEAP:-1g}" -Dconfig.file="$d/elasticmq.conf" -cp "$cp" org.elasticmq.server.Main
   serve_or_stop sqs sqs_stop 60 sqs_list_queues "$port"
   roundtrip_or_stop sqs sqs_stop "ListQueues answers but a send/receive round trip on 127.0.0.1:$port failed" \
     sqs_roundtrip "$port"

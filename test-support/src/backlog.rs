@@ -205,6 +205,8 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
         phases.push(phase);
     }
     child.kill().await.ok();
+    // The waiting retries would outlive the bench in the broker (and fill an in-memory one's heap).
+    broker.admin().delete(&topic).await?;
     println!(
         "({HEALTHY_PER_PHASE} healthy events at {HEALTHY_PER_SECOND}/s per phase; waiting events under \"{WAIT_POLICY}\"; {describe})"
     );
@@ -248,12 +250,19 @@ async fn healthy_phase(
             producer
                 .publish(&topic, Event::new(format!("h:{sent}")).with_id(id))
                 .await
-                .map(drop)
+                .map(|_| now_micros() - sent)
         }));
     }
+    let mut publishes = Vec::with_capacity(count);
     for send in sends {
-        send.await??;
+        publishes.push(send.await??);
     }
+    publishes.sort_unstable();
+    eprintln!(
+        "backlog {label}: publish p50 {:.2} ms, p99 {:.2} ms",
+        percentile(&publishes, 50) as f64 / 1000.0,
+        percentile(&publishes, 99) as f64 / 1000.0
+    );
     let mut latencies = Vec::with_capacity(count);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while latencies.len() < count {
