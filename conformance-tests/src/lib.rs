@@ -18,4 +18,4 @@ pub mod scenarios;
 pub mod suite;
 
 pub use fixture::{Abilities, Faults, Fixture, Inspect, NativeMessage, RawClient, hex};
-pub use suite::{Adapter, BoxFuture, Connect, run, run_only};
+pub use suite::{Adapter, BoxFuture, Connect, run, run_current_thread, run_only};

@@ -55,8 +55,9 @@ pub struct Report {
 }
 
 /// The adapters in the report's column order; others follow alphabetically.
-const COLUMN_ORDER: [&str; 9] = [
+const COLUMN_ORDER: [&str; 10] = [
     "memory",
+    "memory-current-thread",
     "kafka",
     "kafka-tls",
     "rabbitmq",

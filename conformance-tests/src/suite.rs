@@ -55,7 +55,21 @@ const SCENARIO_TIMEOUT: Duration = Duration::from_secs(180);
 /// }
 /// ```
 pub fn run(adapter: Adapter) -> ! {
-    run_scenarios(adapter, None)
+    run_scenarios(adapter, None, Flavor::MultiThread)
+}
+
+/// Runs every scenario as [`run`] does, but on a current-thread Tokio runtime, one scenario at a time
+/// (unless `--test-threads` says otherwise): there the consumer polls a delivery in its own receive loop
+/// before making it a task, a path a multi-threaded runtime never takes.
+pub fn run_current_thread(adapter: Adapter) -> ! {
+    run_scenarios(adapter, None, Flavor::CurrentThread)
+}
+
+/// The Tokio runtime the scenarios run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flavor {
+    MultiThread,
+    CurrentThread,
 }
 
 /// Runs only the scenarios numbered in `numbers` (the others are "not run" in the report, not
@@ -74,7 +88,7 @@ pub fn run(adapter: Adapter) -> ! {
 /// }
 /// ```
 pub fn run_only(adapter: Adapter, numbers: &[u8]) -> ! {
-    run_scenarios(adapter, Some(numbers))
+    run_scenarios(adapter, Some(numbers), Flavor::MultiThread)
 }
 
 /// The scenarios a run covers: all, or those numbered in `only`.
@@ -85,20 +99,25 @@ fn selected(only: Option<&[u8]>) -> Vec<scenarios::Scenario> {
         .collect()
 }
 
-fn run_scenarios(adapter: Adapter, only: Option<&[u8]>) -> ! {
+fn run_scenarios(adapter: Adapter, only: Option<&[u8]>, flavor: Flavor) -> ! {
     // Started again as the consumer a crash scenario kills: be that, and nothing else.
     if let Ok(spec) = std::env::var(scenarios::crash::CHILD_ENV) {
         scenarios::crash::child_main(adapter, &spec);
     }
     let mut args = Arguments::from_args();
     if args.test_threads.is_none() {
-        // Scenarios mostly wait on timers and brokers; run many at once so the suite stays short.
-        args.test_threads = Some(16);
+        // Scenarios mostly wait on timers and brokers; run many at once so the suite stays short. A
+        // current-thread runtime is driven by one caller at a time: one scenario after another.
+        args.test_threads = Some(match flavor {
+            Flavor::MultiThread => 16,
+            Flavor::CurrentThread => 1,
+        });
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = match flavor {
+        Flavor::MultiThread => tokio::runtime::Builder::new_multi_thread(),
+        Flavor::CurrentThread => tokio::runtime::Builder::new_current_thread(),
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => Arc::new(rt),
         Err(e) => {
             eprintln!("cannot start the tokio runtime: {e}");

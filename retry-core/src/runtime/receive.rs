@@ -5,8 +5,17 @@
 //! wait inside the task that handles the event. A blocking error pauses the subscription (the loop stops
 //! taking deliveries) until the held event gets past it. Shutdown stops receiving, lets in-flight handlers
 //! finish within a grace period and releases whatever is left to the broker — nothing is lost.
+//!
+//! On a current-thread runtime a delivery is first polled in the loop itself, and only one that has to
+//! wait (a slow handler, a settle in flight) becomes a task: every task runs on that one thread anyway, so
+//! a task per event bought nothing there but its allocation and scheduling. On a multi-threaded runtime
+//! each delivery is a task from the start, so handlers spread over the cores.
 
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use rand::SeedableRng;
@@ -80,6 +89,8 @@ pub(super) async fn start(
         queue_slots: Arc::new(Semaphore::new(b.spec.max_in_flight.saturating_mul(4))),
         keys: Arc::new(KeyQueues::default()),
         grace: b.shutdown_grace,
+        inline_first_poll: tokio::runtime::Handle::current().runtime_flavor()
+            == tokio::runtime::RuntimeFlavor::CurrentThread,
     };
     let stopped = StopGuard(counters.clone());
     let task = tokio::spawn(async move {
@@ -146,7 +157,12 @@ struct ReceiveLoop {
     queue_slots: Arc<Semaphore>,
     keys: Arc<KeyQueues>,
     grace: Duration,
+    /// Poll a delivery once in the loop before making it a task (current-thread runtimes).
+    inline_first_poll: bool,
 }
+
+/// A delivery's processing, boxed so that it can be polled in the loop and then moved into a task.
+type Processing = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 impl ReceiveLoop {
     async fn run(mut self) -> Result<(), ConsumerError> {
@@ -194,7 +210,9 @@ impl ReceiveLoop {
             match next {
                 Ok(Some(delivery)) => {
                     receive_backoff = Duration::from_millis(100);
-                    self.dispatch(delivery, permit);
+                    if let Some(processing) = self.dispatch(delivery, permit) {
+                        self.run_inline_first(processing).await;
+                    }
                 }
                 Ok(None) => break,
                 Err(e) if e.kind() == Kind::Closed => break,
@@ -253,24 +271,57 @@ impl ReceiveLoop {
         }
     }
 
-    fn dispatch(&mut self, delivery: Delivery, permit: tokio::sync::OwnedSemaphorePermit) {
+    /// Polls `processing` once here; if it has to wait, it goes on as a task. A panic in it (a handler's
+    /// is caught inside; this is the rest, e.g. an idempotency store's) is logged as a task's would be,
+    /// and its delivery, dropped unsettled, goes back to the broker.
+    async fn run_inline_first(&mut self, mut processing: Processing) {
+        let first = std::future::poll_fn(|cx| {
+            Poll::Ready(std::panic::catch_unwind(AssertUnwindSafe(|| {
+                processing.as_mut().poll(cx)
+            })))
+        })
+        .await;
+        match first {
+            Ok(Poll::Ready(())) => {}
+            Ok(Poll::Pending) => {
+                self.tasks.spawn(processing);
+            }
+            Err(_) => {
+                tracing::error!("a delivery's processing panicked; its delivery was released");
+            }
+        }
+        // Work done in the loop itself counts against the runtime's cooperative budget, so a stream of
+        // deliveries that are always ready cannot starve the thread's other tasks and timers.
+        tokio::task::coop::consume_budget().await;
+    }
+
+    /// Starts a delivery's processing: as a task, or (current-thread runtimes, no per-key ordering)
+    /// returned for [`ReceiveLoop::run_inline_first`].
+    fn dispatch(
+        &mut self,
+        delivery: Delivery,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Option<Processing> {
         let shared = self.shared.clone();
         let ordered_key = shared.parking.as_ref().and(delivery.message.key.clone());
         match ordered_key {
             None => {
-                self.tasks.spawn(async move {
+                let processing = async move {
                     process::process(shared, delivery).await;
                     drop(permit);
-                });
+                };
+                if self.inline_first_poll {
+                    return Some(Box::pin(processing));
+                }
+                self.tasks.spawn(processing);
             }
             Some(key) => {
                 let queue_slots = self.queue_slots.clone();
                 let claimed = self.keys.claim_or_queue(&key, delivery, permit, || {
                     queue_slots.try_acquire_owned().ok()
                 });
-                let Some((mut delivery, task_permit)) = claimed else {
-                    return;
-                };
+                // Queued behind its key: the key's running task takes it later.
+                let (mut delivery, task_permit) = claimed?;
                 // Frees the key (releasing whatever queued behind it) even if processing panics.
                 let mut key_guard = ordering::KeyGuard::new(self.keys.clone(), key);
                 self.tasks.spawn(async move {
@@ -291,6 +342,7 @@ impl ReceiveLoop {
                 });
             }
         }
+        None
     }
 
     /// Waits for in-flight work within the grace period, then releases what is left and leaves.
