@@ -168,9 +168,6 @@ impl Link {
             // Entries of messages that went to another process, or never came back, expire.
             let now = Instant::now();
             recall.retain(|_, (_, until)| *until > now);
-            if recall.capacity() > 2 * capacity.max(16) {
-                recall.shrink_to(capacity);
-            }
         }
         if recall.len() >= capacity {
             return false;

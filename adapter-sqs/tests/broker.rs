@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use event_retry_sqs::{SqsConfig, SqsTransport};
 use libtest_mimic::Arguments;
+use raw_brokers::{RawBroker, RawSqs};
 use retry_core::adapter::{Admin, Transport};
 use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
@@ -262,44 +263,17 @@ fn beyond_the_remembered_retries_a_retry_carries_its_history(url: String) -> Res
                 }
             }
         }
-        let raw = raw_client(&url);
-        let dlq_url = raw
-            .get_queue_url()
-            .queue_name(format!("{topic}-dlq"))
-            .send()
+        let dead = RawSqs::new(&url)
+            .messages(&format!("{topic}-dlq"))
             .await
-            .map_err(|e| format!("{e:?}"))?
-            .queue_url()
-            .unwrap_or_default()
-            .to_string();
-        let mut dead = Vec::new();
-        while dead.len() < 5 {
-            let got = raw
-                .receive_message()
-                .queue_url(&dlq_url)
-                .max_number_of_messages(10)
-                .wait_time_seconds(1)
-                .message_attribute_names("All")
-                .send()
-                .await
-                .map_err(|e| format!("{e:?}"))?;
-            let batch = got.messages();
-            if batch.is_empty() {
-                break;
-            }
-            dead.extend(batch.iter().cloned());
-        }
+            .map_err(|e| e.to_string())?;
         if dead.len() != 5 {
             return Err(format!("the DLQ holds {} messages, want 5", dead.len()));
         }
         for m in &dead {
-            let packed = m
-                .message_attributes()
-                .and_then(|a| a.get("x-retry"))
-                .and_then(|v| v.string_value())
-                .unwrap_or_default();
+            let packed = String::from_utf8_lossy(m.header("x-retry").unwrap_or_default());
             let fields: HashMap<String, String> =
-                serde_json::from_str(packed).map_err(|e| format!("{e}: {packed}"))?;
+                serde_json::from_str(&packed).map_err(|e| format!("{e}: {packed}"))?;
             let field = |name: &str| fields.get(name).map(String::as_str);
             let id = field("event-id").unwrap_or_default();
             let want_error = format!("boom {id} after 2 retries");

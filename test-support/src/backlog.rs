@@ -106,18 +106,22 @@ struct Phase {
     p50: i64,
     p99: i64,
     max: i64,
+    /// The healthy events' publish time (the broker's answer to the producer), p50 and p99.
+    publish_p50: i64,
+    publish_p99: i64,
     rss_kib: u64,
+}
+
+/// A healthy phase's latencies and publish times, in µs.
+struct Timings {
+    latencies: Vec<i64>,
+    publishes: Vec<i64>,
 }
 
 /// The bench side: starts the consumer process, measures the three phases, prints them and the ratio
 /// lines (`ratio backlog/idle latency p99 <broker> <n> waiting: x`, and the same for RSS).
 pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Error> {
-    let waiting_max: u64 = match std::env::var("RETRY_BENCH_BACKLOG") {
-        Ok(v) => v
-            .parse()
-            .map_err(|e| format!("RETRY_BENCH_BACKLOG={v:?}: {e}"))?,
-        Err(_) => 100_000,
-    };
+    let waiting_max = crate::bench::count_from_env("RETRY_BENCH_BACKLOG", 100_000, 0)? as u64;
     let topic = format!("bench-backlog-{}", uuid_like());
     let log = child::log_path(&format!("backlog-consumer-{name}.log"))?;
     let child::Helper {
@@ -181,25 +185,34 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
                 .map_err(|e| fail(e.to_string()))?;
         }
         let label = format!("phase-{}", phases.len());
-        let mut latencies = healthy_phase(broker, &topic, &label, HEALTHY_PER_PHASE, &mut reports)
+        let Timings {
+            mut latencies,
+            mut publishes,
+        } = healthy_phase(broker, &topic, &label, HEALTHY_PER_PHASE, &mut reports)
             .await
             .map_err(|e| fail(e.to_string()))?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let rss_kib = child::rss_kib(pid)?;
         latencies.sort_unstable();
+        publishes.sort_unstable();
         let phase = Phase {
             waiting,
             p50: percentile(&latencies, 50),
             p99: percentile(&latencies, 99),
             max: latencies[latencies.len() - 1],
+            publish_p50: percentile(&publishes, 50),
+            publish_p99: percentile(&publishes, 99),
             rss_kib,
         };
+        let ms = |us: i64| us as f64 / 1000.0;
         println!(
-            "backlog {name}: {:>6} waiting: healthy latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms; consumer RSS {:.1} MiB",
+            "backlog {name}: {:>6} waiting: healthy latency p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms (the publish alone: p50 {:.2} ms, p99 {:.2} ms); consumer RSS {:.1} MiB",
             phase.waiting,
-            phase.p50 as f64 / 1000.0,
-            phase.p99 as f64 / 1000.0,
-            phase.max as f64 / 1000.0,
+            ms(phase.p50),
+            ms(phase.p99),
+            ms(phase.max),
+            ms(phase.publish_p50),
+            ms(phase.publish_p99),
             phase.rss_kib as f64 / 1024.0
         );
         phases.push(phase);
@@ -228,14 +241,14 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
     Ok(())
 }
 
-/// Publishes `count` healthy events at a steady rate and collects their latencies.
+/// Publishes `count` healthy events at a steady rate and collects their latencies and publish times.
 async fn healthy_phase(
     broker: &Broker,
     topic: &str,
     label: &str,
     count: usize,
     reports: &mut mpsc::UnboundedReceiver<Report>,
-) -> Result<Vec<i64>, Error> {
+) -> Result<Timings, Error> {
     let producer = broker.producer();
     let mut tick = tokio::time::interval(Duration::from_millis(1000 / HEALTHY_PER_SECOND));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -257,12 +270,6 @@ async fn healthy_phase(
     for send in sends {
         publishes.push(send.await??);
     }
-    publishes.sort_unstable();
-    eprintln!(
-        "backlog {label}: publish p50 {:.2} ms, p99 {:.2} ms",
-        percentile(&publishes, 50) as f64 / 1000.0,
-        percentile(&publishes, 99) as f64 / 1000.0
-    );
     let mut latencies = Vec::with_capacity(count);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while latencies.len() < count {
@@ -279,7 +286,10 @@ async fn healthy_phase(
             }
         }
     }
-    Ok(latencies)
+    Ok(Timings {
+        latencies,
+        publishes,
+    })
 }
 
 async fn wait_for(

@@ -106,24 +106,21 @@ pub fn work(payload: &[u8]) -> u64 {
 /// The payload size of the events a bench publishes, in bytes: `RETRY_BENCH_PAYLOAD` (for example
 /// `100`, `1024`, `16384`), 230 when unset.
 pub fn payload_bytes() -> Result<usize, Error> {
-    match std::env::var("RETRY_BENCH_PAYLOAD") {
-        Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n >= MIN_PAYLOAD => Ok(n),
-            _ => Err(format!(
-                "RETRY_BENCH_PAYLOAD={v}: expected a size in bytes of at least {MIN_PAYLOAD}"
-            )
-            .into()),
-        },
-        Err(_) => Ok(DEFAULT_PAYLOAD),
-    }
+    count_from_env("RETRY_BENCH_PAYLOAD", DEFAULT_PAYLOAD, MIN_PAYLOAD)
 }
 
 /// How many messages a throughput round drains: `RETRY_BENCH_MESSAGES`, or `default` when unset.
 pub fn messages(default: usize) -> Result<usize, Error> {
-    match std::env::var("RETRY_BENCH_MESSAGES") {
+    count_from_env("RETRY_BENCH_MESSAGES", default, 1)
+}
+
+/// The whole number in the variable `name` (at least `min`), or `default` when it is unset; anything
+/// else is an error naming the variable.
+pub fn count_from_env(name: &str, default: usize, min: usize) -> Result<usize, Error> {
+    match std::env::var(name) {
         Ok(v) => match v.trim().parse::<usize>() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("RETRY_BENCH_MESSAGES={v}: expected a positive count").into()),
+            Ok(n) if n >= min => Ok(n),
+            _ => Err(format!("{name}={v:?}: expected a whole number of at least {min}").into()),
         },
         Err(_) => Ok(default),
     }

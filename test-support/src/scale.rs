@@ -77,12 +77,7 @@ fn parse(line: &str) -> Option<Option<u64>> {
 /// partitions), the consumers started, the events published, the rate measured. Prints a line per
 /// count and `ratio scale-out <broker> <n>/1: x`.
 pub async fn run(broker: &Broker, name: &str, admin: &dyn Admin) -> Result<(), Error> {
-    let events: u64 = match std::env::var("RETRY_BENCH_SCALE_EVENTS") {
-        Ok(v) => v
-            .parse()
-            .map_err(|e| format!("RETRY_BENCH_SCALE_EVENTS={v:?}: {e}"))?,
-        Err(_) => 100_000,
-    };
+    let events = crate::bench::count_from_env("RETRY_BENCH_SCALE_EVENTS", 100_000, 0)? as u64;
     let size = crate::bench::payload_bytes()?;
     let mut rates = Vec::new();
     for processes in PROCESSES {

@@ -301,6 +301,11 @@ mod tests {
         handle.shutdown().await.unwrap();
     }
 
+    /// Every entry of the DLQ of `orders` that `dlq` operates on.
+    async fn orders(dlq: &DeadLetters) -> Vec<DeadLetter> {
+        dlq.list("orders", &DlqFilter::all()).await.unwrap()
+    }
+
     /// Migrates every entry of `orders` from `from` to the DLQ operations `to`.
     async fn migrate(
         from: &Broker,
@@ -326,15 +331,11 @@ mod tests {
     async fn entries_move_with_their_history_and_leave_the_source() {
         let (from, to) = (Broker::memory(), Broker::memory());
         dead(&from, "orders", 3).await;
-        let before = from
-            .dead_letters()
-            .list("orders", &DlqFilter::all())
-            .await
-            .unwrap();
+        let before = orders(&from.dead_letters()).await;
         let to_dlq = to.dead_letters();
         let report = migrate(&from, &to_dlq, false).await.unwrap();
         assert_eq!(report.count(Moved::Copied), 3);
-        let after = to_dlq.list("orders", &DlqFilter::all()).await.unwrap();
+        let after = orders(&to_dlq).await;
         assert_eq!(after.len(), 3);
         for (a, b) in before.iter().zip(&after) {
             let mut copy = b.event.clone();
@@ -344,11 +345,7 @@ mod tests {
             assert_eq!(a.event.metadata().attempts, 2);
             assert_eq!(a.group, b.group);
         }
-        let left = from
-            .dead_letters()
-            .list("orders", &DlqFilter::all())
-            .await
-            .unwrap();
+        let left = orders(&from.dead_letters()).await;
         assert!(left.is_empty(), "removed from the source");
     }
 
@@ -357,12 +354,7 @@ mod tests {
         let (from, to) = (Broker::memory(), Broker::memory());
         dead(&from, "orders", 3).await;
         // An earlier run copied the first entry and died before removing it from the source.
-        let first = from
-            .dead_letters()
-            .list("orders", &DlqFilter::all())
-            .await
-            .unwrap()
-            .remove(0);
+        let first = orders(&from.dead_letters()).await.remove(0);
         let mut copy = first.event.clone();
         copy.metadata_mut().migrated_from = Some(migration_mark("memory", "orders", &first.id));
         to.transport()
@@ -375,15 +367,7 @@ mod tests {
             (dry.count(Moved::WouldRemove), dry.count(Moved::WouldCopy)),
             (1, 2)
         );
-        assert_eq!(
-            to_dlq
-                .list("orders", &DlqFilter::all())
-                .await
-                .unwrap()
-                .len(),
-            1,
-            "a dry run writes nothing"
-        );
+        assert_eq!(orders(&to_dlq).await.len(), 1, "a dry run writes nothing");
         let report = migrate(&from, &to_dlq, false).await.unwrap();
         assert_eq!(
             (
@@ -392,22 +376,13 @@ mod tests {
             ),
             (1, 2)
         );
-        let ids: HashSet<String> = to_dlq
-            .list("orders", &DlqFilter::all())
+        let ids: HashSet<String> = orders(&to_dlq)
             .await
-            .unwrap()
             .iter()
             .map(|e| e.event.id().unwrap().to_string())
             .collect();
         assert_eq!(ids.len(), 3, "each event once: {ids:?}");
-        assert_eq!(
-            to_dlq
-                .list("orders", &DlqFilter::all())
-                .await
-                .unwrap()
-                .len(),
-            3
-        );
+        assert_eq!(orders(&to_dlq).await.len(), 3);
     }
 
     #[tokio::test]
@@ -418,11 +393,7 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("one DLQ"), "{err}");
-        let left = broker
-            .dead_letters()
-            .list("orders", &DlqFilter::all())
-            .await
-            .unwrap();
+        let left = orders(&broker.dead_letters()).await;
         assert_eq!(left.len(), 2);
         assert!(
             left.iter()
@@ -435,12 +406,7 @@ mod tests {
         let (from, to) = (Broker::memory(), Broker::memory());
         dead(&from, "orders", 2).await;
         // The target holds an entry equal in every way but the mark (dead-lettered there on its own).
-        let twin = from
-            .dead_letters()
-            .list("orders", &DlqFilter::all())
-            .await
-            .unwrap()
-            .remove(0);
+        let twin = orders(&from.dead_letters()).await.remove(0);
         to.transport()
             .write_dead_letter("orders", twin.group.as_deref(), &twin.event)
             .await
@@ -452,10 +418,8 @@ mod tests {
             2,
             "the look-alike is not a copy"
         );
-        let marks: Vec<Option<String>> = to_dlq
-            .list("orders", &DlqFilter::all())
+        let marks: Vec<Option<String>> = orders(&to_dlq)
             .await
-            .unwrap()
             .into_iter()
             .map(|e| e.event.metadata().migrated_from.clone())
             .collect();
@@ -478,14 +442,7 @@ mod tests {
         let to_dlq = to_broker.dead_letters();
         let err = migrate(&from, &to_dlq, false).await.unwrap_err();
         assert!(err.to_string().contains("event e0"), "{err}");
-        assert_eq!(
-            from.dead_letters()
-                .list("orders", &DlqFilter::all())
-                .await
-                .unwrap()
-                .len(),
-            2
-        );
+        assert_eq!(orders(&from.dead_letters()).await.len(), 2);
     }
 
     #[test]

@@ -359,7 +359,7 @@ async fn login(State(console): State<Shared>, headers: HeaderMap, body: Bytes) -
     let form = Form::parse(&body);
     if !console.auth.is_token(form.get("token")) {
         // Wrong tokens are answered one at a time, a second each: guessing is slow.
-        let _one_at_a_time = console.auth.failed_login().await;
+        console.auth.failed_login().await;
         return (StatusCode::UNAUTHORIZED, pages::login(true)).into_response();
     }
     let id = console.auth.open_session();
