@@ -100,9 +100,14 @@ async fn sdk_run(transport: &KafkaTransport, topic: &str, messages: usize) -> Re
 async fn memory_run() -> Result<f64, Error> {
     let broker = Broker::memory();
     bench::publish_all(&broker, "ceiling", MESSAGES, 1).await?;
-    let handler = handler_fn(move |event: Event, _ctx: Context| async move {
-        std::hint::black_box(work(&event.payload));
-        Ok::<(), HandlerError>(())
+    let countdown = bench::Countdown::new(MESSAGES);
+    let handler = handler_fn({
+        let countdown = countdown.clone();
+        move |event: Event, _ctx: Context| {
+            std::hint::black_box(work(&event.payload));
+            countdown.tick();
+            async { Ok::<(), HandlerError>(()) }
+        }
     });
     let started = Instant::now();
     let consumer = broker
@@ -110,6 +115,7 @@ async fn memory_run() -> Result<f64, Error> {
         .concurrency(CONCURRENCY)
         .start(handler)
         .await?;
+    countdown.wait(&consumer).await?;
     consumer
         .wait_until(|s| s.succeeded >= MESSAGES as u64)
         .await;

@@ -14,7 +14,7 @@ use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
 use retry_core::policy::RetryPolicy;
-use retry_core::runtime::{Context, handler_fn};
+use retry_core::runtime::{ConsumerHandle, Context, handler_fn};
 use retry_core::time::Timestamp;
 
 /// A bench's error.
@@ -204,6 +204,62 @@ impl Clock {
     }
 }
 
+/// Counts a bench's handler calls and signals the one that reaches a target, so the bench waits for its
+/// last event without being woken at every change of the consumer's counters (`wait_until` is: several
+/// wake-ups per event, another thread's work on a 2-core machine that a raw client's loop never pays).
+#[derive(Debug)]
+pub struct Countdown {
+    target: u64,
+    calls: AtomicU64,
+    reached: tokio::sync::Notify,
+}
+
+impl Countdown {
+    /// A countdown to `target` calls.
+    pub fn new(target: usize) -> Arc<Countdown> {
+        Arc::new(Countdown {
+            target: target as u64,
+            calls: AtomicU64::new(0),
+            reached: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Counts one handler call.
+    pub fn tick(&self) {
+        if self.calls.fetch_add(1, Ordering::Relaxed) + 1 == self.target {
+            self.reached.notify_one();
+        }
+    }
+
+    /// Waits until the target is reached or `consumer` has stopped (checked every 100 ms); an error if
+    /// no handler call came for [`Countdown::STALL`] before that.
+    pub async fn wait(&self, consumer: &ConsumerHandle) -> Result<(), Error> {
+        let (mut seen, mut since) = (0, Instant::now());
+        while !consumer.is_finished() {
+            tokio::select! {
+                () = self.reached.notified() => return Ok(()),
+                () = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+            let calls = self.calls.load(Ordering::Relaxed);
+            if calls != seen {
+                (seen, since) = (calls, Instant::now());
+            } else if since.elapsed() >= Self::STALL {
+                return Err(format!(
+                    "the consumer stalled: {calls} of {} handler calls, none for {:?}; its counters: {:?}",
+                    self.target,
+                    Self::STALL,
+                    consumer.stats()
+                )
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// How long a bench waits for a next handler call before it reports a stalled consumer.
+    pub const STALL: Duration = Duration::from_secs(20);
+}
+
 /// One SDK round: a consumer of `topic` (already filled with `messages` events) with `concurrency`,
 /// doing [`work`] per event; its rates from its start and from its first event to the last success.
 pub async fn sdk_round(
@@ -214,12 +270,14 @@ pub async fn sdk_round(
 ) -> Result<Rate, Error> {
     let sink = Arc::new(AtomicU64::new(0));
     let clock = Arc::new(Clock::start());
-    let (s, c) = (sink.clone(), clock.clone());
+    let countdown = Countdown::new(messages);
+    let (s, c, d) = (sink.clone(), clock.clone(), countdown.clone());
     let handler = handler_fn(move |event: Event, _ctx: Context| {
-        let (s, c) = (s.clone(), c.clone());
+        let (s, c, d) = (s.clone(), c.clone(), d.clone());
         async move {
             c.message();
             s.fetch_add(work(&event.payload), Ordering::Relaxed);
+            d.tick();
             Ok::<(), HandlerError>(())
         }
     });
@@ -228,6 +286,7 @@ pub async fn sdk_round(
         .concurrency(concurrency)
         .start(handler)
         .await?;
+    countdown.wait(&consumer).await?;
     consumer
         .wait_until(|s| s.succeeded >= messages as u64)
         .await;
