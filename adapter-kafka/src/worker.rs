@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
+use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use retry_core::error::{Error, Kind, wrap};
 use tracing::{debug, warn};
@@ -110,6 +111,26 @@ impl Worker {
     /// everything before it is settled too and the partition is still this member's.
     pub(crate) fn settled(&self, tp: &Tp, offset: i64, epoch: u64) {
         self.lock().offsets.settled(tp, offset, epoch);
+    }
+
+    /// Keeps a record just read in the backlog, unless its partition is not assigned (any more): then it
+    /// is not this member's to hand out.
+    fn keep(&self, message: &BorrowedMessage<'_>) {
+        let offset = message.offset();
+        let decoded = codec::decode(message);
+        let mut state = self.lock();
+        let Some(topic) = state.offsets.topic(message.topic()) else {
+            return;
+        };
+        let tp = (topic, message.partition());
+        if let Some(epoch) = state.offsets.received(&tp, offset) {
+            state.pending.push_back(Record {
+                tp,
+                offset,
+                epoch,
+                decoded,
+            });
+        }
     }
 
     /// Applies the commands waiting (waiting up to `wait` for the first); `true` once asked to close.
@@ -374,26 +395,20 @@ pub(crate) fn run(
         } else {
             Duration::from_millis(1)
         };
-        match consumer.poll(wait) {
-            None => {}
-            Some(Ok(message)) => {
-                let offset = message.offset();
-                let decoded = codec::decode(&message);
-                let mut state = worker.lock();
-                // A record of a partition not assigned (any more) is not this member's to hand out.
-                let Some(topic) = state.offsets.topic(message.topic()) else {
-                    continue;
-                };
-                let tp = (topic, message.partition());
-                if let Some(epoch) = state.offsets.received(&tp, offset) {
-                    state.pending.push_back(Record {
-                        tp,
-                        offset,
-                        epoch,
-                        decoded,
-                    });
-                }
+        // After a first record, what librdkafka already holds is read without waiting, up to a batch,
+        // before the commands, commits and backlog are looked at again (once per batch, not per record).
+        let mut polled = consumer.poll(wait);
+        let mut read = 0;
+        while let Some(Ok(message)) = &polled {
+            worker.keep(message);
+            read += 1;
+            if read == HANDOUT_BATCH {
+                break;
             }
+            polled = consumer.poll(Duration::ZERO);
+        }
+        match polled {
+            None | Some(Ok(_)) => {}
             Some(Err(e)) => {
                 warn!(error = %e, "consumer error");
                 if out
