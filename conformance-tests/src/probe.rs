@@ -140,7 +140,7 @@ impl Handler for ProbeHandler {
         let (index, nth) = {
             let mut calls = lock(&probe.calls);
             calls.push(Call {
-                id: ctx.event_id.clone(),
+                id: ctx.event_id.to_string(),
                 payload: event.payload.clone(),
                 key: event.key.clone(),
                 headers: event.headers.clone(),
@@ -152,7 +152,7 @@ impl Handler for ProbeHandler {
                 last_delay: event.metadata().last_delay,
                 wall: Timestamp::now(),
             });
-            let nth = calls.iter().filter(|c| c.id == ctx.event_id).count() - 1;
+            let nth = calls.iter().filter(|c| *c.id == *ctx.event_id).count() - 1;
             (calls.len() - 1, nth)
         };
         let result = match (probe.script)(event, nth) {
@@ -167,7 +167,7 @@ impl Handler for ProbeHandler {
         let now = Instant::now();
         lock(&probe.calls)[index].ended = Some(now);
         if result.is_ok() {
-            lock(&probe.successes).push((ctx.event_id.clone(), now));
+            lock(&probe.successes).push((ctx.event_id.to_string(), now));
         }
         result
     }

@@ -1,6 +1,7 @@
 //! The handler API: what a service writes, once, for every broker.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,12 +12,16 @@ use crate::event::Event;
 use crate::time::Timestamp;
 
 /// What the runtime tells a handler about the current call.
+///
+/// The topic and event id are shared strings (`Arc<str>`, read like a `&str`): the runtime makes a
+/// context per call and closures given to [`handler_fn`] take it by value, so copying it costs no
+/// allocation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Context {
     /// The topic or queue the consumer reads.
-    pub topic: String,
+    pub topic: Arc<str>,
     /// The event id.
-    pub event_id: String,
+    pub event_id: Arc<str>,
     /// This call's number, 1 for the first call.
     pub attempt: u32,
     /// Retries scheduled through the broker so far.

@@ -72,7 +72,7 @@ pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
 enum Prepared {
     Ready {
         event: Event,
-        id: String,
+        id: Arc<str>,
         span: tracing::Span,
     },
     Poison(Event),
@@ -128,7 +128,7 @@ fn prepare(shared: &Shared, message: crate::event::RawMessage, info: DeliveryInf
         broker_attempts,
         broker_retries,
     } = info;
-    let id = meta.event_id.get_or_insert(message_id).clone();
+    let id: Arc<str> = Arc::from(meta.event_id.get_or_insert(message_id).as_str());
     meta.first_seen.get_or_insert(now);
     meta.origin.get_or_insert(origin);
     if let Some(counted) = broker_attempts {
@@ -151,7 +151,8 @@ struct Handling<'a> {
     shared: &'a Shared,
     receipt: &'a mut dyn Receipt,
     event: Event,
-    id: String,
+    /// The event id, shared with every context made for it.
+    id: Arc<str>,
     state: State,
 }
 
@@ -352,7 +353,7 @@ impl Handling<'_> {
     async fn call_handler(&mut self, lateness: Option<Duration>) -> Result<(), HandlerError> {
         let meta = &self.event.meta;
         let ctx = Context {
-            topic: self.shared.spec.topic.clone(),
+            topic: self.shared.topic.clone(),
             event_id: self.id.clone(),
             attempt: meta.attempts.saturating_add(1),
             retries: meta.retries,

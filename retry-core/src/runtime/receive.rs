@@ -63,6 +63,7 @@ pub(super) async fn start(
     let counters = Arc::new(Counters::default());
     let (pause_tx, pause_rx) = watch::channel(0usize);
     let shared = Arc::new(Shared {
+        topic: Arc::from(b.spec.topic.as_str()),
         spec: b.spec.clone(),
         policies: b.policies,
         classifier: b.classifier,
@@ -118,6 +119,8 @@ impl Drop for StopGuard {
 
 /// State shared by the receive loop and the tasks handling deliveries.
 pub(crate) struct Shared {
+    /// The topic, shared with every handler context.
+    pub(super) topic: Arc<str>,
     pub(super) spec: SubscriptionSpec,
     pub(super) policies: Policies,
     pub(super) classifier: Classifier,
