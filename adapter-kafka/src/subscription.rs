@@ -144,19 +144,26 @@ impl KafkaSubscription {
 
 #[async_trait]
 impl Subscription for KafkaSubscription {
+    /// The next record of the batch at hand, skipping those whose partition was revoked since they were
+    /// read (they belong to its new owner).
+    fn next_ready(&mut self) -> Option<Delivery> {
+        while let Some(record) = self.batch.pop_front() {
+            if self
+                .worker
+                .lock()
+                .offsets
+                .is_current(&record.tp, record.epoch)
+            {
+                return Some(self.delivery(record));
+            }
+        }
+        None
+    }
+
     async fn next(&mut self) -> Result<Option<Delivery>, Error> {
         loop {
-            if let Some(record) = self.batch.pop_front() {
-                // A record of a partition revoked since it was read belongs to its new owner.
-                if !self
-                    .worker
-                    .lock()
-                    .offsets
-                    .is_current(&record.tp, record.epoch)
-                {
-                    continue;
-                }
-                return Ok(Some(self.delivery(record)));
+            if let Some(delivery) = self.next_ready() {
+                return Ok(Some(delivery));
             }
             // Cancel-safe: a batch is either received whole (and kept in `self.batch`) or not at all.
             match self.rx.recv().await {

@@ -421,6 +421,10 @@ impl MemorySubscription {
 
 #[async_trait]
 impl Subscription for MemorySubscription {
+    fn next_ready(&mut self) -> Option<Delivery> {
+        self.take_due().ok()
+    }
+
     async fn next(&mut self) -> Result<Option<Delivery>, Error> {
         loop {
             // Register for arrivals before looking, so a message published in between is not missed.
@@ -612,6 +616,31 @@ mod tests {
         assert_eq!(offsets_due(&mut w, ms(60)), vec![2, 5]);
         assert_eq!(w.pop_due(ms(60)).err(), Some(None));
         assert_eq!(w.len(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_due_message_is_at_hand_without_waiting_and_a_waiting_one_is_not() {
+        let t = MemoryTransport::new();
+        let mut sub = t.subscribe(&spec("r")).await.unwrap();
+        assert!(
+            sub.next_ready().is_none(),
+            "an empty topic has nothing at hand"
+        );
+        t.publish("r", &Event::new("now")).await.unwrap();
+        let mut d = sub.next_ready().expect("a published message is at hand");
+        assert_eq!(d.message.payload.as_ref(), b"now");
+        assert!(sub.next_ready().is_none(), "it was handed out once");
+        d.receipt
+            .retry(&Event::new("later"), Duration::from_millis(50))
+            .await
+            .unwrap();
+        assert!(
+            sub.next_ready().is_none(),
+            "a retry is not at hand before it is due"
+        );
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let later = sub.next_ready().expect("a due retry is at hand");
+        assert_eq!(later.message.payload.as_ref(), b"later");
     }
 
     #[tokio::test]

@@ -100,6 +100,14 @@ pub trait Subscription: Send {
     /// cancel-safe: dropping the future before it completes loses no message.
     async fn next(&mut self) -> Result<Option<Delivery>, Error>;
 
+    /// A delivery already received and due, handed out without waiting; `None` when there is none at
+    /// hand (then the runtime awaits [`Subscription::next`]). A subscription that receives in batches
+    /// implements it to spare the runtime a boxed `next` future and a poll per delivery; the default
+    /// has none.
+    fn next_ready(&mut self) -> Option<Delivery> {
+        None
+    }
+
     /// Stop fetching new deliveries (a blocking error holds consumption) while keeping membership alive.
     async fn pause(&mut self) -> Result<(), Error> {
         Ok(())

@@ -264,13 +264,17 @@ impl ReceiveLoop {
                     },
                 },
             };
-            // The delivery first: when one is there, shutdown and pause are not polled (nor
-            // registered with). A delivery that arrives together with shutdown goes back unhandled.
-            let next = tokio::select! {
-                biased;
-                next = self.subscription.next() => next,
-                () = shutdown.cancelled() => break,
-                _ = self.pause.changed() => continue,
+            // The delivery first: one already at hand is taken without a future; when one is there,
+            // shutdown and pause are not polled (nor registered with). A delivery that arrives
+            // together with shutdown goes back unhandled.
+            let next = match self.subscription.next_ready() {
+                Some(delivery) => Ok(Some(delivery)),
+                None => tokio::select! {
+                    biased;
+                    next = self.subscription.next() => next,
+                    () = shutdown.cancelled() => break,
+                    _ = self.pause.changed() => continue,
+                },
             };
             if shutdown.is_cancelled() {
                 drop(next); // a delivery dropped unsettled is released to the broker
@@ -286,6 +290,10 @@ impl ReceiveLoop {
                         if let Some(started) = started {
                             self.inlining.timed(started.elapsed());
                         }
+                    } else {
+                        // A delivery taken at hand and spawned waited on nothing: the loop counts it
+                        // against the cooperative budget, as the inline path does.
+                        tokio::task::coop::consume_budget().await;
                     }
                 }
                 Ok(None) => break,
