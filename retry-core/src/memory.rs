@@ -129,16 +129,17 @@ impl Waiting {
         self.ready.len() + self.later.len()
     }
 
-    /// Takes the message due first if it is due at `now`; otherwise tells when the next one will be
-    /// (`None`: nothing waits).
-    fn pop_due(&mut self, now: Instant) -> Result<Stored, Option<Instant>> {
+    /// Takes the message due first if it is due at `now` (read only when no message due on arrival
+    /// waits: the common case reads no clock); otherwise tells when the next one will be (`None`:
+    /// nothing waits).
+    fn pop_due(&mut self, now: impl FnOnce() -> Instant) -> Result<Stored, Option<Instant>> {
         let head = self.ready.front().map(|(due, seq, _)| (*due, *seq));
         let timer = self.timers.peek().map(|Reverse(t)| *t);
         match (head, timer) {
             // A ready message was due when it arrived, so it is due now; a timer before it is too.
             (Some(h), Some(t)) if t < h => self.pop_timer(t.1),
             (Some(_), _) => self.ready.pop_front().map(|(_, _, m)| m).ok_or(None),
-            (None, Some((due, seq))) if due <= now => self.pop_timer(seq),
+            (None, Some((due, seq))) if due <= now() => self.pop_timer(seq),
             (None, Some((due, _))) => Err(Some(due)),
             (None, None) => Err(None),
         }
@@ -398,7 +399,7 @@ impl MemorySubscription {
         else {
             return Err(None);
         };
-        let stored = queue.waiting.pop_due(Instant::now())?;
+        let stored = queue.waiting.pop_due(Instant::now)?;
         queue.in_flight += 1;
         Ok(Delivery {
             message: stored.raw.clone(),
@@ -594,7 +595,7 @@ mod tests {
     }
 
     fn offsets_due(w: &mut Waiting, now: Instant) -> Vec<i64> {
-        std::iter::from_fn(|| w.pop_due(now).ok().map(|m| m.offset)).collect()
+        std::iter::from_fn(|| w.pop_due(|| now).ok().map(|m| m.offset)).collect()
     }
 
     #[test]
@@ -610,11 +611,11 @@ mod tests {
         assert_eq!(w.len(), 4);
         // At t0 + 10 ms: the ready ones, the earliest due first (4 was due at 5 ms), never message 2.
         assert_eq!(offsets_due(&mut w, ms(10)), vec![4, 1, 3]);
-        assert_eq!(w.pop_due(ms(49)).err(), Some(Some(ms(50))));
+        assert_eq!(w.pop_due(|| ms(49)).err(), Some(Some(ms(50))));
         // A timer due before a message that arrives later goes first.
         w.push(ms(60), 5, stored(5), ms(60));
         assert_eq!(offsets_due(&mut w, ms(60)), vec![2, 5]);
-        assert_eq!(w.pop_due(ms(60)).err(), Some(None));
+        assert_eq!(w.pop_due(|| ms(60)).err(), Some(None));
         assert_eq!(w.len(), 0);
     }
 

@@ -44,7 +44,12 @@ pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
     // Decoding is synchronous and its locals die before the first await: only what the handling needs
     // is kept in this future.
     match prepare(&shared, message, info) {
-        Prepared::Ready { event, id, span } => {
+        Prepared::Ready {
+            event,
+            id,
+            span,
+            received,
+        } => {
             Handling {
                 shared: &shared,
                 receipt: &mut *receipt,
@@ -52,7 +57,7 @@ pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
                 id,
                 state: State::Pending,
             }
-            .run()
+            .run(received)
             .instrument(span)
             .await;
         }
@@ -74,6 +79,8 @@ enum Prepared {
         event: Event,
         id: Arc<str>,
         span: tracing::Span,
+        /// When the delivery was taken (one clock reading serves first-seen and lateness).
+        received: Timestamp,
     },
     Poison(Event),
 }
@@ -144,7 +151,12 @@ fn prepare(shared: &Shared, message: crate::event::RawMessage, info: DeliveryInf
         attempt = meta.attempts.saturating_add(1),
         next_delay_ms = tracing::field::Empty,
     );
-    Prepared::Ready { event, id, span }
+    Prepared::Ready {
+        event,
+        id,
+        span,
+        received: now,
+    }
 }
 
 struct Handling<'a> {
@@ -168,9 +180,9 @@ impl Handling<'_> {
         self.shared.parking.as_ref().and(self.event.key.clone())
     }
 
-    async fn run(mut self) {
+    /// Handles the event, received at `now`.
+    async fn run(mut self, now: Timestamp) {
         let shared = self.shared;
-        let now = Timestamp::now();
         // Lateness is a property of retries; a parked event coming back is not one.
         let lateness = match self.event.meta.parked_behind {
             None => self.event.meta.due_at.map(|due| now.since(due)),
