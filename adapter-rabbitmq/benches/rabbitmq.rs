@@ -122,7 +122,7 @@ async fn run(url: &str) -> Result<(), Error> {
 
 async fn throughput(url: &str, transport: &RabbitTransport) -> Result<(), Error> {
     let mut rounds = Throughput::default();
-    for _ in 0..2 {
+    for _ in 0..3 {
         let id = uuid::Uuid::new_v4().simple();
         let raw = raw_run(url, transport, &format!("bench-raw-{id}")).await?;
         let sdk = sdk_run(transport, &format!("bench-sdk-{id}")).await?;

@@ -124,7 +124,7 @@ async fn sdk_run(transport: &SqsTransport, topic: &str) -> Result<Rate, Error> {
 async fn throughput(url: &str, transport: &SqsTransport) -> Result<(), Error> {
     let client = raw_client(url);
     let mut rounds = Throughput::default();
-    for _ in 0..2 {
+    for _ in 0..3 {
         let id = uuid::Uuid::new_v4().simple();
         let raw = raw_run(&client, transport, &format!("bench-raw-{id}")).await?;
         let sdk = sdk_run(transport, &format!("bench-sdk-{id}")).await?;
