@@ -12,6 +12,10 @@
 //! bytes in use, and the bytes freed but still held (not returned to the system). A resident set that
 //! grows with the backlog while the heap in use stays flat holds no state per waiting retry: it is
 //! memory a burst used and the allocator kept.
+//!
+//! At the end the consumer is stopped and 300 more healthy events are published with the backlog still
+//! in the broker: their publish time alone tells a broker slowed by what it holds from one slowed by the
+//! consumer's traffic beside the publishes.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,6 +40,8 @@ const HEALTHY_PER_PHASE: usize = 1_000;
 /// partition assignment, first fetch) is not the idle figure.
 const WARM_UP: usize = 200;
 const HEALTHY_PER_SECOND: u64 = 100;
+/// Publishes timed at the end, with the consumer stopped and the backlog still there.
+const PUBLISHES_WITHOUT_CONSUMER: usize = 300;
 const WAIT_POLICY: &str = "10m x1";
 
 /// A line the consumer process prints.
@@ -248,6 +254,17 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
         phases.push(phase);
     }
     child.kill().await.ok();
+    // The broker's part alone: the same publishes with the consumer stopped and the backlog still in
+    // the broker. A publish time that stays high belongs to the broker holding the backlog; one that
+    // drops belonged to the consumer's traffic beside it.
+    let mut alone = publish_healthy(broker, &topic, "stopped", PUBLISHES_WITHOUT_CONSUMER).await?;
+    alone.sort_unstable();
+    println!(
+        "backlog {name}: {:>6} waiting, the consumer stopped: the publish alone p50 {:.2} ms, p99 {:.2} ms",
+        waiting,
+        percentile(&alone, 50) as f64 / 1000.0,
+        percentile(&alone, 99) as f64 / 1000.0
+    );
     // The waiting retries would outlive the bench in the broker (and fill an in-memory one's heap).
     // Where the adapter cannot delete a topic (Pulsar's needs its admin REST API), it is left there.
     match broker.admin().delete(&topic).await {
@@ -277,14 +294,14 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
     Ok(())
 }
 
-/// Publishes `count` healthy events at a steady rate and collects their latencies and publish times.
-async fn healthy_phase(
+/// Publishes `count` healthy events at the healthy rate; each one's publish time (the broker's answer to
+/// the producer), in µs.
+async fn publish_healthy(
     broker: &Broker,
     topic: &str,
     label: &str,
     count: usize,
-    reports: &mut mpsc::UnboundedReceiver<Report>,
-) -> Result<Timings, Error> {
+) -> Result<Vec<i64>, Error> {
     let producer = broker.producer();
     let mut tick = tokio::time::interval(Duration::from_millis(1000 / HEALTHY_PER_SECOND));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -306,6 +323,18 @@ async fn healthy_phase(
     for send in sends {
         publishes.push(send.await??);
     }
+    Ok(publishes)
+}
+
+/// Publishes `count` healthy events at a steady rate and collects their latencies and publish times.
+async fn healthy_phase(
+    broker: &Broker,
+    topic: &str,
+    label: &str,
+    count: usize,
+    reports: &mut mpsc::UnboundedReceiver<Report>,
+) -> Result<Timings, Error> {
+    let publishes = publish_healthy(broker, topic, label, count).await?;
     let mut latencies = Vec::with_capacity(count);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     while latencies.len() < count {
