@@ -5,9 +5,12 @@
 //!
 //! The transport here wraps the in-memory one: `retry` releases the original for `delay` (no copy, old
 //! metadata), and every delivery reports how often its message was received before.
+//!
+//! On such a broker a delivery given back unhandled costs the event an attempt, so the runtime handles a
+//! delivery it already holds when shutdown is asked for instead of giving it back.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -19,16 +22,20 @@ use retry_core::error::Error;
 use retry_core::memory::MemoryTransport;
 use retry_core::metadata::DeadReason;
 use retry_core::prelude::*;
+use retry_core::runtime::Shutdown;
 
 #[derive(Clone, Default)]
 struct VisibilityTransport {
     inner: MemoryTransport,
     receives: Arc<Mutex<HashMap<String, u32>>>,
+    /// Once set, every delivery asks its consumer to shut down just before it is handed over.
+    shutdown_on_delivery: Arc<OnceLock<Shutdown>>,
 }
 
 struct VisibilitySubscription {
     inner: Box<dyn Subscription>,
     receives: Arc<Mutex<HashMap<String, u32>>>,
+    shutdown_on_delivery: Arc<OnceLock<Shutdown>>,
 }
 
 /// Retrying hides the same message for `delay`: the metadata it carries stays as it was.
@@ -64,6 +71,9 @@ impl Subscription for VisibilitySubscription {
         };
         d.info = d.info.with_broker_counts(earlier, earlier);
         d.receipt = Box::new(VisibilityReceipt(d.receipt));
+        if let Some(shutdown) = self.shutdown_on_delivery.get() {
+            shutdown.trigger();
+        }
         Ok(Some(d))
     }
 }
@@ -83,6 +93,7 @@ impl Transport for VisibilityTransport {
         Ok(Box::new(VisibilitySubscription {
             inner: self.inner.subscribe(spec).await?,
             receives: self.receives.clone(),
+            shutdown_on_delivery: self.shutdown_on_delivery.clone(),
         }))
     }
     async fn open_dead_letters(
@@ -142,5 +153,56 @@ async fn the_policy_advances_without_rewritten_metadata() -> Result<(), Box<dyn 
         Some(DeadReason::Exhausted)
     );
     assert_eq!((meta.attempts, meta.retries), (3, 2));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_delivery_in_hand_when_shutdown_is_asked_for_is_handled_not_given_back()
+-> Result<(), Box<dyn std::error::Error>> {
+    let transport = VisibilityTransport::default();
+    let broker = Broker::new(transport.clone());
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let seen = calls.clone();
+    let handle = broker
+        .consumer("in-hand")
+        .start(handler_fn(move |_event: Event, ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(ctx.attempt);
+                Ok::<(), HandlerError>(())
+            }
+        }))
+        .await?;
+    let _ = transport
+        .shutdown_on_delivery
+        .set(handle.shutdown_trigger());
+    broker
+        .producer()
+        .publish("in-hand", Event::new("x").with_id("x"))
+        .await?;
+    // The delivery itself asks for the shutdown; the consumer stops after it.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !handle.is_finished() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await?;
+    let stats = handle.stats();
+    handle.shutdown().await?;
+    let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(
+        calls,
+        [1],
+        "the delivery in hand was handled, at its first attempt"
+    );
+    assert_eq!(stats.succeeded, 1, "and acknowledged: {stats:?}");
+    let receives = transport.receives.lock().unwrap_or_else(|p| p.into_inner());
+    assert_eq!(
+        receives.values().collect::<Vec<_>>(),
+        [&1],
+        "received once, not given back"
+    );
     Ok(())
 }

@@ -55,10 +55,16 @@ pub(super) async fn rebalance_during_retries(f: Arc<Fixture>) -> ScenarioResult 
     })
     .await?;
     a.shutdown().await.map_err(|e| format!("shutdown a: {e}"))?;
-    wait_for("20 successes", patience(&f, 60), || {
+    if let Err(timed_out) = wait_for("20 successes", patience(&f, 60), || {
         probe.successes().len() >= 20
     })
-    .await?;
+    .await
+    {
+        return Err(format!(
+            "{timed_out}; {}",
+            missing_successes(&f, &topic, &probe, &ids).await
+        ));
+    }
     tokio::time::sleep(u * 4).await;
     let counts = probe.success_counts();
     let calls: HashMap<String, usize> = ids
@@ -74,6 +80,40 @@ pub(super) async fn rebalance_during_retries(f: Arc<Fixture>) -> ScenarioResult 
     ensure(dlq(&f, &topic).await?.is_empty(), || "DLQ not empty".into())?;
     finish(&f, &topic, vec![b]).await?;
     Ok(Verdict::Pass(None))
+}
+
+/// What a scenario that waited in vain for every id to succeed saw: the ids without a success, the
+/// attempt each of their handler calls was given, and what the DLQ holds.
+async fn missing_successes(f: &Arc<Fixture>, topic: &str, probe: &Probe, ids: &[String]) -> String {
+    let counts = probe.success_counts();
+    let missing: Vec<String> = ids
+        .iter()
+        .filter(|id| !counts.contains_key(*id))
+        .map(|id| {
+            let attempts: Vec<u32> = probe.calls_of(id).iter().map(|c| c.attempt).collect();
+            format!("{id} (calls at attempts {attempts:?})")
+        })
+        .collect();
+    let dead = match dlq(f, topic).await {
+        Ok(entries) => entries
+            .iter()
+            .map(|d| {
+                let reason = d
+                    .dead()
+                    .map(|i| format!("{:?}", i.reason))
+                    .unwrap_or_default();
+                format!("{} ({reason})", d.event.id().unwrap_or("?"))
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        Err(e) => e,
+    };
+    format!(
+        "{} of {} succeeded; without a success: {}; DLQ: [{dead}]",
+        counts.len(),
+        ids.len(),
+        missing.join(", ")
+    )
 }
 
 /// Scenario 17: two consumer groups on one topic: each receives every event, each retries on its own

@@ -18,8 +18,9 @@ pub struct DeliveryInfo {
     pub origin: Origin,
     /// Failed attempts as the broker counts them, for brokers where a retry is the same message coming
     /// back rather than a copy carrying new metadata (SQS: `ApproximateReceiveCount - 1`); the runtime
-    /// takes the larger of this and the metadata's count. Such a broker also counts a release (shutdown)
-    /// or a crash as a receive, so there they count as attempts.
+    /// takes the larger of this and the metadata's count. Such a broker also counts a release or a crash
+    /// as a receive, so there they count as attempts (the runtime handles a delivery it has taken even
+    /// when shutdown comes, so only what the adapter prefetched and gives back at close is counted so).
     pub broker_attempts: Option<u32>,
     /// Retries scheduled through the broker, as the broker counts them, for the same brokers (SQS:
     /// `ApproximateReceiveCount - 1`); the runtime takes the larger of this and the metadata's count, so

@@ -265,8 +265,7 @@ impl ReceiveLoop {
                 },
             };
             // The delivery first: one already at hand is taken without a future; when one is there,
-            // shutdown and pause are not polled (nor registered with). A delivery that arrives
-            // together with shutdown goes back unhandled.
+            // shutdown and pause are not polled (nor registered with).
             let next = match self.subscription.next_ready() {
                 Some(delivery) => Ok(Some(delivery)),
                 None => tokio::select! {
@@ -277,7 +276,13 @@ impl ReceiveLoop {
                 },
             };
             if shutdown.is_cancelled() {
-                drop(next); // a delivery dropped unsettled is released to the broker
+                // A delivery taken together with shutdown is handled as in-flight work (the drain waits
+                // for it within the grace period): given back, it would be received again, which on a
+                // broker that counts receives as attempts (SQS) costs the event an attempt.
+                if let Ok(Some(delivery)) = next {
+                    let spawned = self.dispatch(delivery, permit, Start::Task);
+                    debug_assert!(spawned.is_none(), "a Start::Task dispatch runs as a task");
+                }
                 break;
             }
             match next {
