@@ -15,6 +15,7 @@
 //! # Ok(()) }
 //! ```
 
+mod acks;
 mod admin;
 mod codec;
 pub mod config;

@@ -17,9 +17,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use lapin::Acker;
 use lapin::message::Delivery as AmqpDelivery;
-use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
 use lapin::protocol::AMQPSoftError;
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Consumer};
@@ -31,6 +29,7 @@ use retry_core::event::Event;
 use retry_core::metadata::Origin;
 use tracing::debug;
 
+use crate::acks::Acks;
 use crate::codec;
 use crate::link::{Link, connection_error, is_soft_error};
 
@@ -42,6 +41,8 @@ pub(crate) struct RabbitSubscription {
     link: Arc<Link>,
     spec: SubscriptionSpec,
     channel: Option<Arc<Channel>>,
+    /// The acknowledgements of the current channel's deliveries, sent in batches.
+    acks: Arc<Acks>,
     consumer: Option<Consumer>,
     /// A consumer cancelled by `pause`, still handing out what it had prefetched.
     draining: Option<Consumer>,
@@ -57,6 +58,7 @@ impl RabbitSubscription {
             link,
             spec,
             channel: None,
+            acks: Acks::new(),
             consumer: None,
             draining: None,
             paused: false,
@@ -90,6 +92,7 @@ impl RabbitSubscription {
                         .await?;
                     let channel = Arc::new(self.link.channel().await?);
                     self.channel = Some(channel.clone());
+                    self.acks = Acks::new();
                     let prefetch =
                         u16::try_from(self.spec.max_in_flight.max(1)).unwrap_or(u16::MAX);
                     channel
@@ -149,12 +152,15 @@ impl RabbitSubscription {
             .as_ref()
             .map(|id| id.to_string())
             .unwrap_or_else(|| format!("{}/{}", self.spec.topic, d.delivery_tag));
+        self.acks.opened(d.delivery_tag);
         Delivery {
             info: DeliveryInfo::new(message_id.clone(), Origin::new(self.spec.topic.clone())),
             receipt: Box::new(RabbitReceipt {
                 link: self.link.clone(),
                 _channel: channel,
                 acker: Unsettled::new(d.acker),
+                acks: self.acks.clone(),
+                tag: d.delivery_tag,
                 topic: self.spec.topic.clone(),
                 group: self.spec.group.clone(),
                 queue: self.queue(),
@@ -307,6 +313,10 @@ struct RabbitReceipt {
     /// Keeps the channel open until the delivery is settled (acks go on the channel it came from).
     _channel: Option<Arc<Channel>>,
     acker: Unsettled<Acker>,
+    /// Where its ack goes, to be sent with the channel's next batch.
+    acks: Arc<Acks>,
+    /// Its delivery tag on the channel.
+    tag: u64,
     topic: String,
     /// The consumer group, recorded on dead letters so a replay goes back to this group only.
     group: String,
@@ -320,32 +330,33 @@ struct RabbitReceipt {
 }
 
 impl RabbitReceipt {
+    /// Marks the delivery acknowledged; its `basic.ack` goes out with the channel's next batch (see
+    /// [`Acks`]). A channel already gone is reported here; one lost before the batch is sent makes the
+    /// broker redeliver the message (at least once), as a lost single ack would.
     async fn ack(&mut self) -> Result<(), Error> {
-        let acker = self.acker.take()?;
-        match acker.ack(BasicAckOptions::default()).await {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Error::new(
+        if !self.acker.get()?.usable() {
+            return Err(Error::new(
                 Kind::Connection,
                 "the channel is gone; the broker redelivers the message",
             )
-            .with_operation("ack")),
-            Err(e) => Err(crate::link::amqp_error(
-                e,
-                "ack (the broker redelivers the message)",
-            )),
+            .with_operation("ack"));
         }
+        let acker = self.acker.take()?;
+        self.acks.ack(self.tag, acker);
+        Ok(())
     }
 
     async fn requeue(&mut self) -> Result<(), Error> {
         let acker = self.acker.take()?;
-        acker
+        let sent = acker
             .nack(BasicNackOptions {
                 requeue: true,
                 multiple: false,
             })
-            .await
-            .map(drop)
-            .map_err(connection_error("requeue"))
+            .await;
+        // Sent (or the channel is gone): a batched ack may pass this delivery now.
+        self.acks.closed(self.tag);
+        sent.map(drop).map_err(connection_error("requeue"))
     }
 
     /// Sends `body` with `props` into the delay ladder, to come back to the work queue after `delay`
@@ -425,6 +436,7 @@ impl Drop for RabbitReceipt {
             return;
         };
         let channel = self._channel.take();
+        let (acks, tag) = (self.acks.clone(), self.tag);
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
                 let _ = acker
@@ -433,6 +445,7 @@ impl Drop for RabbitReceipt {
                         multiple: false,
                     })
                     .await;
+                acks.closed(tag);
                 drop(channel);
             });
         }

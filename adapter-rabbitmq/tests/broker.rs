@@ -5,7 +5,10 @@
 //!   consumer reconnects, and every retry runs once, no earlier than its delay;
 //! * under concurrent publishing, a return (unroutable copy) fails its own publish and no other;
 //! * with quorum queues (replicated work queue, DLQ and ladder, at-least-once dead-lettering) retries and
-//!   dead letters behave the same.
+//!   dead letters behave the same;
+//! * acknowledgements sent in batches (`basic.ack` with `multiple`) settle every delivery once, with
+//!   handlers finishing out of order, retries through the ladder, and deliveries requeued at a shutdown
+//!   cut in the middle: every event succeeds exactly once and the queue, read with lapin, ends empty.
 //!
 //! They run one at a time (the restart would disturb the other) when `RETRY_TEST_AMQP` names a broker
 //! started by `scripts/brokers`; otherwise they are listed as ignored with the reason, and fail when
@@ -33,7 +36,11 @@ const DELAY: Duration = Duration::from_secs(20);
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 3] = [
+    let tests: [(&str, Test); 4] = [
+        (
+            "batched_acks_settle_every_delivery_once",
+            batched_acks_settle_every_delivery_once,
+        ),
         (
             "returns_are_paired_with_their_own_publish",
             returns_are_paired_with_their_own_publish,
@@ -296,6 +303,153 @@ fn returns_are_paired_with_their_own_publish(url: String) -> Result<(), String> 
         for topic in [&broken, &healthy] {
             transport.delete(topic).await.map_err(|e| e.to_string())?;
         }
+        Ok(())
+    })
+}
+
+/// 600 events on one queue; every 7th handler takes 40 ms (acks complete out of order, so a batch meets
+/// open deliveries), every 11th fails its first try (a ladder retry: a publish, then the ack). The first
+/// consumer stops with a 50 ms grace once 200 have succeeded, so handlers still running are cut and their
+/// deliveries requeued beside batched acks; a second consumer handles the rest. A `multiple` ack that
+/// passed a requeued delivery would lose it (one event short), and an ack sent twice would close the
+/// channel (a receive error).
+fn batched_acks_settle_every_delivery_once(url: String) -> Result<(), String> {
+    const N: usize = 600;
+    runtime()?.block_on(async move {
+        let transport = RabbitTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let broker = Broker::new(transport.clone());
+        let topic = format!("batched-acks-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let successes: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let tries: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let handler = {
+            let (successes, tries) = (successes.clone(), tries.clone());
+            move || {
+                let (successes, tries) = (successes.clone(), tries.clone());
+                handler_fn(move |event: Event, _ctx: Context| {
+                    let (successes, tries) = (successes.clone(), tries.clone());
+                    async move {
+                        let id = event.id().unwrap_or_default().to_string();
+                        let n: usize = id.parse().unwrap_or(0);
+                        let nth = {
+                            let mut t = tries.lock().unwrap_or_else(|p| p.into_inner());
+                            let e = t.entry(id.clone()).or_default();
+                            *e += 1;
+                            *e
+                        };
+                        if n.is_multiple_of(7) {
+                            tokio::time::sleep(Duration::from_millis(40)).await;
+                        }
+                        if n.is_multiple_of(11) && nth == 1 {
+                            return Err(HandlerError::deferred("first try"));
+                        }
+                        *successes
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .entry(id)
+                            .or_default() += 1;
+                        Ok(())
+                    }
+                })
+            }
+        };
+        let start = |grace: Duration| {
+            let broker = broker.clone();
+            let handler = handler();
+            let topic = topic.clone();
+            async move {
+                broker
+                    .consumer(&topic)
+                    .concurrency(32)
+                    .policy(RetryPolicy::parse("200ms x3").map_err(|e| e.to_string())?)
+                    .shutdown_grace(grace)
+                    .build()
+                    .map_err(|e| e.to_string())?
+                    .start(handler)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        };
+        let first = start(Duration::from_millis(50)).await?;
+        let producer = broker.producer();
+        for i in 0..N {
+            let id = i.to_string();
+            producer
+                .publish(&topic, Event::new(id.clone()).with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            first.wait_until(|s| s.succeeded >= 200),
+        )
+        .await
+        .map_err(|_| format!("the first consumer did not get to 200: {:?}", first.stats()))?;
+        let first_stats = first.stats();
+        first.shutdown().await.map_err(|e| e.to_string())?;
+        let second = start(Duration::from_secs(5)).await?;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while successes.lock().unwrap_or_else(|p| p.into_inner()).len() < N {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} of {N} succeeded; first {first_stats:?}, second {:?}",
+                    successes.lock().unwrap_or_else(|p| p.into_inner()).len(),
+                    second.stats()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let second_stats = second.stats();
+        second.shutdown().await.map_err(|e| e.to_string())?;
+        let twice: Vec<(String, usize)> = successes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, n)| **n != 1)
+            .map(|(id, n)| (id.clone(), *n))
+            .collect();
+        if !twice.is_empty() {
+            return Err(format!("events that succeeded more than once: {twice:?}"));
+        }
+        if first_stats.receive_errors + second_stats.receive_errors > 0 {
+            return Err(format!(
+                "a channel failed: first {first_stats:?}, second {second_stats:?}"
+            ));
+        }
+        // With both consumers gone, whatever was left unacknowledged is ready again: none may be.
+        let queue = transport
+            .names(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?
+            .topic;
+        let conn = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let ch = conn.create_channel().await.map_err(|e| e.to_string())?;
+        let q = ch
+            .queue_declare(
+                queue.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = conn.close(200, "done".into()).await;
+        if q.message_count() != 0 {
+            return Err(format!(
+                "{} messages left in {queue} after every event succeeded once",
+                q.message_count()
+            ));
+        }
+        transport.delete(&topic).await.map_err(|e| e.to_string())?;
         Ok(())
     })
 }
