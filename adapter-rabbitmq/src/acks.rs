@@ -22,13 +22,30 @@ use tracing::warn;
 /// The deliveries of one channel handed out and not yet settled on the wire.
 pub(crate) struct Acks {
     state: Mutex<Open<Acker>>,
+    /// Told when a flush ends with nothing left to send.
+    idle: tokio::sync::Notify,
 }
 
 impl Acks {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(Open::default()),
+            idle: tokio::sync::Notify::new(),
         })
+    }
+
+    /// Waits until every ack handed over so far has been sent (a closing subscription calls it, so a
+    /// graceful shutdown leaves no handled delivery unacknowledged on the broker).
+    pub(crate) async fn sent(&self) {
+        loop {
+            let idle = self.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if !self.lock().flushing {
+                return;
+            }
+            idle.await;
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Open<Acker>> {
@@ -58,6 +75,7 @@ impl Acks {
     async fn flush(&self) {
         loop {
             let Some(batch) = self.lock().take() else {
+                self.idle.notify_waiters();
                 return;
             };
             if let Some(last) = batch.run {
@@ -162,6 +180,26 @@ mod tests {
             o.opened(t);
         }
         o
+    }
+
+    #[tokio::test]
+    async fn sent_waits_for_a_running_flush_to_end() {
+        let acks = Acks::new();
+        acks.sent().await; // nothing to send: returns at once
+        acks.lock().flushing = true;
+        let waiter = tokio::spawn({
+            let acks = acks.clone();
+            async move { acks.sent().await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "returned while a flush ran");
+        // What `flush` does when `take` finds nothing left.
+        assert!(acks.lock().take().is_none());
+        acks.idle.notify_waiters();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("sent() returns once the flush ended")
+            .expect("no panic");
     }
 
     #[test]

@@ -33,6 +33,9 @@ use crate::acks::Acks;
 use crate::codec;
 use crate::link::{Link, connection_error, is_soft_error};
 
+/// How long closing waits for the last batch of acknowledgements to be sent.
+const ACKS_SENT_WITHIN: Duration = Duration::from_secs(10);
+
 /// How often a standby (ordered) consumer asks again for the queue.
 const STANDBY_INTERVAL: Duration = Duration::from_millis(500);
 
@@ -255,6 +258,13 @@ impl Subscription for RabbitSubscription {
     async fn close(mut self: Box<Self>) -> Result<(), Error> {
         if let Some(work) = self.give_back() {
             work.await;
+        }
+        // The runtime has settled every delivery it handled; their acks may still be in a batch.
+        if tokio::time::timeout(ACKS_SENT_WITHIN, self.acks.sent())
+            .await
+            .is_err()
+        {
+            tracing::warn!(topic = %self.spec.topic, "acknowledgements still unsent at close; the broker redelivers those messages");
         }
         Ok(())
     }
