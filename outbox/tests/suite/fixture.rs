@@ -257,11 +257,39 @@ pub(crate) async fn wait_states(
         }
         if Instant::now() > deadline {
             return Err(format!(
-                "{what}: not within {limit:?}; the outbox holds {by_state:?}"
+                "{what}: not within {limit:?}; the outbox holds {by_state:?}; {}",
+                unpublished_summary(outbox).await
             ));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The rows not published yet, grouped by their last error: how many, their most attempts, and how far
+/// their `available_at` is from now — what a scenario that waited in vain needs to tell a stuck relay
+/// from a broker that keeps failing.
+async fn unpublished_summary(outbox: &Outbox) -> String {
+    let rows = match all_rows(outbox).await {
+        Ok(rows) => rows,
+        Err(e) => return format!("the rows could not be read: {e}"),
+    };
+    let now = retry_core::time::Timestamp::now();
+    let mut by_error: std::collections::BTreeMap<String, (usize, u32, i64)> = Default::default();
+    for row in rows.iter().filter(|r| r.state != State::Published) {
+        let error = row.last_error.clone().unwrap_or_else(|| "(none)".into());
+        let entry = by_error.entry(error).or_insert((0, 0, i64::MIN));
+        entry.0 += 1;
+        entry.1 = entry.1.max(row.attempts);
+        let ahead = row.available_at.as_millis() as i64 - now.as_millis() as i64;
+        entry.2 = entry.2.max(ahead);
+    }
+    let groups: Vec<String> = by_error
+        .iter()
+        .map(|(error, (n, attempts, ahead))| {
+            format!("{n} rows (up to {attempts} attempts, the latest available in {ahead} ms): last error {error:?}")
+        })
+        .collect();
+    format!("unpublished rows: [{}]", groups.join("; "))
 }
 
 /// Rows by state.

@@ -523,7 +523,8 @@ async fn broker_down_30s(column: Column) -> Result<String, String> {
         "every row published after the outage",
         |m| count(m, State::Published) == ROWS,
     )
-    .await?;
+    .await
+    .map_err(|e| format!("{e}; the relay: {:?}", relay.stats()))?;
     let recovery = resumed.elapsed();
     relay.shutdown().await.map_err(|e| e.to_string())?;
     let rows = all_rows(&s.outbox).await?;
