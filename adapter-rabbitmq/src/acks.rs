@@ -15,8 +15,8 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use lapin::Acker;
 use lapin::options::BasicAckOptions;
+use lapin::{Acker, Channel};
 use tracing::warn;
 
 /// The deliveries of one channel handed out and not yet settled on the wire.
@@ -24,13 +24,18 @@ pub(crate) struct Acks {
     state: Mutex<Open<Acker>>,
     /// Told when a flush ends with nothing left to send.
     idle: tokio::sync::Notify,
+    /// Keeps the channel open while acks wait to be sent on it (lapin closes a channel when its last
+    /// handle goes, and a receipt lets go of its handle once it has marked its ack).
+    _channel: Option<Arc<Channel>>,
 }
 
 impl Acks {
-    pub(crate) fn new() -> Arc<Self> {
+    /// The acks of the deliveries of `channel` (`None` before the first channel is opened).
+    pub(crate) fn new(channel: Option<Arc<Channel>>) -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new(Open::default()),
             idle: tokio::sync::Notify::new(),
+            _channel: channel,
         })
     }
 
@@ -184,7 +189,7 @@ mod tests {
 
     #[tokio::test]
     async fn sent_waits_for_a_running_flush_to_end() {
-        let acks = Acks::new();
+        let acks = Acks::new(None);
         acks.sent().await; // nothing to send: returns at once
         acks.lock().flushing = true;
         let waiter = tokio::spawn({

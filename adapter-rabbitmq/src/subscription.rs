@@ -61,7 +61,7 @@ impl RabbitSubscription {
             link,
             spec,
             channel: None,
-            acks: Acks::new(),
+            acks: Acks::new(None),
             consumer: None,
             draining: None,
             paused: false,
@@ -95,7 +95,7 @@ impl RabbitSubscription {
                         .await?;
                     let channel = Arc::new(self.link.channel().await?);
                     self.channel = Some(channel.clone());
-                    self.acks = Acks::new();
+                    self.acks = Acks::new(Some(channel.clone()));
                     let prefetch =
                         u16::try_from(self.spec.max_in_flight.max(1)).unwrap_or(u16::MAX);
                     channel
