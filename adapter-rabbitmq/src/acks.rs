@@ -157,16 +157,15 @@ impl<A> Open<A> {
             }
             run = entry.remove();
         }
-        let behind_gap: Vec<u64> = self
-            .open
-            .iter()
-            .filter(|(_, acker)| acker.is_some())
-            .map(|(tag, _)| *tag)
-            .collect();
-        let singles: Vec<A> = behind_gap
-            .into_iter()
-            .filter_map(|tag| self.open.remove(&tag).flatten())
-            .collect();
+        // What is left starts with an open delivery: the acknowledged ones behind it go alone.
+        let mut singles = Vec::new();
+        self.open.retain(|_, acker| match acker.take() {
+            Some(a) => {
+                singles.push(a);
+                false
+            }
+            None => true,
+        });
         if run.is_none() && singles.is_empty() {
             self.flushing = false;
             return None;

@@ -182,14 +182,8 @@ async fn a_delivery_in_hand_when_shutdown_is_asked_for_is_handled_not_given_back
         .producer()
         .publish("in-hand", Event::new("x").with_id("x"))
         .await?;
-    // The delivery itself asks for the shutdown; the consumer stops after it.
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while !handle.is_finished() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await?;
-    let stats = handle.stats();
+    // The delivery itself asks for the shutdown; `wait_until` returns once the consumer has stopped.
+    let stats = tokio::time::timeout(Duration::from_secs(10), handle.wait_until(|_| false)).await?;
     handle.shutdown().await?;
     let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
     assert_eq!(

@@ -223,13 +223,9 @@ fn process_ticks(stat: &str) -> Option<u64> {
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
-/// One counter of `/proc/<pid>/io` (`name: value` lines).
+/// One counter of `/proc/<pid>/io`.
 fn io_field(io: &str, name: &str) -> Option<u64> {
-    io.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))?
-        .trim()
-        .parse()
-        .ok()
+    crate::child::proc_field(io, name)?.parse().ok()
 }
 
 /// The busy ticks of `/proc/stat`'s `cpu` line: user, nice, system, irq, softirq, steal (not idle or

@@ -91,14 +91,18 @@ pub fn status_kib(pid: u32, field: &str) -> Result<u64, Error> {
 }
 
 fn parse_status_kib(status: &str, field: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
-        .trim()
+    proc_field(status, field)?
         .strip_suffix("kB")?
         .trim()
         .parse()
         .ok()
+}
+
+/// The value of a `name: value` line of a `/proc` file (`status`, `io`), trimmed.
+pub(crate) fn proc_field<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
 }
 
 #[cfg(test)]
