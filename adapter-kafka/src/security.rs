@@ -74,6 +74,8 @@ pub(crate) fn read(read: &mut OptionReader<'_>) -> Result<Settings, Error> {
 /// How long one metadata request of the connect check waits before the check looks at what the
 /// client reported.
 const PROBE_SLICE: Duration = Duration::from_millis(500);
+/// How long the connect check serves the probe's queued events after each metadata request.
+const DRAIN: Duration = Duration::from_millis(50);
 
 /// A client context that keeps the first security failure librdkafka reports, and its latest report.
 #[derive(Default)]
@@ -97,23 +99,44 @@ impl ClientContext for Watch {
         }
     }
 
-    /// librdkafka reports a plaintext client on a TLS listener only as an informational `FAIL` line:
-    /// the broker hung up before answering the first request, which a Kafka listener speaking the
-    /// client's protocol never does.
+    /// librdkafka reports every broker failure as a `FAIL` log line, some only there: a plaintext client
+    /// on a TLS listener (the broker hung up before answering the first request, which a Kafka listener
+    /// speaking the client's protocol never does) and a hang-up in the middle of a TLS handshake are
+    /// informational lines with no error event. A failed TLS handshake is both, and the log line comes
+    /// first (log events jump the queue), so it is read here too.
     fn log(&self, _level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        if fac != "FAIL" {
+            return;
+        }
+        if let Ok(mut last) = self.last.lock() {
+            *last = Some(log_message.to_string());
+        }
         let hung_up_on_plaintext = self.plaintext
             && log_message.contains("closed by peer")
             && log_message.contains("APIVERSION_QUERY");
-        if fac == "FAIL"
-            && (hung_up_on_plaintext || log_message.contains("incorrect security.protocol"))
-            && let Ok(mut failure) = self.failure.lock()
+        let reason = if hung_up_on_plaintext || log_message.contains("incorrect security.protocol")
+        {
+            format!("{log_message} (a TLS listener? this client's security.protocol is plaintext)")
+        } else if is_failed_handshake(log_message) {
+            log_message.to_string()
+        } else {
+            return;
+        };
+        if let Ok(mut failure) = self.failure.lock()
             && failure.is_none()
         {
-            *failure = Some(format!(
-                "{log_message} (a TLS listener? this client's security.protocol is plaintext)"
-            ));
+            *failure = Some(reason);
         }
     }
+}
+
+/// Whether a librdkafka failure line is a TLS handshake that failed or was hung up on (a TLS client on a
+/// plaintext listener, an untrusted certificate), as opposed to a broker that is not there (yet): a
+/// connection refused, or a handshake that got no answer ("Connection setup timed out in state
+/// SSL_HANDSHAKE", which a TLS broker still starting also causes).
+fn is_failed_handshake(line: &str) -> bool {
+    line.contains("SSL handshake failed")
+        || (line.contains("in state SSL_HANDSHAKE") && line.contains("Disconnected"))
 }
 
 impl ProducerContext for Watch {
@@ -138,7 +161,7 @@ fn is_security_failure(error: &KafkaError, reason: &str) -> bool {
     matches!(
         code,
         Some(RDKafkaErrorCode::Authentication | RDKafkaErrorCode::SaslAuthenticationFailed)
-    ) || reason.contains("SSL handshake failed")
+    ) || is_failed_handshake(reason)
         || reason.contains("SASL")
         || reason.contains("incorrect security.protocol")
 }
@@ -165,8 +188,10 @@ pub(crate) fn check_connection(
     let deadline = Instant::now() + timeout;
     loop {
         let answer = probe.client().fetch_metadata(None, PROBE_SLICE);
-        // Errors reach the context's callbacks only while the client is polled.
-        probe.poll(Duration::ZERO);
+        // Errors and log lines reach the context's callbacks only while the client is polled, one event
+        // a poll: a poll with a deadline serves every event queued (a zero one served one, and a
+        // connection failing over and over queued log lines faster than that drained them).
+        probe.poll(DRAIN);
         let failure = probe.context().failure.lock().ok().and_then(|f| f.clone());
         if let Some(reason) = failure {
             return Err(Error::new(
@@ -179,9 +204,12 @@ pub(crate) fn check_connection(
         match answer {
             Ok(_) => return Ok(()),
             Err(e) if Instant::now() >= deadline => {
+                let last = probe.context().last.lock().ok().and_then(|l| l.clone());
+                let told =
+                    last.map_or_else(String::new, |l| format!("; librdkafka last said: {l}"));
                 return Err(
                     Error::from_source(Kind::Connection, e).with_operation(format!(
-                        "connect to Apache Kafka at {bootstrap} (no answer in {} s)",
+                        "connect to Apache Kafka at {bootstrap} (no answer in {} s{told})",
                         timeout.as_secs()
                     )),
                 );
@@ -219,6 +247,42 @@ mod tests {
             &KafkaError::Global(RDKafkaErrorCode::AllBrokersDown),
             "1/1 brokers are down"
         ));
+    }
+
+    fn failure_after_log(plaintext: bool, line: &str) -> Option<String> {
+        let watch = Watch {
+            plaintext,
+            ..Watch::default()
+        };
+        watch.log(RDKafkaLogLevel::Error, "FAIL", line);
+        watch.failure.lock().ok().and_then(|f| f.clone())
+    }
+
+    #[test]
+    fn a_failed_tls_handshake_is_told_from_its_log_line_alone() {
+        // A TLS client on a plaintext listener: the line librdkafka logs before (or without) the error
+        // event.
+        let line = "sasl_ssl://127.0.0.1:19092/bootstrap: SSL handshake failed: Disconnected: \
+                    connecting to a PLAINTEXT broker listener? (after 3ms in state SSL_HANDSHAKE)";
+        assert!(failure_after_log(false, line).is_some_and(|f| f.contains("PLAINTEXT")));
+        // The first SSL_connect failing at once, and a hang-up while the handshake waits.
+        for line in [
+            "ssl://127.0.0.1:19092/bootstrap: Disconnected: connection reset by peer (after 0ms in \
+             state SSL_HANDSHAKE)",
+            "ssl://127.0.0.1:19092/bootstrap: Disconnected: during SSL connection handshake (after \
+             2ms in state SSL_HANDSHAKE)",
+        ] {
+            assert!(failure_after_log(false, line).is_some(), "{line}");
+        }
+        // Not a refusal: a broker that is not there, or a handshake that got no answer yet.
+        for line in [
+            "ssl://127.0.0.1:19092/bootstrap: Connect to ipv4#127.0.0.1:19092 failed: Connection \
+             refused (after 0ms in state CONNECT)",
+            "ssl://127.0.0.1:19092/bootstrap: Connection setup timed out in state SSL_HANDSHAKE \
+             (after 30029ms in state SSL_HANDSHAKE)",
+        ] {
+            assert!(failure_after_log(false, line).is_none(), "{line}");
+        }
     }
 
     #[test]
