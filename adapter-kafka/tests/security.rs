@@ -5,8 +5,10 @@
 //! * every SASL mechanism librdkafka offers here — PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 and OAUTHBEARER
 //!   (an unsecured test token) — carries an event with one broker retry, over TLS with hostname
 //!   verification on (librdkafka's default);
-//! * a wrong password, an untrusted certificate, plaintext to the TLS port and TLS to the plaintext
-//!   port each fail at connect time within 20 s with a security error naming Kafka and the cause;
+//! * a wrong password, an untrusted certificate, a certificate that does not name the address connected
+//!   to (127.0.0.2, forwarded to the listener), plaintext to the TLS port and TLS to the plaintext port
+//!   (also with librdkafka's debug lines on) each fail at connect time within 20 s with a security
+//!   error naming Kafka and the cause;
 //! * the password appears in no `Debug` or `Display` output, no error and no tracing event, whether it
 //!   came from a file or inline in the URL.
 //!
@@ -20,14 +22,18 @@ use retry_core::error::Error;
 use retry_core::options::Options;
 use test_support::broker::{Test, runtime};
 use test_support::security::{
-    Printed, capture_tracing, expect_refused, round_trip, tls_file, tls_secret, with_address_of,
-    with_query,
+    Printed, capture_tracing, expect_name_refused, expect_refused, round_trip, tls_file,
+    tls_secret, with_address_of, with_query,
 };
 
 fn main() {
     capture_tracing();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 6] = [
+    let tests: [(&str, Test); 8] = [
+        (
+            "a_certificate_without_the_address_is_refused_fast",
+            a_certificate_without_the_address_is_refused_fast,
+        ),
         (
             "every_sasl_mechanism_carries_an_event",
             every_sasl_mechanism_carries_an_event,
@@ -47,6 +53,10 @@ fn main() {
         (
             "tls_to_the_plaintext_port_is_refused_fast",
             tls_to_the_plaintext_port_is_refused_fast,
+        ),
+        (
+            "tls_to_the_plaintext_port_is_refused_fast_with_debug_logs_on",
+            tls_to_the_plaintext_port_is_refused_fast_with_debug_logs_on,
         ),
         (
             "the_password_is_never_printed",
@@ -97,6 +107,12 @@ fn a_wrong_password_is_refused_fast(url: String) -> Result<(), String> {
     expect_refused("Kafka", &["authentication"], connect(&url))
 }
 
+/// Through an address the broker's certificate does not name (127.0.0.2, forwarded to the listener):
+/// the client checks the name and refuses; with the check off it would connect.
+fn a_certificate_without_the_address_is_refused_fast(url: String) -> Result<(), String> {
+    expect_name_refused("Kafka", &[], &url, |url| async move { connect(&url).await })
+}
+
 fn an_untrusted_certificate_is_refused_fast(url: String) -> Result<(), String> {
     let url = with_query(&url, "ssl.ca.location", Some(&tls_file("other-ca.pem")?));
     expect_refused("Kafka", &["certificate verify failed"], connect(&url))
@@ -112,6 +128,13 @@ fn tls_to_the_plaintext_port_is_refused_fast(url: String) -> Result<(), String> 
         .map_err(|_| "RETRY_TEST_KAFKA (the plaintext listener) is not set".to_string())?;
     let url = with_address_of(&url, &plaintext);
     expect_refused("Kafka", &["SSL handshake failed"], connect(&url))
+}
+
+/// The same with librdkafka's every debug line on: a connect check that served one queued event per
+/// metadata request fell behind the log lines and timed out with a connection error instead (the race
+/// one CI run lost without the debug lines).
+fn tls_to_the_plaintext_port_is_refused_fast_with_debug_logs_on(url: String) -> Result<(), String> {
+    tls_to_the_plaintext_port_is_refused_fast(with_query(&url, "rdkafka.debug", Some("all")))
 }
 
 fn the_password_is_never_printed(url: String) -> Result<(), String> {
