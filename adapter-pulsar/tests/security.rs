@@ -3,9 +3,10 @@
 //!
 //! * `pulsar+ssl://` with a token from a file carries an event with one broker retry, hostname
 //!   verification on;
-//! * a token with a wrong signature, an untrusted certificate, plaintext to the TLS port and TLS to the
-//!   plaintext port each fail at connect time within 20 s with a security error naming Pulsar and the
-//!   cause;
+//! * a token with a wrong signature, an untrusted certificate, a certificate that does not name the
+//!   address connected to (127.0.0.2, forwarded to the listener), plaintext to the TLS port and TLS to
+//!   the plaintext port each fail at connect time within 20 s with a security error naming Pulsar and
+//!   the cause;
 //! * the token appears in no `Debug` or `Display` output, no error and no tracing event, whether it
 //!   came from a file or inline in the URL.
 //!
@@ -17,14 +18,18 @@ use libtest_mimic::Arguments;
 use retry_core::options::Options;
 use test_support::broker::{Test, runtime};
 use test_support::security::{
-    Printed, capture_tracing, connect, expect_refused, round_trip, tls_file, tls_secret,
-    with_address_of, with_query,
+    Printed, capture_tracing, connect, expect_name_refused, expect_refused, round_trip, tls_file,
+    tls_secret, with_address_of, with_query,
 };
 
 fn main() {
     capture_tracing();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 7] = [
+    let tests: [(&str, Test); 8] = [
+        (
+            "a_certificate_without_the_address_is_refused_fast",
+            a_certificate_without_the_address_is_refused_fast,
+        ),
         (
             "a_token_over_tls_carries_an_event",
             a_token_over_tls_carries_an_event,
@@ -114,6 +119,14 @@ fn a_wrongly_signed_token_is_refused_fast(url: String) -> Result<(), String> {
         &["refused the authentication"],
         connect(&SCHEME, &url),
     )
+}
+
+/// Through an address the broker's certificate does not name (127.0.0.2, forwarded to the listener):
+/// the client checks the name and refuses; with the check off it would connect.
+fn a_certificate_without_the_address_is_refused_fast(url: String) -> Result<(), String> {
+    expect_name_refused("Pulsar", &[], &url, |url| async move {
+        connect(&SCHEME, &url).await
+    })
 }
 
 fn an_untrusted_certificate_is_refused_fast(url: String) -> Result<(), String> {

@@ -3,8 +3,9 @@
 //!
 //! * `amqps://` with the password from a file, and with a client certificate and EXTERNAL (no
 //!   password at all), each carry an event with one broker retry;
-//! * a wrong password, an untrusted certificate, plaintext to the TLS port and TLS to the plaintext
-//!   port each fail at connect time within 20 s with a security error naming RabbitMQ and the cause;
+//! * a wrong password, an untrusted certificate, a certificate that does not name the address connected
+//!   to (127.0.0.2, forwarded to the listener), plaintext to the TLS port and TLS to the plaintext port
+//!   each fail at connect time within 20 s with a security error naming RabbitMQ and the cause;
 //! * the password appears in no `Debug` or `Display` output, no error and no tracing event, whether it
 //!   came from a file, the option, or the URL's user info.
 //!
@@ -16,14 +17,18 @@ use libtest_mimic::Arguments;
 use retry_core::options::Options;
 use test_support::broker::{Test, runtime};
 use test_support::security::{
-    Printed, capture_tracing, connect, expect_refused, round_trip, tls_file, tls_secret,
-    with_address_of, with_query,
+    Printed, capture_tracing, connect, expect_name_refused, expect_refused, round_trip, tls_file,
+    tls_secret, with_address_of, with_query,
 };
 
 fn main() {
     capture_tracing();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 7] = [
+    let tests: [(&str, Test); 8] = [
+        (
+            "a_certificate_without_the_address_is_refused_fast",
+            a_certificate_without_the_address_is_refused_fast,
+        ),
         (
             "a_password_from_a_file_carries_an_event",
             a_password_from_a_file_carries_an_event,
@@ -91,6 +96,14 @@ fn a_wrong_password_is_refused_fast(url: String) -> Result<(), String> {
     let url = with_query(&url, "password_file", None);
     let url = with_query(&url, "password", Some("not-the-password-0451"));
     expect_refused("RabbitMQ", &["refused the login"], connect(&SCHEME, &url))
+}
+
+/// Through an address the broker's certificate does not name (127.0.0.2, forwarded to the listener):
+/// the client checks the name and refuses; with the check off it would connect.
+fn a_certificate_without_the_address_is_refused_fast(url: String) -> Result<(), String> {
+    expect_name_refused("RabbitMQ", &[], &url, |url| async move {
+        connect(&SCHEME, &url).await
+    })
 }
 
 fn an_untrusted_certificate_is_refused_fast(url: String) -> Result<(), String> {

@@ -7,7 +7,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use tokio::net::{TcpListener, TcpStream};
+use test_support::forward::serve;
+use tokio::net::TcpListener;
 
 /// What the forwarder is told.
 #[derive(Debug, clap::Args)]
@@ -33,20 +34,4 @@ pub(crate) async fn run(args: ForwardArgs) -> Result<(), Box<dyn std::error::Err
     println!("forwarding {:?}", args.ports);
     std::future::pending::<()>().await;
     Ok(())
-}
-
-/// Accepts connections on `listener` and copies each, both ways, to a new connection to `to`.
-pub(crate) async fn serve(listener: TcpListener, to: SocketAddr) {
-    loop {
-        let Ok((mut inbound, _)) = listener.accept().await else {
-            continue;
-        };
-        tokio::spawn(async move {
-            // A refused or unreachable upstream closes the inbound connection, as a broker that cannot
-            // be reached would.
-            if let Ok(mut outbound) = TcpStream::connect(to).await {
-                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-            }
-        });
-    }
 }

@@ -73,7 +73,7 @@ impl Namespace {
         for &port in ports {
             let listener = TcpListener::bind((IpAddr::V4(HOST_IP), port)).await?;
             let broker = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
-            host_forwarders.push(tokio::spawn(crate::forward::serve(listener, broker)));
+            host_forwarders.push(tokio::spawn(test_support::forward::serve(listener, broker)));
         }
         let mut command = Self::exec(std::env::current_exe()?);
         command.args([

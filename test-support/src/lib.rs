@@ -19,6 +19,7 @@ pub mod backlog;
 pub mod bench;
 pub mod broker;
 pub mod child;
+pub mod forward;
 pub mod restart;
 pub mod scale;
 pub mod security;

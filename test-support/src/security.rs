@@ -57,14 +57,47 @@ pub fn with_query(url: &str, key: &str, value: Option<&str>) -> String {
     }
 }
 
+/// The `host:port` of `url` (without user and password).
+fn address(url: &str) -> &str {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.split(['/', '?']).next().unwrap_or(rest);
+    rest.rsplit_once('@').map_or(rest, |(_, h)| h)
+}
+
 /// `url` with its host and port replaced by those of `other` (the same broker's other listener).
 pub fn with_address_of(url: &str, other: &str) -> String {
-    let address = |u: &str| {
-        let rest = u.split_once("://").map_or(u, |(_, r)| r);
-        let rest = rest.split(['/', '?']).next().unwrap_or(rest);
-        rest.rsplit_once('@').map_or(rest, |(_, h)| h).to_string()
-    };
-    url.replacen(&address(url), &address(other), 1)
+    url.replacen(address(url), address(other), 1)
+}
+
+/// The address the test certificate does not name (it names `localhost` and 127.0.0.1), where
+/// [`expect_name_refused`] forwards the broker's secured listener.
+pub const UNNAMED_ADDRESS: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 0, 0, 2);
+
+/// Forwards [`UNNAMED_ADDRESS`] to the secured listener of `url` (an address of 127.0.0.1) and expects
+/// `connect` to that address to be refused as [`fails_fast`] describes: a client that checks the name
+/// in the broker's certificate refuses it, one that does not connects.
+pub fn expect_name_refused<T, F, Fut>(
+    broker: &str,
+    words: &[&str],
+    url: &str,
+    connect: F,
+) -> Result<(), String>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let listener: std::net::SocketAddr = address(url)
+        .parse()
+        .map_err(|e| format!("the address of {url:?} is not ip:port: {e}"))?;
+    crate::broker::runtime()?.block_on(async {
+        let forwarded = crate::forward::forward(UNNAMED_ADDRESS.into(), listener)
+            .await
+            .map_err(|e| format!("forward {UNNAMED_ADDRESS} to {listener}: {e}"))?;
+        let url = url.replacen(address(url), &forwarded.to_string(), 1);
+        let said = fails_fast(broker, words, connect(url)).await?;
+        println!("  {said}");
+        Ok(())
+    })
 }
 
 /// How long a refused connection may take to fail: well under a broker client's reconnect storm.
