@@ -27,6 +27,9 @@ use crate::suite::BoxFuture;
 pub enum Verdict {
     /// It passed; the note carries figures for the report (lateness).
     Pass(Option<String>),
+    /// It passed the part it could check; this part of its title was not checked, and why (the
+    /// report and the README show `pass (partial: …)`).
+    Partial(String),
     /// It was skipped, for this reason.
     Skip(String),
 }
@@ -98,7 +101,7 @@ pub fn all() -> Vec<Scenario> {
             2,
             retry::transient_then_success,
             always,
-            "transient failures then success; attempts counted; every retry waits at least its delay"
+            "transient failures then success; attempts counted; each retry has the policy's delay, never early"
         ),
         scenario!(
             3,

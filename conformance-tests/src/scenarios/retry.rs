@@ -13,7 +13,8 @@ use super::{ScenarioResult, Verdict};
 use crate::fixture::Fixture;
 use crate::probe::{Act, Probe, ensure, percentile, wait_for};
 
-/// Scenario 2: Transient failures then success: attempts counted; every retry waits at least its delay.
+/// Scenario 2: Transient failures then success: attempts counted; every broker retry carries the
+/// policy's delay and waits at least that long.
 pub(super) async fn transient_then_success(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s02").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
@@ -24,7 +25,8 @@ pub(super) async fn transient_then_success(f: Arc<Fixture>) -> ScenarioResult {
         (b"blip", _) => Act::Fail(HandlerError::transient("connection reset")),
         _ => deferred("not yet"),
     });
-    let b = builder(&f, &topic, "c1").policy(policy(&format!("{}ms x3", ms(u * 2))));
+    let delay = u * 2;
+    let b = builder(&f, &topic, "c1").policy(policy(&format!("{}ms x3", ms(delay))));
     let c = start(b, &probe).await?;
     let ids = ["t1", "t2", "t3", "blip"];
     publish_ids(&f, &topic, &ids).await?;
@@ -38,16 +40,21 @@ pub(super) async fn transient_then_success(f: Arc<Fixture>) -> ScenarioResult {
     })
     .await?;
     let mut late = Vec::new();
+    let mut scheduled = 0;
     for id in ids {
         let calls = probe.calls_of(id);
         let attempts: Vec<u32> = calls.iter().map(|c| c.attempt).collect();
         ensure(attempts == [1, 2, 3], || {
             format!("{id}: attempts {attempts:?}, want [1, 2, 3]")
         })?;
+        scheduled += check_policy_delays(&calls, delay)?;
         late.extend(check_never_early(&calls)?);
     }
-    ensure(late.len() == 7, || {
-        format!("{} deferred retries measured, want 7", late.len())
+    ensure(late.len() == 7 && scheduled == 7, || {
+        format!(
+            "{} deferred retries measured ({scheduled} with a new due time), want 7",
+            late.len()
+        )
     })?;
     let stats = c.stats();
     ensure(

@@ -151,6 +151,33 @@ pub(super) fn lateness_note(late: &mut [Duration]) -> String {
     )
 }
 
+/// Every retry in `calls` that went through the broker (a new due time) carries the delay the policy
+/// gives it, `want`: "never early" is measured against the policy, not only against what the SDK
+/// recorded. Returns how many such retries there were.
+pub(super) fn check_policy_delays(
+    calls: &[crate::probe::Call],
+    want: Duration,
+) -> Result<usize, String> {
+    let mut scheduled = 0;
+    for pair in calls.windows(2) {
+        let (prev, next) = (&pair[0], &pair[1]);
+        if next.due_at == prev.due_at {
+            continue;
+        }
+        scheduled += 1;
+        ensure(next.last_delay == Some(want), || {
+            format!(
+                "retry of {} (attempt {}) recorded the delay {:?}, the policy's is {} ms",
+                next.id,
+                next.attempt,
+                next.last_delay,
+                ms(want)
+            )
+        })?;
+    }
+    Ok(scheduled)
+}
+
 /// Checks that every retry call of `calls` started no earlier than its delay after the previous call
 /// returned (monotonic clock), and not before its recorded due time (wall clock); returns how late each was.
 pub(super) fn check_never_early(calls: &[crate::probe::Call]) -> Result<Vec<Duration>, String> {
