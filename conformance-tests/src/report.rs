@@ -20,6 +20,8 @@ use crate::scenarios::Scenario;
 pub enum Cell {
     /// Passed, with an optional note (lateness figures).
     Pass(Option<String>),
+    /// Passed what it could check; the part of the title it did not check, and why.
+    Partial(String),
     /// Failed, with the failure.
     Fail(String),
     /// Skipped, with the reason.
@@ -70,6 +72,11 @@ const COLUMN_ORDER: [&str; 10] = [
 
 fn escape(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
+}
+
+/// A partial pass as a cell: what was not checked is in the cell itself, never only in a note.
+fn partial(unchecked: &str) -> String {
+    format!("pass (partial: {})", escape(unchecked))
 }
 
 impl Report {
@@ -172,7 +179,7 @@ pub fn to_markdown(parts: &[Part]) -> String {
     out.push_str("\n|---|---|");
     out.push_str(&"---|".repeat(parts.len()));
     out.push('\n');
-    let mut totals = vec![(0, 0, 0); parts.len()];
+    let mut totals = vec![(0, 0, 0, 0); parts.len()];
     for (number, (name, _)) in scenarios_of(parts) {
         let _ = write!(out, "| {number} | {name} |");
         for (i, p) in parts.iter().enumerate() {
@@ -184,6 +191,11 @@ pub fn to_markdown(parts: &[Part]) -> String {
                 Some(Cell::Pass(Some(note))) => {
                     totals[i].0 += 1;
                     format!("pass ({})", escape(note))
+                }
+                Some(Cell::Partial(unchecked)) => {
+                    totals[i].0 += 1;
+                    totals[i].3 += 1;
+                    partial(unchecked)
                 }
                 Some(Cell::Fail(why)) => {
                     totals[i].1 += 1;
@@ -200,8 +212,12 @@ pub fn to_markdown(parts: &[Part]) -> String {
         out.push('\n');
     }
     out.push_str("| | **total** |");
-    for (pass, fail, skip) in totals {
-        let _ = write!(out, " {pass} pass, {fail} fail, {skip} skip |");
+    for (pass, fail, skip, partial) in totals {
+        let partial = match partial {
+            0 => String::new(),
+            n => format!(" ({n} partial)"),
+        };
+        let _ = write!(out, " {pass} pass{partial}, {fail} fail, {skip} skip |");
     }
     out.push('\n');
     out
@@ -222,6 +238,7 @@ pub fn readme_table(parts: &[Part]) -> String {
         for p in parts {
             let text = match p.rows.get(&number).map(|r| &r.cell) {
                 Some(Cell::Pass(_)) => "pass".to_string(),
+                Some(Cell::Partial(unchecked)) => partial(unchecked),
                 Some(Cell::Fail(_)) => "**FAIL**".to_string(),
                 Some(Cell::Skip(why)) => format!("skip: {}", escape(why)),
                 None => "not run".to_string(),
@@ -312,6 +329,28 @@ mod tests {
         let table = readme_table(&parts);
         assert!(
             table.contains("| 2 | scenario 2 | pass | **FAIL** |"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn a_partial_pass_says_what_it_did_not_check_in_both_tables() {
+        let parts = vec![part(
+            "rabbitmq",
+            &[
+                (1, Cell::Pass(None)),
+                (15, Cell::Partial("retry route not read".into())),
+            ],
+        )];
+        let md = to_markdown(&parts);
+        assert!(
+            md.contains("| 15 | s15 | pass (partial: retry route not read) |"),
+            "{md}"
+        );
+        assert!(md.contains("2 pass (1 partial), 0 fail, 0 skip |"), "{md}");
+        let table = readme_table(&parts);
+        assert!(
+            table.contains("| 15 | scenario 15 | pass (partial: retry route not read) |"),
             "{table}"
         );
     }

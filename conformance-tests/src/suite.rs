@@ -250,6 +250,7 @@ fn trials_for(
                 });
                 let cell = match outcome {
                     Ok(Ok(Verdict::Pass(note))) => Cell::Pass(note),
+                    Ok(Ok(Verdict::Partial(unchecked))) => Cell::Partial(unchecked),
                     Ok(Ok(Verdict::Skip(reason))) => Cell::Skip(reason),
                     Ok(Err(failure)) => Cell::Fail(failure),
                     Err(_) => Cell::Fail(format!("did not finish within {SCENARIO_TIMEOUT:?}")),
@@ -261,6 +262,10 @@ fn trials_for(
                         Ok(())
                     }
                     Cell::Pass(None) => Ok(()),
+                    Cell::Partial(unchecked) => {
+                        println!("  {name}: PARTIAL: {unchecked}");
+                        Ok(())
+                    }
                     Cell::Skip(reason) => {
                         eprintln!("SKIP {name}: {reason}");
                         Ok(())

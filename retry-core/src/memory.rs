@@ -93,6 +93,8 @@ struct Queue {
     waiting: Waiting,
     /// Messages handed out and not settled yet.
     in_flight: usize,
+    /// Retries put back into this queue with a delay, in all (the queue's retry route).
+    retries_scheduled: usize,
 }
 
 /// A group's waiting messages, handed out by due time, then by arrival. Most are due when they arrive
@@ -209,6 +211,14 @@ impl Broker {
         self.arrivals.notify_waiters();
         offset
     }
+
+    /// Counts one retry scheduled into `group`'s queue of `topic`.
+    fn count_retry(&self, topic: &str, group: &str) {
+        let mut state = self.lock();
+        Self::topic(&mut state, topic)
+            .group(group)
+            .retries_scheduled += 1;
+    }
 }
 
 impl MemoryTransport {
@@ -231,6 +241,11 @@ impl MemoryTransport {
     /// unsettled — what the group would get again after a crash.
     pub fn held(&self, topic: &str, group: &str) -> usize {
         self.queue_count(topic, group, |q| q.waiting.len() + q.in_flight)
+    }
+
+    /// Retries `group` of `topic` scheduled through the broker (put back with a delay), in all.
+    pub fn retries_scheduled(&self, topic: &str, group: &str) -> usize {
+        self.queue_count(topic, group, |q| q.retries_scheduled)
     }
 
     /// Messages waiting for `group` of `topic` (due or not), not counting those handed out and unsettled.
@@ -492,6 +507,7 @@ impl Receipt for MemoryReceipt {
             Instant::now() + delay,
             None,
         );
+        self.broker.count_retry(&self.topic, &self.group);
         self.settle().map(drop)
     }
 

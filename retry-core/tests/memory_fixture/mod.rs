@@ -20,12 +20,16 @@ impl Faults for MemoryFaults {
     }
 }
 
-/// The in-memory broker's own count of what it holds for a group of a topic. A retry goes back into the
-/// group's own queue, so it has no separate retry route to read.
+/// The in-memory broker's own counts of what it holds for a group of a topic, and of the retries it
+/// put back into the group's queue with a delay (its retry route).
 #[async_trait]
 impl Inspect for MemoryFaults {
     async fn held_in_source(&self, topic: &str, group: &str) -> Result<u64, Error> {
         Ok(self.0.held(topic, group) as u64)
+    }
+
+    async fn sent_to_retry_route(&self, topic: &str, group: &str) -> Result<Option<u64>, Error> {
+        Ok(Some(self.0.retries_scheduled(topic, group) as u64))
     }
 }
 
