@@ -1,8 +1,12 @@
 //! The shared state of one transport: client settings, the idempotent producer every copy goes through,
 //! the admin client that creates topics, and the partition counts of the topics copies go to.
+//!
+//! An idempotent producer that librdkafka declares fatal (a sequence it cannot recover) refuses every
+//! later record until it is replaced: the link replaces it with a new one as soon as a send shows it,
+//! and sends the record that showed it once more through the new one.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -28,7 +32,12 @@ pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 pub(crate) struct Link {
     pub(crate) bootstrap: String,
     pub(crate) config: KafkaConfig,
-    pub(crate) producer: FutureProducer,
+    /// The producer in use; replaced when librdkafka declares it fatal.
+    producer: RwLock<FutureProducer>,
+    /// The producer's settings, to create its replacement.
+    producer_config: ClientConfig,
+    /// Producers replaced after a fatal error.
+    replaced: std::sync::atomic::AtomicU64,
     admin: AdminClient<DefaultClientContext>,
     partitions: Mutex<HashMap<String, i32>>,
 }
@@ -50,22 +59,62 @@ impl Link {
     /// Creates the clients (librdkafka connects lazily; `connect` checks the broker answers).
     pub(crate) fn new(bootstrap: &str, config: KafkaConfig) -> Result<Self, Error> {
         let base = client_config(bootstrap, &config);
-        let producer: FutureProducer = base
-            .clone()
+        let mut producer_config = base.clone();
+        producer_config
             .set("acks", "all")
             .set("enable.idempotence", "true")
             .set("linger.ms", "2")
-            .set("message.timeout.ms", SEND_TIMEOUT.as_millis().to_string())
+            .set("message.timeout.ms", SEND_TIMEOUT.as_millis().to_string());
+        let producer: FutureProducer = producer_config
             .create()
             .map_err(settings_error("producer"))?;
         let admin = base.create().map_err(settings_error("admin"))?;
         Ok(Self {
             bootstrap: bootstrap.to_string(),
             config,
-            producer,
+            producer: RwLock::new(producer),
+            producer_config,
+            replaced: std::sync::atomic::AtomicU64::new(0),
             admin,
             partitions: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The producer in use.
+    pub(crate) fn producer(&self) -> FutureProducer {
+        self.producer
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces `fatal` (a producer librdkafka declared fatal) with a new one, unless another caller
+    /// already did; returns the producer to use now.
+    fn replace_fatal(&self, fatal: &FutureProducer) -> Result<FutureProducer, Error> {
+        let mut current = self.producer.write().unwrap_or_else(|p| p.into_inner());
+        if current.client().native_ptr() == fatal.client().native_ptr() {
+            let reason = fatal
+                .client()
+                .fatal_error()
+                .map_or_else(String::new, |(code, why)| format!("{code:?}: {why}"));
+            let fresh: FutureProducer = self
+                .producer_config
+                .create()
+                .map_err(settings_error("producer"))?;
+            *current = fresh;
+            let replaced = self
+                .replaced
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                + 1;
+            tracing::warn!(%reason, replaced, "librdkafka declared the producer fatal: replaced with a new one");
+        }
+        Ok(current.clone())
+    }
+
+    /// How many producers were replaced after a fatal error.
+    #[cfg(test)]
+    pub(crate) fn producers_replaced(&self) -> u64 {
+        self.replaced.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Settings for a consumer in `group` (offsets committed only by the adapter). The prefetch
@@ -261,7 +310,7 @@ impl Link {
 
     fn clone_for_blocking(&self) -> MetadataReader {
         MetadataReader {
-            producer: self.producer.clone(),
+            producer: self.producer(),
         }
     }
 
@@ -286,6 +335,19 @@ impl Link {
         nulls: &Nulls,
         extra: &[(&str, &[u8])],
     ) -> Result<DeliveryFuture, KafkaError> {
+        self.start_send_on(topic, partition, raw, nulls, extra)
+            .map(|(delivery, _)| delivery)
+    }
+
+    /// [`Self::start_send`], also returning the producer that took the record.
+    fn start_send_on(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        raw: &RawMessage,
+        nulls: &Nulls,
+        extra: &[(&str, &[u8])],
+    ) -> Result<(DeliveryFuture, FutureProducer), KafkaError> {
         let mut record = FutureRecord::<[u8], [u8]>::to(topic)
             .payload(&raw.payload[..])
             .headers(codec::headers(raw, nulls, extra));
@@ -295,7 +357,21 @@ impl Link {
         if let (Some(p), Some(n)) = (partition, self.cached_partitions(topic)) {
             record = record.partition(p.rem_euclid(n.max(1)));
         }
-        self.producer.send_result(record).map_err(|(e, _)| e)
+        let producer = self.producer();
+        match producer.send_result(record) {
+            Ok(delivery) => Ok((delivery, producer)),
+            // The producer went fatal since its last record: a new one takes this record.
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::Fatal), record)) => {
+                let fresh = self
+                    .replace_fatal(&producer)
+                    .map_err(|_| KafkaError::MessageProduction(RDKafkaErrorCode::Fatal))?;
+                match fresh.send_result(record) {
+                    Ok(delivery) => Ok((delivery, fresh)),
+                    Err((e, _)) => Err(e),
+                }
+            }
+            Err((e, _)) => Err(e),
+        }
     }
 
     /// Produces and waits for the broker's acknowledgement; returns where the record landed, or an
@@ -310,9 +386,20 @@ impl Link {
         operation: &str,
     ) -> Result<Position, Error> {
         let mut attempts = 0;
+        let mut resent_after_fatal = false;
         loop {
-            match self.start_send(topic, partition, raw, nulls, extra) {
-                Ok(delivery) => return delivered(delivery.await, operation),
+            match self.start_send_on(topic, partition, raw, nulls, extra) {
+                Ok((delivery, used)) => match delivered(delivery.await, operation) {
+                    // The producer went fatal with this record in it: once more through a new one.
+                    Err(_)
+                        if !resent_after_fatal
+                            && used.client().fatal_error().is_some()
+                            && self.replace_fatal(&used).is_ok() =>
+                    {
+                        resent_after_fatal = true;
+                    }
+                    outcome => return outcome,
+                },
                 // The local queue is full: wait for room rather than fail (bounded).
                 Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
                     if attempts < 300 =>
@@ -491,5 +578,45 @@ mod tests {
         assert_eq!(c.get("fetch.queue.backoff.ms"), Some("500"));
         assert_eq!(c.get("enable.auto.commit"), Some("false"));
         assert_eq!(c.get("group.id"), Some("orders-group"));
+    }
+
+    /// librdkafka's mock cluster answers the first Produce with a sequence error that makes the
+    /// idempotent producer fatal (a mock, not a broker: a real one cannot be made to do this on cue).
+    #[tokio::test]
+    async fn a_producer_declared_fatal_is_replaced_and_the_record_sent_again() {
+        use rdkafka::mocking::MockCluster;
+        use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+
+        let cluster = MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("orders", 1, 1).expect("topic");
+        let link =
+            Link::new(&cluster.bootstrap_servers(), KafkaConfig::default()).expect("clients");
+        let raw = RawMessage {
+            payload: bytes::Bytes::from_static(b"first"),
+            ..RawMessage::default()
+        };
+        let nulls = Nulls::default();
+        // A first record, so the producer has its id and the next Produce is the one that fails.
+        link.send("orders", None, &raw, &nulls, &[], "warm up")
+            .await
+            .expect("first record");
+        let before = link.producer();
+        cluster.request_errors(
+            RDKafkaApiKey::Produce,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER],
+        );
+        let sent = link
+            .send("orders", None, &raw, &nulls, &[], "publish to orders")
+            .await;
+        assert!(
+            before.client().fatal_error().is_some(),
+            "the injected error did not make the producer fatal"
+        );
+        sent.expect("the record went through the new producer");
+        assert_eq!(link.producers_replaced(), 1);
+        link.send("orders", None, &raw, &nulls, &[], "publish to orders")
+            .await
+            .expect("later records go through the new producer");
+        assert_eq!(link.producers_replaced(), 1);
     }
 }
