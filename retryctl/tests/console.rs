@@ -196,7 +196,7 @@ async fn expect_depth(amqp: &str, queue: &str, want: u32) -> Result<(), String> 
     }
 }
 
-/// One HTTP request outside the browser: status, `Set-Cookie` and body.
+/// One HTTP request outside the browser: status, the whole `Set-Cookie` header and body.
 fn http(
     method: &str,
     url: &str,
@@ -227,7 +227,7 @@ fn http(
         .headers()
         .get("set-cookie")
         .and_then(|v| v.to_str().ok())
-        .map(|v| v.split(';').next().unwrap_or_default().to_string());
+        .map(str::to_string);
     let status = response.status().as_u16();
     let body = response
         .body_mut()
@@ -409,10 +409,24 @@ fn console_in_the_browser(amqp: String) -> Result<(), String> {
                 return Err(format!("GET {path} without the token: {status}"));
             }
         }
-        let wrong = vec![("Authorization", "Bearer not-the-token-at-all".to_string())];
-        let (status, _, _) = http_async("GET", format!("{base}/dlq/0"), wrong, "").await?;
-        if status != 401 {
-            return Err(format!("a wrong bearer token: {status}, want 401"));
+        // A wrong bearer token is answered after a second, one caller at a time: two guesses at once
+        // take two seconds.
+        let wrong = || vec![("Authorization", "Bearer not-the-token-at-all".to_string())];
+        let guessed = Instant::now();
+        let (first, second) = tokio::join!(
+            http_async("GET", format!("{base}/dlq/0"), wrong(), ""),
+            http_async("GET", format!("{base}/"), wrong(), ""),
+        );
+        let guesses_took = guessed.elapsed();
+        for (status, _, body) in [first?, second?] {
+            if status != 401 || body.contains("bad-0") {
+                return Err(format!("a wrong bearer token: {status}, want 401"));
+            }
+        }
+        if guesses_took < Duration::from_secs(2) {
+            return Err(format!(
+                "two wrong bearer tokens at once were answered in {guesses_took:?}, want one a second"
+            ));
         }
         let bearer = vec![("Authorization", format!("Bearer {TOKEN}"))];
         let (status, _, body) =
@@ -428,9 +442,16 @@ fn console_in_the_browser(amqp: String) -> Result<(), String> {
         let login_body: &'static str = Box::leak(format!("token={TOKEN}").into_boxed_str());
         let (status, cookie, _) =
             http_async("POST", format!("{base}/login"), vec![], login_body).await?;
-        let cookie = cookie
+        let set_cookie = cookie
             .filter(|_| status == 303)
             .ok_or(format!("login: {status}"))?;
+        let attributes: Vec<&str> = set_cookie.split(';').map(str::trim).collect();
+        for wanted in ["HttpOnly", "SameSite=Strict"] {
+            if !attributes.contains(&wanted) {
+                return Err(format!("the session cookie lacks {wanted}: {set_cookie}"));
+            }
+        }
+        let cookie = attributes[0].to_string();
         let (status, _, body) = http_async(
             "POST",
             format!("{base}/dlq/0/run"),

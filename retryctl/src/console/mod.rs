@@ -271,7 +271,8 @@ pub async fn run(args: ServeArgs, out: &mut dyn std::io::Write) -> Result<(), Cl
 
 type Shared = Arc<Console>;
 
-/// Admits a request with the token or a session, or answers 401 with the login form.
+/// Admits a request with the token or a session, or answers 401 with the login form (after the
+/// failed-login delay when it carried a wrong token).
 async fn require_caller(
     State(console): State<Shared>,
     mut request: Request,
@@ -282,7 +283,13 @@ async fn require_caller(
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        None => (StatusCode::UNAUTHORIZED, pages::login(false)).into_response(),
+        None => {
+            // A wrong token, not a missing one: answered as a wrong login is, so guesses are slow.
+            if request.headers().contains_key(header::AUTHORIZATION) {
+                console.auth.failed_login().await;
+            }
+            (StatusCode::UNAUTHORIZED, pages::login(false)).into_response()
+        }
     }
 }
 
