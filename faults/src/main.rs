@@ -12,6 +12,7 @@
 //! faults report                               the report again, from the rows on disk
 //! ```
 
+mod account;
 mod consume;
 mod faults;
 mod forward;

@@ -16,10 +16,13 @@ pub(crate) struct Row {
     pub(crate) fault: String,
     /// Events the broker confirmed.
     pub(crate) produced: usize,
-    /// Events that reached their end: handled successfully, or in the DLQ.
+    /// Events that ended where their fate sends them: succeeded, or (non-retryable) in the DLQ.
     pub(crate) handled: usize,
     /// Events that ended nowhere.
     pub(crate) lost: usize,
+    /// Events that should have succeeded but are in the DLQ.
+    #[serde(default)]
+    pub(crate) misrouted: usize,
     /// Handler calls beyond each event's expected number, plus DLQ entries beyond one per event.
     pub(crate) duplicates: usize,
     /// Events whose fate is the DLQ.
@@ -41,11 +44,14 @@ pub(crate) struct Row {
 }
 
 impl Row {
-    /// Whether the row shows what the SDK promises: nothing lost (unless the broker keeps no state) and
-    /// a consumer that lived through the fault.
+    /// Whether the row shows what the SDK promises: nothing lost and the DLQ holding exactly the events
+    /// whose fate is the DLQ (unless the broker keeps no state), nothing dead-lettered that should have
+    /// succeeded, and a consumer that lived through the fault.
     pub(crate) fn passed(&self) -> bool {
         self.error.is_none()
-            && (self.lost == 0 || self.broker_keeps_no_state)
+            && self.misrouted == 0
+            && ((self.lost == 0 && self.dlq_actual == self.dlq_expected)
+                || self.broker_keeps_no_state)
             && self.survived != Some(false)
     }
 
@@ -66,12 +72,13 @@ impl Row {
     /// One line for the terminal.
     pub(crate) fn summary(&self) -> String {
         format!(
-            "{} {}: produced {}, handled {}, lost {}, duplicates {}, dlq {}/{}, survived {}, recovery {} — {}",
+            "{} {}: produced {}, handled {}, lost {}, misrouted to the DLQ {}, duplicates {}, dlq {}/{}, survived {}, recovery {} — {}",
             self.broker,
             self.fault,
             self.produced,
             self.handled,
             self.lost,
+            self.misrouted,
             self.duplicates,
             self.dlq_actual,
             self.dlq_expected,
@@ -122,8 +129,8 @@ pub(crate) fn rows(out: &Path) -> std::io::Result<Vec<Row>> {
 /// The report's Markdown.
 pub(crate) fn markdown(rows: &[Row]) -> String {
     let mut md = String::from(
-        "| broker | fault | produced | handled | lost | duplicates | dlq expected | dlq actual | survived | recovery | note |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| broker | fault | produced | handled | lost | misrouted | duplicates | dlq expected | dlq actual | survived | recovery | note |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let lost = if r.broker_keeps_no_state && r.lost > 0 {
@@ -142,13 +149,18 @@ pub(crate) fn markdown(rows: &[Row]) -> String {
             Some(e) => format!("**run failed**: {e}"),
             None => r.note.clone(),
         };
+        let misrouted = match r.misrouted {
+            0 => "0".to_string(),
+            n => format!("**{n}**"),
+        };
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.broker,
             r.fault,
             r.produced,
             r.handled,
             lost,
+            misrouted,
             r.duplicates,
             r.dlq_expected,
             r.dlq_actual,
@@ -203,6 +215,24 @@ mod tests {
         let mut failed = row(0, Some(true));
         failed.error = Some("broker down".into());
         assert!(!failed.passed());
+    }
+
+    #[test]
+    fn a_row_with_healthy_events_dead_lettered_fails() {
+        let mut misrouted = row(0, Some(true));
+        misrouted.misrouted = 2;
+        misrouted.dlq_actual = 3;
+        assert!(!misrouted.passed());
+        let mut stateless = misrouted;
+        stateless.broker_keeps_no_state = true;
+        assert!(!stateless.passed(), "a restart does not dead-letter events");
+    }
+
+    #[test]
+    fn a_row_whose_dlq_misses_entries_fails() {
+        let mut short = row(0, Some(true));
+        short.dlq_actual = 0;
+        assert!(!short.passed());
     }
 
     #[test]

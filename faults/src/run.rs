@@ -5,7 +5,6 @@
 //! probe events (the stream must carry new work after the fault, not only the backlog), wait until every
 //! event is accounted for or nothing moves for a minute, stop the consumer with SIGTERM, and count.
 
-use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -15,12 +14,13 @@ use futures::StreamExt;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
+use crate::account::account;
 use crate::faults::{AT_SHARE, Fault};
 use crate::netns::Namespace;
 use crate::record::{RecordReader, now_ms};
 use crate::report::Row;
 use crate::target::{self, BrokerName, Target};
-use crate::workload::{self, Fate};
+use crate::workload;
 use raw_brokers::{BoxError, RawKafka};
 
 /// Events produced after the fault ended, which the consumer must handle too.
@@ -348,35 +348,8 @@ impl Run<'_> {
         let mut dlq_payloads = self.target.raw.dlq_payloads(&dlq).await?;
         dlq_payloads.extend(self.moved.iter().cloned());
 
-        let mut dlq_counts: HashMap<&str, usize> = HashMap::new();
-        for p in &dlq_payloads {
-            *dlq_counts.entry(p.as_str()).or_default() += 1;
-        }
-        let (mut handled, mut extra_calls, mut unexpected_dlq) = (0, 0, 0);
-        let mut lost_ids = Vec::new();
-        let mut probes_missing = 0;
-        for i in 0..total {
-            let id = workload::event_id(i);
-            let fate = Fate::of(i);
-            let calls = tally.by_id.get(&id).copied().unwrap_or_default();
-            let in_dlq = dlq_counts.contains_key(id.as_str());
-            if calls.oks > 0 || in_dlq {
-                handled += 1;
-            } else {
-                if i >= self.events {
-                    probes_missing += 1;
-                }
-                lost_ids.push(id);
-            }
-            if in_dlq && fate != Fate::NonRetryable {
-                unexpected_dlq += 1;
-            }
-            extra_calls += calls.calls.saturating_sub(fate.expected_calls()) as usize;
-        }
-        let extra_dlq = dlq_payloads.len() - dlq_counts.len();
-        let dlq_expected = (0..total)
-            .filter(|&i| Fate::of(i) == Fate::NonRetryable)
-            .count();
+        let counted = account(total, self.events, tally, &dlq_payloads);
+        let dlq_expected = workload::dlq_expected(total);
         let broker_keeps_no_state =
             self.fault == Fault::BrokerKill && self.target.name == BrokerName::Sqs;
 
@@ -391,7 +364,8 @@ impl Run<'_> {
             notes.insert(0, format!("options {}", options.join(", ")));
         }
         notes.push(format!(
-            "duplicates: {extra_calls} extra handler calls, {extra_dlq} extra DLQ entries"
+            "duplicates: {} extra handler calls, {} extra DLQ entries",
+            counted.extra_calls, counted.extra_dlq
         ));
         notes.push(format!("{during} handler calls during the fault"));
         if self.fault == Fault::DlqOutage {
@@ -399,14 +373,21 @@ impl Run<'_> {
                 "{refused_during} non-retryable events handled while the DLQ was unwritable"
             ));
         }
-        if unexpected_dlq > 0 {
+        if !counted.misrouted.is_empty() {
             notes.push(format!(
-                "{unexpected_dlq} events in the DLQ that should not be"
+                "{} events that should have succeeded are in the DLQ: {}",
+                counted.misrouted.len(),
+                first_ids(&counted.misrouted)
             ));
         }
-        if !lost_ids.is_empty() {
-            let shown: Vec<&str> = lost_ids.iter().take(5).map(String::as_str).collect();
-            notes.push(format!("lost: {}", shown.join(", ")));
+        if !counted.lost.is_empty() {
+            notes.push(format!("lost: {}", first_ids(&counted.lost)));
+        }
+        if !counted.refused_not_in_dlq.is_empty() {
+            notes.push(format!(
+                "refused but not in the DLQ: {}",
+                first_ids(&counted.refused_not_in_dlq)
+            ));
         }
         if broker_keeps_no_state {
             notes.push(
@@ -426,9 +407,10 @@ impl Run<'_> {
         if !clean_exit {
             notes.push("the consumer did not exit cleanly on SIGTERM".into());
         }
-        if probes_missing > 0 {
+        if counted.probes_missing > 0 {
             notes.push(format!(
-                "{probes_missing} of the {PROBES} events produced after the fault never handled"
+                "{} of the {PROBES} events produced after the fault never handled",
+                counted.probes_missing
             ));
         }
         // Surviving is more than a live process: the same consumer handled the events produced after
@@ -436,16 +418,17 @@ impl Run<'_> {
         let survived = self
             .fault
             .consumer_must_survive()
-            .then_some(alive_at_end && self.started == 1 && probes_missing == 0);
+            .then_some(alive_at_end && self.started == 1 && counted.probes_missing == 0);
         Ok(Row {
             broker: self.target.name.to_string(),
             fault: self.fault.describe(self.outage),
             produced,
-            handled,
-            lost: lost_ids.len(),
-            duplicates: extra_calls + extra_dlq,
+            handled: counted.handled,
+            lost: counted.lost.len(),
+            misrouted: counted.misrouted.len(),
+            duplicates: counted.extra_calls + counted.extra_dlq,
             dlq_expected,
-            dlq_actual: dlq_counts.len(),
+            dlq_actual: counted.dlq_distinct,
             survived,
             recovery_s: tally
                 .first_call_since(healed)
@@ -557,19 +540,11 @@ impl Run<'_> {
             let succeeded = tally.succeeded();
             if succeeded + dlq_share >= total && last_dlq_read.elapsed() >= Duration::from_secs(3) {
                 last_dlq_read = Instant::now();
-                let mut in_dlq: HashSet<String> = self
-                    .target
-                    .raw
-                    .dlq_payloads(dlq)
-                    .await?
-                    .into_iter()
-                    .collect();
+                let mut in_dlq = self.target.raw.dlq_payloads(dlq).await?;
                 in_dlq.extend(self.moved.iter().cloned());
-                let tally = reader.tally();
-                let accounted = (0..total).all(|i| {
-                    let id = workload::event_id(i);
-                    in_dlq.contains(&id) || tally.by_id.get(&id).is_some_and(|c| c.oks > 0)
-                });
+                let accounted = account(total, self.events, reader.tally(), &in_dlq)
+                    .lost
+                    .is_empty();
                 if accounted {
                     return Ok(());
                 }
@@ -586,4 +561,10 @@ impl Run<'_> {
             }
         }
     }
+}
+
+/// The first five of `ids`, for a note.
+fn first_ids(ids: &[String]) -> String {
+    let shown: Vec<&str> = ids.iter().take(5).map(String::as_str).collect();
+    shown.join(", ")
 }
