@@ -288,7 +288,32 @@ pub(super) async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioRes
     ensure(done.is_ok() && lost.is_empty(), || {
         format!("lost {} events after the crash: {lost:?}", lost.len())
     })?;
-    // The retries waited in the broker, and came back as retries, never early.
+    // The retries waited in the broker, and came back as retries, never early. A redelivered original
+    // (a duplicate) fails again in the survivor and brings a retry of its own a delay later: wait for
+    // those before counting.
+    let killed: HashMap<String, Vec<u32>> = (1..=RETRIED)
+        .map(|i| {
+            let id = format!("retry-{i}");
+            let attempts = lock(&log)
+                .calls
+                .iter()
+                .filter(|c| c.0 == id)
+                .map(|c| c.1)
+                .collect();
+            (id, attempts)
+        })
+        .collect();
+    let _ = wait_for(
+        "the killed consumer's retries run in the survivor",
+        unit(&f) * 20 + Duration::from_secs(15) + delay * 2,
+        || {
+            killed.iter().all(|(id, attempts)| {
+                let survived: Vec<u32> = survivor.calls_of(id).iter().map(|c| c.attempt).collect();
+                retry_survived(attempts, &survived)
+            })
+        },
+    )
+    .await;
     check_retries(&lock(&log), &survivor, delay)?;
     let mut successes: HashMap<&str, usize> = HashMap::new();
     for id in child_ok.iter().chain(survived.iter()) {
@@ -304,11 +329,25 @@ pub(super) async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioRes
     ))))
 }
 
-/// Each `retry-*` event failed once in the first consumer and ran again as attempt 2 or later — its
-/// retry survived the crash in the broker — no sooner than `delay` after its failure (wall clock).
+/// Each `retry-*` event failed once in the first consumer and its retry survived the crash in the
+/// broker ([`retry_survived`]), running again no sooner than `delay` after that failure (wall clock).
 fn check_retries(log: &ChildLog, survivor: &Probe, delay: Duration) -> Result<(), String> {
     for i in 1..=RETRIED {
         let id = format!("retry-{i}");
+        let child: Vec<u32> = log
+            .calls
+            .iter()
+            .filter(|c| c.0 == id)
+            .map(|c| c.1)
+            .collect();
+        let survived: Vec<u32> = survivor.calls_of(&id).iter().map(|c| c.attempt).collect();
+        ensure(retry_survived(&child, &survived), || {
+            format!(
+                "{id}'s retry did not survive the crash: attempts in the killed consumer {child:?}, \
+                 in the survivor {survived:?} (every retry the survivor ran is explained by its own \
+                 failures of a redelivered original)"
+            )
+        })?;
         let first = log
             .calls
             .iter()
@@ -340,4 +379,37 @@ fn check_retries(log: &ChildLog, survivor: &Probe, delay: Duration) -> Result<()
         })?;
     }
     Ok(())
+}
+
+/// Whether the retry the killed consumer scheduled reached the survivor, from the attempt numbers of
+/// the event's calls in each. The script fails an event's first attempt only, so each first attempt the
+/// survivor ran (a redelivered original: a duplicate, not a loss) schedules exactly one retry of its
+/// own; the killed consumer's retry is there if it ran in the killed consumer itself, or if the
+/// survivor ran more retries than its own first attempts explain. An original redelivered while its
+/// retry was lost shows as `[1, 2]` in the survivor and is caught; any call of attempt 2 alone was not.
+fn retry_survived(killed: &[u32], survivor: &[u32]) -> bool {
+    let ran_in_killed = killed.iter().any(|&a| a >= 2);
+    let firsts = survivor.iter().filter(|&&a| a == 1).count();
+    let retries = survivor.iter().filter(|&&a| a >= 2).count();
+    ran_in_killed || retries > firsts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_survived;
+
+    #[test]
+    fn a_lost_retry_is_told_from_a_duplicate() {
+        // The retry came back in the survivor.
+        assert!(retry_survived(&[1], &[2]));
+        // The retry came back and the original was redelivered too (a duplicate): both ran.
+        assert!(retry_survived(&[1], &[1, 2, 2]));
+        assert!(retry_survived(&[1], &[2, 1, 2]));
+        // The retry ran before the kill.
+        assert!(retry_survived(&[1, 2], &[]));
+        // The retry was lost and the original redelivered: the survivor's retry is its own.
+        assert!(!retry_survived(&[1], &[1, 2]));
+        // Nothing came back at all.
+        assert!(!retry_survived(&[1], &[]));
+    }
 }
