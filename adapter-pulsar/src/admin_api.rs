@@ -33,7 +33,7 @@ pub(crate) fn create_subscription(
     let url = format!("{admin}/admin/v2/{path}/subscription/{subscription}");
     match request("PUT", &url, security) {
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == Kind::AlreadySettled => Ok(()),
+        Err(e) if e.kind() == Kind::AlreadyExists => Ok(()),
         Err(e) => Err(e),
     }
 }
@@ -68,7 +68,7 @@ fn tls_config(security: &PulsarSecurity) -> Result<TlsConfig, Error> {
         .build())
 }
 
-/// A request's body, or an error naming the URL (a 409 Conflict is [`Kind::AlreadySettled`]: what was
+/// A request's body, or an error naming the URL (a 409 Conflict is [`Kind::AlreadyExists`]: what was
 /// asked for exists already).
 fn request(method: &str, url: &str, security: &PulsarSecurity) -> Result<String, Error> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
@@ -102,7 +102,7 @@ fn request(method: &str, url: &str, security: &PulsarSecurity) -> Result<String,
         .map_err(|e| {
             let kind = match e {
                 ureq::Error::StatusCode(404) => Kind::NotFound,
-                ureq::Error::StatusCode(409) => Kind::AlreadySettled,
+                ureq::Error::StatusCode(409) => Kind::AlreadyExists,
                 ureq::Error::StatusCode(401 | 403) => Kind::Security,
                 ureq::Error::StatusCode(_) => Kind::Rejected,
                 _ => Kind::Connection,

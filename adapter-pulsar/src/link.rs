@@ -41,7 +41,7 @@ pub(crate) fn kind_of(e: &pulsar::Error) -> Kind {
     let connection = |c: &ConnectionError| match c {
         ConnectionError::PulsarError(Some(code), _) => server_kind(*code),
         ConnectionError::NotFound => Kind::NotFound,
-        ConnectionError::Authentication(_) => Kind::Config,
+        ConnectionError::Authentication(a) => authentication(a),
         ConnectionError::Shutdown => Kind::Closed,
         _ => Kind::Connection,
     };
@@ -57,7 +57,7 @@ pub(crate) fn kind_of(e: &pulsar::Error) -> Kind {
             server_kind(*code)
         }
         pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::NotFound) => Kind::NotFound,
-        pulsar::Error::Authentication(_) => Kind::Config,
+        pulsar::Error::Authentication(a) => authentication(a),
         _ => Kind::Connection,
     }
 }
@@ -72,12 +72,22 @@ pub(crate) fn passing(kind: Kind) -> Kind {
     }
 }
 
+/// An authentication failure is a security error, unless the client calls it retriable (a token
+/// provider that could not refresh for now).
+fn authentication(e: &pulsar::error::AuthenticationError) -> Kind {
+    match e {
+        pulsar::error::AuthenticationError::Retriable(_) => Kind::Connection,
+        pulsar::error::AuthenticationError::Custom(_) => Kind::Security,
+    }
+}
+
 /// The kind of an error code the broker sent.
 fn server_kind(code: pulsar::message::proto::ServerError) -> Kind {
     use pulsar::message::proto::ServerError as S;
     match code {
         S::TopicNotFound | S::SubscriptionNotFound | S::ConsumerNotFound => Kind::NotFound,
-        S::AuthenticationError | S::AuthorizationError | S::InvalidTopicName => Kind::Config,
+        S::AuthenticationError | S::AuthorizationError => Kind::Security,
+        S::InvalidTopicName => Kind::Config,
         S::ServiceNotReady | S::TooManyRequests | S::MetadataError | S::PersistenceError => {
             Kind::Connection
         }
@@ -265,8 +275,27 @@ mod tests {
             kind_of(&refused(ServerError::TopicNotFound)),
             Kind::NotFound
         );
+        // Who we are, refused after the connection was made: a security error everywhere.
+        for code in [
+            ServerError::AuthorizationError,
+            ServerError::AuthenticationError,
+        ] {
+            assert_eq!(kind_of(&refused(code)), Kind::Security, "{code:?}");
+        }
         assert_eq!(
-            kind_of(&refused(ServerError::AuthorizationError)),
+            kind_of(&pulsar::Error::Connection(ConnectionError::Authentication(
+                pulsar::error::AuthenticationError::Custom("token expired".into())
+            ))),
+            Kind::Security
+        );
+        assert_eq!(
+            kind_of(&pulsar::Error::Authentication(
+                pulsar::error::AuthenticationError::Retriable("refresh later".into())
+            )),
+            Kind::Connection
+        );
+        assert_eq!(
+            kind_of(&refused(ServerError::InvalidTopicName)),
             Kind::Config
         );
         assert_eq!(

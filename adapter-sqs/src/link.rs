@@ -14,8 +14,9 @@ use crate::codec::Outgoing;
 use crate::queues::{QueueInfo, Queues};
 
 /// The error of an SQS call for `operation`, by kind: a missing queue is [`Kind::NotFound`], throttling
-/// and transport failures are temporary ([`Kind::Connection`], [`Kind::Timeout`]), a request SQS refused
-/// is [`Kind::Rejected`]. The SDK's error stays the source.
+/// and transport failures are temporary ([`Kind::Connection`], [`Kind::Timeout`]), refused credentials
+/// or permissions are [`Kind::Security`], any other request SQS refused is [`Kind::Rejected`]. The
+/// SDK's error stays the source.
 pub(crate) fn sdk_error<E, R>(operation: &str, e: SdkError<E, R>) -> Error
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
@@ -49,11 +50,30 @@ const TEMPORARY: [&str; 6] = [
     "InternalError",
 ];
 
+/// The codes of refusals of who we are or what we may do: credentials SQS does not know or that
+/// expired, a signature that does not match, an action or a KMS key the credentials may not use.
+const SECURITY: [&str; 13] = [
+    "AccessDenied",
+    "AccessDeniedException",
+    "InvalidClientTokenId",
+    "UnrecognizedClientException",
+    "SignatureDoesNotMatch",
+    "IncompleteSignature",
+    "MissingAuthenticationToken",
+    "InvalidSecurity",
+    "ExpiredToken",
+    "ExpiredTokenException",
+    "RequestExpired",
+    "KMS.AccessDeniedException",
+    "KmsAccessDenied",
+];
+
 /// The kind of an error code SQS answered.
 fn code_kind(code: Option<&str>) -> Kind {
     match code {
         Some(c) if MISSING_QUEUE.contains(&c) => Kind::NotFound,
         Some(c) if TEMPORARY.contains(&c) => Kind::Connection,
+        Some(c) if SECURITY.contains(&c) => Kind::Security,
         _ => Kind::Rejected,
     }
 }
@@ -251,6 +271,13 @@ mod tests {
             Kind::NotFound
         );
         assert_eq!(code_kind(Some("RequestThrottled")), Kind::Connection);
+        for refused in [
+            "AccessDenied",
+            "InvalidClientTokenId",
+            "SignatureDoesNotMatch",
+        ] {
+            assert_eq!(code_kind(Some(refused)), Kind::Security, "{refused}");
+        }
         assert_eq!(code_kind(Some("InvalidAttributeValue")), Kind::Rejected);
         assert_eq!(
             code_kind(Some("NotQueueDoesNotExistReally")),

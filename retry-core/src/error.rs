@@ -32,6 +32,8 @@ pub enum Kind {
     Closed,
     /// The delivery was already settled.
     AlreadySettled,
+    /// What was to be created exists already (a subscription, a topic).
+    AlreadyExists,
     /// The broker or this adapter cannot do what was asked.
     Unsupported,
     /// The broker did not accept who we are or we did not trust it: wrong credentials, an untrusted or
@@ -54,6 +56,7 @@ impl Kind {
             Kind::Timeout => "timeout",
             Kind::Closed => "closed",
             Kind::AlreadySettled => "already_settled",
+            Kind::AlreadyExists => "already_exists",
             Kind::Unsupported => "unsupported",
             Kind::Security => "security",
             Kind::Other => "other",
