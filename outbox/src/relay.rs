@@ -775,4 +775,28 @@ mod tests {
         b.reset();
         assert!(!b.probing() && b.until.is_none());
     }
+
+    #[tokio::test]
+    async fn a_lease_shorter_than_twice_the_publish_timeout_is_refused() {
+        let outbox = crate::Outbox::connect_with("sqlite::memory:", 1)
+            .await
+            .unwrap();
+        let producer =
+            retry_core::broker::Broker::new(retry_core::memory::MemoryTransport::new()).producer();
+        let relay = |lease_ms| {
+            outbox
+                .relay(producer.clone())
+                .publish_timeout(Duration::from_secs(5))
+                .lease(Duration::from_millis(lease_ms))
+                .start()
+        };
+        match relay(9_999) {
+            Err(OutboxError::Config(why)) => assert!(why.contains("twice"), "{why}"),
+            other => panic!(
+                "a 9.999 s lease with a 5 s publish timeout: {:?}",
+                other.err()
+            ),
+        }
+        relay(10_000).unwrap().shutdown().await.unwrap();
+    }
 }

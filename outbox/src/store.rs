@@ -553,6 +553,92 @@ fn decode_row(row: &AnyRow) -> Result<OutboxRow, String> {
 mod tests {
     use super::*;
 
+    /// Two pending rows in a fresh in-memory database.
+    async fn store_with_two_rows() -> Store {
+        let store = Store::connect("sqlite::memory:", 1).await.expect("store");
+        for id in ["e1", "e2"] {
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO {TABLE} (event_id, topic, payload, headers, state, attempts, replay_count,
+                 available_at, created_at) VALUES ('{id}', 'orders', X'00', '[]', 'PENDING', 0, 0, 0, 0)"
+            )))
+            .execute(&store.pool)
+            .await
+            .expect("insert");
+        }
+        store
+    }
+
+    #[tokio::test]
+    async fn a_relay_whose_lease_expired_cannot_overwrite_the_new_owners_outcome() {
+        let store = store_with_two_rows().await;
+        let t = Timestamp::from_millis(1_000_000);
+        let (a_rows, _) = store
+            .claim("relay-a", t, t.plus(Duration::from_millis(5)), 10, false)
+            .await
+            .expect("a claims");
+        assert_eq!(a_rows.len(), 2);
+        // A's lease runs out; B claims both rows.
+        let later = t.plus(Duration::from_millis(10));
+        let (b_rows, _) = store
+            .claim(
+                "relay-b",
+                later,
+                later.plus(Duration::from_secs(30)),
+                10,
+                false,
+            )
+            .await
+            .expect("b claims");
+        let ids: Vec<i64> = b_rows.iter().map(|r| r.id).collect();
+        assert_eq!(ids.len(), 2, "the expired lease made the rows claimable");
+        // A finishes late: none of its writes lands.
+        assert_eq!(
+            store
+                .confirm("relay-a", &ids, later, true)
+                .await
+                .expect("confirm"),
+            0
+        );
+        let retry_at = later.plus(Duration::from_secs(60));
+        assert!(
+            !store
+                .fail(
+                    "relay-a",
+                    ids[0],
+                    Input::Retry,
+                    retry_at,
+                    "a's late error",
+                    later
+                )
+                .await
+                .expect("fail")
+        );
+        assert_eq!(store.release("relay-a", &ids).await.expect("release"), 0);
+        // B's outcomes stand.
+        assert_eq!(
+            store
+                .confirm("relay-b", &ids[1..], later, true)
+                .await
+                .expect("confirm"),
+            1
+        );
+        let rows = store
+            .select("1 = 1", Vec::new(), None)
+            .await
+            .expect("select");
+        let state = |id: i64| {
+            rows.iter()
+                .find(|r| r.id == id)
+                .map(|r| (r.state, r.attempts))
+        };
+        assert_eq!(
+            state(ids[0]),
+            Some((State::Claimed, 0)),
+            "still b's claim, untouched by a"
+        );
+        assert_eq!(state(ids[1]), Some((State::Published, 0)));
+    }
+
     #[test]
     fn parameters_take_each_dialects_form() {
         assert_eq!(
