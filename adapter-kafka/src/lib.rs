@@ -23,6 +23,7 @@ mod hops;
 mod ladder;
 mod link;
 mod offsets;
+mod producer;
 pub mod security;
 mod subscription;
 mod worker;

@@ -1,19 +1,15 @@
 //! The shared state of one transport: client settings, the idempotent producer every copy goes through,
 //! the admin client that creates topics, and the partition counts of the topics copies go to.
-//!
-//! An idempotent producer that librdkafka declares fatal (a sequence it cannot recover) refuses every
-//! later record until it is replaced: the link replaces it with a new one as soon as a send shows it,
-//! and sends the record that showed it once more through the new one.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, RwLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{DeliveryFuture, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use retry_core::error::{Error, Kind, wrap};
 use retry_core::event::RawMessage;
@@ -22,6 +18,7 @@ use retry_core::time::Timestamp;
 use crate::codec::{self, Nulls, Outbound, Route};
 use crate::config::KafkaConfig;
 use crate::hops::{Hop, next_hop};
+use crate::producer::{Handle, KafkaProducer, Producers};
 
 /// How long a produced record may take to be acknowledged before it is an error.
 pub(crate) const SEND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -32,12 +29,8 @@ pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 pub(crate) struct Link {
     pub(crate) bootstrap: String,
     pub(crate) config: KafkaConfig,
-    /// The producer in use; replaced when librdkafka declares it fatal.
-    producer: RwLock<FutureProducer>,
-    /// The producer's settings, to create its replacement.
-    producer_config: ClientConfig,
-    /// Producers replaced after a fatal error.
-    replaced: std::sync::atomic::AtomicU64,
+    /// The idempotent producer every record goes through (replaced when broken).
+    pub(crate) producers: Producers,
     admin: AdminClient<DefaultClientContext>,
     partitions: Mutex<HashMap<String, i32>>,
 }
@@ -65,56 +58,15 @@ impl Link {
             .set("enable.idempotence", "true")
             .set("linger.ms", "2")
             .set("message.timeout.ms", SEND_TIMEOUT.as_millis().to_string());
-        let producer: FutureProducer = producer_config
-            .create()
-            .map_err(settings_error("producer"))?;
+        let producers = Producers::new(producer_config)?;
         let admin = base.create().map_err(settings_error("admin"))?;
         Ok(Self {
             bootstrap: bootstrap.to_string(),
             config,
-            producer: RwLock::new(producer),
-            producer_config,
-            replaced: std::sync::atomic::AtomicU64::new(0),
+            producers,
             admin,
             partitions: Mutex::new(HashMap::new()),
         })
-    }
-
-    /// The producer in use.
-    pub(crate) fn producer(&self) -> FutureProducer {
-        self.producer
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    /// Replaces `fatal` (a producer librdkafka declared fatal) with a new one, unless another caller
-    /// already did; returns the producer to use now.
-    fn replace_fatal(&self, fatal: &FutureProducer) -> Result<FutureProducer, Error> {
-        let mut current = self.producer.write().unwrap_or_else(|p| p.into_inner());
-        if current.client().native_ptr() == fatal.client().native_ptr() {
-            let reason = fatal
-                .client()
-                .fatal_error()
-                .map_or_else(String::new, |(code, why)| format!("{code:?}: {why}"));
-            let fresh: FutureProducer = self
-                .producer_config
-                .create()
-                .map_err(settings_error("producer"))?;
-            *current = fresh;
-            let replaced = self
-                .replaced
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                + 1;
-            tracing::warn!(%reason, replaced, "librdkafka declared the producer fatal: replaced with a new one");
-        }
-        Ok(current.clone())
-    }
-
-    /// How many producers were replaced after a fatal error.
-    #[cfg(test)]
-    pub(crate) fn producers_replaced(&self) -> u64 {
-        self.replaced.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Settings for a consumer in `group` (offsets committed only by the adapter). The prefetch
@@ -310,7 +262,7 @@ impl Link {
 
     fn clone_for_blocking(&self) -> MetadataReader {
         MetadataReader {
-            producer: self.producer(),
+            producer: self.producers.current().producer,
         }
     }
 
@@ -347,7 +299,7 @@ impl Link {
         raw: &RawMessage,
         nulls: &Nulls,
         extra: &[(&str, &[u8])],
-    ) -> Result<(DeliveryFuture, FutureProducer), KafkaError> {
+    ) -> Result<(DeliveryFuture, Handle), KafkaError> {
         let mut record = FutureRecord::<[u8], [u8]>::to(topic)
             .payload(&raw.payload[..])
             .headers(codec::headers(raw, nulls, extra));
@@ -357,15 +309,17 @@ impl Link {
         if let (Some(p), Some(n)) = (partition, self.cached_partitions(topic)) {
             record = record.partition(p.rem_euclid(n.max(1)));
         }
-        let producer = self.producer();
-        match producer.send_result(record) {
-            Ok(delivery) => Ok((delivery, producer)),
+        let unusable = |_| KafkaError::MessageProduction(RDKafkaErrorCode::Fatal);
+        let handle = self.producers.usable().map_err(unusable)?;
+        match handle.producer.send_result(record) {
+            Ok(delivery) => Ok((delivery, handle)),
             // The producer went fatal since its last record: a new one takes this record.
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::Fatal), record)) => {
                 let fresh = self
-                    .replace_fatal(&producer)
-                    .map_err(|_| KafkaError::MessageProduction(RDKafkaErrorCode::Fatal))?;
-                match fresh.send_result(record) {
+                    .producers
+                    .replace(&handle, "librdkafka declared it fatal")
+                    .map_err(unusable)?;
+                match fresh.producer.send_result(record) {
                     Ok(delivery) => Ok((delivery, fresh)),
                     Err((e, _)) => Err(e),
                 }
@@ -386,19 +340,19 @@ impl Link {
         operation: &str,
     ) -> Result<Position, Error> {
         let mut attempts = 0;
-        let mut resent_after_fatal = false;
+        let mut resent = false;
         loop {
             match self.start_send_on(topic, partition, raw, nulls, extra) {
-                Ok((delivery, used)) => match delivered(delivery.await, operation) {
-                    // The producer went fatal with this record in it: once more through a new one.
-                    Err(_)
-                        if !resent_after_fatal
-                            && used.client().fatal_error().is_some()
-                            && self.replace_fatal(&used).is_ok() =>
-                    {
-                        resent_after_fatal = true;
+                Ok((delivery, _)) if resent => return delivered(delivery.await, operation),
+                Ok((delivery, used)) => match watch_delivery(delivery, &used).await {
+                    Watched::Delivered(result) => return delivered(result, operation),
+                    // The producer broke with this record in it: once more through a new one.
+                    Watched::Broken(why) => {
+                        self.producers
+                            .replace(&used, &why)
+                            .map_err(|e| e.with_operation(operation.to_string()))?;
+                        resent = true;
                     }
-                    outcome => return outcome,
                 },
                 // The local queue is full: wait for room rather than fail (bounded).
                 Err(KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
@@ -472,7 +426,7 @@ impl Link {
 
 /// A producer handle that reads metadata on a blocking thread.
 struct MetadataReader {
-    producer: FutureProducer,
+    producer: KafkaProducer,
 }
 
 impl MetadataReader {
@@ -494,6 +448,44 @@ impl MetadataReader {
                     })
             })
             .collect())
+    }
+}
+
+/// How often a send checks whether its producer broke while it waits for the broker.
+const BROKEN_CHECK: Duration = Duration::from_secs(1);
+
+/// What came of waiting for a delivery.
+enum Watched {
+    /// The broker answered (or the producer gave up on the record).
+    Delivered(
+        Result<
+            rdkafka::producer::future_producer::OwnedDeliveryResult,
+            futures::channel::oneshot::Canceled,
+        >,
+    ),
+    /// The producer broke first: it will not deliver the record.
+    Broken(String),
+}
+
+/// Waits for `delivery`, checking every [`BROKEN_CHECK`] whether `used` broke meanwhile (a stranded
+/// producer keeps a record until its message timeout, 30 s, without sending it).
+async fn watch_delivery(mut delivery: DeliveryFuture, used: &Handle) -> Watched {
+    let mut tick = tokio::time::interval(BROKEN_CHECK);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            result = &mut delivery => {
+                return match (&result, used.broken()) {
+                    (Ok(Ok(_)), _) | (_, None) => Watched::Delivered(result),
+                    (_, Some(why)) => Watched::Broken(why),
+                };
+            }
+            _ = tick.tick() => {
+                if let Some(why) = used.broken() {
+                    return Watched::Broken(why);
+                }
+            }
+        }
     }
 }
 
@@ -600,7 +592,7 @@ mod tests {
         link.send("orders", None, &raw, &nulls, &[], "warm up")
             .await
             .expect("first record");
-        let before = link.producer();
+        let before = link.producers.current().producer;
         cluster.request_errors(
             RDKafkaApiKey::Produce,
             &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER],
@@ -613,10 +605,10 @@ mod tests {
             "the injected error did not make the producer fatal"
         );
         sent.expect("the record went through the new producer");
-        assert_eq!(link.producers_replaced(), 1);
+        assert_eq!(link.producers.replaced(), 1);
         link.send("orders", None, &raw, &nulls, &[], "publish to orders")
             .await
             .expect("later records go through the new producer");
-        assert_eq!(link.producers_replaced(), 1);
+        assert_eq!(link.producers.replaced(), 1);
     }
 }

@@ -23,3 +23,4 @@ pub mod forward;
 pub mod restart;
 pub mod scale;
 pub mod security;
+pub mod stall;

@@ -370,57 +370,12 @@ pub(crate) fn lost_and_duplicates(expected: &[String], held: &[String]) -> (Vec<
     (lost, duplicates)
 }
 
-/// The broker's own process, to stall it with SIGSTOP (every client sees it stop answering).
-pub(crate) struct Stall {
-    pid: i32,
-    stopped: bool,
-}
-
-impl Stall {
-    pub(crate) fn start(broker: BrokerKind) -> Result<Self, String> {
-        let dir = root().join("target/brokers").join(broker.name());
-        let file = match broker {
-            BrokerKind::Kafka => dir.join("pid"),
-            BrokerKind::Rabbitmq => dir.join("server.pid"),
-        };
-        let pid: i32 = std::fs::read_to_string(&file)
-            .map_err(|e| {
-                format!(
-                    "{}: {e} (the broker must be started by scripts/brokers)",
-                    file.display()
-                )
-            })?
-            .trim()
-            .parse()
-            .map_err(|e| format!("{}: {e}", file.display()))?;
-        signal(pid, "STOP")?;
-        Ok(Self { pid, stopped: true })
-    }
-
-    pub(crate) fn resume(&mut self) -> Result<(), String> {
-        if self.stopped {
-            signal(self.pid, "CONT")?;
-            self.stopped = false;
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Stall {
-    fn drop(&mut self) {
-        let _ = self.resume();
-    }
-}
-
-fn signal(pid: i32, name: &str) -> Result<(), String> {
-    let status = std::process::Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .map_err(|e| e.to_string())?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("kill -{name} {pid} failed"))
-    }
+/// Stalls the column's broker with SIGSTOP (every client sees it stop answering) until resumed or
+/// dropped.
+pub(crate) fn stall(broker: BrokerKind) -> Result<test_support::stall::Stall, String> {
+    let pid_file = match broker {
+        BrokerKind::Kafka => "pid",
+        BrokerKind::Rabbitmq => "server.pid",
+    };
+    test_support::stall::Stall::start(broker.name(), pid_file)
 }

@@ -11,8 +11,8 @@ use retry_core::time::Timestamp;
 
 use crate::Scenario;
 use crate::fixture::{
-    self, BrokerKind, Business, Column, Db, Stall, all_rows, broker_contents, count, events,
-    fresh_db, fresh_topic, lost_and_duplicates, states, wait_states,
+    self, BrokerKind, Business, Column, Db, all_rows, broker_contents, count, events, fresh_db,
+    fresh_topic, lost_and_duplicates, stall, states, wait_states,
 };
 
 pub(crate) const ALL: &[Scenario] = &[
@@ -187,7 +187,7 @@ async fn every_lifecycle_transition(column: Column) -> Result<String, String> {
     )?;
 
     // The broker stops answering: claims, timeouts, retries later, then the policy is spent.
-    let mut stall = Stall::start(column.broker)?;
+    let mut stall = stall(column.broker)?;
     let relay = s
         .outbox
         .relay(s.broker.producer())
@@ -482,7 +482,7 @@ async fn broker_down_30s(column: Column) -> Result<String, String> {
     let ids = business
         .orders(&s.outbox, &s.topic, events(ROWS, None), true)
         .await?;
-    let mut stall = Stall::start(column.broker)?;
+    let mut stall = stall(column.broker)?;
     let stalled_at = Instant::now();
     let relay = s
         .outbox
