@@ -34,6 +34,13 @@ fn main() -> std::process::ExitCode {
     if let Some(code) = scenarios::child_relay() {
         return code;
     }
+    // RUST_LOG shows the relay's and the broker clients' logs (librdkafka's among them) on stderr.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let args = Arguments::from_args();
     let report: Arc<Mutex<Vec<(String, String, String)>>> = Arc::default();
     let required = test_support::broker::required_brokers();
