@@ -12,17 +12,42 @@ use super::{ScenarioResult, Verdict};
 use crate::fixture::Fixture;
 use crate::probe::{Act, Probe, ensure, wait_for};
 
-/// Scenario 1: Success is acked once; nothing lands in retry or DLQ.
+/// Scenario 1: Success is acked once; nothing lands in retry or DLQ. "Acked" is read from the broker:
+/// it holds nothing more for the group (read with its own client or tools) before the consumer stops.
 pub(super) async fn success_acked_once(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s01").await.map_err(|e| e.to_string())?;
+    let group = "g01";
     let probe = Probe::ok();
-    let c = start(builder(&f, &topic, "c1"), &probe).await?;
+    let c = start(builder(&f, &topic, "c1").group(group), &probe).await?;
     let ids = ["a", "b", "c", "d", "e"];
     publish_ids(&f, &topic, &ids).await?;
     wait_for("5 successes", patience(&f, 5), || {
         probe.successes().len() >= 5
     })
     .await?;
+    // Acknowledged on the broker, not only counted by the SDK: it holds nothing more for the group.
+    let acked_on_broker = match f.inspect() {
+        Some(inspect) => {
+            let deadline = std::time::Instant::now() + patience(&f, 10);
+            loop {
+                let held = inspect
+                    .held_in_source(&topic, group)
+                    .await
+                    .map_err(|e| format!("read the broker's view: {e}"))?;
+                if held == 0 {
+                    break true;
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(format!(
+                        "5 events succeeded but the broker still holds {held} of {topic} for {group}: \
+                         not acknowledged"
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        None => false,
+    };
     tokio::time::sleep(unit(&f) * 5).await;
     let counts = probe.success_counts();
     ensure(
@@ -41,7 +66,11 @@ pub(super) async fn success_acked_once(f: Arc<Fixture>) -> ScenarioResult {
     )?;
     ensure(dlq(&f, &topic).await?.is_empty(), || "DLQ not empty".into())?;
     finish(&f, &topic, vec![c]).await?;
-    Ok(Verdict::Pass(None))
+    Ok(if acked_on_broker {
+        Verdict::Pass(None)
+    } else {
+        Verdict::Partial("the broker's own view was not read (the fixture has none)".into())
+    })
 }
 
 /// Scenario 5: Non-blocking isolation: events behind a retrying one finish before its retry fires.
