@@ -168,7 +168,7 @@ pub fn all() -> Vec<Scenario> {
             13,
             retry::delay_precision,
             always,
-            "delay precision: 80 retries with random delays, never early, lateness p50/p99"
+            "delay precision: 80 retries with random delays, never early, lateness p99 <= step + 2 s"
         ),
         scenario!(
             14,

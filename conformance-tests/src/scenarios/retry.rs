@@ -167,7 +167,8 @@ pub(super) async fn non_retryable_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
-/// Scenario 13: Delay precision: many retries with random delays; never early; lateness recorded.
+/// Scenario 13: Delay precision: 80 retries with random delays; never early; lateness p99 within the
+/// broker's step + 2 s (a bound a loaded test machine keeps; the figures go to the report).
 pub(super) async fn delay_precision(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s13").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
