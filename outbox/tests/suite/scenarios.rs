@@ -42,7 +42,7 @@ pub(crate) const ALL: &[Scenario] = &[
     },
     Scenario {
         name: "broker_down_30s",
-        title: "broker stalled 30 s: the relay backs off (bounded attempts), loses nothing, never publishes before available_at",
+        title: "broker stalled 30 s: the relay backs off (bounded attempts), loses nothing, claims no row before its available_at (each claim in the outage checked)",
         run: |c| block_on(broker_down_30s(c)),
         skip: |_| None,
     },
@@ -371,6 +371,22 @@ async fn relay_killed_mid_batch(column: Column) -> Result<String, String> {
     let _ = child.wait().await;
     let after_kill = states(&s.outbox).await?;
     let claimed_at_kill = count(&after_kill, State::Claimed);
+    // The killed relay's claims and their leases: no other relay may take those rows before then.
+    let leases: HashMap<i64, Timestamp> = all_rows(&s.outbox)
+        .await?
+        .iter()
+        // Claims are named `<relay>-<n>`.
+        .filter(|r| {
+            r.state == State::Claimed
+                && r.claimed_by
+                    .as_deref()
+                    .is_some_and(|c| c.starts_with("child-"))
+        })
+        .filter_map(|r| Some((r.id, r.lease_until?)))
+        .collect();
+    ensure(!leases.is_empty(), || {
+        "the child relay held no claim when it was killed".into()
+    })?;
     let published_at_kill = count(&at_kill, State::Published);
     let killed_at = Instant::now();
     let relay = s
@@ -399,13 +415,37 @@ async fn relay_killed_mid_batch(column: Column) -> Result<String, String> {
             counted.first()
         )
     })?;
+    // Each row the killed relay held was claimed again only once its lease had run out (the last
+    // claim of a published row is the successor's).
+    let early: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            let lease = leases.get(&r.id)?;
+            let claimed = r.claimed_at?;
+            (claimed < *lease).then(|| {
+                format!(
+                    "row {} claimed again at {claimed}, its lease ran to {lease}",
+                    r.id
+                )
+            })
+        })
+        .collect();
+    ensure(early.is_empty(), || {
+        format!(
+            "{} of the killed relay's {} rows were taken before their lease ran out, e.g. {}",
+            early.len(),
+            leases.len(),
+            early[0]
+        )
+    })?;
     let held = broker_contents(&column, &s.broker, &s.topic).await?;
     let (lost, duplicates) = lost_and_duplicates(&ids, &held);
     ensure(lost.is_empty(), || {
         format!("lost {} events, e.g. {:?}", lost.len(), lost.first())
     })?;
     Ok(format!(
-        "{ROWS} rows; killed with {published_at_kill}+ published and {claimed_at_kill} CLAIMED; all published {:.1} s later; lost 0, duplicates {duplicates}",
+        "{ROWS} rows; killed with {published_at_kill}+ published and {claimed_at_kill} CLAIMED ({} claims of the killed relay, each taken again only after its lease); all published {:.1} s later; lost 0, duplicates {duplicates}",
+        leases.len(),
         took.as_secs_f64()
     ))
 }
@@ -475,6 +515,45 @@ async fn two_relays_race(column: Column) -> Result<String, String> {
     ))
 }
 
+/// The claims of rows seen by sampling the outbox: each new claim against the available_at its row had
+/// while pending before it.
+#[derive(Default)]
+struct ClaimWatch {
+    /// Per row: its last claim seen, and its available_at when last seen pending since then.
+    rows: HashMap<i64, (Option<Timestamp>, Option<Timestamp>)>,
+    /// New claims checked.
+    checked: usize,
+    /// New claims with no pending sample of their row since its previous claim (not checked).
+    unobserved: usize,
+    /// Claims before their row's available_at.
+    early: Vec<String>,
+}
+
+impl ClaimWatch {
+    fn sample(&mut self, rows: &[event_retry_outbox::OutboxRow]) {
+        for r in rows {
+            let (last_claim, due) = self.rows.entry(r.id).or_insert((r.claimed_at, None));
+            if r.state == State::Pending {
+                *due = Some(r.available_at);
+            }
+            if r.claimed_at.is_some() && r.claimed_at != *last_claim {
+                match (r.claimed_at, *due) {
+                    (Some(claimed), Some(available)) if claimed < available => {
+                        self.early.push(format!(
+                            "row {} claimed at {claimed}, available at {available}",
+                            r.id
+                        ))
+                    }
+                    (Some(_), Some(_)) => self.checked += 1,
+                    _ => self.unobserved += 1,
+                }
+                *last_claim = r.claimed_at;
+                *due = None;
+            }
+        }
+    }
+}
+
 async fn broker_down_30s(column: Column) -> Result<String, String> {
     const ROWS: usize = 200;
     let s = setup(&column, "down").await?;
@@ -493,7 +572,28 @@ async fn broker_down_30s(column: Column) -> Result<String, String> {
         .broker_backoff(Duration::from_millis(500), Duration::from_secs(8))
         .start()
         .map_err(|e| e.to_string())?;
-    tokio::time::sleep(Duration::from_secs(30).saturating_sub(stalled_at.elapsed())).await;
+    // Every claim during the outage, not only each row's last: the rows are read every 100 ms (a claim
+    // lasts the 2 s publish timeout, a failed row waits at least 1 s), and each new claim — the probes
+    // after the first batch failed — is checked against the available_at its row had while pending.
+    let mut claims = ClaimWatch::default();
+    while stalled_at.elapsed() < Duration::from_secs(30) {
+        claims.sample(&all_rows(&s.outbox).await?);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure(claims.early.is_empty(), || {
+        format!(
+            "{} claims during the outage came before the row's available_at, e.g. {}",
+            claims.early.len(),
+            claims.early[0]
+        )
+    })?;
+    // The probes: at least one per backoff (three or more are required below).
+    ensure(claims.checked >= 3, || {
+        format!(
+            "only {} claims during the outage were seen with the row's due time before them",
+            claims.checked
+        )
+    })?;
     let rows = all_rows(&s.outbox).await?;
     let attempts: u32 = rows.iter().map(|r| r.attempts).sum();
     let during = relay.stats();
@@ -543,8 +643,10 @@ async fn broker_down_30s(column: Column) -> Result<String, String> {
     let (lost, duplicates) = lost_and_duplicates(&ids, &held);
     ensure(lost.is_empty(), || format!("lost {} events", lost.len()))?;
     Ok(format!(
-        "{ROWS} rows; {attempts} failed attempts in 30 s (the batch in flight, then {probes} single-row probes; {} backoffs); all published {:.1} s after the broker came back; lost 0, duplicates {duplicates}",
+        "{ROWS} rows; {attempts} failed attempts in 30 s (the batch in flight, then {probes} single-row probes; {} backoffs); {} claims during the outage checked against the due time before them ({} seen without one); all published {:.1} s after the broker came back; lost 0, duplicates {duplicates}",
         during.broker_backoffs,
+        claims.checked,
+        claims.unobserved,
         recovery.as_secs_f64()
     ))
 }
