@@ -45,12 +45,12 @@ const PUBLISHES_WITHOUT_CONSUMER: usize = 300;
 const WAIT_POLICY: &str = "10m x1";
 
 /// A line the consumer process prints.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Report {
     /// The consumer has started.
     Ready,
-    /// A healthy event's latency, in µs.
-    Latency(i64),
+    /// A healthy event's latency, in µs, and its id.
+    Latency(i64, String),
     /// Retries scheduled so far.
     Scheduled(u64),
     /// The consumer's heap: KiB in use and KiB freed but held by the allocator.
@@ -58,10 +58,10 @@ enum Report {
 }
 
 impl Report {
-    fn render(self) -> String {
+    fn render(&self) -> String {
         match self {
             Report::Ready => "BACKLOG ready".into(),
-            Report::Latency(us) => format!("BACKLOG latency {us}"),
+            Report::Latency(us, id) => format!("BACKLOG latency {us} {id}"),
             Report::Scheduled(n) => format!("BACKLOG scheduled {n}"),
             Report::Heap(used, free) => format!("BACKLOG heap {used} {free}"),
         }
@@ -71,7 +71,10 @@ impl Report {
         let rest = line.trim().strip_prefix("BACKLOG ")?;
         match rest.split_once(' ') {
             None if rest == "ready" => Some(Report::Ready),
-            Some(("latency", us)) => us.parse().ok().map(Report::Latency),
+            Some(("latency", rest)) => {
+                let (us, id) = rest.split_once(' ')?;
+                Some(Report::Latency(us.parse().ok()?, id.to_string()))
+            }
             Some(("scheduled", n)) => n.parse().ok().map(Report::Scheduled),
             Some(("heap", kib)) => {
                 let (used, free) = kib.split_once(' ')?;
@@ -93,7 +96,10 @@ pub async fn consumer(broker: &Broker) -> Result<(), Error> {
             .and_then(|us| us.parse::<i64>().ok())
         {
             let latency = now_micros() - sent;
-            println!("{}", Report::Latency(latency).render());
+            println!(
+                "{}",
+                Report::Latency(latency, ctx.event_id.to_string()).render()
+            );
             return Ok(());
         }
         if ctx.attempt == 1 {
@@ -160,19 +166,20 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
     let last_heap = heap.clone();
     tokio::spawn(async move {
         while let Some(line) = lines.recv().await {
-            match Report::parse(&line) {
-                Some(Report::Heap(used, free)) => {
-                    *last_heap.lock().unwrap_or_else(|p| p.into_inner()) = Some((used, free));
-                }
-                Some(r) if tx.send(r).is_err() => break,
-                Some(_) | None => {}
+            let Some(report) = Report::parse(&line) else {
+                continue;
+            };
+            if let Report::Heap(used, free) = report {
+                *last_heap.lock().unwrap_or_else(|p| p.into_inner()) = Some((used, free));
+            } else if tx.send(report).is_err() {
+                break;
             }
         }
     });
     let fail =
         |what: String| -> Error { format!("{what} (consumer log: {})", log.display()).into() };
     wait_for(&mut reports, Duration::from_secs(120), |r| {
-        r == Report::Ready
+        matches!(r, Report::Ready)
     })
     .await
     .map_err(|_| fail("the consumer did not start".into()))?;
@@ -202,7 +209,7 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
             wait_for(
                 &mut reports,
                 Duration::from_secs(600),
-                |r| matches!(r, Report::Scheduled(n) if n >= target),
+                |r| matches!(&r, Report::Scheduled(n) if *n >= target),
             )
             .await
             .map_err(|_| fail(format!("{target} retries were not scheduled within 600 s")))?;
@@ -294,6 +301,20 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
     Ok(())
 }
 
+/// The id of the `i`-th healthy event of phase `label`.
+fn healthy_id(label: &str, i: usize) -> String {
+    format!("h-{label}-{i}")
+}
+
+/// Whether `id` is one of the `count` healthy events of phase `label`.
+fn is_of_phase(id: &str, label: &str, count: usize) -> bool {
+    id.strip_prefix("h-")
+        .and_then(|rest| rest.strip_prefix(label))
+        .and_then(|rest| rest.strip_prefix('-'))
+        .and_then(|n| n.parse::<usize>().ok())
+        .is_some_and(|n| n < count)
+}
+
 /// Publishes `count` healthy events at the healthy rate; each one's publish time (the broker's answer to
 /// the producer), in µs.
 async fn publish_healthy(
@@ -310,7 +331,7 @@ async fn publish_healthy(
         tick.tick().await;
         let producer = producer.clone();
         let topic = topic.to_string();
-        let id = format!("h-{label}-{i}");
+        let id = healthy_id(label, i);
         sends.push(tokio::spawn(async move {
             let sent = now_micros();
             producer
@@ -335,22 +356,37 @@ async fn healthy_phase(
     reports: &mut mpsc::UnboundedReceiver<Report>,
 ) -> Result<Timings, Error> {
     let publishes = publish_healthy(broker, topic, label, count).await?;
-    let mut latencies = Vec::with_capacity(count);
+    // Counted by id: a healthy event handled twice, or one of another phase handled late, is not one
+    // of this phase's.
+    let mut handled: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while latencies.len() < count {
+    while handled.len() < count {
         match tokio::time::timeout_at(deadline, reports.recv()).await {
-            Ok(Some(Report::Latency(us))) => latencies.push(us),
+            Ok(Some(Report::Latency(us, id))) if is_of_phase(&id, label, count) => {
+                handled.entry(id).or_insert(us);
+            }
             Ok(Some(_)) => {}
             Ok(None) => return Err("the consumer process exited".into()),
             Err(_) => {
+                let missing: Vec<String> = (0..count)
+                    .map(|i| healthy_id(label, i))
+                    .filter(|id| !handled.contains_key(id))
+                    .collect();
                 return Err(format!(
-                    "{label}: {} of {count} healthy events handled within 120 s",
-                    latencies.len()
+                    "{label}: {} of {count} healthy events handled within 120 s; never handled: {}",
+                    handled.len(),
+                    missing
+                        .iter()
+                        .take(10)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )
                 .into());
             }
         }
     }
+    let latencies: Vec<i64> = handled.into_values().collect();
     Ok(Timings {
         latencies,
         publishes,
@@ -417,16 +453,17 @@ mod tests {
     fn report_lines_round_trip_and_other_lines_are_ignored() {
         for r in [
             Report::Ready,
-            Report::Latency(-2),
+            Report::Latency(-2, "h-idle-7".into()),
             Report::Scheduled(100_000),
             Report::Heap(20_480, 512),
         ] {
-            assert_eq!(Report::parse(&r.render()), Some(r));
+            assert_eq!(Report::parse(&r.render()), Some(r.clone()));
         }
         for other in [
             "",
             "BACKLOG",
             "BACKLOG latency",
+            "BACKLOG latency 12",
             "BACKLOG scheduled x",
             "BACKLOG heap 12",
             "INFO ready",
@@ -436,6 +473,15 @@ mod tests {
     }
 
     /// The heap this process reports grows by what it holds: 32 MiB kept alive shows in use.
+    #[test]
+    fn only_a_phases_own_healthy_ids_count_for_it() {
+        assert!(is_of_phase(&healthy_id("idle", 999), "idle", 1_000));
+        assert!(!is_of_phase(&healthy_id("idle", 1_000), "idle", 1_000));
+        assert!(!is_of_phase(&healthy_id("warm-up", 3), "idle", 1_000));
+        assert!(!is_of_phase("h-idle", "idle", 1_000));
+        assert!(!is_of_phase("w:1", "idle", 1_000));
+    }
+
     #[test]
     fn the_heap_in_use_counts_what_is_held() {
         let (before, _) = heap_kib().expect("glibc's malloc_info");
