@@ -173,9 +173,10 @@ fn live_migration(amqp: &str, kafka: &str) -> Result<(), String> {
         let at_switch = on_rabbit.stats();
         publish(&kafka_broker, &topic, half..EVENTS).await?;
         let waiting = at_switch.retries_scheduled - at_switch.succeeded_after_retry.min(at_switch.retries_scheduled);
-        if at_switch.retries_scheduled == 0 || at_switch.dead_lettered == 0 {
+        if waiting == 0 || at_switch.dead_lettered == 0 {
             return Err(format!(
-                "at the switch nothing was retrying or dead on RabbitMQ: {at_switch:?}"
+                "at the switch no retry was waiting ({waiting}) or nothing was dead on RabbitMQ: \
+                 {at_switch:?}"
             ));
         }
 
