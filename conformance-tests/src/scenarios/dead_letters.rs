@@ -2,7 +2,6 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
@@ -152,22 +151,12 @@ pub(super) async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
     })?;
     // A crash in the outage: whatever the consumer held must still be the broker's, unsettled.
     c1.abort().await;
-    let deadline = std::time::Instant::now() + patience(&f, 10);
-    loop {
-        let held = inspect
-            .held_in_source(&topic, group)
-            .await
-            .map_err(|e| format!("read the broker's view: {e}"))?;
-        if held >= 2 {
-            break;
-        }
-        if std::time::Instant::now() > deadline {
-            return Err(format!(
-                "after a crash in the outage the broker holds {held} messages of {topic} for {group}, \
-                 want the original and the event behind it (2): the original was settled"
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    if let Err(held) = wait_held(inspect, &topic, group, patience(&f, 10), |held| held >= 2).await?
+    {
+        return Err(format!(
+            "after a crash in the outage the broker holds {held} messages of {topic} for {group}, \
+             want the original and the event behind it (2): the original was settled"
+        ));
     }
     faults
         .set_dlq_writable(&topic, true)

@@ -28,23 +28,15 @@ pub(super) async fn success_acked_once(f: Arc<Fixture>) -> ScenarioResult {
     // Acknowledged on the broker, not only counted by the SDK: it holds nothing more for the group.
     let acked_on_broker = match f.inspect() {
         Some(inspect) => {
-            let deadline = std::time::Instant::now() + patience(&f, 10);
-            loop {
-                let held = inspect
-                    .held_in_source(&topic, group)
-                    .await
-                    .map_err(|e| format!("read the broker's view: {e}"))?;
-                if held == 0 {
-                    break true;
-                }
-                if std::time::Instant::now() > deadline {
-                    return Err(format!(
-                        "5 events succeeded but the broker still holds {held} of {topic} for {group}: \
-                         not acknowledged"
-                    ));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            if let Err(held) =
+                wait_held(inspect, &topic, group, patience(&f, 10), |held| held == 0).await?
+            {
+                return Err(format!(
+                    "5 events succeeded but the broker still holds {held} of {topic} for {group}: \
+                     not acknowledged"
+                ));
             }
+            true
         }
         None => false,
     };

@@ -211,3 +211,28 @@ pub(super) fn check_never_early(calls: &[crate::probe::Call]) -> Result<Vec<Dura
     }
     Ok(late)
 }
+
+/// Reads, with the broker's own view, how many messages of `topic` the broker holds for `group` until
+/// `enough` says so or `within` passed; returns the last count, `Err` with it when time ran out.
+pub(super) async fn wait_held(
+    inspect: &dyn crate::fixture::Inspect,
+    topic: &str,
+    group: &str,
+    within: Duration,
+    enough: impl Fn(u64) -> bool,
+) -> Result<Result<u64, u64>, String> {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let held = inspect
+            .held_in_source(topic, group)
+            .await
+            .map_err(|e| format!("read the broker's view: {e}"))?;
+        if enough(held) {
+            return Ok(Ok(held));
+        }
+        if std::time::Instant::now() > deadline {
+            return Ok(Err(held));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
