@@ -1,8 +1,11 @@
-//! event-retry beside Spring Kafka's `@RetryableTopic` on the same local Kafka, each with its defaults,
-//! each in its own process, in alternating rounds:
+//! event-retry beside Spring Kafka's `@RetryableTopic` on the same local Kafka, each with its defaults —
+//! but Spring's listener runs one consumer thread per partition (`spring.kafka.listener.concurrency`
+//! 4), as the SDK runs its handlers concurrently by default — each in its own process, in alternating
+//! rounds:
 //!
 //! 1. `throughput`: 100,000 records of 1 KB in 4 partitions, no-op handler, 3 rounds; records per
-//!    second from each consumer's first record to its last success, and each process's peak RSS;
+//!    second from each consumer's first record to its last success, and each process's peak RSS; then
+//!    the same against Spring with its defaults (one consumer thread for the four partitions);
 //! 2. `fixed`: 1,000 events fail once and retry after 5 s (Spring: `attempts = 2`, 5 s back-off);
 //! 3. `spread`: 171 events fail seven times, retrying after 1, 2, 4, 8, 16, 32 and 60 s (Spring: its
 //!    exponential back-off from 1 s, ×2, capped at 60 s; the SDK: the same delays as a policy), 1,197
@@ -179,50 +182,73 @@ async fn run(url: &str) -> Result<(), Error> {
     let rounds_n = env_number("PEER_ROUNDS", 3)?;
     let mut ratios = Vec::new();
     if bench::wants("throughput") {
-        let w = Workload::throughput(env_number("PEER_THROUGHPUT_EVENTS", 100_000)?, 1024);
-        println!(
-            "== throughput: {} in {PARTITIONS} partitions, {rounds_n} alternating rounds",
-            w.describe()
-        );
-        let results = rounds(url, &w, rounds_n, &jar).await?;
-        let rates = |pick: fn(&(Outcome, Outcome)) -> &Outcome| -> Vec<f64> {
-            results.iter().map(|r| pick(r).rate()).collect()
-        };
-        let rss = |pick: fn(&(Outcome, Outcome)) -> &Outcome| -> Vec<f64> {
-            results
-                .iter()
-                .map(|r| pick(r).peak_rss_kib as f64 / 1024.0)
-                .collect()
-        };
-        let (sdk_rates, spring_rates) = (rates(|r| &r.0), rates(|r| &r.1));
-        let (sdk_rss, spring_rss) = (rss(|r| &r.0), rss(|r| &r.1));
-        println!(
-            "{}",
-            summary("event-retry throughput", &sdk_rates, "events/s")
-        );
-        println!(
-            "{}",
-            summary("spring-kafka throughput", &spring_rates, "events/s")
-        );
-        println!("{}", summary("event-retry peak RSS", &sdk_rss, "MiB"));
-        println!("{}", summary("spring-kafka peak RSS", &spring_rss, "MiB"));
-        let median = |v: &[f64]| spread(v).map_or(0.0, |s| s.1);
-        ratios.push(format!(
-            "ratio sdk/spring kafka throughput: {:.2}",
-            median(&sdk_rates) / median(&spring_rates)
-        ));
-        ratios.push(format!(
-            "ratio sdk/spring kafka peak rss: {:.2}",
-            median(&sdk_rss) / median(&spring_rss)
-        ));
+        let events = env_number("PEER_THROUGHPUT_EVENTS", 100_000)?;
+        // Spring with as many consumer threads as partitions (the SDK runs its handlers concurrently
+        // by default), then with its defaults (one thread for the four partitions).
+        let configurations = [
+            (
+                "spring",
+                format!("Spring at concurrency {PARTITIONS}"),
+                Workload::throughput(events, 1024).with_spring_concurrency(PARTITIONS as u32),
+            ),
+            (
+                "spring-defaults",
+                "Spring with its defaults (concurrency 1)".to_string(),
+                Workload::throughput(events, 1024),
+            ),
+        ];
+        for (label, describe, w) in configurations {
+            println!(
+                "== throughput: {} in {PARTITIONS} partitions, {describe}, {rounds_n} alternating rounds",
+                w.describe()
+            );
+            let results = rounds(url, &w, rounds_n, &jar).await?;
+            let rates = |pick: fn(&(Outcome, Outcome)) -> &Outcome| -> Vec<f64> {
+                results.iter().map(|r| pick(r).rate()).collect()
+            };
+            let rss = |pick: fn(&(Outcome, Outcome)) -> &Outcome| -> Vec<f64> {
+                results
+                    .iter()
+                    .map(|r| pick(r).peak_rss_kib as f64 / 1024.0)
+                    .collect()
+            };
+            let (sdk_rates, spring_rates) = (rates(|r| &r.0), rates(|r| &r.1));
+            let (sdk_rss, spring_rss) = (rss(|r| &r.0), rss(|r| &r.1));
+            println!(
+                "{}",
+                summary("event-retry throughput", &sdk_rates, "events/s")
+            );
+            println!(
+                "{}",
+                summary(&format!("{label} throughput"), &spring_rates, "events/s")
+            );
+            println!("{}", summary("event-retry peak RSS", &sdk_rss, "MiB"));
+            println!(
+                "{}",
+                summary(&format!("{label} peak RSS"), &spring_rss, "MiB")
+            );
+            let median = |v: &[f64]| spread(v).map_or(0.0, |s| s.1);
+            ratios.push(format!(
+                "ratio sdk/{label} kafka throughput: {:.2}",
+                median(&sdk_rates) / median(&spring_rates)
+            ));
+            ratios.push(format!(
+                "ratio sdk/{label} kafka peak rss: {:.2}",
+                median(&sdk_rss) / median(&spring_rss)
+            ));
+        }
     }
     let lateness_rounds = env_number("PEER_LATENESS_ROUNDS", 1)?;
     let lateness_parts = [
         (
             "fixed",
-            Workload::fixed_delay(1_000, Duration::from_secs(5)),
+            Workload::fixed_delay(1_000, Duration::from_secs(5))
+                .with_spring_concurrency(PARTITIONS as u32),
         ),
-        ("spread", Workload::spread(171)),
+        (
+            "spread",
+            Workload::spread(171).with_spring_concurrency(PARTITIONS as u32),
+        ),
     ];
     for (part, w) in lateness_parts {
         let n = lateness_rounds;

@@ -18,6 +18,9 @@ pub struct Workload {
     pub delays: Vec<Duration>,
     /// How long a round may take before the bench gives up on it.
     pub deadline: Duration,
+    /// Spring's listener concurrency (`spring.kafka.listener.concurrency`: consumer threads per
+    /// container, the retry topics' containers included); `None` keeps its default, one thread.
+    pub spring_concurrency: Option<u32>,
 }
 
 impl Workload {
@@ -30,7 +33,14 @@ impl Workload {
             failures: 0,
             delays: Vec::new(),
             deadline: Duration::from_secs(300),
+            spring_concurrency: None,
         }
+    }
+
+    /// The same workload with Spring's listener running `threads` consumer threads.
+    pub fn with_spring_concurrency(mut self, threads: u32) -> Workload {
+        self.spring_concurrency = Some(threads);
+        self
     }
 
     /// Every event fails once and retries after one fixed `delay`.
@@ -43,6 +53,7 @@ impl Workload {
             delays: vec![delay],
             // Spring's main topic takes up to fetch.max.wait.ms (500 ms) per failure at the log's end.
             deadline: delay + Duration::from_secs(900),
+            spring_concurrency: None,
         }
     }
 
@@ -62,6 +73,7 @@ impl Workload {
             delays,
             // As above, per failure on each of its topics.
             deadline: total + Duration::from_secs(1_200),
+            spring_concurrency: None,
         }
     }
 
@@ -88,6 +100,12 @@ impl Workload {
             ("peer.events".to_string(), self.events.to_string()),
             ("peer.failures".to_string(), self.failures.to_string()),
         ];
+        if let Some(threads) = self.spring_concurrency {
+            props.push((
+                "spring.kafka.listener.concurrency".into(),
+                threads.to_string(),
+            ));
+        }
         let Some(first) = self.delays.first() else {
             return props;
         };
