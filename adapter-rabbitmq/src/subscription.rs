@@ -417,6 +417,19 @@ impl Receipt for RabbitReceipt {
 
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         self.acker.get()?;
+        // The delivery's channel died with its connection (a broker restart): the broker gives the
+        // message to a consumer again, and nothing sent for it here could be acknowledged. A closed
+        // receipt ends the runtime's wait for the DLQ instead of holding consumption on it for ever.
+        if self
+            ._channel
+            .as_ref()
+            .is_some_and(|c| !c.status().connected())
+        {
+            return Err(Error::new(
+                Kind::Closed,
+                "the delivery's channel closed with its connection; the broker delivers it again",
+            ));
+        }
         self.link
             .dead_letter(&self.topic, Some(&self.group), event, Some(&self.native))
             .await?;
