@@ -121,7 +121,7 @@ async fn connect_error(e: pulsar::Error, url: &str, security: &PulsarSecurity) -
             )),
             (_, _) if security.token.is_some() => Some(format!(
                 "Apache Pulsar at {shown} refused the authentication: the broker did not accept the \
-                 token ({e})"
+                 token"
             )),
             _ => None,
         }

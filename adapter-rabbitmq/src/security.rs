@@ -135,7 +135,7 @@ pub(crate) fn connect_error(e: lapin::Error, uri: &AMQPUri) -> Error {
     match cause {
         Some(message) => Error::new(Kind::Security, message)
             .with_operation("connect to RabbitMQ")
-            .with_source(e)
+            .with_quoted_source(e)
             .temporary(false),
         None => Error::from_source(Kind::Connection, e)
             .with_operation(format!("connect to RabbitMQ at {address}")),

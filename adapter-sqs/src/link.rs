@@ -31,7 +31,7 @@ where
     let message = DisplayErrorContext(&e).to_string();
     Error::new(kind, message)
         .with_operation(operation.to_string())
-        .with_source(e)
+        .with_quoted_chain(e)
 }
 
 /// The codes SQS answers for a queue that does not exist: the query protocol's and the JSON protocol's.

@@ -4,7 +4,12 @@
 //! Code that reacts to an error branches on its [`Kind`] — never on its text — and asks
 //! [`Error::is_temporary`] whether trying again can help. The message says what went wrong in words, the
 //! operation says what was being attempted ("dead-letter to orders.dlq"), and the broker client's own
-//! error stays reachable as [`std::error::Error::source`], so nothing the client said is lost.
+//! error stays reachable ([`Error::client_error`]), so nothing the client said is lost.
+//!
+//! Printed as a chain (`anyhow`'s `{:#}`, a tracing layer walking [`std::error::Error::source`]), each
+//! text appears once: an error whose message quotes its client error's text hands out, as its source,
+//! only what the message does not already say — the cause of the client error, or nothing when the
+//! message quotes the client's whole chain.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -91,6 +96,19 @@ pub struct Error {
     operation: Option<Cow<'static, str>>,
     temporary: bool,
     source: Option<Source>,
+    quoted: Quoted,
+}
+
+/// How much of the client error's chain the message already quotes; [`std::error::Error::source`] hands
+/// out the rest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Quoted {
+    /// Nothing: the source is the next link of the chain.
+    Nothing,
+    /// The client error's own text: its cause is the next link.
+    Itself,
+    /// The client error's text and every cause's: the chain ends here.
+    Chain,
 }
 
 impl Error {
@@ -102,13 +120,14 @@ impl Error {
             operation: None,
             temporary: kind.temporary_by_default(),
             source: None,
+            quoted: Quoted::Nothing,
         }
     }
 
-    /// An error of `kind` caused by a client error: the message is the client's, and the client error
-    /// stays reachable as the source.
+    /// An error of `kind` caused by a client error: the message is the client's text, and the client
+    /// error stays reachable ([`Error::client_error`]); the chain goes on with the client error's cause.
     pub fn from_source(kind: Kind, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        Self::new(kind, source.to_string()).with_source(source)
+        Self::new(kind, source.to_string()).with_quoted_source(source)
     }
 
     /// Names what was being attempted (shown before the message).
@@ -117,9 +136,33 @@ impl Error {
         self
     }
 
-    /// Keeps the client's error as the source.
+    /// Keeps the client's error as the source: the next link of the chain, for a message that does not
+    /// quote it.
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         self.source = Some(Box::new(source));
+        self.quoted = Quoted::Nothing;
+        self
+    }
+
+    /// Keeps the client's error, for a message that quotes its text: the chain goes on with the client
+    /// error's cause, so no text is printed twice.
+    pub fn with_quoted_source(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        self.source = Some(Box::new(source));
+        self.quoted = Quoted::Itself;
+        self
+    }
+
+    /// Keeps the client's error, for a message that quotes its whole chain (the client error's text and
+    /// every cause's): the chain ends with this error.
+    pub fn with_quoted_chain(
+        mut self,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        self.source = Some(Box::new(source));
+        self.quoted = Quoted::Chain;
         self
     }
 
@@ -142,6 +185,12 @@ impl Error {
     /// The message, without the operation.
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// The broker client's own error, if there was one (to downcast to the client's type), whether or
+    /// not the message quotes it.
+    pub fn client_error(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        self.source.as_deref()
     }
 
     /// Whether trying the operation again later can help.
@@ -187,9 +236,12 @@ impl fmt::Debug for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source
-            .as_deref()
-            .map(|s| s as &(dyn std::error::Error + 'static))
+        let client = self.source.as_deref()?;
+        match self.quoted {
+            Quoted::Nothing => Some(client as &(dyn std::error::Error + 'static)),
+            Quoted::Itself => client.source(),
+            Quoted::Chain => None,
+        }
     }
 }
 
@@ -217,20 +269,75 @@ mod tests {
     use super::*;
     use std::error::Error as _;
 
+    /// A client error with a cause, as broker clients nest them (an I/O error inside a protocol error).
+    #[derive(Debug)]
+    struct ClientError(std::io::Error);
+
+    impl fmt::Display for ClientError {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("protocol error")
+        }
+    }
+
+    impl std::error::Error for ClientError {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    fn printed_chain(e: &Error) -> String {
+        crate::classify::chain(e)
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" | ")
+    }
+
     #[test]
-    fn the_source_is_kept_and_temporary_follows_the_kind() {
+    fn the_client_error_is_kept_and_temporary_follows_the_kind() {
         let e = Error::from_source(Kind::Connection, std::io::Error::other("reset"))
             .with_operation("consume orders");
         assert_eq!(e.to_string(), "consume orders: reset");
         assert!(e.is_temporary());
-        assert_eq!(e.source().unwrap().to_string(), "reset");
+        assert_eq!(e.client_error().unwrap().to_string(), "reset");
+        assert!(
+            e.client_error()
+                .unwrap()
+                .downcast_ref::<std::io::Error>()
+                .is_some()
+        );
         let e = Error::new(Kind::NotFound, "no such queue");
         assert!(!e.is_temporary());
-        assert!(e.source().is_none());
+        assert!(e.source().is_none() && e.client_error().is_none());
         assert!(
             Error::new(Kind::Rejected, "x")
                 .temporary(true)
                 .is_temporary()
+        );
+    }
+
+    #[test]
+    fn a_printed_chain_shows_each_text_once() {
+        let client = || ClientError(std::io::Error::other("connection reset"));
+        let quoted = Error::from_source(Kind::Connection, client()).with_operation("publish to a");
+        assert_eq!(
+            printed_chain(&quoted),
+            "publish to a: protocol error | connection reset"
+        );
+        let cause =
+            Error::new(Kind::Security, "the broker refused the login").with_source(client());
+        assert_eq!(
+            printed_chain(&cause),
+            "the broker refused the login | protocol error | connection reset"
+        );
+        let whole = Error::new(Kind::Rejected, "protocol error: connection reset")
+            .with_quoted_chain(client());
+        assert_eq!(printed_chain(&whole), "protocol error: connection reset");
+        assert!(whole.client_error().unwrap().is::<ClientError>());
+        // Wrapped again, the outer error quotes the inner one's text and goes on with its chain.
+        let outer = Error::from_source(Kind::Connection, quoted).with_operation("retry");
+        assert_eq!(
+            printed_chain(&outer),
+            "retry: publish to a: protocol error | connection reset"
         );
     }
 
