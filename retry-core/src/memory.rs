@@ -10,7 +10,8 @@
 //! deliveries without settling them) loses nothing, and its messages go to the next consumer of its group
 //! — exactly what the conformance suite expects of a real broker.
 //!
-//! For fault tests the transport can make a topic's DLQ unwritable ([`MemoryTransport::set_dlq_writable`]).
+//! For fault tests the transport can make a topic's DLQ unwritable ([`MemoryTransport::set_dlq_writable`])
+//! and its receives fail ([`MemoryTransport::fail_receives`]).
 //!
 //! It is also the smallest example of the adapter contract ([`crate::adapter`]): a [`Transport`] with its
 //! subscription and receipt, a DLQ session, an [`Admin`], and a [`Scheme`] for `memory://` URLs.
@@ -58,6 +59,8 @@ struct State {
     /// Dead letters by source topic, each with the group that dead-lettered it.
     dead: HashMap<String, Vec<StoredDeadLetter>>,
     unwritable_dlq: HashSet<String>,
+    /// Topics whose receives fail, with the kind of error they fail with.
+    failing_receives: HashMap<String, Kind>,
     next_seq: u64,
 }
 
@@ -237,6 +240,16 @@ impl MemoryTransport {
         }
     }
 
+    /// Makes every receive from `topic` fail with an error of `kind` (`Some`), or work again (`None`):
+    /// for tests of how a consumer meets a broker that refuses it.
+    pub fn fail_receives(&self, topic: &str, kind: Option<Kind>) {
+        let mut state = self.broker.lock();
+        match kind {
+            Some(kind) => state.failing_receives.insert(topic.to_string(), kind),
+            None => state.failing_receives.remove(topic),
+        };
+    }
+
     /// Messages the broker still holds for `group` of `topic`: waiting (due or not) and handed out
     /// unsettled — what the group would get again after a crash.
     pub fn held(&self, topic: &str, group: &str) -> usize {
@@ -404,9 +417,22 @@ struct MemorySubscription {
 }
 
 impl MemorySubscription {
+    /// The kind of error receives fail with, if they are made to fail.
+    fn refusal(&self) -> Option<Kind> {
+        self.broker
+            .lock()
+            .failing_receives
+            .get(&*self.topic)
+            .copied()
+    }
+
     /// Takes the head of the group's queue if it is due; otherwise tells when it will be.
     fn take_due(&self) -> Result<Delivery, Option<Instant>> {
         let mut state = self.broker.lock();
+        if !state.failing_receives.is_empty() && state.failing_receives.contains_key(&*self.topic) {
+            // Receives fail: `next` reports it.
+            return Err(None);
+        }
         let Some(queue) = state
             .topics
             .get_mut(&*self.topic)
@@ -442,6 +468,10 @@ impl Subscription for MemorySubscription {
     }
 
     async fn next(&mut self) -> Result<Option<Delivery>, Error> {
+        if let Some(kind) = self.refusal() {
+            return Err(Error::new(kind, "the broker refuses receives")
+                .with_operation(format!("receive from {}", self.topic)));
+        }
         loop {
             // Register for arrivals before looking, so a message published in between is not missed.
             let arrival = self.broker.arrivals.notified();

@@ -45,9 +45,37 @@ pub enum ConsumerError {
     /// The broker failed.
     #[error(transparent)]
     Broker(#[from] Error),
+    /// Receiving failed again and again with an error trying again cannot heal (wrong credentials, a
+    /// deleted queue): the consumer stopped instead of retrying for ever.
+    #[error("receiving failed {failures} times in a row over {}s with a permanent error; the consumer stopped: {last}", .over.as_secs())]
+    ReceiveFailed {
+        /// Failures in a row.
+        failures: u32,
+        /// The time from the first of them to the last.
+        over: Duration,
+        /// The last error.
+        #[source]
+        last: Error,
+    },
     /// The consumer's task ended abnormally (it panicked, or its runtime shut down).
     #[error("the consumer task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+}
+
+/// When permanent receive errors stop a consumer ([`ConsumerBuilder::give_up_receiving_after`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct GiveUp {
+    pub(super) failures: u32,
+    pub(super) over: Duration,
+}
+
+impl Default for GiveUp {
+    fn default() -> Self {
+        Self {
+            failures: 10,
+            over: Duration::from_secs(60),
+        }
+    }
 }
 
 /// What happens to the events parked behind a key's head when the head is dead-lettered.
@@ -97,6 +125,7 @@ pub struct ConsumerBuilder {
     pub(super) ordering: Option<OrderingConfig>,
     pub(super) shutdown_grace: Duration,
     pub(super) settle_backoff: Duration,
+    pub(super) give_up: GiveUp,
     pub(super) seed: Option<u64>,
     #[cfg(feature = "tower")]
     pub(super) layers: super::tower::Layers,
@@ -128,6 +157,7 @@ impl ConsumerBuilder {
             ordering: None,
             shutdown_grace: Duration::from_secs(10),
             settle_backoff: Duration::from_secs(1),
+            give_up: GiveUp::default(),
             seed: None,
             #[cfg(feature = "tower")]
             layers: super::tower::Layers::default(),
@@ -217,6 +247,19 @@ impl ConsumerBuilder {
     /// least 10 ms so an unwritable DLQ cannot spin the handler).
     pub fn settle_backoff(mut self, backoff: Duration) -> Self {
         self.settle_backoff = backoff.max(Duration::from_millis(10));
+        self
+    }
+
+    /// When a consumer whose receive keeps failing with a permanent error (one whose
+    /// [`is_temporary`](Error::is_temporary) is false: refused credentials, a deleted queue) stops: after
+    /// `failures` such errors in a row spanning at least `over` (default 10 over 60 s), its handle returns
+    /// [`ConsumerError::ReceiveFailed`]. A temporary error (a broken connection, a timeout) or a delivery
+    /// starts the count again; temporary errors are retried with a backoff for as long as they last.
+    pub fn give_up_receiving_after(mut self, failures: u32, over: Duration) -> Self {
+        self.give_up = GiveUp {
+            failures: failures.max(1),
+            over,
+        };
         self
     }
 

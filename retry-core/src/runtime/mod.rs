@@ -206,6 +206,66 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn permanent_receive_errors_stop_the_consumer_with_the_last_error() {
+        let transport = MemoryTransport::new();
+        transport.fail_receives("p", Some(crate::error::Kind::Security));
+        let broker = Broker::new(transport.clone());
+        let handle = broker
+            .consumer("p")
+            .give_up_receiving_after(3, Duration::from_millis(250))
+            .start(handler_fn(|_e: Event, _c: Context| async { Ok(()) }))
+            .await
+            .unwrap();
+        let ended = tokio::time::timeout(Duration::from_secs(10), handle)
+            .await
+            .expect("the consumer stops");
+        match ended {
+            Err(ConsumerError::ReceiveFailed {
+                failures,
+                over,
+                last,
+            }) => {
+                assert!(failures >= 3 && over >= Duration::from_millis(250));
+                assert_eq!(last.kind(), crate::error::Kind::Security);
+            }
+            other => panic!("want ReceiveFailed, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn temporary_receive_errors_are_retried_until_they_heal() {
+        let transport = MemoryTransport::new();
+        transport.fail_receives("t", Some(crate::error::Kind::Connection));
+        let broker = Broker::new(transport.clone());
+        let handle = broker
+            .consumer("t")
+            .give_up_receiving_after(2, Duration::ZERO)
+            .start(handler_fn(|_e: Event, _c: Context| async { Ok(()) }))
+            .await
+            .unwrap();
+        let stats = tokio::time::timeout(
+            Duration::from_secs(10),
+            handle.wait_until(|s| s.receive_errors >= 4),
+        )
+        .await
+        .unwrap();
+        assert!(!handle.is_finished(), "still running: {stats:?}");
+        transport.fail_receives("t", None);
+        broker
+            .producer()
+            .publish("t", Event::new("x"))
+            .await
+            .unwrap();
+        tokio::time::timeout(
+            Duration::from_secs(15),
+            handle.wait_until(|s| s.succeeded == 1),
+        )
+        .await
+        .unwrap();
+        handle.shutdown().await.unwrap();
+    }
+
+    #[tokio::test]
     async fn shutdown_during_a_dlq_outage_gives_the_event_back_unsettled() {
         let transport = MemoryTransport::new();
         transport.set_dlq_writable("d", false);

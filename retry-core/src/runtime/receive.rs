@@ -30,7 +30,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::builder::{ConsumerBuilder, ConsumerError};
+use super::builder::{ConsumerBuilder, ConsumerError, GiveUp};
 use super::handle::ConsumerHandle;
 use super::handler::Handler;
 use super::ordering::{self, KeyQueues, Parking};
@@ -99,6 +99,7 @@ pub(super) async fn start(
             tokio::runtime::Handle::current().runtime_flavor()
                 == tokio::runtime::RuntimeFlavor::CurrentThread,
         ),
+        permanent: PermanentErrors::new(b.give_up),
     };
     let stopped = StopGuard(counters.clone());
     let task = tokio::spawn(async move {
@@ -169,6 +170,36 @@ struct ReceiveLoop {
     grace: Duration,
     /// Whether a delivery is polled once in the loop before it becomes a task.
     inlining: Inlining,
+    /// Permanent receive errors in a row, and when they make the consumer stop.
+    permanent: PermanentErrors,
+}
+
+/// Counts permanent receive errors in a row ([`Error::is_temporary`](crate::error::Error::is_temporary)
+/// false) and tells when they are enough to stop: retrying refused credentials or a deleted queue for
+/// ever only hides the fault, while a stopped consumer's handle says what is wrong.
+#[derive(Debug)]
+struct PermanentErrors {
+    limit: GiveUp,
+    run: Option<(u32, Instant)>,
+}
+
+impl PermanentErrors {
+    fn new(limit: GiveUp) -> Self {
+        Self { limit, run: None }
+    }
+
+    /// A delivery or a temporary error: the run of permanent errors is over.
+    fn reset(&mut self) {
+        self.run = None;
+    }
+
+    /// A permanent error at `now`: `Some((failures, over))` once the run is long enough to stop.
+    fn failed(&mut self, now: Instant) -> Option<(u32, Duration)> {
+        let (failures, first) = self.run.get_or_insert((0, now));
+        *failures += 1;
+        let over = now.saturating_duration_since(*first);
+        (*failures >= self.limit.failures && over >= self.limit.over).then_some((*failures, over))
+    }
 }
 
 /// Decides, delivery by delivery, whether its first poll runs in the receive loop or it becomes a task at
@@ -288,6 +319,7 @@ impl ReceiveLoop {
             match next {
                 Ok(Some(delivery)) => {
                     receive_backoff = Duration::from_millis(100);
+                    self.permanent.reset();
                     let start = self.inlining.next();
                     if let Some(processing) = self.dispatch(delivery, permit, start) {
                         let started = (start == Start::InlineTimed).then(Instant::now);
@@ -304,10 +336,26 @@ impl ReceiveLoop {
                 Ok(None) => break,
                 Err(e) if e.kind() == Kind::Closed => break,
                 Err(e) => {
-                    warn!(error = %e, "receive failed; retrying");
                     self.shared
                         .counters
                         .error(&self.shared.counters.receive_errors, e.to_string());
+                    if e.is_temporary() {
+                        warn!(error = %e, "receive failed; retrying");
+                        self.permanent.reset();
+                    } else if let Some((failures, over)) = self.permanent.failed(Instant::now()) {
+                        tracing::error!(error = %e, failures, "receive keeps failing with a permanent error: stopping the consumer");
+                        // In-flight work finishes (or is given back) before the consumer reports.
+                        if let Err(close) = self.drain().await {
+                            warn!(error = %close, "closing the subscription failed");
+                        }
+                        return Err(ConsumerError::ReceiveFailed {
+                            failures,
+                            over,
+                            last: e,
+                        });
+                    } else {
+                        tracing::error!(error = %e, "receive failed with a permanent error; retrying");
+                    }
                     tokio::select! {
                         () = tokio::time::sleep(receive_backoff) => {}
                         () = shutdown.cancelled() => break,
@@ -461,6 +509,25 @@ impl ReceiveLoop {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn permanent_errors_stop_only_when_enough_over_long_enough() {
+        let mut permanent = PermanentErrors::new(GiveUp {
+            failures: 3,
+            over: Duration::from_secs(10),
+        });
+        let t0 = Instant::now();
+        assert_eq!(permanent.failed(t0), None);
+        assert_eq!(permanent.failed(t0 + Duration::from_secs(1)), None);
+        // Three failures, but within 10 s.
+        assert_eq!(permanent.failed(t0 + Duration::from_secs(2)), None);
+        assert_eq!(
+            permanent.failed(t0 + Duration::from_secs(10)),
+            Some((4, Duration::from_secs(10)))
+        );
+        permanent.reset();
+        assert_eq!(permanent.failed(t0 + Duration::from_secs(30)), None);
+    }
 
     #[test]
     fn a_current_thread_runtime_always_polls_inline_untimed() {
