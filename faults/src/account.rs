@@ -95,6 +95,7 @@ mod tests {
                     } else {
                         0
                     },
+                    first_at: 0,
                 },
             );
         }
@@ -132,6 +133,7 @@ mod tests {
                 calls: 1,
                 oks: 0,
                 refusals: 0,
+                first_at: 0,
             },
         );
         dlq.push(workload::event_id(4));
@@ -163,6 +165,7 @@ mod tests {
                 calls: 3,
                 oks: 3,
                 refusals: 0,
+                first_at: 0,
             },
         );
         let a = account(10, 10, &t, &dlq);

@@ -87,6 +87,8 @@ pub(crate) struct Calls {
     pub(crate) oks: u32,
     /// Calls that were refused (non-retryable).
     pub(crate) refusals: u32,
+    /// When the first call was written.
+    pub(crate) first_at: u64,
 }
 
 /// What the record says so far.
@@ -120,6 +122,23 @@ impl Tally {
         self.times.iter().filter(|&&t| t >= from && t < to).count()
     }
 
+    /// Events whose first call was written within `[from, to)`.
+    pub(crate) fn started_between(&self, from: u64, to: u64) -> usize {
+        self.by_id
+            .values()
+            .filter(|c| c.first_at >= from && c.first_at < to)
+            .count()
+    }
+
+    /// Refused events first called within `[from, to)` that were called more than once.
+    pub(crate) fn refused_again(&self, from: u64, to: u64) -> Vec<&str> {
+        self.by_id
+            .iter()
+            .filter(|(_, c)| c.refusals > 0 && c.calls > 1 && c.first_at >= from && c.first_at < to)
+            .map(|(id, _)| id.as_str())
+            .collect()
+    }
+
     /// The first call at or after `ms`.
     pub(crate) fn first_call_since(&self, ms: u64) -> Option<u64> {
         self.times.iter().copied().filter(|&t| t >= ms).min()
@@ -140,6 +159,9 @@ impl Tally {
             return;
         };
         let calls = self.by_id.entry(id.to_string()).or_default();
+        if calls.calls == 0 {
+            calls.first_at = at;
+        }
         calls.calls += 1;
         match outcome {
             Outcome::Ok => calls.oks += 1,
@@ -220,18 +242,38 @@ mod tests {
         recorder.call("ev-00007", 1, Outcome::Refused).unwrap();
         recorder.call("ev-00003", 2, Outcome::Ok).unwrap();
         let tally = reader.refresh().unwrap();
+        let first = tally.by_id["ev-00003"].first_at;
         assert_eq!(
             tally.by_id["ev-00003"],
             Calls {
                 calls: 3,
                 oks: 2,
-                refusals: 0
+                refusals: 0,
+                first_at: first,
             }
         );
         assert_eq!(tally.by_id["ev-00007"].refusals, 1);
         assert_eq!(tally.succeeded(), 1);
         assert_eq!(tally.calls(), 4);
         assert_eq!(tally.unreadable, 0);
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn events_are_placed_by_their_first_call() {
+        let path = std::env::temp_dir().join(format!("faults-first-{}", std::process::id()));
+        std::fs::write(
+            &path,
+            "100 1 ev-00001 1 failed\n200 1 ev-00007 1 refused\n300 1 ev-00001 2 ok\n\
+             400 1 ev-00107 1 refused\n450 1 ev-00107 1 refused\n500 1 ev-00002 1 ok\n",
+        )
+        .unwrap();
+        let mut reader = RecordReader::new(&path);
+        let tally = reader.refresh().unwrap();
+        assert_eq!(tally.started_between(150, 500), 2, "ev-00007 and ev-00107");
+        assert_eq!(tally.started_between(0, 1000), 4);
+        assert_eq!(tally.refused_again(0, 1000), vec!["ev-00107"]);
+        assert!(tally.refused_again(0, 300).is_empty());
         std::fs::remove_file(&path).unwrap();
     }
 

@@ -32,6 +32,11 @@ pub(crate) struct Row {
     /// The consumer kept running through the fault without a restart (`None` where the fault is the
     /// consumer's death).
     pub(crate) survived: Option<bool>,
+    /// F5: consumption paused while the DLQ refused (no event started in the outage's second half, the
+    /// broker's count of the group's waiting messages did not fall, no refused event was delivered
+    /// again); `None` for the other faults.
+    #[serde(default)]
+    pub(crate) paused: Option<bool>,
     /// Seconds from the fault's end to the first handler call after it.
     pub(crate) recovery_s: Option<f64>,
     /// The broker itself keeps no state across the fault (ElasticMQ restarted): its losses are the
@@ -53,6 +58,7 @@ impl Row {
             && ((self.lost == 0 && self.dlq_actual == self.dlq_expected)
                 || self.broker_keeps_no_state)
             && self.survived != Some(false)
+            && self.paused != Some(false)
     }
 
     /// The row's file name.

@@ -17,7 +17,7 @@ use tokio::process::{Child, Command};
 use crate::account::account;
 use crate::faults::{AT_SHARE, Fault};
 use crate::netns::Namespace;
-use crate::record::{RecordReader, now_ms};
+use crate::record::{RecordReader, Tally, now_ms};
 use crate::report::Row;
 use crate::target::{self, BrokerName, Target};
 use crate::workload;
@@ -239,7 +239,70 @@ struct Run<'a> {
     started: usize,
     /// DLQ entries a fault switch had to take out of the broker (counted as DLQ entries).
     moved: Vec<String>,
+    /// F5: what the broker and the record showed in the second half of the DLQ outage.
+    outage_half: Option<OutageHalf>,
     notes: Vec<String>,
+}
+
+/// A DLQ outage as the pause check sees it. Once the first dead letter is refused, the consumer must
+/// pause: the events it had already taken finish within a second (10 ms of work each), and no event
+/// starts after that; in the outage's second half the broker's count of the source's messages waiting
+/// for the group does not fall; and no refused event is delivered again (its original stayed unsettled
+/// with the consumer that holds it).
+#[derive(Clone, Copy, Debug)]
+struct OutageHalf {
+    /// When it began and ended (ms since the epoch).
+    from: u64,
+    to: u64,
+    /// Messages the broker held for the group then, read with its own client.
+    waiting_from: u64,
+    waiting_to: u64,
+}
+
+impl OutageHalf {
+    /// Whether the record and the broker show a consumer that paused and left the original unsettled,
+    /// and the words for the row's note.
+    fn verdict(&self, tally: &Tally, fault_start: u64) -> (bool, String) {
+        let first_refusal = tally
+            .refusal_times
+            .iter()
+            .copied()
+            .filter(|&t| t >= fault_start && t < self.from)
+            .min();
+        let Some(first_refusal) = first_refusal else {
+            return (
+                false,
+                "pause check: no dead letter was refused in the outage's first half — NOT shown"
+                    .into(),
+            );
+        };
+        let settled_in = 1_000;
+        let started = tally.started_between(first_refusal + settled_in, self.to);
+        let redelivered = tally.refused_again(0, self.to);
+        let paused = started == 0 && self.waiting_to >= self.waiting_from && redelivered.is_empty();
+        let mut words = format!(
+            "pause check: {started} events started from 1 s after the first refused dead letter to the \
+             outage's end, the broker's count of waiting messages {} → {} over its second half",
+            self.waiting_from, self.waiting_to
+        );
+        if !redelivered.is_empty() {
+            words.push_str(&format!(
+                ", refused events called again: {}",
+                first_ids(
+                    &redelivered
+                        .iter()
+                        .map(|s| s.to_string())
+                        .collect::<Vec<_>>()
+                )
+            ));
+        }
+        words.push_str(if paused {
+            " — paused"
+        } else {
+            " — NOT paused"
+        });
+        (paused, words)
+    }
 }
 
 /// Runs `fault` on `name` and counts.
@@ -269,6 +332,7 @@ async fn cell(
         consumer: None,
         started: 0,
         moved: Vec::new(),
+        outage_half: None,
         notes: Vec::new(),
     };
     let row = run.go().await;
@@ -310,7 +374,8 @@ impl Run<'_> {
     async fn go(&mut self) -> Result<Row, BoxError> {
         let admin = self.broker.admin();
         admin.declare(&self.topic, Some(&self.group)).await?;
-        let dlq = admin.names(&self.topic, Some(&self.group)).await?.dlq;
+        let names = admin.names(&self.topic, Some(&self.group)).await?;
+        let (source, dlq) = (names.topic, names.dlq);
         let (mut produced, resent) = produce(&self.broker, &self.topic, 0..self.events).await?;
         if resent > 0 {
             self.notes
@@ -324,7 +389,7 @@ impl Run<'_> {
         self.wait_for_share(&mut reader).await?;
 
         let fault_start = now_ms();
-        self.inject(&dlq).await?;
+        self.inject(&source, &dlq).await?;
         let healed = now_ms();
         let tally = reader.refresh()?;
         let during = tally.calls_between(fault_start, healed);
@@ -373,6 +438,11 @@ impl Run<'_> {
                 "{refused_during} non-retryable events handled while the DLQ was unwritable"
             ));
         }
+        let paused = self.outage_half.map(|half| {
+            let (paused, words) = half.verdict(tally, fault_start);
+            notes.push(words);
+            paused
+        });
         if !counted.misrouted.is_empty() {
             notes.push(format!(
                 "{} events that should have succeeded are in the DLQ: {}",
@@ -430,6 +500,7 @@ impl Run<'_> {
             dlq_expected,
             dlq_actual: counted.dlq_distinct,
             survived,
+            paused,
             recovery_s: tally
                 .first_call_since(healed)
                 .map(|t| (t.saturating_sub(healed)) as f64 / 1000.0),
@@ -462,7 +533,7 @@ impl Run<'_> {
     }
 
     /// Injects the fault and ends it.
-    async fn inject(&mut self, dlq: &str) -> Result<(), BoxError> {
+    async fn inject(&mut self, source: &str, dlq: &str) -> Result<(), BoxError> {
         let name = self.target.name;
         match self.fault {
             Fault::ConsumerKill => {
@@ -495,7 +566,19 @@ impl Run<'_> {
             Fault::DlqOutage => {
                 self.moved
                     .extend(self.target.raw.refuse_dlq_writes(dlq).await?);
-                tokio::time::sleep(self.outage).await;
+                let first_half = self.outage / 2;
+                tokio::time::sleep(first_half).await;
+                let from = now_ms();
+                let waiting_from = self.target.raw.waiting(source, &self.group).await?;
+                tokio::time::sleep(self.outage - first_half).await;
+                let to = now_ms();
+                let waiting_to = self.target.raw.waiting(source, &self.group).await?;
+                self.outage_half = Some(OutageHalf {
+                    from,
+                    to,
+                    waiting_from,
+                    waiting_to,
+                });
                 self.moved
                     .extend(self.target.raw.accept_dlq_writes(dlq).await?);
                 self.broker
@@ -567,4 +650,59 @@ impl Run<'_> {
 fn first_ids(ids: &[String]) -> String {
     let shown: Vec<&str> = ids.iter().take(5).map(String::as_str).collect();
     shown.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::Calls;
+
+    fn calls(first_at: u64, calls: u32, refusals: u32) -> Calls {
+        Calls {
+            calls,
+            oks: calls - refusals,
+            refusals,
+            first_at,
+        }
+    }
+
+    #[test]
+    fn the_pause_check_fails_on_each_sign_of_consumption_going_on() {
+        let half = OutageHalf {
+            from: 1_000,
+            to: 2_000,
+            waiting_from: 500,
+            waiting_to: 500,
+        };
+        let mut tally = Tally::default();
+        tally.by_id.insert("ev-00001".into(), calls(100, 1, 0));
+        tally.by_id.insert("ev-00007".into(), calls(300, 1, 1));
+        tally.refusal_times.push(300);
+        // Taken before the refusal, finished within the second after it.
+        tally.by_id.insert("ev-00002".into(), calls(1_200, 1, 0));
+        assert!(half.verdict(&tally, 0).0, "paused");
+        assert!(
+            !half.verdict(&tally, 400).0,
+            "no refusal in the outage: nothing shown"
+        );
+        let mut started = Tally::default();
+        started.refusal_times.clone_from(&tally.refusal_times);
+        started.by_id.clone_from(&tally.by_id);
+        started.by_id.insert("ev-00003".into(), calls(1_400, 1, 0));
+        assert!(
+            !half.verdict(&started, 0).0,
+            "an event started after the pause"
+        );
+        let fell = OutageHalf {
+            waiting_to: 499,
+            ..half
+        };
+        assert!(!fell.verdict(&tally, 0).0, "the broker's count fell");
+        let mut again = Tally::default();
+        again.refusal_times.clone_from(&tally.refusal_times);
+        again.by_id.clone_from(&tally.by_id);
+        again.by_id.insert("ev-00107".into(), calls(250, 2, 2));
+        let (paused, words) = half.verdict(&again, 0);
+        assert!(!paused && words.contains("ev-00107"), "{words}");
+    }
 }

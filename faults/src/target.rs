@@ -181,6 +181,9 @@ mod tests {
         async fn messages(&self, _: &str) -> Result<Vec<raw_brokers::RawEntry>, BoxError> {
             Ok(vec![])
         }
+        async fn waiting(&self, _: &str, _: &str) -> Result<u64, BoxError> {
+            Ok(0)
+        }
         async fn refuse_dlq_writes(&self, _: &str) -> Result<Vec<String>, BoxError> {
             Ok(vec![])
         }

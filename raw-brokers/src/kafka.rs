@@ -150,6 +150,16 @@ impl RawBroker for RawKafka {
         tokio::task::spawn_blocking(move || this.read_all(&topic)).await?
     }
 
+    /// The records at or beyond the group's committed offsets.
+    async fn waiting(&self, topic: &str, group: &str) -> Result<u64, BoxError> {
+        let this = Self {
+            bootstrap: self.bootstrap.clone(),
+        };
+        let (topic, group) = (topic.to_string(), group.to_string());
+        let left = tokio::task::spawn_blocking(move || this.uncommitted(&group, &topic)).await??;
+        Ok(u64::try_from(left)?)
+    }
+
     async fn refuse_dlq_writes(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
         // 1 byte is less than any record batch; the records already there stay.
         self.set_max_message_bytes(dlq, "1").await?;

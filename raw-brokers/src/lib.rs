@@ -64,6 +64,11 @@ pub trait RawBroker: Send + Sync {
         Ok(payloads(self.messages(dlq).await?))
     }
 
+    /// How many of the queue or topic `source`'s messages the broker still holds for consumer group
+    /// `group`, as the broker itself counts them (each broker says what it counts). A group whose
+    /// consumer settles nothing never sees it fall.
+    async fn waiting(&self, source: &str, group: &str) -> Result<u64, BoxError>;
+
     /// Makes `dlq` refuse writes. Where that cannot keep its entries in the broker, they are taken out and
     /// returned (their payloads), and the harness counts them as DLQ entries.
     async fn refuse_dlq_writes(&self, dlq: &str) -> Result<Vec<String>, BoxError>;

@@ -85,6 +85,11 @@ impl RawPulsar {
 
 #[async_trait]
 impl RawBroker for RawPulsar {
+    /// The subscription's backlog: every message it has not acknowledged.
+    async fn waiting(&self, topic: &str, subscription: &str) -> Result<u64, BoxError> {
+        self.backlog(topic, subscription).await
+    }
+
     async fn messages(&self, topic: &str) -> Result<Vec<RawEntry>, BoxError> {
         let subscription = reader_name();
         let mut consumer: pulsar::Consumer<Vec<u8>, TokioExecutor> = self

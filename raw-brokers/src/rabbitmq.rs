@@ -114,6 +114,12 @@ impl RawBroker for RawRabbit {
         payloads
     }
 
+    /// The messages ready in the group's queue `queue` (deliveries a consumer holds unacknowledged are
+    /// not counted: AMQP's passive declare does not tell them).
+    async fn waiting(&self, queue: &str, _group: &str) -> Result<u64, BoxError> {
+        Ok(u64::from(self.depth(queue).await?))
+    }
+
     async fn refuse_dlq_writes(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
         let mut moved = Vec::new();
         for _ in 0..5 {

@@ -7,7 +7,7 @@
 use async_trait::async_trait;
 use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
-use aws_sdk_sqs::types::{ChangeMessageVisibilityBatchRequestEntry, Message};
+use aws_sdk_sqs::types::{ChangeMessageVisibilityBatchRequestEntry, Message, QueueAttributeName};
 
 use super::{BoxError, RawBroker, RawEntry, payloads};
 
@@ -108,6 +108,35 @@ impl RawSqs {
 
 #[async_trait]
 impl RawBroker for RawSqs {
+    /// The queue's approximate counts of visible, in-flight (received, not deleted) and delayed messages
+    /// (a queue is one group).
+    async fn waiting(&self, queue: &str, _group: &str) -> Result<u64, BoxError> {
+        let url = self
+            .queue_url(queue)
+            .await?
+            .ok_or_else(|| format!("no queue {queue}"))?;
+        let attributes = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::All)
+            .send()
+            .await?
+            .attributes
+            .unwrap_or_default();
+        let mut held = 0;
+        for name in [
+            QueueAttributeName::ApproximateNumberOfMessages,
+            QueueAttributeName::ApproximateNumberOfMessagesNotVisible,
+            QueueAttributeName::ApproximateNumberOfMessagesDelayed,
+        ] {
+            if let Some(count) = attributes.get(&name) {
+                held += count.parse::<u64>()?;
+            }
+        }
+        Ok(held)
+    }
+
     async fn messages(&self, queue: &str) -> Result<Vec<RawEntry>, BoxError> {
         let Some(url) = self.queue_url(queue).await? else {
             return Ok(Vec::new());
