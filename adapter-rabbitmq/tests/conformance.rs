@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance_tests::{Adapter, Faults, Fixture, Inspect, NativeMessage, RawClient, hex};
+use conformance_tests::{
+    Adapter, Faults, Fixture, HeldParts, Inspect, NativeMessage, RawClient, hex,
+};
 use event_retry_rabbitmq::RabbitTransport;
 use lapin::options::{BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, DecimalValue, FieldArray, FieldTable, LongString, ShortString};
@@ -33,17 +35,16 @@ impl Faults for DlqQueue {
 
 /// Reads a work queue's counts with the broker's own tool: `rabbitmqctl list_queues` on the node
 /// `RETRY_TEST_AMQP_NODE` names (AMQP itself tells only the messages ready, not those a consumer holds
-/// unacknowledged).
+/// unacknowledged), and the delay ladder's messages with lapin.
 struct QueueDepth {
     node: String,
+    url: String,
     transport: RabbitTransport,
 }
 
-/// Messages ready or unacknowledged in the group's work queue. The delay ladder is shared by every topic,
-/// so what went onto it for one topic cannot be singled out.
-#[async_trait]
-impl Inspect for QueueDepth {
-    async fn held_in_source(&self, topic: &str, group: &str) -> Result<u64, Error> {
+impl QueueDepth {
+    /// The group's work queue's messages ready and unacknowledged.
+    async fn counts(&self, topic: &str, group: &str) -> Result<HeldParts, Error> {
         let queue = self.transport.names(topic, Some(group)).await?.topic;
         let out = tokio::process::Command::new("rabbitmqctl")
             .args([
@@ -73,8 +74,80 @@ impl Inspect for QueueDepth {
             .iter()
             .find(|q| q["name"] == queue.as_str())
             .ok_or_else(|| Error::new(Kind::NotFound, format!("no queue {queue}")))?;
-        Ok(queue["messages_ready"].as_u64().unwrap_or(0)
-            + queue["messages_unacknowledged"].as_u64().unwrap_or(0))
+        Ok(HeldParts {
+            waiting: queue["messages_ready"].as_u64().unwrap_or(0),
+            handed_out: queue["messages_unacknowledged"].as_u64().unwrap_or(0),
+        })
+    }
+
+    /// The queues of the delay ladder's levels, named as the adapter names them.
+    fn ladder_queues(&self) -> Vec<String> {
+        let config = self.transport.config();
+        (0..config.levels)
+            .map(|k| {
+                format!(
+                    "{}.delay-{}ms-{}.{k:02}",
+                    config.prefix,
+                    config.granularity.as_millis(),
+                    config.queue_type.as_str()
+                )
+            })
+            .collect()
+    }
+}
+
+/// The group's work queue read with `rabbitmqctl`; the retry route is the shared delay ladder, read with
+/// lapin message by message: a copy on its way to a work queue carries the queue's name as the last word
+/// of its routing key.
+#[async_trait]
+impl Inspect for QueueDepth {
+    async fn held_in_source(&self, topic: &str, group: &str) -> Result<u64, Error> {
+        let parts = self.counts(topic, group).await?;
+        Ok(parts.waiting + parts.handed_out)
+    }
+
+    async fn held_parts(&self, topic: &str, group: &str) -> Result<Option<HeldParts>, Error> {
+        self.counts(topic, group).await.map(Some)
+    }
+
+    /// The copies on their way through the ladder to the group's work queue now (taken one by one
+    /// without an acknowledgement and given back when the connection closes). A copy that already came
+    /// out of the ladder waits in the work queue, where [`Inspect::held_parts`] counts it.
+    async fn sent_to_retry_route(&self, topic: &str, group: &str) -> Result<Option<u64>, Error> {
+        let queue = self.transport.names(topic, Some(group)).await?.topic;
+        let suffix = format!(".{queue}");
+        let conn = Connection::connect(&self.url, ConnectionProperties::default())
+            .await
+            .map_err(wrap(Kind::Connection, "connect to read the ladder"))?;
+        let channel = conn
+            .create_channel()
+            .await
+            .map_err(wrap(Kind::Connection, "open a channel"))?;
+        let mut copies = 0;
+        let mut read = Ok(());
+        'levels: for level in self.ladder_queues() {
+            loop {
+                match channel
+                    .basic_get(level.as_str().into(), BasicGetOptions { no_ack: false })
+                    .await
+                {
+                    Ok(Some(message)) => {
+                        if message.delivery.routing_key.as_str().ends_with(&suffix) {
+                            copies += 1;
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        read = Err(Error::from_source(Kind::Connection, e)
+                            .with_operation(format!("read {level}")));
+                        break 'levels;
+                    }
+                }
+            }
+        }
+        // Closing gives every message taken back to its level, unacknowledged.
+        let _ = conn.close(200, "read".into()).await;
+        read.map(|()| Some(copies))
     }
 }
 
@@ -276,6 +349,7 @@ async fn connect(url: String) -> Result<Fixture, String> {
     Ok(match test_support::broker::url("RETRY_TEST_AMQP_NODE") {
         Some(node) => fixture.with_inspect(QueueDepth {
             node,
+            url: url.clone(),
             transport: transport.clone(),
         }),
         None => fixture,

@@ -36,6 +36,29 @@ pub trait Inspect: Send + Sync + 'static {
         let _ = (topic, group);
         Ok(None)
     }
+
+    /// Why [`Inspect::sent_to_retry_route`] cannot read this broker's retry route, for the report.
+    fn retry_route_unread(&self) -> &'static str {
+        "the broker has no retry route of this topic's own to read"
+    }
+
+    /// The messages [`Inspect::held_in_source`] counts, split into those waiting to be handed out and
+    /// those handed out to a consumer and not settled; `None` where the broker cannot tell them apart.
+    /// While a consumer holds one delivery and receives nothing more, the held delivery is the one
+    /// handed out: a broker that can split tells the original from a copy of it.
+    async fn held_parts(&self, topic: &str, group: &str) -> Result<Option<HeldParts>, Error> {
+        let _ = (topic, group);
+        Ok(None)
+    }
+}
+
+/// A source's held messages in two parts ([`Inspect::held_parts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldParts {
+    /// Waiting to be handed out: ready, visible or delayed.
+    pub waiting: u64,
+    /// Handed out to a consumer and not yet settled: unacknowledged, in flight.
+    pub handed_out: u64,
 }
 
 /// A message as the broker's own client describes it: one `(field, value)` line per thing a producer

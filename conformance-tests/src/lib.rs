@@ -17,5 +17,5 @@ pub mod report;
 pub mod scenarios;
 pub mod suite;
 
-pub use fixture::{Abilities, Faults, Fixture, Inspect, NativeMessage, RawClient, hex};
+pub use fixture::{Abilities, Faults, Fixture, HeldParts, Inspect, NativeMessage, RawClient, hex};
 pub use suite::{Adapter, BoxFuture, Connect, run, run_current_thread, run_only};

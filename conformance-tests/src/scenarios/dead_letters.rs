@@ -2,13 +2,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
 
 use super::support::*;
 use super::{ScenarioResult, Verdict};
-use crate::fixture::Fixture;
+use crate::fixture::{Fixture, HeldParts};
 use crate::probe::{Act, Probe, ensure, wait_for, wait_for_async};
 
 /// Scenario 9: DLQ replay → processed, DLQ emptied, replay count recorded, attempts restarted.
@@ -139,6 +140,29 @@ pub(super) async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
              the original and the event behind it (2)"
         )
     })?;
+    // Where the broker tells waiting from handed out: the original is the one delivery handed out (a
+    // copy of it would wait beside the event behind it, with nothing handed out).
+    let want = HeldParts {
+        waiting: 1,
+        handed_out: 1,
+    };
+    let deadline = std::time::Instant::now() + patience(&f, 10);
+    let split = loop {
+        let parts = inspect
+            .held_parts(&topic, group)
+            .await
+            .map_err(|e| format!("read the broker's view: {e}"))?;
+        if parts.is_none_or(|p| p == want) || std::time::Instant::now() > deadline {
+            break parts;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    ensure(split.is_none_or(|p| p == want), || {
+        format!(
+            "during the outage the broker holds {split:?} of {topic} for {group}, want the original \
+             handed out and the event behind it waiting ({want:?})"
+        )
+    })?;
     let route = inspect
         .sent_to_retry_route(&topic, group)
         .await
@@ -187,10 +211,9 @@ pub(super) async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
     finish(&f, &topic, vec![c2]).await?;
     Ok(match route {
         Some(_) => Verdict::Pass(Some("retry route read from the broker: empty".to_string())),
-        None => Verdict::Partial(
-            "the retry route was not read (the broker has none of this topic's own: a ladder \
-             shared by every topic, or retries kept in the source queue)"
-                .to_string(),
-        ),
+        None => Verdict::Partial(format!(
+            "the retry route was not read: {}",
+            inspect.retry_route_unread()
+        )),
     })
 }
