@@ -8,7 +8,10 @@
 //!   dead letters behave the same;
 //! * acknowledgements sent in batches (`basic.ack` with `multiple`) settle every delivery once, with
 //!   handlers finishing out of order, retries through the ladder, and deliveries requeued at a shutdown
-//!   cut in the middle: every event succeeds exactly once and the queue, read with lapin, ends empty.
+//!   cut in the middle: every event succeeds exactly once and the queue, read with lapin, ends empty;
+//! * a connection lost while a DLQ outage holds consumption ends the hold: the delivery's channel died
+//!   with it, so the broker gives the event again; once the DLQ is back the event lands there once and
+//!   consumption goes on (before, the held dead letter was retried on the dead channel for ever).
 //!
 //! They run one at a time (the restart would disturb the other) when `RETRY_TEST_AMQP` names a broker
 //! started by `scripts/brokers`; otherwise they are listed as ignored with the reason, and fail when
@@ -36,7 +39,11 @@ const DELAY: Duration = Duration::from_secs(20);
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 4] = [
+    let tests: [(&str, Test); 5] = [
+        (
+            "a_connection_lost_in_a_dlq_outage_ends_the_hold",
+            a_connection_lost_in_a_dlq_outage_ends_the_hold,
+        ),
         (
             "batched_acks_settle_every_delivery_once",
             batched_acks_settle_every_delivery_once,
@@ -56,6 +63,125 @@ fn main() {
     ];
     let trials = test_support::broker::trials("rabbitmq", "RETRY_TEST_AMQP", &tests);
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// Closes every client connection to the node `RETRY_TEST_AMQP_NODE` names, with `rabbitmqctl`.
+async fn close_all_connections() -> Result<(), String> {
+    let node = test_support::broker::url("RETRY_TEST_AMQP_NODE")
+        .ok_or("RETRY_TEST_AMQP_NODE is not set (scripts/brokers writes it)")?;
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "-n",
+            &node,
+            "close_all_connections",
+            "test: connection lost",
+        ])
+        .output()
+        .await
+        .map_err(|e| format!("run rabbitmqctl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "rabbitmqctl close_all_connections: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// The DLQ refuses the victim's dead letter, so the runtime holds consumption and tries again; then every
+/// connection is closed (as a broker restart does) and the DLQ comes back. The held delivery's channel
+/// died, so the broker gives the victim again: it must land in the DLQ exactly once and the event
+/// published behind it must be handled, within 30 s.
+fn a_connection_lost_in_a_dlq_outage_ends_the_hold(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = RabbitTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("lost-in-outage-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        transport
+            .delete_dlq(&topic)
+            .await
+            .map_err(|e| e.to_string())?;
+        let handler = handler_fn(|event: Event, _ctx: Context| async move {
+            match event.id() {
+                Some("victim") => Err(HandlerError::non_retryable("bad input")),
+                _ => Ok(()),
+            }
+        });
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
+            .blocking(RetryPolicy::parse("200ms").map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        transport
+            .publish(&topic, &Event::new("victim").with_id("victim"))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::time::timeout(
+            Duration::from_secs(15),
+            consumer.wait_until(|s| s.settle_errors >= 2),
+        )
+        .await
+        .map_err(|_| format!("the DLQ outage was not met: {:?}", consumer.stats()))?;
+        close_all_connections().await?;
+        transport
+            .declare(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        transport
+            .publish(&topic, &Event::new("after").with_id("after"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let dead = loop {
+            let dead = Broker::new(transport.clone())
+                .dead_letters()
+                .list(&topic, &DlqFilter::all())
+                .await
+                .map_err(|e| e.to_string())?;
+            if consumer.stats().succeeded == 1 && !dead.is_empty() {
+                break dead;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "30 s after the connections closed and the DLQ came back: {} DLQ entries, {:?} \
+                     (consumption still held?)",
+                    dead.len(),
+                    consumer.stats()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        // A dead letter repeated on the dead channel would show as a second entry.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let dead = if dead.len() == 1 {
+            Broker::new(transport.clone())
+                .dead_letters()
+                .list(&topic, &DlqFilter::all())
+                .await
+                .map_err(|e| e.to_string())?
+        } else {
+            dead
+        };
+        let ids: Vec<_> = dead
+            .iter()
+            .map(|d| d.event.metadata().event_id.clone().unwrap_or_default())
+            .collect();
+        if ids != ["victim"] {
+            return Err(format!("DLQ entries {ids:?}, want the victim once"));
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        transport.delete(&topic).await.map_err(|e| e.to_string())?;
+        Ok(())
+    })
 }
 
 /// A quorum-queue transport: an event failing twice retries through the quorum ladder (never early) and
