@@ -86,6 +86,20 @@ struct Watch {
     last: Mutex<Option<String>>,
 }
 
+impl Watch {
+    /// librdkafka's report of a refused connection, with the likely cause where librdkafka's words vary:
+    /// a TLS client whose handshake the broker hung up on (not over a certificate) met a plaintext
+    /// listener, which librdkafka reports as "SSL handshake failed … PLAINTEXT broker listener?" or as
+    /// "SSL connection closed by peer (… in state SSL_HANDSHAKE)", whichever it sees first.
+    fn explained(&self, reason: &str) -> String {
+        if !self.plaintext && is_failed_handshake(reason) && !reason.contains("certificate") {
+            format!("{reason} (the TLS handshake failed: a plaintext listener?)")
+        } else {
+            reason.to_string()
+        }
+    }
+}
+
 impl ClientContext for Watch {
     fn error(&self, error: KafkaError, reason: &str) {
         if let Ok(mut last) = self.last.lock() {
@@ -95,7 +109,7 @@ impl ClientContext for Watch {
             && let Ok(mut failure) = self.failure.lock()
             && failure.is_none()
         {
-            *failure = Some(reason.to_string());
+            *failure = Some(self.explained(reason));
         }
     }
 
@@ -118,7 +132,7 @@ impl ClientContext for Watch {
         {
             format!("{log_message} (a TLS listener? this client's security.protocol is plaintext)")
         } else if is_failed_handshake(log_message) {
-            log_message.to_string()
+            self.explained(log_message)
         } else {
             return;
         };
@@ -264,16 +278,28 @@ mod tests {
         // event.
         let line = "sasl_ssl://127.0.0.1:19092/bootstrap: SSL handshake failed: Disconnected: \
                     connecting to a PLAINTEXT broker listener? (after 3ms in state SSL_HANDSHAKE)";
-        assert!(failure_after_log(false, line).is_some_and(|f| f.contains("PLAINTEXT")));
-        // The first SSL_connect failing at once, and a hang-up while the handshake waits.
+        assert!(
+            failure_after_log(false, line).is_some_and(|f| f.contains("a plaintext listener?"))
+        );
+        // The first SSL_connect failing at once, a hang-up while the handshake waits, and the broker
+        // closing the connection (librdkafka's other words for the same mismatch): each says the same.
         for line in [
             "ssl://127.0.0.1:19092/bootstrap: Disconnected: connection reset by peer (after 0ms in \
              state SSL_HANDSHAKE)",
             "ssl://127.0.0.1:19092/bootstrap: Disconnected: during SSL connection handshake (after \
              2ms in state SSL_HANDSHAKE)",
+            "sasl_ssl://127.0.0.1:19092/bootstrap: Disconnected: SSL connection closed by peer (after \
+             0ms in state SSL_HANDSHAKE)",
         ] {
-            assert!(failure_after_log(false, line).is_some(), "{line}");
+            assert!(
+                failure_after_log(false, line).is_some_and(|f| f.contains("a plaintext listener?")),
+                "{line}"
+            );
         }
+        // An untrusted certificate is not a plaintext listener.
+        let line = "ssl://127.0.0.1:9093/bootstrap: SSL handshake failed: error:0A000086:SSL \
+                    routines::certificate verify failed (after 5ms in state SSL_HANDSHAKE)";
+        assert!(failure_after_log(false, line).is_some_and(|f| !f.contains("plaintext listener")));
         // Not a refusal: a broker that is not there, or a handshake that got no answer yet.
         for line in [
             "ssl://127.0.0.1:19092/bootstrap: Connect to ipv4#127.0.0.1:19092 failed: Connection \
