@@ -9,6 +9,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::Headers;
 use rdkafka::{Message, Offset, TopicPartitionList};
 
@@ -50,7 +51,7 @@ impl RawKafka {
         let mut assignment = TopicPartitionList::new();
         let mut ends = Vec::new();
         for p in 0..partitions {
-            let (low, high) = consumer.fetch_watermarks(topic, p, timeout)?;
+            let (low, high) = watermarks(&consumer, topic, p, timeout)?;
             if high > low {
                 assignment.add_partition_offset(topic, p, Offset::Offset(low))?;
                 ends.push((p, high));
@@ -101,7 +102,7 @@ impl RawKafka {
         let committed = consumer.committed_offsets(list, timeout)?;
         let mut left = 0;
         for element in committed.elements() {
-            let (low, high) = consumer.fetch_watermarks(topic, element.partition(), timeout)?;
+            let (low, high) = watermarks(&consumer, topic, element.partition(), timeout)?;
             let from = match element.offset() {
                 Offset::Offset(o) => o.max(low),
                 _ => low,
@@ -170,5 +171,60 @@ impl RawBroker for RawKafka {
         // The broker's default.
         self.set_max_message_bytes(dlq, "1048588").await?;
         Ok(Vec::new())
+    }
+}
+
+/// The low and high watermarks of `topic`/`partition`. Right after a broker comes back its partitions
+/// are briefly without a leader (a single KRaft node fences itself for ~100 ms after a stall or a
+/// restart) and the broker answers "not leader": such answers are asked again for up to 30 s, as any
+/// client would.
+pub fn watermarks(
+    consumer: &BaseConsumer,
+    topic: &str,
+    partition: i32,
+    timeout: Duration,
+) -> Result<(i64, i64), KafkaError> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match consumer.fetch_watermarks(topic, partition, timeout) {
+            Err(e) if leader_moving(&e) && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            answer => return answer,
+        }
+    }
+}
+
+/// Whether Kafka's answer says a partition's leadership is settling, so asking again will do.
+pub fn leader_moving(e: &KafkaError) -> bool {
+    use rdkafka::types::RDKafkaErrorCode as Code;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            Code::NotLeaderForPartition
+                | Code::LeaderNotAvailable
+                | Code::FencedLeaderEpoch
+                | Code::UnknownLeaderEpoch
+                | Code::BrokerTransportFailure
+        )
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::types::RDKafkaErrorCode as Code;
+
+    #[test]
+    fn a_partition_between_leaders_is_asked_again_and_a_missing_topic_is_not() {
+        assert!(leader_moving(&KafkaError::MetadataFetch(
+            Code::NotLeaderForPartition
+        )));
+        assert!(leader_moving(&KafkaError::MetadataFetch(
+            Code::LeaderNotAvailable
+        )));
+        assert!(!leader_moving(&KafkaError::MetadataFetch(
+            Code::UnknownTopicOrPartition
+        )));
     }
 }

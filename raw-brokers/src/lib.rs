@@ -10,7 +10,9 @@ mod sqs;
 
 use async_trait::async_trait;
 
-pub use self::kafka::RawKafka;
+pub use self::kafka::{
+    RawKafka, leader_moving as kafka_leader_moving, watermarks as kafka_watermarks,
+};
 pub use self::pulsar::RawPulsar;
 pub use self::rabbitmq::RawRabbit;
 pub use self::sqs::RawSqs;

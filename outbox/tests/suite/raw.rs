@@ -37,8 +37,7 @@ pub(crate) fn kafka(bootstrap: &str, topic: &str) -> Result<Vec<Seen>, String> {
     let mut tpl = TopicPartitionList::new();
     let mut ends = Vec::new();
     for p in 0..i32::try_from(partitions).unwrap_or(0) {
-        let (low, high) = consumer
-            .fetch_watermarks(topic, p, timeout)
+        let (low, high) = raw_brokers::kafka_watermarks(&consumer, topic, p, timeout)
             .map_err(|e| format!("watermarks of {topic}/{p}: {e}"))?;
         if high > low {
             tpl.add_partition_offset(topic, p, Offset::Offset(low))
@@ -59,7 +58,11 @@ pub(crate) fn kafka(bootstrap: &str, topic: &str) -> Result<Vec<Seen>, String> {
         let Some(message) = consumer.poll(Duration::from_millis(200)) else {
             continue;
         };
-        let message = message.map_err(|e| format!("read {topic}: {e}"))?;
+        let message = match message {
+            Ok(message) => message,
+            Err(e) if raw_brokers::kafka_leader_moving(&e) => continue,
+            Err(e) => return Err(format!("read {topic}: {e}")),
+        };
         if let Some(n) = ends.iter_mut().find(|(p, _, _)| *p == message.partition()) {
             n.1 = n.1.max(message.offset());
         }
