@@ -26,7 +26,7 @@ use libtest_mimic::Arguments;
 use retry_core::adapter::{Admin, Transport};
 use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
-use retry_core::dlq::DlqFilter;
+use retry_core::dlq::{DeadLetter, DlqFilter};
 use retry_core::event::Event;
 use retry_core::policy::RetryPolicy;
 use retry_core::runtime::{Context, handler_fn};
@@ -63,6 +63,15 @@ fn main() {
     ];
     let trials = test_support::broker::trials("rabbitmq", "RETRY_TEST_AMQP", &tests);
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// The DLQ entries of `topic`, read through the SDK's DLQ operations.
+async fn dead_letters(transport: &RabbitTransport, topic: &str) -> Result<Vec<DeadLetter>, String> {
+    Broker::new(transport.clone())
+        .dead_letters()
+        .list(topic, &DlqFilter::all())
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Closes every client connection to the node `RETRY_TEST_AMQP_NODE` names, with `rabbitmqctl`.
@@ -142,11 +151,7 @@ fn a_connection_lost_in_a_dlq_outage_ends_the_hold(url: String) -> Result<(), St
             .map_err(|e| e.to_string())?;
         let deadline = Instant::now() + Duration::from_secs(30);
         let dead = loop {
-            let dead = Broker::new(transport.clone())
-                .dead_letters()
-                .list(&topic, &DlqFilter::all())
-                .await
-                .map_err(|e| e.to_string())?;
+            let dead = dead_letters(&transport, &topic).await?;
             if consumer.stats().succeeded == 1 && !dead.is_empty() {
                 break dead;
             }
@@ -163,11 +168,7 @@ fn a_connection_lost_in_a_dlq_outage_ends_the_hold(url: String) -> Result<(), St
         // A dead letter repeated on the dead channel would show as a second entry.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let dead = if dead.len() == 1 {
-            Broker::new(transport.clone())
-                .dead_letters()
-                .list(&topic, &DlqFilter::all())
-                .await
-                .map_err(|e| e.to_string())?
+            dead_letters(&transport, &topic).await?
         } else {
             dead
         };
@@ -232,11 +233,7 @@ fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         let dead = loop {
-            let dead = Broker::new(transport.clone())
-                .dead_letters()
-                .list(&topic, &DlqFilter::all())
-                .await
-                .map_err(|e| e.to_string())?;
+            let dead = dead_letters(&transport, &topic).await?;
             if consumer.stats().succeeded_after_retry == 1 && dead.len() == 1 {
                 break dead;
             }
@@ -409,11 +406,7 @@ fn returns_are_paired_with_their_own_publish(url: String) -> Result<(), String> 
             .await
             .map_err(|e| e.to_string())?;
         loop {
-            let dead = Broker::new(transport.clone())
-                .dead_letters()
-                .list(&broken, &DlqFilter::all())
-                .await
-                .map_err(|e| e.to_string())?;
+            let dead = dead_letters(&transport, &broken).await?;
             if dead.len() == 50 {
                 break;
             }
