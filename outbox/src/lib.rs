@@ -56,6 +56,7 @@ mod enqueue;
 mod error;
 pub mod lifecycle;
 pub mod metrics;
+mod pool;
 mod relay;
 mod row;
 mod store;

@@ -14,12 +14,11 @@
 //! the same clock as the SDK's metadata.
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use bytes::Bytes;
 use retry_core::time::Timestamp;
 use sqlx::AnyPool;
-use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
 
 use crate::error::OutboxError;
@@ -153,22 +152,7 @@ pub struct Counts {
 impl Store {
     /// Connects to `url` with at most `max_connections` and creates the table if it is missing.
     pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Self, OutboxError> {
-        let dialect = Dialect::of_url(url)?;
-        sqlx::any::install_default_drivers();
-        let url = match dialect {
-            // A file that does not exist yet is created (`mode=rwc`), as an embedded default should.
-            Dialect::Sqlite if !url.contains("mode=") && !url.contains(":memory:") => {
-                let sep = if url.contains('?') { '&' } else { '?' };
-                format!("{url}{sep}mode=rwc")
-            }
-            _ => url.to_string(),
-        };
-        let pool = AnyPoolOptions::new()
-            .max_connections(max_connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect(&url)
-            .await
-            .map_err(OutboxError::db("connect to the outbox database"))?;
+        let (pool, dialect) = crate::pool::connect(url, max_connections).await?;
         let store = Self { pool, dialect };
         store.migrate().await?;
         Ok(store)
@@ -552,6 +536,7 @@ fn decode_row(row: &AnyRow) -> Result<OutboxRow, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// Two pending rows in a fresh in-memory database.
     async fn store_with_two_rows() -> Store {
