@@ -265,6 +265,93 @@ mod tests {
         handle.shutdown().await.unwrap();
     }
 
+    /// An idempotency store whose database is down until `healed` is set.
+    struct DownStore {
+        healed: std::sync::atomic::AtomicBool,
+        inner: crate::idempotency::InMemoryIdempotencyStore,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::idempotency::IdempotencyStore for DownStore {
+        async fn begin(
+            &self,
+            id: &str,
+        ) -> Result<crate::idempotency::Begin, crate::idempotency::StoreError> {
+            if !self.healed.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(crate::idempotency::StoreError("connection refused".into()));
+            }
+            self.inner.begin(id).await
+        }
+        async fn complete(&self, id: &str) -> Result<(), crate::idempotency::StoreError> {
+            self.inner.complete(id).await
+        }
+        async fn abandon(&self, id: &str) -> Result<(), crate::idempotency::StoreError> {
+            self.inner.abandon(id).await
+        }
+    }
+
+    /// A store that cannot answer holds consumption (a blocking outage): the event waits unhandled and
+    /// not dead-lettered, the receive loop takes nothing more, and it runs once the store heals.
+    #[tokio::test]
+    async fn an_unavailable_idempotency_store_holds_consumption_until_it_heals() {
+        let broker = Broker::memory();
+        let store = Arc::new(DownStore {
+            healed: std::sync::atomic::AtomicBool::new(false),
+            inner: crate::idempotency::InMemoryIdempotencyStore::new(Duration::from_secs(60)),
+        });
+        let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let seen = calls.clone();
+        let handle = broker
+            .consumer("store-down")
+            .concurrency(1)
+            .blocking(RetryPolicy::parse("20ms x10").unwrap())
+            .idempotency(store.clone())
+            .start(handler_fn(move |_e: Event, _c: Context| {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async { Ok(()) }
+            }))
+            .await
+            .unwrap();
+        for id in ["s1", "s2"] {
+            broker
+                .producer()
+                .publish("store-down", Event::new("x").with_id(id))
+                .await
+                .unwrap();
+        }
+        let held =
+            tokio::time::timeout(Duration::from_secs(5), handle.wait_until(|s| s.holds >= 5))
+                .await
+                .unwrap();
+        assert_eq!(
+            (
+                held.received,
+                held.attempts,
+                held.dead_lettered,
+                held.released
+            ),
+            (1, 0, 0, 0),
+            "one event held unhandled, the second not taken: {held:?}"
+        );
+        store
+            .healed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let done = tokio::time::timeout(
+            Duration::from_secs(5),
+            handle.wait_until(|s| s.succeeded >= 2),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (
+                done.dead_lettered,
+                calls.load(std::sync::atomic::Ordering::SeqCst)
+            ),
+            (0, 2)
+        );
+        handle.shutdown().await.unwrap();
+    }
+
     #[tokio::test]
     async fn shutdown_during_a_dlq_outage_gives_the_event_back_unsettled() {
         let transport = MemoryTransport::new();

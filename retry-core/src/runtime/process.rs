@@ -314,11 +314,18 @@ impl Handling<'_> {
 
     /// Claims the event id in the idempotency store; `false` when the delivery was settled as a duplicate
     /// or released.
+    ///
+    /// A store that fails (its database is down) is a dependency outage, as a blocking error is:
+    /// consumption pauses and the claim is asked again on the blocking backoff until the store answers —
+    /// the event is neither handled unguarded nor dead-lettered for it.
     async fn claim_idempotency(&mut self) -> bool {
-        let Some(store) = &self.shared.idempotency else {
+        let shared = self.shared;
+        let Some(store) = &shared.idempotency else {
             return true;
         };
         let mut waited = Duration::ZERO;
+        let mut outage = None;
+        let mut holds = 0;
         loop {
             match store.begin(&self.id).await {
                 Ok(Begin::Fresh) => return true,
@@ -344,11 +351,30 @@ impl Handling<'_> {
                     return false;
                 }
                 Err(e) => {
-                    self.shared
+                    shared
                         .counters
-                        .error(&self.shared.counters.settle_errors, e.to_string());
-                    self.release(Duration::from_secs(1)).await;
-                    return false;
+                        .error(&shared.counters.settle_errors, e.to_string());
+                    if outage.is_none() {
+                        warn!(error = %e, "idempotency store unavailable: pausing consumption");
+                        outage = Some(shared.pause.hold());
+                    }
+                    let backoff = outage_backoff(shared, holds);
+                    holds = holds.saturating_add(1);
+                    shared.counters.bump(&shared.counters.holds);
+                    shared.telemetry.hold();
+                    if let Err(e) = self
+                        .receipt
+                        .keep_alive(backoff + Duration::from_secs(30))
+                        .await
+                    {
+                        shared
+                            .counters
+                            .error(&shared.counters.settle_errors, e.to_string());
+                    }
+                    if !self.wait(backoff).await {
+                        self.release(Duration::ZERO).await;
+                        return false;
+                    }
                 }
             }
         }
@@ -533,12 +559,7 @@ async fn dead_letter(
             .counters
             .error(&shared.counters.settle_errors, message);
         shared.counters.bump(&shared.counters.holds);
-        let backoff = shared
-            .policies
-            .blocking
-            .nominal_delay(failures)
-            .unwrap_or(shared.settle_backoff)
-            .max(std::time::Duration::from_millis(10));
+        let backoff = outage_backoff(shared, failures);
         failures = failures.saturating_add(1);
         if let Err(e) = receipt.keep_alive(backoff + Duration::from_secs(30)).await {
             shared
@@ -551,6 +572,18 @@ async fn dead_letter(
             () = shared.shutdown.cancelled() => return false,
         }
     }
+}
+
+/// The wait before asking a dependency that is down again (the DLQ, the idempotency store), after
+/// `failures` failed asks: the blocking policy's delay, its retries spent or not, since an outage is
+/// waited out, never given up on.
+fn outage_backoff(shared: &Shared, failures: u32) -> Duration {
+    shared
+        .policies
+        .blocking
+        .nominal_delay(failures)
+        .unwrap_or(shared.settle_backoff)
+        .max(Duration::from_millis(10))
 }
 
 /// A settle the broker did not accept: count it, surface it, and release the delivery so the broker
