@@ -9,14 +9,18 @@
 //! | `event_retry_outbox_failed_attempts_total` | counter | `topic`, `failure` (`broker_down`, `retry`, `permanent`) |
 //! | `event_retry_outbox_dead_total` | counter | `topic` |
 //! | `event_retry_outbox_commit_to_publish_seconds` | histogram | `topic`: enqueue to broker confirmation |
+//! | `event_retry_inbox_rows` | gauge | `consumer`, `state` (`done`, `in_progress`): the inbox's size |
+//! | `event_retry_inbox_purged_total` | counter | `consumer`: inbox rows forgotten after the retention |
 //!
-//! The gauges are refreshed by each relay every 5 s from one `GROUP BY state` query.
+//! The outbox gauges are refreshed by each relay every 5 s from one `GROUP BY state` query; the inbox's
+//! by its purge, every minute unless told.
 
 use std::time::Duration;
 
 use ::metrics::{counter, gauge, histogram};
 use retry_core::time::Timestamp;
 
+use crate::inbox::InboxCounts;
 use crate::store::Counts;
 
 /// Rows waiting to be published.
@@ -33,6 +37,22 @@ pub const FAILED_ATTEMPTS_TOTAL: &str = "event_retry_outbox_failed_attempts_tota
 pub const DEAD_TOTAL: &str = "event_retry_outbox_dead_total";
 /// Enqueue to broker confirmation.
 pub const COMMIT_TO_PUBLISH: &str = "event_retry_outbox_commit_to_publish_seconds";
+
+/// Inbox rows, by state.
+pub const INBOX_ROWS: &str = "event_retry_inbox_rows";
+/// Inbox rows purged after the retention.
+pub const INBOX_PURGED_TOTAL: &str = "event_retry_inbox_purged_total";
+
+pub(crate) fn inbox_gauges(consumer: &str, counts: &InboxCounts) {
+    let consumer = consumer.to_string();
+    gauge!(INBOX_ROWS, "consumer" => consumer.clone(), "state" => "done").set(counts.done as f64);
+    gauge!(INBOX_ROWS, "consumer" => consumer, "state" => "in_progress")
+        .set(counts.in_progress as f64);
+}
+
+pub(crate) fn inbox_purged(consumer: &str, rows: u64) {
+    counter!(INBOX_PURGED_TOTAL, "consumer" => consumer.to_string()).increment(rows);
+}
 
 pub(crate) fn gauges(counts: &Counts, now: Timestamp) {
     gauge!(PENDING).set(counts.pending as f64);
