@@ -8,6 +8,8 @@
 
 #[path = "suite/fixture.rs"]
 mod fixture;
+#[path = "suite/inbox.rs"]
+mod inbox;
 #[path = "suite/raw.rs"]
 mod raw;
 #[path = "suite/scenarios.rs"]
@@ -34,6 +36,9 @@ fn main() -> std::process::ExitCode {
     if let Some(code) = scenarios::child_relay() {
         return code;
     }
+    if let Some(code) = inbox::child_consumer() {
+        return code;
+    }
     // RUST_LOG shows the relay's and the broker clients' logs (librdkafka's among them) on stderr.
     if std::env::var_os("RUST_LOG").is_some() {
         let _ = tracing_subscriber::fmt()
@@ -56,7 +61,7 @@ fn main() -> std::process::ExitCode {
             .into_iter()
             .flatten()
             .collect();
-            for scenario in scenarios::ALL {
+            for scenario in scenarios::ALL.iter().chain(inbox::ALL) {
                 let name = format!("{}::{}::{}", db.name(), broker.name(), scenario.name);
                 let column_name = format!("{}→{}", db.name(), broker.name());
                 let report = report.clone();

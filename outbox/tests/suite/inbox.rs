@@ -1,0 +1,556 @@
+//! The inbox scenarios: an event's database effects happen once, through a crash between the commit and
+//! the broker's acknowledgement and through a rolled-back attempt. Effects are rows of an `effects` table
+//! with no unique key, so a repeated effect is a second row, read back with plain SQL.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use event_retry::Broker;
+use event_retry_outbox::{Inbox, Record, database_error};
+use raw_brokers::{RawBroker, RawKafka, RawRabbit};
+use retry_core::classify::HandlerError;
+use retry_core::event::Event;
+use retry_core::idempotency::{Begin, IdempotencyStore};
+use retry_core::policy::RetryPolicy;
+use retry_core::runtime::{Context, handler_fn};
+use sqlx::AnyPool;
+use sqlx::any::AnyPoolOptions;
+
+use crate::Scenario;
+use crate::fixture::{BrokerKind, Column, fresh_db, fresh_topic, root};
+
+/// The inbox scenarios, run in every column of the suite.
+pub(crate) const ALL: &[Scenario] = &[
+    Scenario {
+        name: "inbox_records_each_id_once",
+        title: "inbox: an id recorded in a committed transaction is already done for the next; a rolled-back record leaves no row; two transactions racing for one id: one first; consumers apart; claims lease, release, complete; purge after the retention",
+        run: |c| block_on(records_each_id_once(c)),
+        skip: |_| None,
+    },
+    Scenario {
+        name: "inbox_consumer_killed_between_commit_and_ack",
+        title: "inbox: a consumer SIGKILLed after its handler's commit and before the ack: the redelivery is recorded already done and skips the effect; every event's effect row once, nothing left on the broker",
+        run: |c| block_on(killed_between_commit_and_ack(c)),
+        skip: |_| None,
+    },
+    Scenario {
+        name: "inbox_rolled_back_attempt_is_retried",
+        title: "inbox: a handler failing after its record rolls back: no effect row and no inbox row remain, the retry through the broker records first time and commits one effect",
+        run: |c| block_on(rolled_back_attempt_is_retried(c)),
+        skip: |_| None,
+    },
+];
+
+/// The consumer name (and group) of every inbox scenario.
+const GROUP: &str = "inbox-suite";
+
+fn block_on(
+    f: impl std::future::Future<Output = Result<String, String>>,
+) -> Result<String, String> {
+    test_support::broker::runtime()?.block_on(f)
+}
+
+fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if ok { Ok(()) } else { Err(what()) }
+}
+
+fn text(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+/// The handler's own pool on the scenario's database, with the `effects` table created.
+async fn effects_pool(db_url: &str) -> Result<AnyPool, String> {
+    sqlx::any::install_default_drivers();
+    let pool = AnyPoolOptions::new()
+        .max_connections(4)
+        .connect(db_url)
+        .await
+        .map_err(|e| format!("connect {db_url}: {e}"))?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS effects (event_id TEXT NOT NULL, attempt BIGINT NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .map_err(text)?;
+    Ok(pool)
+}
+
+/// Effect rows per event id, read with plain SQL.
+async fn effects(pool: &AnyPool) -> Result<BTreeMap<String, i64>, String> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT event_id, COUNT(*) FROM effects GROUP BY event_id")
+            .fetch_all(pool)
+            .await
+            .map_err(text)?;
+    Ok(rows.into_iter().collect())
+}
+
+/// A SQLite URL with the file created (the inbox creates its own; the handler's pool may come first).
+fn create_mode(db_url: &str) -> String {
+    if db_url.starts_with("sqlite:") && !db_url.contains("mode=") {
+        format!("{db_url}?mode=rwc")
+    } else {
+        db_url.to_string()
+    }
+}
+
+async fn records_each_id_once(column: Column) -> Result<String, String> {
+    let db_url = fresh_db(&column).await?;
+    let inbox = Inbox::builder(&db_url)
+        .consumer("billing")
+        .lease(Duration::from_millis(300))
+        .retention(Duration::from_millis(400))
+        .connect()
+        .await
+        .map_err(text)?;
+    let pool = effects_pool(&db_url).await?;
+
+    // Committed: the next transaction finds it done.
+    let mut tx = pool.begin().await.map_err(text)?;
+    let first = inbox.record_id(&mut *tx, "e1").await.map_err(text)?;
+    tx.commit().await.map_err(text)?;
+    let mut tx = pool.begin().await.map_err(text)?;
+    let again = inbox.record_id(&mut *tx, "e1").await.map_err(text)?;
+    tx.rollback().await.map_err(text)?;
+    ensure(
+        (first, again) == (Record::First, Record::AlreadyDone),
+        || format!("committed then again: {first:?}, {again:?}"),
+    )?;
+
+    // Rolled back: no row, so it is the first time again.
+    let mut tx = pool.begin().await.map_err(text)?;
+    let _ = inbox.record_id(&mut *tx, "e2").await.map_err(text)?;
+    tx.rollback().await.map_err(text)?;
+    ensure(!inbox.is_done("e2").await.map_err(text)?, || {
+        "a rolled-back record left e2 done".into()
+    })?;
+    let mut tx = pool.begin().await.map_err(text)?;
+    let after_rollback = inbox.record_id(&mut *tx, "e2").await.map_err(text)?;
+    tx.commit().await.map_err(text)?;
+    ensure(after_rollback == Record::First, || {
+        format!("after a rollback: {after_rollback:?}")
+    })?;
+
+    // Two transactions racing for one id, each holding its transaction open a while: one is first.
+    let racers: Vec<_> = (0..2)
+        .map(|_| {
+            let (pool, inbox) = (pool.clone(), inbox.clone());
+            tokio::spawn(async move {
+                let mut tx = pool.begin().await.map_err(text)?;
+                let got = inbox.record_id(&mut *tx, "e3").await.map_err(text)?;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                tx.commit().await.map_err(text)?;
+                Ok::<_, String>(got)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for racer in racers {
+        answers.push(racer.await.map_err(text)??);
+    }
+    let firsts = answers.iter().filter(|a| a.is_first()).count();
+    ensure(firsts == 1, || format!("racing records: {answers:?}"))?;
+
+    // Another consumer has its own ids.
+    let other = Inbox::builder(&db_url)
+        .consumer("shipping")
+        .connect()
+        .await
+        .map_err(text)?;
+    let mut tx = pool.begin().await.map_err(text)?;
+    let elsewhere = other.record_id(&mut *tx, "e1").await.map_err(text)?;
+    tx.commit().await.map_err(text)?;
+    ensure(elsewhere == Record::First, || {
+        format!("another consumer's e1: {elsewhere:?}")
+    })?;
+
+    // The idempotency store: claim, busy while held, released, taken over after the lease, done.
+    let claims = [
+        inbox.begin("c1").await.map_err(text)?,
+        inbox.begin("c1").await.map_err(text)?,
+    ];
+    inbox.abandon("c1").await.map_err(text)?;
+    let after_release = inbox.begin("c1").await.map_err(text)?;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let after_lease = inbox.begin("c1").await.map_err(text)?;
+    inbox.complete("c1").await.map_err(text)?;
+    let after_done = inbox.begin("c1").await.map_err(text)?;
+    let got = (claims, after_release, after_lease, after_done);
+    let want = (
+        [Begin::Fresh, Begin::InProgress],
+        Begin::Fresh,
+        Begin::Fresh,
+        Begin::Done,
+    );
+    ensure(got == want, || format!("claims {got:?}, want {want:?}"))?;
+    // `complete` records the id for `record` too: the two ways share one table.
+    let mut tx = pool.begin().await.map_err(text)?;
+    let completed = inbox.record_id(&mut *tx, "c1").await.map_err(text)?;
+    tx.rollback().await.map_err(text)?;
+    ensure(completed == Record::AlreadyDone, || {
+        format!("record after complete: {completed:?}")
+    })?;
+
+    // The retention: everything done above is older than 400 ms after this wait.
+    let before = inbox.counts().await.map_err(text)?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let purged = inbox.purge().await.map_err(text)?;
+    let after = inbox.counts().await.map_err(text)?;
+    ensure(
+        (before.done, before.in_progress, purged, after.done) == (4, 0, 4, 0),
+        || format!("purge: before {before:?}, purged {purged}, after {after:?}"),
+    )?;
+    ensure(!inbox.is_done("e1").await.map_err(text)?, || {
+        "e1 still done after the purge".into()
+    })?;
+    // The other consumer keeps its ids (its own retention).
+    ensure(other.is_done("e1").await.map_err(text)?, || {
+        "the purge of one consumer forgot another's id".into()
+    })?;
+    Ok(format!(
+        "racing records {answers:?}; purged {purged} rows after the retention"
+    ))
+}
+
+/// The environment a child consumer reads.
+const CHILD_DB: &str = "INBOX_SUITE_CHILD_DB";
+const CHILD_BROKER: &str = "INBOX_SUITE_CHILD_BROKER";
+const CHILD_TOPIC: &str = "INBOX_SUITE_CHILD_TOPIC";
+const CHILD_MARKS: &str = "INBOX_SUITE_CHILD_MARKS";
+const CHILD_HANG: &str = "INBOX_SUITE_CHILD_HANG";
+const CHILD_EXPECT: &str = "INBOX_SUITE_CHILD_EXPECT";
+
+/// The child process of `killed_between_commit_and_ack`: a consumer whose handler records each event in
+/// the inbox and writes its effect in one transaction, then appends `committed <id>` (or
+/// `skipped <id>`) to the marks file. With `HANG`, it stops after its first commit — before returning,
+/// so before the ack — until it is killed; otherwise it shuts down cleanly once `EXPECT` ids are marked.
+pub(crate) fn child_consumer() -> Option<ExitCode> {
+    let db = std::env::var(CHILD_DB).ok()?;
+    let code = match test_support::broker::runtime() {
+        Ok(runtime) => match runtime.block_on(run_child(db)) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("inbox child: {e}");
+                2
+            }
+        },
+        Err(e) => {
+            eprintln!("inbox child: {e}");
+            2
+        }
+    };
+    Some(ExitCode::from(code))
+}
+
+async fn run_child(db: String) -> Result<(), String> {
+    let var = |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set"));
+    let broker = event_retry::connect(&var(CHILD_BROKER)?)
+        .await
+        .map_err(text)?;
+    let topic = var(CHILD_TOPIC)?;
+    let marks = PathBuf::from(var(CHILD_MARKS)?);
+    let hang = std::env::var(CHILD_HANG).is_ok_and(|v| v == "1");
+    let expect: usize = var(CHILD_EXPECT)?.parse().map_err(text)?;
+    let inbox = Inbox::builder(&db)
+        .consumer(GROUP)
+        .connect()
+        .await
+        .map_err(text)?;
+    let pool = effects_pool(&db).await?;
+    // Deliveries this life marked: it is done when every event came once.
+    let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = handled.clone();
+    let handle = broker
+        .consumer(&topic)
+        .group(GROUP)
+        .concurrency(1)
+        .start(handler_fn(move |_e: Event, ctx: Context| {
+            let (inbox, pool, marks) = (inbox.clone(), pool.clone(), marks.clone());
+            let counted = counted.clone();
+            async move {
+                let mut tx = pool.begin().await.map_err(database_error)?;
+                match inbox.record(&mut *tx, &ctx).await? {
+                    Record::AlreadyDone => {
+                        mark(&marks, "skipped", &ctx.event_id)?;
+                        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Record::First => {
+                        sqlx::query("INSERT INTO effects (event_id, attempt) VALUES ($1, $2)")
+                            .bind(ctx.event_id.to_string())
+                            .bind(i64::from(ctx.attempt))
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(database_error)?;
+                        tx.commit().await.map_err(database_error)?;
+                        mark(&marks, "committed", &ctx.event_id)?;
+                        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        if hang {
+                            // Committed, not yet acknowledged: the parent kills the process here.
+                            tokio::time::sleep(Duration::from_secs(600)).await;
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }))
+        .await
+        .map_err(text)?;
+    let deadline = Instant::now() + Duration::from_secs(150);
+    while handled.load(std::sync::atomic::Ordering::SeqCst) < expect {
+        if Instant::now() > deadline {
+            return Err(format!("fewer than {expect} events marked in 150 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Give the last handler's return its acknowledgement, then drain.
+    handle.shutdown().await.map_err(text)?;
+    Ok(())
+}
+
+/// Appends `<what> <id>` to the marks file (one write: a line is never half there).
+fn mark(path: &Path, what: &str, id: &str) -> Result<(), HandlerError> {
+    use std::io::Write as _;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(HandlerError::non_retryable)?;
+    file.write_all(format!("{what} {id}\n").as_bytes())
+        .map_err(HandlerError::non_retryable)?;
+    Ok(())
+}
+
+/// The marks, by event id: what each delivery found, in order.
+fn read_marks(path: &Path) -> Result<HashMap<String, Vec<String>>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e.to_string()),
+    };
+    let mut by_id: HashMap<String, Vec<String>> = HashMap::new();
+    for line in text.lines() {
+        if let Some((what, id)) = line.split_once(' ') {
+            by_id
+                .entry(id.to_string())
+                .or_default()
+                .push(what.to_string());
+        }
+    }
+    Ok(by_id)
+}
+
+fn child(
+    column: &Column,
+    db_url: &str,
+    topic: &str,
+    marks: &Path,
+    hang: bool,
+    expect: usize,
+) -> Result<tokio::process::Child, String> {
+    let exe = std::env::current_exe().map_err(text)?;
+    tokio::process::Command::new(exe)
+        .env(CHILD_DB, db_url)
+        .env(CHILD_BROKER, &column.broker_url)
+        .env(CHILD_TOPIC, topic)
+        .env(CHILD_MARKS, marks)
+        .env(CHILD_HANG, if hang { "1" } else { "0" })
+        .env(CHILD_EXPECT, expect.to_string())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(text)
+}
+
+/// Messages of `topic` the broker still holds for the group, read with its own client.
+async fn waiting_on_broker(column: &Column, broker: &Broker, topic: &str) -> Result<u64, String> {
+    let names = broker
+        .admin()
+        .names(topic, Some(GROUP))
+        .await
+        .map_err(text)?;
+    let raw: Box<dyn RawBroker> = match column.broker {
+        BrokerKind::Kafka => Box::new(RawKafka::new(&column.broker_url)),
+        BrokerKind::Rabbitmq => Box::new(RawRabbit::new(&column.broker_url)),
+    };
+    raw.waiting(&names.topic, GROUP).await.map_err(text)
+}
+
+async fn killed_between_commit_and_ack(column: Column) -> Result<String, String> {
+    const EVENTS: usize = 5;
+    let broker = event_retry::connect(&column.broker_url)
+        .await
+        .map_err(text)?;
+    let topic = fresh_topic(&broker, "inbox-kill").await?;
+    broker
+        .admin()
+        .declare(&topic, Some(GROUP))
+        .await
+        .map_err(text)?;
+    let db_url = create_mode(&fresh_db(&column).await?);
+    let pool = effects_pool(&db_url).await?;
+    let dir = root().join("target/outbox-tests");
+    let marks = dir.join(format!("{topic}.marks"));
+    let ids: Vec<String> = (0..EVENTS).map(|i| format!("{topic}-{i}")).collect();
+    let producer = broker.producer();
+    for id in &ids {
+        producer
+            .publish(&topic, Event::new("effect").with_id(id.as_str()))
+            .await
+            .map_err(text)?;
+    }
+
+    // The first life: killed after its first commit, before that event's ack.
+    let mut first = child(&column, &db_url, &topic, &marks, true, EVENTS)?;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let killed_id = loop {
+        if let Some((id, _)) = read_marks(&marks)?.into_iter().next() {
+            break id;
+        }
+        if let Ok(Some(status)) = first.try_wait() {
+            return Err(format!(
+                "the first consumer exited ({status}) before committing"
+            ));
+        }
+        ensure(Instant::now() < deadline, || {
+            "the first consumer committed nothing in 90 s".into()
+        })?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    first.start_kill().map_err(text)?; // SIGKILL
+    let _ = first.wait().await;
+    let at_kill = effects(&pool).await?;
+    ensure(
+        at_kill.len() == 1 && at_kill.get(&killed_id) == Some(&1),
+        || format!("effects at the kill: {at_kill:?}"),
+    )?;
+
+    // The second life: the killed event comes again and must be skipped.
+    let started = Instant::now();
+    let mut second = child(&column, &db_url, &topic, &marks, false, EVENTS)?;
+    let status = tokio::time::timeout(Duration::from_secs(180), second.wait())
+        .await
+        .map_err(|_| "the second consumer did not finish in 180 s".to_string())?
+        .map_err(text)?;
+    ensure(status.success(), || {
+        format!("the second consumer failed: {status}")
+    })?;
+    let marked = read_marks(&marks)?;
+    let killed_marks = marked.get(&killed_id).cloned().unwrap_or_default();
+    ensure(killed_marks == ["committed", "skipped"], || {
+        format!("the killed event's deliveries: {killed_marks:?} (want committed, then skipped)")
+    })?;
+    let rows = effects(&pool).await?;
+    let want: BTreeMap<String, i64> = ids.iter().map(|id| (id.clone(), 1)).collect();
+    ensure(rows == want, || {
+        format!("effect rows per event {rows:?}, want one each")
+    })?;
+    let waiting = waiting_on_broker(&column, &broker, &topic).await?;
+    ensure(waiting == 0, || {
+        format!("{waiting} messages still on the broker for {GROUP}")
+    })?;
+    let _ = std::fs::remove_file(&marks);
+    Ok(format!(
+        "{EVENTS} events, 1 effect row each; the killed one redelivered and skipped; second life {:.1} s",
+        started.elapsed().as_secs_f64()
+    ))
+}
+
+/// What an attempt saw: its number, the effect rows and whether its id was done before its transaction,
+/// and what its record found.
+type Seen = (u32, i64, bool, Record);
+
+async fn rolled_back_attempt_is_retried(column: Column) -> Result<String, String> {
+    let broker = event_retry::connect(&column.broker_url)
+        .await
+        .map_err(text)?;
+    let topic = fresh_topic(&broker, "inbox-rollback").await?;
+    let db_url = create_mode(&fresh_db(&column).await?);
+    let pool = effects_pool(&db_url).await?;
+    let inbox = Inbox::builder(&db_url)
+        .consumer(GROUP)
+        .connect()
+        .await
+        .map_err(text)?;
+    // What each attempt saw before its own transaction: effect rows and whether the id was done.
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let (h_inbox, h_pool, h_seen) = (inbox.clone(), pool.clone(), seen.clone());
+    let handle = broker
+        .consumer(&topic)
+        .group(GROUP)
+        .policy(RetryPolicy::parse("200ms x3").map_err(text)?)
+        .start(handler_fn(move |_e: Event, ctx: Context| {
+            let (inbox, pool, seen) = (h_inbox.clone(), h_pool.clone(), h_seen.clone());
+            async move {
+                let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM effects")
+                    .fetch_one(&pool)
+                    .await
+                    .map_err(database_error)?;
+                let done = inbox
+                    .is_done(&ctx.event_id)
+                    .await
+                    .map_err(HandlerError::blocking)?;
+                let mut tx = pool.begin().await.map_err(database_error)?;
+                let record = inbox.record(&mut *tx, &ctx).await?;
+                seen.lock().unwrap_or_else(|p| p.into_inner()).push((
+                    ctx.attempt,
+                    rows,
+                    done,
+                    record,
+                ));
+                if record == Record::AlreadyDone {
+                    return Ok(());
+                }
+                sqlx::query("INSERT INTO effects (event_id, attempt) VALUES ($1, $2)")
+                    .bind(ctx.event_id.to_string())
+                    .bind(i64::from(ctx.attempt))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(database_error)?;
+                if ctx.attempt == 1 {
+                    // The transaction is dropped unfinished: it rolls back, record and effect alike.
+                    return Err(HandlerError::deferred(
+                        "the payment service refused, try later",
+                    ));
+                }
+                tx.commit().await.map_err(database_error)?;
+                Ok(())
+            }
+        }))
+        .await
+        .map_err(text)?;
+    broker
+        .producer()
+        .publish(&topic, Event::new("pay").with_id("r1"))
+        .await
+        .map_err(text)?;
+    let stats = tokio::time::timeout(
+        Duration::from_secs(60),
+        handle.wait_until(|s| s.succeeded >= 1 || s.dead_lettered >= 1),
+    )
+    .await
+    .map_err(|_| "no outcome in 60 s".to_string())?;
+    handle.shutdown().await.map_err(text)?;
+    let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let want = vec![(1, 0, false, Record::First), (2, 0, false, Record::First)];
+    ensure(seen == want, || {
+        format!("attempts saw (attempt, effect rows, done, record) {seen:?}, want {want:?}")
+    })?;
+    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT event_id, attempt FROM effects")
+        .fetch_all(&pool)
+        .await
+        .map_err(text)?;
+    ensure(rows == [("r1".to_string(), 2)], || {
+        format!("effect rows {rows:?}, want only attempt 2's")
+    })?;
+    ensure(
+        stats.succeeded == 1 && stats.retries_scheduled == 1 && stats.dead_lettered == 0,
+        || format!("consumer stats {stats:?}"),
+    )?;
+    ensure(inbox.is_done("r1").await.map_err(text)?, || {
+        "r1 not done after its commit".into()
+    })?;
+    Ok("attempt 1 rolled back (0 rows after it), attempt 2 first and committed".into())
+}
