@@ -210,6 +210,19 @@ fn show_entry(entry: &DeadLetter, out: &mut dyn Write) -> Result<(), CliError> {
     Ok(())
 }
 
+/// What a replay did, in words: how many went back, and the copies removed with them.
+pub(crate) fn replayed(report: &event_retry::dlq::ReplayReport) -> String {
+    let plural = |n: usize| render::counted(n, "dead letter", "dead letters");
+    match report.copies_removed.len() {
+        0 => format!("replayed {} to their origin", plural(report.replayed)),
+        n => format!(
+            "replayed {} to their origin; removed {} of them without replaying",
+            plural(report.replayed),
+            render::counted(n, "copy", "copies")
+        ),
+    }
+}
+
 /// Runs a DLQ command against `broker`.
 pub async fn dlq(
     broker: &Broker,
@@ -228,7 +241,18 @@ pub async fn dlq(
                 writeln!(out, "{text}")?;
                 return Ok(());
             }
-            writeln!(out, "{} from {topic}", plural(entries.len()))?;
+            let copies = event_retry::dlq::copies(&entries);
+            if copies == 0 {
+                writeln!(out, "{} from {topic}", plural(entries.len()))?;
+            } else {
+                writeln!(
+                    out,
+                    "{} from {topic}: {} (the same event id and replay count, dead-lettered again \
+                     on a redelivery; a replay sends each once)",
+                    plural(entries.len()),
+                    render::counted(copies, "is a copy", "are copies")
+                )?;
+            }
             if !entries.is_empty() {
                 writeln!(
                     out,
@@ -260,7 +284,7 @@ pub async fn dlq(
             let bar = progress::Bar::new("replayed");
             let report = queue.replay_with(topic, &selection.filter()?, &bar).await?;
             drop(bar);
-            writeln!(out, "replayed {} to their origin", plural(report.replayed))?;
+            writeln!(out, "{}", replayed(&report))?;
         }
         DlqCommand::Purge { selection, yes } => {
             if !selection.all && !selection.is_narrowed() {

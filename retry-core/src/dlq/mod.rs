@@ -52,6 +52,15 @@ impl DeadLetter {
         }
     }
 
+    /// Which dead-lettering this entry records: the event id and its replay count. A redelivered event
+    /// can be dead-lettered twice in one life (the broker delivered it again before the first copy's
+    /// original was settled); such entries are copies of one dead-lettering, and replaying both would run
+    /// the event twice. `None` for an entry without an event id (it is its own).
+    pub fn dead_lettering(&self) -> Option<(&str, u32)> {
+        let meta = self.event.metadata();
+        meta.event_id.as_deref().map(|id| (id, meta.replay_count))
+    }
+
     /// What a replay sends back, and where: the event with its payload, key and headers unedited, its
     /// attempts restarted and its replay count raised ([`metadata::RetryMetadata::reset_for_replay`]),
     /// and the topic it was dead-lettered from (`source_topic` when its metadata names none).
@@ -144,13 +153,27 @@ pub struct ReplayReport {
     pub replayed: usize,
     /// Ids of the entries replayed, in order.
     pub ids: Vec<String>,
+    /// Ids of the entries removed without a replay because they copy a replayed one (the same event id
+    /// and replay count: [`DeadLetter::dead_lettering`]), selected or not: one dead-lettering is
+    /// replayed once.
+    pub copies_removed: Vec<String>,
 }
 
-/// What an operation does with the entries it selects.
+/// How many of `entries` copy an earlier one's dead-lettering ([`DeadLetter::dead_lettering`]): the
+/// entries beyond one per event id and replay count.
+pub fn copies(entries: &[DeadLetter]) -> usize {
+    let mut seen = std::collections::HashSet::new();
+    entries
+        .iter()
+        .filter_map(DeadLetter::dead_lettering)
+        .filter(|key| !seen.insert(*key))
+        .count()
+}
+
+/// What an operation does with the entries it selects (a replay has its own steps: [`replay`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Action {
     List,
-    Replay,
     Purge,
 }
 
@@ -226,13 +249,11 @@ impl DeadLetters {
         filter: &DlqFilter,
         progress: &dyn Progress,
     ) -> Result<ReplayReport, Error> {
-        let replayed = self
-            .run(source_topic, filter, Action::Replay, progress)
-            .await?;
-        Ok(ReplayReport {
-            replayed: replayed.len(),
-            ids: replayed.into_iter().map(|e| e.id).collect(),
-        })
+        let Some(mut session) = self.transport.open_dead_letters(source_topic).await? else {
+            return Ok(ReplayReport::default());
+        };
+        let result = replay(session.as_mut(), source_topic, filter, progress).await;
+        finish(session, result).await
     }
 
     /// Removes (or marks as purged) the selected entries; returns how many.
@@ -268,7 +289,7 @@ impl DeadLetters {
         let Some(mut session) = self.transport.open_dead_letters(source_topic).await? else {
             return Ok(Vec::new());
         };
-        let result = apply(session.as_mut(), source_topic, filter, action, progress).await;
+        let result = apply(session.as_mut(), filter, action, progress).await;
         finish(session, result).await
     }
 }
@@ -326,10 +347,104 @@ async fn select(
     Ok(chosen)
 }
 
-/// Reads the entries, selects, and acts; returns the entries acted on (listed, replayed or purged).
-async fn apply(
+/// One selected entry of a replay: replayed with the unselected copies of it that go too (`first`), or
+/// removed as a copy of a selected entry replayed before it.
+struct Step<'a> {
+    index: usize,
+    entry: &'a DeadLetter,
+    /// Session index and entry id of each unselected copy.
+    copies: Vec<(usize, String)>,
+    first: bool,
+}
+
+impl Step<'_> {
+    /// The session indices this step removes.
+    fn removals(&self) -> Vec<usize> {
+        std::iter::once(self.index)
+            .chain(self.copies.iter().map(|(c, _)| *c))
+            .collect()
+    }
+}
+
+/// Replays the entries `filter` selects, one per dead-lettering: the first entry of each is sent back
+/// and removed with every copy of it in the DLQ (read to its end to find them), after the broker
+/// confirmed the replay.
+async fn replay(
     session: &mut dyn DlqSession,
     source_topic: &str,
+    filter: &DlqFilter,
+    progress: &dyn Progress,
+) -> Result<ReplayReport, Error> {
+    // The selection, and every other entry by dead-lettering: the copies a replay also removes.
+    let limit = filter.limit.unwrap_or(usize::MAX);
+    let mut chosen: Vec<(usize, DeadLetter)> = Vec::new();
+    let mut rest: std::collections::HashMap<(String, u32), Vec<(usize, String)>> =
+        std::collections::HashMap::new();
+    let mut index = 0;
+    while let Some(stored) = session.next().await? {
+        let entry = DeadLetter::decode(stored);
+        if chosen.len() < limit && filter.matches(&entry) {
+            chosen.push((index, entry));
+        } else if let Some((id, replays)) = entry.dead_lettering() {
+            rest.entry((id.to_string(), replays))
+                .or_default()
+                .push((index, entry.id.clone()));
+        }
+        index += 1;
+    }
+    if chosen.is_empty() {
+        return Ok(ReplayReport::default());
+    }
+    // What each chosen entry does: replay it with the copies to remove, or remove it as a copy.
+    let mut replayed_keys = std::collections::HashSet::new();
+    let steps: Vec<Step<'_>> = chosen
+        .iter()
+        .map(|(index, entry)| {
+            let key = entry
+                .dead_lettering()
+                .map(|(id, replays)| (id.to_string(), replays));
+            let first = key.as_ref().is_none_or(|k| replayed_keys.insert(k.clone()));
+            let copies = match (&key, first) {
+                (Some(k), true) => rest.remove(k).unwrap_or_default(),
+                _ => Vec::new(),
+            };
+            Step {
+                index: *index,
+                entry,
+                copies,
+                first,
+            }
+        })
+        .collect();
+    let mut removals: Vec<usize> = steps.iter().flat_map(Step::removals).collect();
+    removals.sort_unstable();
+    session.check_removal(&removals).await?;
+    progress.start(steps.len());
+    let mut report = ReplayReport::default();
+    for (done, step) in steps.into_iter().enumerate() {
+        if step.first {
+            let (event, origin) = step.entry.for_replay(source_topic);
+            session.replay(step.index, &origin, &event).await?;
+            let mut remove = step.removals();
+            remove.sort_unstable();
+            session.remove(&remove).await?;
+            report.replayed += 1;
+            report.ids.push(step.entry.id.clone());
+            report
+                .copies_removed
+                .extend(step.copies.into_iter().map(|(_, id)| id));
+        } else {
+            session.remove(&[step.index]).await?;
+            report.copies_removed.push(step.entry.id.clone());
+        }
+        progress.advance(done + 1);
+    }
+    Ok(report)
+}
+
+/// Reads the entries, selects, and acts; returns the entries acted on (listed or purged).
+async fn apply(
+    session: &mut dyn DlqSession,
     filter: &DlqFilter,
     action: Action,
     progress: &dyn Progress,
@@ -341,29 +456,13 @@ async fn apply(
     let indices: Vec<usize> = chosen.iter().map(|(i, _)| *i).collect();
     session.check_removal(&indices).await?;
     progress.start(chosen.len());
-    match action {
-        Action::List => unreachable!("handled above"),
-        Action::Purge => {
-            let mut done = 0;
-            for chunk in indices.chunks(PURGE_CHUNK) {
-                session.remove(chunk).await?;
-                done += chunk.len();
-                progress.advance(done);
-            }
-            Ok(chosen.into_iter().map(|(_, e)| e).collect())
-        }
-        Action::Replay => {
-            let mut done = Vec::new();
-            for (i, entry) in chosen {
-                let (event, origin) = entry.for_replay(source_topic);
-                session.replay(i, &origin, &event).await?;
-                session.remove(&[i]).await?;
-                done.push(entry);
-                progress.advance(done.len());
-            }
-            Ok(done)
-        }
+    let mut done = 0;
+    for chunk in indices.chunks(PURGE_CHUNK) {
+        session.remove(chunk).await?;
+        done += chunk.len();
+        progress.advance(done);
     }
+    Ok(chosen.into_iter().map(|(_, e)| e).collect())
 }
 
 #[cfg(test)]
@@ -468,7 +567,19 @@ mod tests {
     ) -> (Result<Vec<DeadLetter>, Error>, Vec<String>) {
         let log = session.log.clone();
         let mut boxed: Box<dyn DlqSession> = Box::new(session);
-        let result = apply(boxed.as_mut(), "orders", filter, action, &NoProgress).await;
+        let result = apply(boxed.as_mut(), filter, action, &NoProgress).await;
+        boxed.finish().await.unwrap();
+        let lines = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        (result, lines)
+    }
+
+    async fn run_replay(
+        session: Scripted,
+        filter: &DlqFilter,
+    ) -> (Result<ReplayReport, Error>, Vec<String>) {
+        let log = session.log.clone();
+        let mut boxed: Box<dyn DlqSession> = Box::new(session);
+        let result = replay(boxed.as_mut(), "orders", filter, &NoProgress).await;
         boxed.finish().await.unwrap();
         let lines = log.lock().unwrap_or_else(|p| p.into_inner()).clone();
         (result, lines)
@@ -480,8 +591,8 @@ mod tests {
             error_kind: Some(ErrorKind::Deferred),
             ..DlqFilter::all()
         };
-        let (result, log) = run(Scripted::with(4), &filter, Action::Replay).await;
-        assert_eq!(result.unwrap().len(), 2);
+        let (result, log) = run_replay(Scripted::with(4), &filter).await;
+        assert_eq!(result.unwrap().replayed, 2);
         assert_eq!(
             log,
             [
@@ -501,7 +612,7 @@ mod tests {
             fail_replay_of: Some(1),
             ..Scripted::with(3)
         };
-        let (result, log) = run(session, &DlqFilter::all(), Action::Replay).await;
+        let (result, log) = run_replay(session, &DlqFilter::all()).await;
         assert_eq!(result.unwrap_err().kind(), crate::error::Kind::Connection);
         assert_eq!(
             log,
@@ -512,6 +623,66 @@ mod tests {
                 "finish"
             ]
         );
+    }
+
+    /// A DLQ where event e1 was dead-lettered twice in one life (entries 1 and 3), and e0 also after a
+    /// replay (entry 2: a new dead-lettering, not a copy).
+    fn with_copies() -> Scripted {
+        let dead = |id: &str, replays: u32| {
+            let mut e = Event::new("p").with_id(id);
+            e.metadata_mut().replay_count = replays;
+            e.metadata_mut().error_kind = Some(ErrorKind::NonRetryable);
+            e.to_raw()
+        };
+        Scripted {
+            entries: vec![
+                StoredDeadLetter::new("id0", dead("e0", 0)),
+                StoredDeadLetter::new("id1", dead("e1", 0)),
+                StoredDeadLetter::new("id2", dead("e0", 1)),
+                StoredDeadLetter::new("id3", dead("e1", 0)),
+            ],
+            ..Scripted::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replay_sends_one_dead_lettering_once_and_removes_its_copies() {
+        let (result, log) = run_replay(with_copies(), &DlqFilter::all()).await;
+        let report = result.unwrap();
+        assert_eq!(report.ids, ["id0", "id1", "id2"]);
+        assert_eq!(report.copies_removed, ["id3"]);
+        assert_eq!(
+            log,
+            [
+                "check [0, 1, 2, 3]",
+                "replay 0 to orders attempts=0 replays=1",
+                "remove [0]",
+                "replay 1 to orders attempts=0 replays=1",
+                "remove [1]",
+                "replay 2 to orders attempts=0 replays=2",
+                "remove [2]",
+                "remove [3]",
+                "finish"
+            ]
+        );
+        // Selecting one copy by id replays it and removes the other, unselected one too.
+        let (result, log) = run_replay(with_copies(), &DlqFilter::id("id3")).await;
+        let report = result.unwrap();
+        assert_eq!(
+            (report.ids, report.copies_removed),
+            (vec!["id3".to_string()], vec!["id1".to_string()])
+        );
+        assert_eq!(
+            log,
+            [
+                "check [1, 3]",
+                "replay 3 to orders attempts=0 replays=1",
+                "remove [1, 3]",
+                "finish"
+            ]
+        );
+        let (result, _) = run(with_copies(), &DlqFilter::all(), Action::List).await;
+        assert_eq!(copies(&result.unwrap()), 1);
     }
 
     #[tokio::test]

@@ -265,6 +265,75 @@ mod tests {
         handle.shutdown().await.unwrap();
     }
 
+    /// An event dead-lettered twice in one life (delivered again before its first dead letter was
+    /// settled): a replay of everything runs it once, and leaves the DLQ empty.
+    #[tokio::test]
+    async fn a_replay_runs_a_twice_dead_lettered_event_once() {
+        let broker = Broker::memory();
+        let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let seen = calls.clone();
+        let handle = broker
+            .consumer("twice")
+            .start(handler_fn(move |e: Event, _c: Context| {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                async move {
+                    match e.metadata().replay_count {
+                        0 => Err(crate::classify::HandlerError::non_retryable("refused")),
+                        _ => Ok(()),
+                    }
+                }
+            }))
+            .await
+            .unwrap();
+        // The same event twice: what a redelivery looks like to the consumer.
+        for _ in 0..2 {
+            broker
+                .producer()
+                .publish("twice", Event::new("x").with_id("t1"))
+                .await
+                .unwrap();
+        }
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            handle.wait_until(|s| s.dead_lettered >= 2),
+        )
+        .await
+        .unwrap();
+        let dlq = broker.dead_letters();
+        let listed = dlq
+            .list("twice", &crate::dlq::DlqFilter::all())
+            .await
+            .unwrap();
+        assert_eq!((listed.len(), crate::dlq::copies(&listed)), (2, 1));
+        let report = dlq
+            .replay("twice", &crate::dlq::DlqFilter::all())
+            .await
+            .unwrap();
+        assert_eq!((report.replayed, report.copies_removed.len()), (1, 1));
+        let stats = tokio::time::timeout(
+            Duration::from_secs(5),
+            handle.wait_until(|s| s.succeeded >= 1),
+        )
+        .await
+        .unwrap();
+        // Let a second replayed copy, were there one, arrive.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            (
+                calls.load(std::sync::atomic::Ordering::SeqCst),
+                stats.succeeded
+            ),
+            (3, 1),
+            "two refused calls, one replayed call"
+        );
+        let left = dlq
+            .list("twice", &crate::dlq::DlqFilter::all())
+            .await
+            .unwrap();
+        assert!(left.is_empty(), "{left:?}");
+        handle.shutdown().await.unwrap();
+    }
+
     /// An idempotency store whose database is down until `healed` is set.
     struct DownStore {
         healed: std::sync::atomic::AtomicBool,

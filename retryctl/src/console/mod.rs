@@ -766,12 +766,7 @@ async fn run_job(
             dead_letters
                 .replay_with(&topic, &filter, job.as_ref())
                 .await
-                .map(|r| {
-                    format!(
-                        "replayed {} to their origin",
-                        render::counted(r.replayed, "dead letter", "dead letters")
-                    )
-                })
+                .map(|r| crate::dlq::replayed(&r))
         };
         job.end(match ended {
             Ok(what) => JobState::Done(what),
