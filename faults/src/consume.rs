@@ -1,11 +1,18 @@
 //! The consumer under test: a separate process (so it can be killed, or put in a network namespace) that
 //! runs the SDK's consumer with the workload's handler and records every call.
+//!
+//! With an inbox database, a successful call also has a side effect: a row of `side_effects`, written in
+//! one transaction with the inbox's record of the event id, as a service using the inbox would. A
+//! redelivery of an event whose transaction committed finds its id done and writes nothing, so the
+//! table's duplicates are side effects the service would really have repeated.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use event_retry::prelude::*;
+use event_retry_outbox::{Inbox, Record, database_error};
+use sqlx::AnyPool;
 
 use crate::record::{Outcome, Recorder};
 use crate::workload::{self, Fate};
@@ -31,6 +38,53 @@ pub(crate) struct ConsumeArgs {
     /// Milliseconds of work per event.
     #[arg(long, default_value_t = workload::DEFAULT_WORK.as_millis() as u64)]
     pub(crate) work_ms: u64,
+    /// The inbox database (`sqlite:…`, `postgres://…`): successful calls write their side effect through it.
+    #[arg(long)]
+    pub(crate) inbox: Option<String>,
+}
+
+/// The table a successful call writes its side effect to.
+pub(crate) const SIDE_EFFECTS: &str = "side_effects";
+
+/// The side effect of a successful call, once per event through the inbox.
+#[derive(Clone)]
+struct SideEffects {
+    pool: AnyPool,
+    inbox: Inbox,
+}
+
+impl SideEffects {
+    async fn open(url: &str, group: &str) -> Result<Self, Box<dyn std::error::Error>> {
+        let inbox = Inbox::builder(url).consumer(group).connect().await?;
+        let pool = sqlx::any::AnyPoolOptions::new()
+            .max_connections(16)
+            .connect(url)
+            .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {SIDE_EFFECTS} (event TEXT NOT NULL)"
+        )))
+        .execute(&pool)
+        .await?;
+        Ok(Self { pool, inbox })
+    }
+
+    /// Records the event in the inbox and writes its side effect, in one transaction; nothing when the
+    /// inbox finds it done.
+    async fn apply(&self, id: &str, ctx: &Context) -> Result<(), HandlerError> {
+        let mut tx = self.pool.begin().await.map_err(database_error)?;
+        if self.inbox.record(&mut *tx, ctx).await? == Record::AlreadyDone {
+            return Ok(());
+        }
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {SIDE_EFFECTS} (event) VALUES ($1)"
+        )))
+        .bind(id.to_string())
+        .execute(&mut *tx)
+        .await
+        .map_err(database_error)?;
+        tx.commit().await.map_err(database_error)?;
+        Ok(())
+    }
 }
 
 /// Runs the consumer until SIGTERM (a graceful shutdown) or SIGKILL.
@@ -42,8 +96,12 @@ pub(crate) async fn run(args: ConsumeArgs) -> Result<(), Box<dyn std::error::Err
     let broker = event_retry::connect_with(&args.url, options).await?;
     let recorder = Arc::new(Recorder::open(&args.record)?);
     let work = Duration::from_millis(args.work_ms);
+    let effects = match &args.inbox {
+        Some(url) => Some(SideEffects::open(url, &args.group).await?),
+        None => None,
+    };
     let handler = handler_fn(move |event: Event, ctx: Context| {
-        let recorder = recorder.clone();
+        let (recorder, effects) = (recorder.clone(), effects.clone());
         async move {
             let id = String::from_utf8_lossy(&event.payload).into_owned();
             let fate = workload::index_of(&id).map(Fate::of);
@@ -59,6 +117,9 @@ pub(crate) async fn run(args: ConsumeArgs) -> Result<(), Box<dyn std::error::Err
                 ),
                 _ => (Outcome::Ok, Ok(())),
             };
+            if let (Outcome::Ok, Some(effects)) = (outcome, &effects) {
+                effects.apply(&id, &ctx).await?;
+            }
             recorder
                 .call(&id, ctx.attempt, outcome)
                 .map_err(|e| HandlerError::blocking(format!("the record is not writable: {e}")))?;

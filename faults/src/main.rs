@@ -14,6 +14,7 @@
 
 mod account;
 mod consume;
+mod effects;
 mod faults;
 mod forward;
 mod netns;
@@ -58,6 +59,10 @@ enum Command {
         /// Seconds a stall, cut or DLQ outage lasts (the matrix's 20 unless told).
         #[arg(long, default_value_t = faults::OUTAGE.as_secs())]
         outage: u64,
+        /// Where the consumer's inbox writes each event's side effect: sqlite (a file per run),
+        /// postgres (`RETRY_TEST_POSTGRES`) or none.
+        #[arg(long, value_enum, default_value_t = effects::InboxDb::Sqlite)]
+        inbox: effects::InboxDb,
     },
     /// Writes the report from the rows already on disk.
     Report {
@@ -106,11 +111,13 @@ fn main() -> ExitCode {
                 out,
                 options,
                 outage,
+                inbox,
             } => {
                 let settings = run::Settings {
                     events,
                     options,
                     outage: std::time::Duration::from_secs(outage),
+                    inbox,
                 };
                 run::matrix(&brokers, &faults, &settings, &out).await
             }

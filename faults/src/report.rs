@@ -29,6 +29,9 @@ pub(crate) struct Row {
     pub(crate) dlq_expected: usize,
     /// Distinct events the DLQ holds, read with the broker's own client.
     pub(crate) dlq_actual: usize,
+    /// DLQ entries beyond one per event (a redelivered event dead-lettered again).
+    #[serde(default)]
+    pub(crate) dlq_copies: usize,
     /// The consumer kept running through the fault without a restart (`None` where the fault is the
     /// consumer's death).
     pub(crate) survived: Option<bool>,
@@ -39,6 +42,15 @@ pub(crate) struct Row {
     pub(crate) paused: Option<bool>,
     /// Seconds from the fault's end to the first handler call after it.
     pub(crate) recovery_s: Option<f64>,
+    /// Distinct events with a side effect row, written through the inbox (`None`: the run had no inbox).
+    #[serde(default)]
+    pub(crate) side_effects: Option<usize>,
+    /// Side effect rows beyond one per event: effects a service using the inbox would have repeated.
+    #[serde(default)]
+    pub(crate) side_effect_duplicates: Option<usize>,
+    /// Events whose handler succeeded with no side effect row (the inbox skipped an effect it never had).
+    #[serde(default)]
+    pub(crate) side_effects_missing: usize,
     /// The broker itself keeps no state across the fault (ElasticMQ restarted): its losses are the
     /// broker's, by design.
     pub(crate) broker_keeps_no_state: bool,
@@ -51,10 +63,12 @@ pub(crate) struct Row {
 impl Row {
     /// Whether the row shows what the SDK promises: nothing lost and the DLQ holding exactly the events
     /// whose fate is the DLQ (unless the broker keeps no state), nothing dead-lettered that should have
-    /// succeeded, and a consumer that lived through the fault.
+    /// succeeded, each side effect once through the inbox, and a consumer that lived through the fault.
     pub(crate) fn passed(&self) -> bool {
         self.error.is_none()
             && self.misrouted == 0
+            && self.side_effect_duplicates.unwrap_or(0) == 0
+            && self.side_effects_missing == 0
             && ((self.lost == 0 && self.dlq_actual == self.dlq_expected)
                 || self.broker_keeps_no_state)
             && self.survived != Some(false)
@@ -135,8 +149,8 @@ pub(crate) fn rows(out: &Path) -> std::io::Result<Vec<Row>> {
 /// The report's Markdown.
 pub(crate) fn markdown(rows: &[Row]) -> String {
     let mut md = String::from(
-        "| broker | fault | produced | handled | lost | misrouted | duplicates | dlq expected | dlq actual | survived | recovery | note |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| broker | fault | produced | handled | lost | misrouted | duplicates | side effects | side-effect duplicates | dlq expected | dlq actual (distinct) | survived | recovery | note |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let lost = if r.broker_keeps_no_state && r.lost > 0 {
@@ -159,8 +173,20 @@ pub(crate) fn markdown(rows: &[Row]) -> String {
             0 => "0".to_string(),
             n => format!("**{n}**"),
         };
+        let side_effects = r
+            .side_effects
+            .map_or_else(|| "no inbox".to_string(), |n| n.to_string());
+        let side_effect_duplicates = match r.side_effect_duplicates {
+            None => "-".to_string(),
+            Some(0) => "0".to_string(),
+            Some(n) => format!("**{n}**"),
+        };
+        let dlq_actual = match r.dlq_copies {
+            0 => r.dlq_actual.to_string(),
+            n => format!("{} (+{n} copies)", r.dlq_actual),
+        };
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.broker,
             r.fault,
             r.produced,
@@ -168,8 +194,10 @@ pub(crate) fn markdown(rows: &[Row]) -> String {
             lost,
             misrouted,
             r.duplicates,
+            side_effects,
+            side_effect_duplicates,
             r.dlq_expected,
-            r.dlq_actual,
+            dlq_actual,
             survived,
             recovery(r.recovery_s),
             note.replace('|', "/")
@@ -232,6 +260,24 @@ mod tests {
         let mut stateless = misrouted;
         stateless.broker_keeps_no_state = true;
         assert!(!stateless.passed(), "a restart does not dead-letter events");
+    }
+
+    #[test]
+    fn a_repeated_or_missing_side_effect_fails_the_row() {
+        let mut once = row(0, Some(true));
+        once.side_effects = Some(9);
+        once.side_effect_duplicates = Some(0);
+        assert!(once.passed());
+        let mut twice = once.clone();
+        twice.side_effect_duplicates = Some(1);
+        assert!(!twice.passed());
+        let mut missing = once;
+        missing.side_effects_missing = 1;
+        assert!(!missing.passed());
+        twice.dlq_copies = 2;
+        let md = markdown(&[twice]);
+        assert!(md.contains("| 9 | **1** |"), "{md}");
+        assert!(md.contains("| 1 (+2 copies) |"), "{md}");
     }
 
     #[test]

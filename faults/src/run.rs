@@ -15,6 +15,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 use crate::account::account;
+use crate::effects::{self, InboxDb};
 use crate::faults::{AT_SHARE, Fault};
 use crate::netns::Namespace;
 use crate::record::{RecordReader, Tally, now_ms};
@@ -40,6 +41,8 @@ pub(crate) struct Settings {
     pub(crate) options: Vec<(String, String)>,
     /// How long a stall, cut or DLQ outage lasts.
     pub(crate) outage: Duration,
+    /// Where the consumer's inbox and side effects live.
+    pub(crate) inbox: InboxDb,
 }
 
 /// Runs every fault on every broker (F6 on the Kafka cluster alone) and writes the report; `true` when
@@ -154,6 +157,7 @@ impl Consumer {
         topic: &str,
         group: &str,
         record: &Path,
+        inbox: Option<&str>,
         namespace: Option<&Namespace>,
         log: &Path,
     ) -> Result<Self, BoxError> {
@@ -166,6 +170,9 @@ impl Consumer {
             .args(["consume", "--url", &target.url, "--topic", topic])
             .args(["--group", group, "--record"])
             .arg(record);
+        if let Some(url) = inbox {
+            command.args(["--inbox", url]);
+        }
         for (k, v) in &target.options {
             command.args(["--option", &format!("{k}={v}")]);
         }
@@ -232,6 +239,8 @@ struct Run<'a> {
     topic: String,
     group: String,
     record: PathBuf,
+    /// The consumer's inbox database, if it has one.
+    inbox: Option<String>,
     logs: PathBuf,
     broker: Broker,
     namespace: Option<Namespace>,
@@ -318,6 +327,7 @@ async fn cell(
     let record = out.join("records").join(format!("{name}-{code}.log"));
     let _ = std::fs::remove_file(&record);
     let broker = event_retry::connect_with(&target.url, target.harness_sdk_options()).await?;
+    let inbox = effects::fresh(settings.inbox, out, &format!("{name}-{code}")).await?;
     let mut run = Run {
         target: &target,
         fault,
@@ -326,6 +336,7 @@ async fn cell(
         topic: format!("faults-{code}-{}", now_ms() % 100_000_000),
         group: "faults".to_string(),
         record,
+        inbox,
         logs: out.join("logs"),
         broker,
         namespace: None,
@@ -363,6 +374,7 @@ impl Run<'_> {
             &self.topic,
             &self.group,
             &self.record,
+            self.inbox.as_deref(),
             self.namespace.as_ref(),
             &log,
         )
@@ -465,6 +477,27 @@ impl Run<'_> {
                     .into(),
             );
         }
+        let side_effects = match &self.inbox {
+            Some(url) => {
+                let rows = effects::count(url).await?;
+                let (distinct, extra) = effects::tally(&rows);
+                let missing = tally
+                    .by_id
+                    .iter()
+                    .filter(|(id, calls)| calls.oks > 0 && !rows.contains_key(*id))
+                    .count();
+                notes.push(format!(
+                    "side effects through the inbox: {distinct} events, {extra} repeated"
+                ));
+                if missing > 0 {
+                    notes.push(format!(
+                        "{missing} events succeeded without a side effect row"
+                    ));
+                }
+                Some((distinct, extra, missing))
+            }
+            None => None,
+        };
         if tally.pids.len() > 1 {
             notes.push(format!("{} consumer processes", tally.pids.len()));
         }
@@ -499,12 +532,16 @@ impl Run<'_> {
             duplicates: counted.extra_calls + counted.extra_dlq,
             dlq_expected,
             dlq_actual: counted.dlq_distinct,
+            dlq_copies: counted.extra_dlq,
             survived,
             paused,
             recovery_s: tally
                 .first_call_since(healed)
                 .map(|t| (t.saturating_sub(healed)) as f64 / 1000.0),
             broker_keeps_no_state,
+            side_effects: side_effects.map(|(distinct, _, _)| distinct),
+            side_effect_duplicates: side_effects.map(|(_, extra, _)| extra),
+            side_effects_missing: side_effects.map_or(0, |(_, _, missing)| missing),
             note: notes.join("; "),
             error: None,
         })
