@@ -53,6 +53,7 @@ fn main() -> Result<(), Error> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    sqlx::any::install_default_drivers();
     runtime.block_on(async {
         let dir = std::env::temp_dir();
         let file = dir.join(format!("event-retry-inbox-bench-{}.db", std::process::id()));

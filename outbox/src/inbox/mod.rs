@@ -20,6 +20,39 @@
 //! outlast any redelivery. A database that is down is a dependency outage, not a bad event: the errors
 //! [`Inbox::record`] and [`database_error`] return state [`ErrorKind::Blocking`], so consumption pauses
 //! until it heals and nothing is dead-lettered for it.
+//!
+//! ```no_run
+//! use event_retry::prelude::*;
+//! use event_retry_outbox::{Inbox, Outbox, Record, database_error};
+//!
+//! # async fn demo(broker: event_retry::Broker) -> Result<(), Box<dyn std::error::Error>> {
+//! let db = "sqlite:app.db";
+//! let pool = sqlx::SqlitePool::connect(db).await?;
+//! let inbox = Inbox::builder(db).consumer("billing").connect().await?;
+//! let outbox = Outbox::connect(db).await?;
+//! broker
+//!     .consumer("payments")
+//!     .group("billing")
+//!     .start(handler_fn(move |event: Event, ctx: Context| {
+//!         let (pool, inbox, outbox) = (pool.clone(), inbox.clone(), outbox.clone());
+//!         async move {
+//!             let mut tx = pool.begin().await.map_err(database_error)?;
+//!             if inbox.record(&mut *tx, &ctx).await? == Record::AlreadyDone {
+//!                 return Ok(()); // a redelivery: its effects are committed already
+//!             }
+//!             sqlx::query("INSERT INTO ledger (payment) VALUES (?1)")
+//!                 .bind(ctx.event_id.to_string())
+//!                 .execute(&mut *tx)
+//!                 .await
+//!                 .map_err(database_error)?;
+//!             outbox.enqueue(&mut *tx, "receipts", Event::new(event.payload.clone())).await?;
+//!             tx.commit().await.map_err(database_error)?; // id, ledger row and receipt: all or none
+//!             Ok(())
+//!         }
+//!     }))
+//!     .await?;
+//! # Ok(()) }
+//! ```
 
 mod sql;
 
