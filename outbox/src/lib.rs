@@ -18,6 +18,9 @@
 //! SQLite is the embedded default (a file, no server); PostgreSQL serves many relays at once
 //! (`FOR UPDATE SKIP LOCKED`, `LISTEN/NOTIFY`).
 //!
+//! The consuming side's counterpart is the [`Inbox`]: a consumer records each event id in its handler's
+//! own transaction, so a redelivery finds the effects committed and skips them ([`inbox`]).
+//!
 //! ```
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use event_retry_outbox::{Outbox, RowFilter, State};

@@ -1,5 +1,6 @@
 //! The outbox suite: every scenario on SQLite and on PostgreSQL, relaying to real Kafka and RabbitMQ,
-//! with the broker's contents read by its own client. Writes `target/outbox/report.md`.
+//! with the broker's contents read by its own client, and the inbox's scenarios consuming from them.
+//! Writes `target/outbox/report.md`.
 //!
 //! Brokers and PostgreSQL come from `RETRY_TEST_KAFKA`, `RETRY_TEST_AMQP` and `RETRY_TEST_POSTGRES`
 //! (`scripts/brokers start` writes them); a missing one is a loud skip, or a failure when
