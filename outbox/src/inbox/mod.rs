@@ -128,7 +128,8 @@ macro_rules! inbox_connection {
                 now: i64,
             ) -> BoxFuture<'a, Result<u64, sqlx::Error>> {
                 Box::pin(async move {
-                    let done = sqlx::query(sql::sql($dialect, sql::DONE))
+                    let dialect: Dialect = $dialect(&*self)?;
+                    let done = sqlx::query(sql::sql(dialect, sql::DONE))
                         .bind(consumer)
                         .bind(event_id)
                         .bind(now)
@@ -141,35 +142,23 @@ macro_rules! inbox_connection {
     };
 }
 
-inbox_connection!(SqliteConnection, Dialect::Sqlite);
-inbox_connection!(PgConnection, Dialect::Postgres);
+inbox_connection!(
+    SqliteConnection,
+    |_: &SqliteConnection| Ok::<_, sqlx::Error>(Dialect::Sqlite)
+);
+inbox_connection!(PgConnection, |_: &PgConnection| Ok::<_, sqlx::Error>(
+    Dialect::Postgres
+));
+inbox_connection!(AnyConnection, any_dialect);
 
-/// A connection through sqlx's `Any` driver: the dialect is its backend's.
-impl InboxConnection for AnyConnection {
-    fn mark_done<'a>(
-        &'a mut self,
-        consumer: &'a str,
-        event_id: &'a str,
-        now: i64,
-    ) -> BoxFuture<'a, Result<u64, sqlx::Error>> {
-        Box::pin(async move {
-            let dialect = match self.backend_name() {
-                "SQLite" => Dialect::Sqlite,
-                "PostgreSQL" => Dialect::Postgres,
-                other => {
-                    return Err(sqlx::Error::Configuration(
-                        format!("the inbox runs on SQLite or PostgreSQL, not {other}").into(),
-                    ));
-                }
-            };
-            let done = sqlx::query(sql::sql(dialect, sql::DONE))
-                .bind(consumer)
-                .bind(event_id)
-                .bind(now)
-                .execute(&mut *self)
-                .await?;
-            Ok(done.rows_affected())
-        })
+/// The dialect of a connection through sqlx's `Any` driver: its backend's.
+fn any_dialect(conn: &AnyConnection) -> Result<Dialect, sqlx::Error> {
+    match conn.backend_name() {
+        "SQLite" => Ok(Dialect::Sqlite),
+        "PostgreSQL" => Ok(Dialect::Postgres),
+        other => Err(sqlx::Error::Configuration(
+            format!("the inbox runs on SQLite or PostgreSQL, not {other}").into(),
+        )),
     }
 }
 

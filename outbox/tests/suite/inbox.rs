@@ -78,6 +78,20 @@ async fn effects_pool(db_url: &str) -> Result<AnyPool, String> {
     Ok(pool)
 }
 
+/// The handler's effect: a row of `effects`, on the handler's transaction.
+async fn insert_effect(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    ctx: &Context,
+) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO effects (event_id, attempt) VALUES ($1, $2)")
+        .bind(ctx.event_id.to_string())
+        .bind(i64::from(ctx.attempt))
+        .execute(&mut **tx)
+        .await
+        .map_err(database_error)?;
+    Ok(())
+}
+
 /// Effect rows per event id, read with plain SQL.
 async fn effects(pool: &AnyPool) -> Result<BTreeMap<String, i64>, String> {
     let rows: Vec<(String, i64)> =
@@ -97,6 +111,23 @@ fn create_mode(db_url: &str) -> String {
     }
 }
 
+/// Records `id` in a transaction of its own on `pool`, then commits it or rolls it back.
+async fn record_then(
+    pool: &AnyPool,
+    inbox: &Inbox,
+    id: &str,
+    commit: bool,
+) -> Result<Record, String> {
+    let mut tx = pool.begin().await.map_err(text)?;
+    let record = inbox.record_id(&mut *tx, id).await.map_err(text)?;
+    if commit {
+        tx.commit().await.map_err(text)?;
+    } else {
+        tx.rollback().await.map_err(text)?;
+    }
+    Ok(record)
+}
+
 async fn records_each_id_once(column: Column) -> Result<String, String> {
     let db_url = fresh_db(&column).await?;
     let inbox = Inbox::builder(&db_url)
@@ -109,27 +140,20 @@ async fn records_each_id_once(column: Column) -> Result<String, String> {
     let pool = effects_pool(&db_url).await?;
 
     // Committed: the next transaction finds it done.
-    let mut tx = pool.begin().await.map_err(text)?;
-    let first = inbox.record_id(&mut *tx, "e1").await.map_err(text)?;
-    tx.commit().await.map_err(text)?;
-    let mut tx = pool.begin().await.map_err(text)?;
-    let again = inbox.record_id(&mut *tx, "e1").await.map_err(text)?;
-    tx.rollback().await.map_err(text)?;
+    let first = record_then(&pool, &inbox, "e1", true).await?;
+    let again = record_then(&pool, &inbox, "e1", false).await?;
     ensure(
         (first, again) == (Record::First, Record::AlreadyDone),
         || format!("committed then again: {first:?}, {again:?}"),
     )?;
 
     // Rolled back: no row, so it is the first time again.
-    let mut tx = pool.begin().await.map_err(text)?;
-    let _ = inbox.record_id(&mut *tx, "e2").await.map_err(text)?;
-    tx.rollback().await.map_err(text)?;
-    ensure(!inbox.is_done("e2").await.map_err(text)?, || {
-        "a rolled-back record left e2 done".into()
-    })?;
-    let mut tx = pool.begin().await.map_err(text)?;
-    let after_rollback = inbox.record_id(&mut *tx, "e2").await.map_err(text)?;
-    tx.commit().await.map_err(text)?;
+    let rolled_back = record_then(&pool, &inbox, "e2", false).await?;
+    ensure(
+        rolled_back == Record::First && !inbox.is_done("e2").await.map_err(text)?,
+        || format!("a rolled-back record ({rolled_back:?}) left e2 done"),
+    )?;
+    let after_rollback = record_then(&pool, &inbox, "e2", true).await?;
     ensure(after_rollback == Record::First, || {
         format!("after a rollback: {after_rollback:?}")
     })?;
@@ -160,9 +184,7 @@ async fn records_each_id_once(column: Column) -> Result<String, String> {
         .connect()
         .await
         .map_err(text)?;
-    let mut tx = pool.begin().await.map_err(text)?;
-    let elsewhere = other.record_id(&mut *tx, "e1").await.map_err(text)?;
-    tx.commit().await.map_err(text)?;
+    let elsewhere = record_then(&pool, &other, "e1", true).await?;
     ensure(elsewhere == Record::First, || {
         format!("another consumer's e1: {elsewhere:?}")
     })?;
@@ -187,9 +209,7 @@ async fn records_each_id_once(column: Column) -> Result<String, String> {
     );
     ensure(got == want, || format!("claims {got:?}, want {want:?}"))?;
     // `complete` records the id for `record` too: the two ways share one table.
-    let mut tx = pool.begin().await.map_err(text)?;
-    let completed = inbox.record_id(&mut *tx, "c1").await.map_err(text)?;
-    tx.rollback().await.map_err(text)?;
+    let completed = record_then(&pool, &inbox, "c1", false).await?;
     ensure(completed == Record::AlreadyDone, || {
         format!("record after complete: {completed:?}")
     })?;
@@ -278,12 +298,7 @@ async fn run_child(db: String) -> Result<(), String> {
                         counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                     }
                     Record::First => {
-                        sqlx::query("INSERT INTO effects (event_id, attempt) VALUES ($1, $2)")
-                            .bind(ctx.event_id.to_string())
-                            .bind(i64::from(ctx.attempt))
-                            .execute(&mut *tx)
-                            .await
-                            .map_err(database_error)?;
+                        insert_effect(&mut tx, &ctx).await?;
                         tx.commit().await.map_err(database_error)?;
                         mark(&marks, "committed", &ctx.event_id)?;
                         counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -503,12 +518,7 @@ async fn rolled_back_attempt_is_retried(column: Column) -> Result<String, String
                 if record == Record::AlreadyDone {
                     return Ok(());
                 }
-                sqlx::query("INSERT INTO effects (event_id, attempt) VALUES ($1, $2)")
-                    .bind(ctx.event_id.to_string())
-                    .bind(i64::from(ctx.attempt))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(database_error)?;
+                insert_effect(&mut tx, &ctx).await?;
                 if ctx.attempt == 1 {
                     // The transaction is dropped unfinished: it rolls back, record and effect alike.
                     return Err(HandlerError::deferred(
