@@ -357,6 +357,22 @@ fn read_marks(path: &Path) -> Result<HashMap<String, Vec<String>>, String> {
     Ok(by_id)
 }
 
+/// The child's broker URL: on Kafka with a 6 s session (the broker's minimum), so the second life's
+/// group takes the killed member's partitions after 6 s rather than the default 45.
+fn child_broker_url(column: &Column) -> String {
+    match column.broker {
+        BrokerKind::Kafka => {
+            let sep = if column.broker_url.contains('?') {
+                '&'
+            } else {
+                '?'
+            };
+            format!("{}{sep}rdkafka.session.timeout.ms=6000", column.broker_url)
+        }
+        BrokerKind::Rabbitmq => column.broker_url.clone(),
+    }
+}
+
 fn child(
     column: &Column,
     db_url: &str,
@@ -368,7 +384,7 @@ fn child(
     let exe = std::env::current_exe().map_err(text)?;
     tokio::process::Command::new(exe)
         .env(CHILD_DB, db_url)
-        .env(CHILD_BROKER, &column.broker_url)
+        .env(CHILD_BROKER, child_broker_url(column))
         .env(CHILD_TOPIC, topic)
         .env(CHILD_MARKS, marks)
         .env(CHILD_HANG, if hang { "1" } else { "0" })
