@@ -114,7 +114,11 @@ impl Link {
         options: SendOptions,
         operation: &str,
     ) -> Result<String, Error> {
-        let SendOptions { group, delay } = options;
+        let SendOptions {
+            group,
+            delay,
+            deduplication,
+        } = options;
         let mut req = self
             .queues
             .client
@@ -127,7 +131,9 @@ impl Link {
                 req.message_group_id(group.unwrap_or_else(|| {
                     format!("{UNKEYED_GROUP}{}", uuid::Uuid::new_v4().simple())
                 }))
-                .message_deduplication_id(uuid::Uuid::new_v4().simple().to_string());
+                .message_deduplication_id(
+                    deduplication.unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()),
+                );
         } else if !delay.is_zero() {
             let secs = seconds_up(delay.min(self.queues.config.max_send_delay));
             req = req.delay_seconds(secs);
@@ -149,6 +155,7 @@ impl Link {
         let out = crate::codec::encode(event, native, false, queue.fifo)?;
         let options = SendOptions {
             group: group_of(event.key.as_deref()),
+            deduplication: dead_lettering_id(event.metadata()),
             ..SendOptions::default()
         };
         let operation = format!("dead-letter to {}", queue.dlq_name);
@@ -218,6 +225,23 @@ pub(crate) struct SendOptions {
     pub(crate) group: Option<String>,
     /// `DelaySeconds` (capped at the send limit; ignored on FIFO queues, which refuse it).
     pub(crate) delay: Duration,
+    /// The FIFO deduplication id (a new one per message when `None`).
+    pub(crate) deduplication: Option<String>,
+}
+
+/// The FIFO deduplication id of a dead letter: one per event id and replay count, so a FIFO DLQ drops
+/// a second dead letter of the same dead-lettering (an event delivered again before its first dead
+/// letter was settled) within SQS's five-minute window, and keeps the dead letter of a replayed event
+/// that failed again (its replay count is higher). A hash, since SQS allows only 128 ASCII characters
+/// and an event id may be anything; `None` for an event without an id.
+fn dead_lettering_id(meta: &RetryMetadata) -> Option<String> {
+    let id = meta.event_id.as_deref()?;
+    let name = format!("{}\u{0}{id}", meta.replay_count);
+    Some(
+        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes())
+            .simple()
+            .to_string(),
+    )
 }
 
 /// The prefix of the message group the adapter gives a FIFO message without a key (a group of its own,
@@ -260,8 +284,28 @@ pub(crate) fn seconds_up(d: Duration) -> i32 {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_letter_s_deduplication_id_is_one_per_dead_lettering() {
+        let mut meta = RetryMetadata {
+            event_id: Some("order-7 ✓".into()),
+            ..RetryMetadata::default()
+        };
+        let first = dead_lettering_id(&meta).unwrap();
+        assert_eq!(dead_lettering_id(&meta).as_deref(), Some(first.as_str()));
+        assert!(first.len() <= 128 && first.chars().all(|c| c.is_ascii_alphanumeric()));
+        meta.replay_count = 1;
+        assert_ne!(
+            dead_lettering_id(&meta).unwrap(),
+            first,
+            "a replay dead-letters anew"
+        );
+        meta.event_id = None;
+        assert_eq!(dead_lettering_id(&meta), None);
+    }
 
     #[test]
     fn error_codes_decide_the_kind() {

@@ -540,7 +540,10 @@ impl Receipt for SqsReceipt {
                     &self.queue,
                     &self.queue.url,
                     out,
-                    SendOptions { group: None, delay },
+                    SendOptions {
+                        delay,
+                        ..SendOptions::default()
+                    },
                     &operation,
                 )
                 .await

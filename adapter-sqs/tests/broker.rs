@@ -8,6 +8,8 @@
 //! * a redrive policy that would move messages before the retry policy is spent stops the consumer from
 //!   starting;
 //! * a FIFO queue retries by visibility and dead-letters into its FIFO DLQ;
+//! * a FIFO DLQ keeps one entry per dead-lettering: an event delivered twice and refused twice leaves
+//!   one entry, and its replay refused again leaves a new one;
 //! * a handler that runs longer than the visibility timeout keeps its message hidden (heartbeat), so it
 //!   is not handled twice at once;
 //! * a message whose producer used all ten attributes retries and dead-letters once, with the SDK's
@@ -39,7 +41,7 @@ type Seen = Arc<Mutex<Vec<(String, u32, u32, Option<String>)>>>;
 
 fn main() {
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 6] = [
+    let tests: [(&str, Test); 7] = [
         (
             "beyond_the_remembered_retries_a_retry_carries_its_history",
             beyond_the_remembered_retries_a_retry_carries_its_history,
@@ -63,6 +65,10 @@ fn main() {
         (
             "fifo_queue_retries_and_dead_letters",
             fifo_queue_retries_and_dead_letters,
+        ),
+        (
+            "a_fifo_dlq_keeps_one_entry_per_dead_lettering",
+            a_fifo_dlq_keeps_one_entry_per_dead_lettering,
         ),
     ];
     let trials = test_support::broker::trials("sqs", "RETRY_TEST_SQS", &tests);
@@ -442,6 +448,76 @@ fn fifo_queue_retries_and_dead_letters(url: String) -> Result<(), String> {
                 "flaky: {} calls, gap {:?}",
                 flaky.len(),
                 flaky.get(1).map(|t| *t - flaky[0])
+            ));
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        transport.delete(&topic).await.map_err(|e| e.to_string())
+    })
+}
+
+fn a_fifo_dlq_keeps_one_entry_per_dead_lettering(url: String) -> Result<(), String> {
+    block_on(async move {
+        let transport = SqsTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("fifo-dedup-{}.fifo", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let dlq = transport
+            .names(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?
+            .dlq;
+        let calls: Calls = Arc::default();
+        let handler = recording(calls.clone(), |_, _| {
+            Some(HandlerError::non_retryable("refused"))
+        });
+        let consumer = start(&transport, &topic, "1s x1", handler).await?;
+        // The same event twice (two messages, as a redelivery of a settled-late original would be).
+        for _ in 0..2 {
+            transport
+                .publish(&topic, &Event::new("x").with_id("twice").with_key("k"))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        wait_until(
+            "both deliveries dead-lettered",
+            Duration::from_secs(30),
+            || consumer.stats().dead_lettered >= 2,
+        )
+        .await?;
+        let raw = RawSqs::new(&url);
+        let held = raw.waiting(&dlq, "").await.map_err(|e| e.to_string())?;
+        if held != 1 {
+            return Err(format!(
+                "{held} entries in {dlq} after two dead letters of one event"
+            ));
+        }
+        // A replay refused again is a new dead-lettering (replay count 1): kept, not dropped as a copy.
+        let replayed = Broker::new(transport.clone())
+            .dead_letters()
+            .replay(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        wait_until("the replay dead-lettered", Duration::from_secs(30), || {
+            consumer.stats().dead_lettered >= 3
+        })
+        .await?;
+        let dead = Broker::new(transport.clone())
+            .dead_letters()
+            .list(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        let replays: Vec<u32> = dead
+            .iter()
+            .map(|d| d.event.metadata().replay_count)
+            .collect();
+        if replayed.replayed != 1 || replays != [1] {
+            return Err(format!(
+                "replayed {}, then the DLQ held entries with replay counts {replays:?} (want [1])",
+                replayed.replayed
             ));
         }
         consumer.shutdown().await.map_err(|e| e.to_string())?;
