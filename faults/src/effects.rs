@@ -29,7 +29,8 @@ pub(crate) async fn fresh(db: InboxDb, out: &Path, name: &str) -> Result<Option<
         InboxDb::Sqlite => {
             let dir = out.join("inbox");
             std::fs::create_dir_all(&dir)?;
-            let file = dir.join(format!("{name}.db"));
+            // Absolute: the consumer may run elsewhere (a network namespace's shell).
+            let file = std::fs::canonicalize(&dir)?.join(format!("{name}.db"));
             for suffix in ["", "-wal", "-shm"] {
                 let _ = std::fs::remove_file(format!("{}{suffix}", file.display()));
             }
