@@ -391,21 +391,40 @@ fn redrive_below_the_policy_is_refused(url: String) -> Result<(), String> {
     })
 }
 
+/// Every dead letter of `topic`, through the SDK's DLQ operations.
+async fn dead_letters(
+    transport: &SqsTransport,
+    topic: &str,
+) -> Result<Vec<retry_core::dlq::DeadLetter>, String> {
+    Broker::new(transport.clone())
+        .dead_letters()
+        .list(topic, &DlqFilter::all())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// A new FIFO queue named `<prefix>-<uuid>.fifo`, declared with its DLQ: the transport, the queue and the
+/// DLQ's name.
+async fn fifo_queue(url: &str, prefix: &str) -> Result<(SqsTransport, String, String), String> {
+    let transport = SqsTransport::connect(url)
+        .await
+        .map_err(|e| e.to_string())?;
+    let topic = format!("{prefix}-{}.fifo", uuid::Uuid::new_v4().simple());
+    transport
+        .declare(&topic, None)
+        .await
+        .map_err(|e| e.to_string())?;
+    let dlq = transport
+        .names(&topic, None)
+        .await
+        .map_err(|e| e.to_string())?
+        .dlq;
+    Ok((transport, topic, dlq))
+}
+
 fn fifo_queue_retries_and_dead_letters(url: String) -> Result<(), String> {
     block_on(async move {
-        let transport = SqsTransport::connect(&url)
-            .await
-            .map_err(|e| e.to_string())?;
-        let topic = format!("fifo-{}.fifo", uuid::Uuid::new_v4().simple());
-        transport
-            .declare(&topic, None)
-            .await
-            .map_err(|e| e.to_string())?;
-        let dlq = transport
-            .names(&topic, None)
-            .await
-            .map_err(|e| e.to_string())?
-            .dlq;
+        let (transport, topic, dlq) = fifo_queue(&url, "fifo").await?;
         if !dlq.ends_with("-dlq.fifo") {
             return Err(format!("FIFO DLQ named {dlq}"));
         }
@@ -426,11 +445,7 @@ fn fifo_queue_retries_and_dead_letters(url: String) -> Result<(), String> {
             consumer.stats().succeeded >= 2
         })
         .await?;
-        let dead = Broker::new(transport.clone())
-            .dead_letters()
-            .list(&topic, &DlqFilter::all())
-            .await
-            .map_err(|e| e.to_string())?;
+        let dead = dead_letters(&transport, &topic).await?;
         if dead.len() != 1
             || dead[0].event.id() != Some("bad")
             || dead[0].event.key.as_deref() != Some(&b"k2"[..])
@@ -457,19 +472,7 @@ fn fifo_queue_retries_and_dead_letters(url: String) -> Result<(), String> {
 
 fn a_fifo_dlq_keeps_one_entry_per_dead_lettering(url: String) -> Result<(), String> {
     block_on(async move {
-        let transport = SqsTransport::connect(&url)
-            .await
-            .map_err(|e| e.to_string())?;
-        let topic = format!("fifo-dedup-{}.fifo", uuid::Uuid::new_v4().simple());
-        transport
-            .declare(&topic, None)
-            .await
-            .map_err(|e| e.to_string())?;
-        let dlq = transport
-            .names(&topic, None)
-            .await
-            .map_err(|e| e.to_string())?
-            .dlq;
+        let (transport, topic, dlq) = fifo_queue(&url, "fifo-dedup").await?;
         let calls: Calls = Arc::default();
         let handler = recording(calls.clone(), |_, _| {
             Some(HandlerError::non_retryable("refused"))
@@ -505,11 +508,7 @@ fn a_fifo_dlq_keeps_one_entry_per_dead_lettering(url: String) -> Result<(), Stri
             consumer.stats().dead_lettered >= 3
         })
         .await?;
-        let dead = Broker::new(transport.clone())
-            .dead_letters()
-            .list(&topic, &DlqFilter::all())
-            .await
-            .map_err(|e| e.to_string())?;
+        let dead = dead_letters(&transport, &topic).await?;
         let replays: Vec<u32> = dead
             .iter()
             .map(|d| d.event.metadata().replay_count)
@@ -620,11 +619,7 @@ fn ten_attributes_retry_and_dead_letter_once(url: String) -> Result<(), String> 
         if n != 2 || stats.dead_lettered != 1 || stats.settle_errors != 0 {
             return Err(format!("{n} handler calls (want 2); {stats:?}"));
         }
-        let dead = Broker::new(transport.clone())
-            .dead_letters()
-            .list(&topic, &DlqFilter::all())
-            .await
-            .map_err(|e| e.to_string())?;
+        let dead = dead_letters(&transport, &topic).await?;
         let [entry] = dead.as_slice() else {
             return Err(format!("{} DLQ entries, want 1", dead.len()));
         };
