@@ -407,18 +407,11 @@ impl IdempotencyStore for Inbox {
     }
 
     async fn complete(&self, id: &str) -> Result<(), StoreError> {
-        let mut conn = self
-            .inner
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| store_error(OutboxError::db("connect to the inbox")(e)))?;
-        let now = ms(Timestamp::now());
         sqlx::query(sql::sql(self.inner.dialect, sql::DONE))
             .bind(&self.inner.consumer)
             .bind(id)
-            .bind(now)
-            .execute(&mut *conn)
+            .bind(ms(Timestamp::now()))
+            .execute(&self.inner.pool)
             .await
             .map_err(|e| store_error(OutboxError::db("mark the event done in the inbox")(e)))?;
         Ok(())
