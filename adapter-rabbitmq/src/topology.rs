@@ -17,6 +17,14 @@
 //! not due, no per-message TTL, delays exact to the granularity with `levels` queues. This is the scheme
 //! NServiceBus uses, with the routing key's bit order fixed so that levels never depend on the ladder's
 //! depth.
+//!
+//! With quorum queues (the default) a level dead-letters at least once: the broker keeps a copy at the
+//! head of its level until the next hop has confirmed it, so a crash mid-hop loses nothing. The price is
+//! that a copy nothing can take would stay at the head for ever and hold up every copy behind it — which
+//! is what a copy whose work queue was deleted (a topic deleted while its retries wait) is at the exit.
+//! So a quorum ladder's `out` exchange has an alternate exchange: such a copy goes to the ladder's
+//! `unroutable` queue, kept for an operator, and the level moves on. A classic ladder dead-letters at most
+//! once and drops it instead (declared as before, since an exchange's arguments cannot change).
 
 use lapin::options::{
     ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
@@ -62,6 +70,12 @@ impl Names {
     /// The exchange that routes a due copy to its work queue.
     pub(crate) fn out(&self) -> String {
         format!("{}.out", self.ladder)
+    }
+
+    /// The alternate exchange of a quorum ladder's exit, and the queue behind it: where a due copy whose
+    /// work queue no longer exists is kept.
+    pub(crate) fn unroutable(&self) -> String {
+        format!("{}.unroutable", self.ladder)
     }
 
     /// The DLQ queue of `topic`.
@@ -179,7 +193,25 @@ fn durable() -> QueueDeclareOptions {
 }
 
 fn failed(what: String) -> impl FnOnce(lapin::Error) -> Error {
-    move |e| crate::link::amqp_error(e, format!("declare {what}"))
+    move |e| {
+        let hint = upgrade_hint(&e.to_string());
+        crate::link::amqp_error(e, format!("declare {what}{hint}"))
+    }
+}
+
+/// What to do when the broker refuses a declare because an earlier version (or other settings) declared
+/// the same name with other arguments, which RabbitMQ never changes in place.
+fn upgrade_hint(refusal: &str) -> &'static str {
+    if refusal.contains("inequivalent arg 'x-queue-type'") {
+        " (it exists with another queue type: quorum queues are the default since classic ladders can \
+         lose copies in a broker crash; set queue_type=classic to keep using the classic queues, or drain \
+         and delete them so that quorum ones are declared)"
+    } else if refusal.contains("inequivalent arg 'alternate-exchange'") {
+        " (a quorum ladder declared by an earlier version has no alternate exchange on its exit: see \
+         \"Upgrading\" in the RabbitMQ adapter's README)"
+    } else {
+        ""
+    }
 }
 
 fn type_args(queue_type: QueueType) -> Vec<(&'static str, AMQPValue)> {
@@ -201,13 +233,14 @@ pub(crate) async fn declare_ladder(
         ..ExchangeDeclareOptions::default()
     };
     let out = names.out();
+    let mut out_args = FieldTable::default();
+    if config.queue_type == QueueType::Quorum {
+        let unroutable = names.unroutable();
+        declare_unroutable(channel, &unroutable, ex_opts).await?;
+        out_args.insert("alternate-exchange".into(), text(&unroutable));
+    }
     channel
-        .exchange_declare(
-            out.as_str().into(),
-            topic.clone(),
-            ex_opts,
-            FieldTable::default(),
-        )
+        .exchange_declare(out.as_str().into(), topic.clone(), ex_opts, out_args)
         .await
         .map_err(failed(format!("exchange {out}")))?;
     let g = u64::try_from(config.granularity.as_millis()).unwrap_or(u64::MAX);
@@ -261,6 +294,41 @@ pub(crate) async fn declare_ladder(
             .map_err(failed(format!("binding {level} → {next}")))?;
     }
     Ok(())
+}
+
+/// Declares a quorum ladder's `unroutable` fanout exchange and the quorum queue bound to it.
+async fn declare_unroutable(
+    channel: &Channel,
+    unroutable: &str,
+    ex_opts: ExchangeDeclareOptions,
+) -> Result<(), Error> {
+    channel
+        .exchange_declare(
+            unroutable.into(),
+            ExchangeKind::Fanout,
+            ex_opts,
+            FieldTable::default(),
+        )
+        .await
+        .map_err(failed(format!("exchange {unroutable}")))?;
+    channel
+        .queue_declare(
+            unroutable.into(),
+            durable(),
+            table(&type_args(QueueType::Quorum)),
+        )
+        .await
+        .map_err(failed(format!("queue {unroutable}")))?;
+    channel
+        .queue_bind(
+            unroutable.into(),
+            unroutable.into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(failed(format!("binding of {unroutable}")))
 }
 
 /// Declares `topic`'s exchange and its DLQ.
@@ -371,8 +439,20 @@ mod tests {
         assert_eq!(n.routing_key(0, "a.b"), "0.0.0.0.a.b");
         assert_eq!(n.routing_key(15, "q"), "1.1.1.1.q");
         assert_eq!(n.out_binding("a.b"), "*.*.*.*.a.b");
-        assert_eq!(n.entry(), "event-retry.delay-100ms-classic.03");
+        assert_eq!(n.entry(), "event-retry.delay-100ms-quorum.03");
+        assert_eq!(n.unroutable(), "event-retry.delay-100ms-quorum.unroutable");
         assert_eq!(n.dlq("orders"), "orders.dlq");
+    }
+
+    #[test]
+    fn a_refused_redeclare_says_how_to_upgrade() {
+        let queue = "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'orders:billing' \
+                     in vhost '/': received the value 'quorum' of type 'longstr' but current is none";
+        assert!(upgrade_hint(queue).contains("queue_type=classic"));
+        let exit = "PRECONDITION_FAILED - inequivalent arg 'alternate-exchange' for exchange \
+                    'event-retry.delay-100ms-quorum.out' in vhost '/'";
+        assert!(upgrade_hint(exit).contains("Upgrading"));
+        assert_eq!(upgrade_hint("NOT_FOUND - no queue 'x'"), "");
     }
 
     #[test]

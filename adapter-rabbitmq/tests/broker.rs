@@ -4,8 +4,11 @@
 //!   in the delay ladder loses none of them: durable queues and persistent messages keep them, the
 //!   consumer reconnects, and every retry runs once, no earlier than its delay;
 //! * under concurrent publishing, a return (unroutable copy) fails its own publish and no other;
-//! * with quorum queues (replicated work queue, DLQ and ladder, at-least-once dead-lettering) retries and
-//!   dead letters behave the same;
+//! * with classic queues (the non-default queue type) retries and dead letters behave as with the
+//!   default quorum queues;
+//! * a topic deleted while its retries wait in the quorum ladder stalls no other topic's retries: its
+//!   copies, due at an exit that routes them nowhere, go to the ladder's `unroutable` queue (read with
+//!   lapin), and a live topic's retry behind them comes back on time;
 //! * acknowledgements sent in batches (`basic.ack` with `multiple`) settle every delivery once, with
 //!   handlers finishing out of order, retries through the ladder, and deliveries requeued at a shutdown
 //!   cut in the middle: every event succeeds exactly once and the queue, read with lapin, ends empty;
@@ -39,7 +42,11 @@ const DELAY: Duration = Duration::from_secs(20);
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 5] = [
+    let tests: [(&str, Test); 6] = [
+        (
+            "a_deleted_topics_waiting_retries_stall_no_other_topic",
+            a_deleted_topics_waiting_retries_stall_no_other_topic,
+        ),
         (
             "a_connection_lost_in_a_dlq_outage_ends_the_hold",
             a_connection_lost_in_a_dlq_outage_ends_the_hold,
@@ -53,8 +60,8 @@ fn main() {
             returns_are_paired_with_their_own_publish,
         ),
         (
-            "quorum_queues_retry_and_dead_letter",
-            quorum_queues_retry_and_dead_letter,
+            "classic_queues_retry_and_dead_letter",
+            classic_queues_retry_and_dead_letter,
         ),
         (
             "restart_keeps_delayed_retries",
@@ -185,18 +192,18 @@ fn a_connection_lost_in_a_dlq_outage_ends_the_hold(url: String) -> Result<(), St
     })
 }
 
-/// A quorum-queue transport: an event failing twice retries through the quorum ladder (never early) and
-/// succeeds; a non-retryable one lands in the quorum DLQ with its metadata and replays from it.
-fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
+/// A classic-queue transport: an event failing twice retries through the classic ladder (never early)
+/// and succeeds; a non-retryable one lands in the classic DLQ with its metadata and replays from it.
+fn classic_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
     runtime()?.block_on(async move {
         let config = RabbitConfig {
-            queue_type: QueueType::Quorum,
+            queue_type: QueueType::Classic,
             ..RabbitConfig::default()
         };
         let transport = RabbitTransport::connect_with(&url, config)
             .await
             .map_err(|e| e.to_string())?;
-        let topic = format!("quorum-{}", uuid::Uuid::new_v4().simple());
+        let topic = format!("classic-{}", uuid::Uuid::new_v4().simple());
         let calls: Arc<Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
         let seen = calls.clone();
         let handler = handler_fn(move |event: Event, _ctx: Context| {
@@ -258,7 +265,7 @@ fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
         for pair in flaky.windows(2) {
             if pair[1] - pair[0] < Duration::from_millis(700) {
                 return Err(format!(
-                    "a quorum-ladder retry ran after {:?}, before its 700 ms delay",
+                    "a classic-ladder retry ran after {:?}, before its 700 ms delay",
                     pair[1] - pair[0]
                 ));
             }
@@ -292,6 +299,179 @@ fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
         transport.delete(&topic).await.map_err(|e| e.to_string())?;
         Ok(())
     })
+}
+
+/// Copies of the deleted topic: more than the 32 a quorum queue's dead-letter worker keeps in flight, so
+/// that without somewhere to go they would fill it and hold up its level.
+const ORPHANS: usize = 50;
+
+/// A ladder of its own (a fresh prefix, 6 levels): `ORPHANS` events of one topic fail and wait 2 s in
+/// the quorum ladder; the topic is deleted; then an event of a live topic fails and waits 2 s behind
+/// them. The live retry must run within 10 s of its first attempt, the `unroutable` queue must hold
+/// exactly the deleted topic's copies, and every delay level must end empty (each read with lapin).
+fn a_deleted_topics_waiting_retries_stall_no_other_topic(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let prefix = format!("stall-{}", uuid::Uuid::new_v4().simple());
+        let config = RabbitConfig {
+            prefix: prefix.clone(),
+            levels: 6,
+            ..RabbitConfig::default()
+        };
+        let ladder = format!("{prefix}.delay-100ms-quorum");
+        let transport = RabbitTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let result = deleted_topic_then_live_retry(&transport, &url, &ladder).await;
+        transport.close().await;
+        let cleanup = delete_ladder(&url, &ladder, 6).await;
+        result.and(cleanup)
+    })
+}
+
+async fn deleted_topic_then_live_retry(
+    transport: &RabbitTransport,
+    url: &str,
+    ladder: &str,
+) -> Result<(), String> {
+    let suffix = uuid::Uuid::new_v4().simple();
+    let (gone, live) = (format!("gone-{suffix}"), format!("live-{suffix}"));
+    let policy = RetryPolicy::parse("2s x1").map_err(|e| e.to_string())?;
+    let broker = Broker::new(transport.clone());
+
+    let always_fails = handler_fn(|_event: Event, _ctx: Context| async move {
+        Err::<(), _>(HandlerError::deferred("waits in the ladder"))
+    });
+    let doomed = broker
+        .consumer(&gone)
+        .policy(policy.clone())
+        .build()
+        .map_err(|e| e.to_string())?
+        .start(always_fails)
+        .await
+        .map_err(|e| e.to_string())?;
+    for i in 0..ORPHANS {
+        let id = format!("orphan-{i:02}");
+        transport
+            .publish(&gone, &Event::new(id.clone()).with_id(id))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let in_ladder = tokio::time::timeout(
+        Duration::from_secs(30),
+        doomed.wait_until(|s| s.retries_scheduled >= ORPHANS as u64),
+    )
+    .await;
+    if in_ladder.is_err() {
+        return Err(format!(
+            "the copies never reached the ladder: {:?}",
+            doomed.stats()
+        ));
+    }
+    doomed.shutdown().await.map_err(|e| e.to_string())?;
+    transport.delete(&gone).await.map_err(|e| e.to_string())?;
+
+    let first_call: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let seen = first_call.clone();
+    let fails_once = handler_fn(move |_event: Event, ctx: Context| {
+        let seen = seen.clone();
+        async move {
+            if ctx.attempt == 1 {
+                *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+                Err(HandlerError::deferred("comes back in 2 s"))
+            } else {
+                Ok(())
+            }
+        }
+    });
+    let consumer = broker
+        .consumer(&live)
+        .policy(policy)
+        .build()
+        .map_err(|e| e.to_string())?
+        .start(fails_once)
+        .await
+        .map_err(|e| e.to_string())?;
+    transport
+        .publish(&live, &Event::new("late").with_id("late"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let came_back = tokio::time::timeout(
+        Duration::from_secs(20),
+        consumer.wait_until(|s| s.succeeded_after_retry == 1),
+    )
+    .await;
+    let took = first_call
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .map(|t| t.elapsed());
+    consumer.shutdown().await.map_err(|e| e.to_string())?;
+    transport.delete(&live).await.map_err(|e| e.to_string())?;
+    match (came_back, took) {
+        (Ok(_), Some(took)) if took <= Duration::from_secs(10) => {}
+        (_, took) => {
+            return Err(format!(
+                "the live topic's 2 s retry did not run within 10 s of its first attempt (first \
+                 attempt {took:?} ago): the deleted topic's copies hold up the ladder"
+            ));
+        }
+    }
+
+    let raw = raw_brokers::RawRabbit::new(url);
+    let unroutable = raw_brokers::RawBroker::messages(&raw, &format!("{ladder}.unroutable"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut ids: Vec<String> = unroutable
+        .iter()
+        .map(|m| {
+            String::from_utf8_lossy(m.header("x-retry-event-id").unwrap_or_default()).into_owned()
+        })
+        .collect();
+    ids.sort();
+    let want: Vec<String> = (0..ORPHANS).map(|i| format!("orphan-{i:02}")).collect();
+    if ids != want {
+        return Err(format!(
+            "the unroutable queue holds {} copies ({:?}…), want the {ORPHANS} of the deleted topic",
+            ids.len(),
+            ids.first()
+        ));
+    }
+    for k in 0..6 {
+        let level = format!("{ladder}.{k:02}");
+        let depth = raw.depth(&level).await.map_err(|e| e.to_string())?;
+        if depth != 0 {
+            return Err(format!("delay level {level} still holds {depth} copies"));
+        }
+    }
+    Ok(())
+}
+
+/// Deletes a test's own ladder: its levels' queues and exchanges, its exit and its unroutable queue.
+async fn delete_ladder(url: &str, ladder: &str, levels: u32) -> Result<(), String> {
+    use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+    let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut names: Vec<String> = (0..levels).map(|k| format!("{ladder}.{k:02}")).collect();
+    names.push(format!("{ladder}.unroutable"));
+    for name in &names {
+        channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .map_err(|e| format!("delete queue {name}: {e}"))?;
+    }
+    names.push(format!("{ladder}.out"));
+    for name in &names {
+        channel
+            .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+            .await
+            .map_err(|e| format!("delete exchange {name}: {e}"))?;
+    }
+    let _ = connection.close(200, "cleaned up".into()).await;
+    Ok(())
 }
 
 fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {

@@ -157,8 +157,9 @@ struct RawAmqp {
     dlq_suffix: String,
 }
 
-/// A message's every property and header (typed), without the SDK's `x-retry-*` headers and without
-/// `delivery-mode` (a copy is always persistent: see the adapter's README). A header table is a map
+/// A message's every property and header (typed), without the SDK's `x-retry-*` headers, without
+/// `delivery-mode` (a copy is always persistent: see the adapter's README) and without the count a quorum
+/// queue adds to a message it delivers again (`x-delivery-count`: here the reads before this one). A header table is a map
 /// sorted by name in lapin, so the order of names is the table's.
 fn describe(body: &[u8], props: &BasicProperties) -> NativeMessage {
     let mut lines = vec![("payload".to_string(), hex(body))];
@@ -199,7 +200,7 @@ fn describe(body: &[u8], props: &BasicProperties) -> NativeMessage {
     );
     if let Some(headers) = props.headers() {
         for (name, value) in headers.inner() {
-            if !name.as_str().starts_with("x-retry") {
+            if !name.as_str().starts_with("x-retry") && name.as_str() != "x-delivery-count" {
                 lines.push((format!("header {name}"), format!("{value:?}")));
             }
         }
