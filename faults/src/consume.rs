@@ -38,6 +38,9 @@ pub(crate) struct ConsumeArgs {
     /// Milliseconds of work per event.
     #[arg(long, default_value_t = workload::DEFAULT_WORK.as_millis() as u64)]
     pub(crate) work_ms: u64,
+    /// Milliseconds a failing-once event waits before its retry.
+    #[arg(long, default_value_t = workload::RETRY_AFTER.as_millis() as u64)]
+    pub(crate) retry_after_ms: u64,
     /// The inbox database (`sqlite:…`, `postgres://…`): successful calls write their side effect through it.
     #[arg(long)]
     pub(crate) inbox: Option<String>,
@@ -129,7 +132,9 @@ pub(crate) async fn run(args: ConsumeArgs) -> Result<(), Box<dyn std::error::Err
     let handle = broker
         .consumer(&args.topic)
         .group(&args.group)
-        .policy(RetryPolicy::parse(workload::POLICY)?)
+        .policy(RetryPolicy::parse(&workload::policy(
+            Duration::from_millis(args.retry_after_ms),
+        ))?)
         .concurrency(16)
         .start(handler)
         .await?;

@@ -30,10 +30,23 @@ pub(crate) enum Fault {
     /// A 3-node Kafka cluster's partition leader killed with SIGKILL.
     #[value(name = "F6", alias = "leader-kill")]
     LeaderKill,
+    /// A 3-node RabbitMQ cluster's node leading the group's quorum queue killed with SIGKILL (the
+    /// consumer connected to another node).
+    #[value(name = "F7", alias = "queue-leader-kill")]
+    QueueLeaderKill,
 }
 
 impl Fault {
-    /// `F1` … `F6`.
+    /// The cluster a fault runs on by itself, if it needs one.
+    pub(crate) fn cluster(self) -> Option<crate::target::BrokerName> {
+        match self {
+            Fault::LeaderKill => Some(crate::target::BrokerName::KafkaCluster),
+            Fault::QueueLeaderKill => Some(crate::target::BrokerName::RabbitmqCluster),
+            _ => None,
+        }
+    }
+
+    /// `F1` … `F7`.
     pub(crate) fn code(self) -> &'static str {
         match self {
             Fault::ConsumerKill => "F1",
@@ -42,6 +55,7 @@ impl Fault {
             Fault::NetworkCut => "F4",
             Fault::DlqOutage => "F5",
             Fault::LeaderKill => "F6",
+            Fault::QueueLeaderKill => "F7",
         }
     }
 
@@ -55,6 +69,7 @@ impl Fault {
             Fault::NetworkCut => format!("network cut {secs} s"),
             Fault::DlqOutage => format!("DLQ unwritable {secs} s"),
             Fault::LeaderKill => "partition leader SIGKILL".to_string(),
+            Fault::QueueLeaderKill => "queue leader node SIGKILL".to_string(),
         }
     }
 
@@ -73,6 +88,18 @@ impl Fault {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cluster_faults_run_on_their_own_cluster() {
+        use crate::target::BrokerName;
+        assert_eq!(Fault::LeaderKill.cluster(), Some(BrokerName::KafkaCluster));
+        assert_eq!(
+            Fault::QueueLeaderKill.cluster(),
+            Some(BrokerName::RabbitmqCluster)
+        );
+        assert_eq!(Fault::BrokerKill.cluster(), None);
+        assert_eq!(Fault::QueueLeaderKill.code(), "F7");
+    }
 
     #[test]
     fn a_row_names_the_outage_it_ran_with() {

@@ -41,10 +41,11 @@ struct Cli {
 enum Command {
     /// Runs every named fault on every named broker, one row each, and writes the report.
     Run {
-        /// Brokers: kafka, rabbitmq, sqs, pulsar (F6 runs on kafka-cluster by itself).
+        /// Brokers: kafka, rabbitmq, sqs, pulsar (F6 runs on kafka-cluster and F7 on rabbitmq-cluster, by
+        /// themselves).
         #[arg(long = "broker", required = true)]
         brokers: Vec<target::BrokerName>,
-        /// Faults: F1 … F6.
+        /// Faults: F1 … F7.
         #[arg(long = "fault", required = true)]
         faults: Vec<faults::Fault>,
         /// Events per run.
@@ -59,6 +60,13 @@ enum Command {
         /// Seconds a stall, cut or DLQ outage lasts (the matrix's 20 unless told).
         #[arg(long, default_value_t = faults::OUTAGE.as_secs())]
         outage: u64,
+        /// Seconds a failing-once event waits before its retry (the matrix's 1 unless told; a longer
+        /// wait keeps more copies in the broker's retry route when the fault lands).
+        #[arg(long, default_value_t = workload::RETRY_AFTER.as_secs())]
+        retry_after: u64,
+        /// Milliseconds of work per event (the matrix's 10 unless told; more slows the consumer).
+        #[arg(long, default_value_t = workload::DEFAULT_WORK.as_millis() as u64)]
+        work_ms: u64,
         /// Where the consumer's inbox writes each event's side effect: sqlite (a file per run),
         /// postgres (`RETRY_TEST_POSTGRES`) or none.
         #[arg(long, value_enum, default_value_t = effects::InboxDb::Sqlite)]
@@ -111,12 +119,16 @@ fn main() -> ExitCode {
                 out,
                 options,
                 outage,
+                retry_after,
+                work_ms,
                 inbox,
             } => {
                 let settings = run::Settings {
                     events,
                     options,
                     outage: std::time::Duration::from_secs(outage),
+                    retry_after: std::time::Duration::from_secs(retry_after),
+                    work: std::time::Duration::from_millis(work_ms),
                     inbox,
                 };
                 run::matrix(&brokers, &faults, &settings, &out).await

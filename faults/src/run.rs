@@ -41,6 +41,10 @@ pub(crate) struct Settings {
     pub(crate) options: Vec<(String, String)>,
     /// How long a stall, cut or DLQ outage lasts.
     pub(crate) outage: Duration,
+    /// How long a failing-once event waits before its retry.
+    pub(crate) retry_after: Duration,
+    /// How long the handler works on each event.
+    pub(crate) work: Duration,
     /// Where the consumer's inbox and side effects live.
     pub(crate) inbox: InboxDb,
 }
@@ -58,14 +62,13 @@ pub(crate) async fn matrix(
     }
     let mut all_passed = true;
     for &fault in faults {
-        let cells: Vec<BrokerName> = if fault == Fault::LeaderKill {
-            vec![BrokerName::KafkaCluster]
-        } else {
-            brokers
+        let cells: Vec<BrokerName> = match fault.cluster() {
+            Some(cluster) => vec![cluster],
+            None => brokers
                 .iter()
                 .copied()
-                .filter(|b| *b != BrokerName::KafkaCluster)
-                .collect()
+                .filter(|b| !matches!(b, BrokerName::KafkaCluster | BrokerName::RabbitmqCluster))
+                .collect(),
         };
         for broker in cells {
             eprintln!("== {broker}: {}", fault.describe(settings.outage));
@@ -144,6 +147,13 @@ async fn produce(
     Ok((confirmed, resent))
 }
 
+/// How fast the consumer works and how long its failed events wait.
+#[derive(Clone, Copy, Debug)]
+struct Pace {
+    work: Duration,
+    retry_after: Duration,
+}
+
 /// The consumer under test, in a process of its own.
 struct Consumer {
     child: Child,
@@ -158,6 +168,7 @@ impl Consumer {
         group: &str,
         record: &Path,
         inbox: Option<&str>,
+        pace: Pace,
         namespace: Option<&Namespace>,
         log: &Path,
     ) -> Result<Self, BoxError> {
@@ -173,6 +184,12 @@ impl Consumer {
         if let Some(url) = inbox {
             command.args(["--inbox", url]);
         }
+        command
+            .args(["--work-ms", &pace.work.as_millis().to_string()])
+            .args([
+                "--retry-after-ms",
+                &pace.retry_after.as_millis().to_string(),
+            ]);
         for (k, v) in &target.options {
             command.args(["--option", &format!("{k}={v}")]);
         }
@@ -236,6 +253,7 @@ struct Run<'a> {
     fault: Fault,
     events: usize,
     outage: Duration,
+    pace: Pace,
     topic: String,
     group: String,
     record: PathBuf,
@@ -333,6 +351,10 @@ async fn cell(
         fault,
         events: settings.events,
         outage: settings.outage,
+        pace: Pace {
+            work: settings.work,
+            retry_after: settings.retry_after,
+        },
         topic: format!("faults-{code}-{}", now_ms() % 100_000_000),
         group: "faults".to_string(),
         record,
@@ -375,6 +397,7 @@ impl Run<'_> {
             &self.group,
             &self.record,
             self.inbox.as_deref(),
+            self.pace,
             self.namespace.as_ref(),
             &log,
         )
@@ -384,6 +407,14 @@ impl Run<'_> {
     }
 
     async fn go(&mut self) -> Result<Row, BoxError> {
+        if let Some(url) = &self.target.declare_url {
+            // Declared through another node than the consumer's, which then leads the queues.
+            let leader = event_retry::connect_with(url, self.target.harness_sdk_options()).await?;
+            leader
+                .admin()
+                .declare(&self.topic, Some(&self.group))
+                .await?;
+        }
         let admin = self.broker.admin();
         admin.declare(&self.topic, Some(&self.group)).await?;
         let names = admin.names(&self.topic, Some(&self.group)).await?;
@@ -439,6 +470,18 @@ impl Run<'_> {
                 .map(|(k, v)| format!("{k}={v}"))
                 .collect();
             notes.insert(0, format!("options {}", options.join(", ")));
+        }
+        if self.pace.retry_after != workload::RETRY_AFTER
+            || self.pace.work != workload::DEFAULT_WORK
+        {
+            notes.insert(
+                0,
+                format!(
+                    "failing events retry after {} s, {} ms of work per event",
+                    self.pace.retry_after.as_secs_f64(),
+                    self.pace.work.as_millis()
+                ),
+            );
         }
         notes.push(format!(
             "duplicates: {} extra handler calls, {} extra DLQ entries",
@@ -580,7 +623,17 @@ impl Run<'_> {
                 self.start_consumer().await?;
             }
             Fault::BrokerKill => {
+                let in_transit = self.target.copies_in_transit().await;
                 signal(target::broker_pid(name, None).await?, "KILL").await?;
+                match in_transit {
+                    Ok(Some(copies)) => self.notes.push(format!(
+                        "{copies} retry copies in the delay ladder at the kill (raw client)"
+                    )),
+                    Ok(None) => {}
+                    Err(e) => self
+                        .notes
+                        .push(format!("copies in the delay ladder not read: {e}")),
+                }
                 let restart = Instant::now();
                 target::restart_broker(name, &self.log("restart")).await?;
                 self.notes.push(format!(
@@ -622,6 +675,35 @@ impl Run<'_> {
                     .admin()
                     .declare(&self.topic, Some(&self.group))
                     .await?;
+            }
+            Fault::QueueLeaderKill => {
+                let leader = target::rabbitmq_cluster_leader(source, 2).await?;
+                if leader == 2 {
+                    return Err(
+                        "node 2, the consumer's, leads the group's queue: not the fault F7 \
+                                means"
+                            .into(),
+                    );
+                }
+                signal(target::broker_pid(name, Some(leader)).await?, "KILL").await?;
+                let ask = if leader == 3 { 1 } else { 3 };
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let new_leader = loop {
+                    match target::rabbitmq_cluster_leader(source, ask).await {
+                        Ok(n) if n != leader => break n,
+                        _ if Instant::now() > deadline => {
+                            return Err(format!(
+                                "no new leader of {source} within 60 s of node {leader}'s kill"
+                            )
+                            .into());
+                        }
+                        _ => tokio::time::sleep(Duration::from_millis(500)).await,
+                    }
+                };
+                self.notes.push(format!(
+                    "node {leader}, leader of {source} (declared through it), killed; node \
+                     {new_leader} leads it now; the consumer, on node 2, went on with two nodes"
+                ));
             }
             Fault::LeaderKill => {
                 let raw = RawKafka::new(&self.target.url);

@@ -18,6 +18,8 @@ pub(crate) enum BrokerName {
     Pulsar,
     /// Three Kafka nodes (replication factor 3, `min.insync.replicas` 2), for F6.
     KafkaCluster,
+    /// Three RabbitMQ nodes in one cluster (quorum queues with a member on each), for F7.
+    RabbitmqCluster,
 }
 
 impl BrokerName {
@@ -29,6 +31,7 @@ impl BrokerName {
             BrokerName::Sqs => "sqs",
             BrokerName::Pulsar => "pulsar",
             BrokerName::KafkaCluster => "kafka-cluster",
+            BrokerName::RabbitmqCluster => "rabbitmq-cluster",
         }
     }
 
@@ -40,6 +43,7 @@ impl BrokerName {
             BrokerName::Sqs => "RETRY_TEST_SQS",
             BrokerName::Pulsar => "RETRY_TEST_PULSAR",
             BrokerName::KafkaCluster => "RETRY_TEST_KAFKA_CLUSTER",
+            BrokerName::RabbitmqCluster => "RETRY_TEST_AMQP_CLUSTER",
         }
     }
 }
@@ -62,6 +66,9 @@ pub(crate) struct Target {
     pub(crate) raw: Box<dyn RawBroker>,
     /// Options for the harness's own connection only (Pulsar's admin API, which deleting a topic needs).
     pub(crate) harness_options: Vec<(String, String)>,
+    /// RabbitMQ cluster: the URL of the node the harness declares the topic through (so that node leads
+    /// its queues), when it is not `url`'s.
+    pub(crate) declare_url: Option<String>,
 }
 
 fn variable(name: &str) -> Result<String, BoxError> {
@@ -76,15 +83,31 @@ fn variable(name: &str) -> Result<String, BoxError> {
 impl Target {
     /// The broker `name`, found through its `RETRY_TEST_*` variable.
     pub(crate) async fn find(name: BrokerName) -> Result<Self, BoxError> {
-        let url = variable(name.url_variable())?;
+        let mut url = variable(name.url_variable())?;
         let mut harness_options = Vec::new();
+        let mut declare_url = None;
+        if name == BrokerName::RabbitmqCluster {
+            // Node 1 declares (and so leads) the queues; the consumer and the harness use node 2.
+            let nodes: Vec<&str> = url.split_whitespace().collect();
+            let [first, second, _third] = nodes[..] else {
+                return Err(format!(
+                    "RETRY_TEST_AMQP_CLUSTER names {} nodes, want 3",
+                    nodes.len()
+                )
+                .into());
+            };
+            declare_url = Some(first.to_string());
+            url = second.to_string();
+        }
         let (raw, options): (Box<dyn RawBroker>, Vec<(String, String)>) = match name {
             BrokerName::Kafka => (Box::new(RawKafka::new(&url)), vec![]),
             BrokerName::KafkaCluster => (
                 Box::new(RawKafka::new(&url)),
                 vec![("replication_factor".into(), "3".into())],
             ),
-            BrokerName::Rabbitmq => (Box::new(RawRabbit::new(&url)), vec![]),
+            BrokerName::Rabbitmq | BrokerName::RabbitmqCluster => {
+                (Box::new(RawRabbit::new(&url)), vec![])
+            }
             BrokerName::Sqs => (Box::new(RawSqs::new(&url)), vec![]),
             BrokerName::Pulsar => {
                 let admin = variable("RETRY_TEST_PULSAR_ADMIN")?;
@@ -98,6 +121,7 @@ impl Target {
             options,
             raw,
             harness_options,
+            declare_url,
         })
     }
 
@@ -107,6 +131,36 @@ impl Target {
             .iter()
             .chain(&self.harness_options)
             .fold(event_retry::Options::new(), |o, (k, v)| o.set(k, v))
+    }
+
+    /// RabbitMQ: the retry copies waiting in the delay ladder now, summed over its levels with the raw
+    /// client (the ladder of the queue type and prefix the options choose, granularity and depth the
+    /// defaults); other brokers: `None`.
+    pub(crate) async fn copies_in_transit(&self) -> Result<Option<u64>, BoxError> {
+        if !matches!(
+            self.name,
+            BrokerName::Rabbitmq | BrokerName::RabbitmqCluster
+        ) {
+            return Ok(None);
+        }
+        let option = |key: &str, default: &'static str| {
+            self.options
+                .iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .map_or(default.to_string(), |(_, v)| v.clone())
+        };
+        let (queue_type, prefix) = (
+            option("queue_type", "quorum"),
+            option("prefix", "event-retry"),
+        );
+        let raw = RawRabbit::new(&self.url);
+        let mut copies = 0;
+        for level in 0..24 {
+            let queue = format!("{prefix}.delay-100ms-{queue_type}.{level:02}");
+            copies += u64::from(raw.depth(&queue).await?);
+        }
+        Ok(Some(copies))
     }
 
     /// The TCP port of the URL's first host (what a consumer in another network namespace needs
@@ -147,6 +201,34 @@ pub(crate) async fn broker_pid(name: BrokerName, node: Option<u32>) -> Result<u3
         .into());
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+}
+
+/// The node (1, 2 or 3) of the RabbitMQ cluster leading quorum queue `queue`, asked of node `ask` with
+/// `rabbitmqctl list_queues name leader`.
+pub(crate) async fn rabbitmq_cluster_leader(queue: &str, ask: u32) -> Result<u32, BoxError> {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args(["-q", "-n", &format!("eventretry-c{ask}@localhost")])
+        .args(["list_queues", "name", "leader", "--formatter", "json"])
+        .output()
+        .await?;
+    if !out.status.success() {
+        return Err(format!(
+            "rabbitmqctl list_queues: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    let queues: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)?;
+    let leader = queues
+        .iter()
+        .find(|q| q["name"] == queue)
+        .and_then(|q| q["leader"].as_str())
+        .ok_or_else(|| format!("no leader of {queue} in rabbitmqctl's list"))?;
+    leader
+        .strip_prefix("eventretry-c")
+        .and_then(|rest| rest.strip_suffix("@localhost"))
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("{queue}'s leader {leader} is not a node of ours").into())
 }
 
 /// Starts the broker again on its data and ports (`scripts/brokers restart NAME`), after a kill.
@@ -199,6 +281,7 @@ mod tests {
             options: vec![],
             raw: Box::new(Nothing),
             harness_options: vec![],
+            declare_url: None,
         }
     }
 

@@ -38,9 +38,14 @@ impl Fate {
     }
 }
 
-/// The retry policy of every run: a failed event comes back after 1 s; five retries leave room for an
-/// event that a crash made fail a second time.
-pub(crate) const POLICY: &str = "1s x5";
+/// How long a failed event waits before it comes back, unless a run says otherwise.
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The retry policy of a run whose failed events come back after `after`: five retries leave room for
+/// an event that a crash made fail a second time.
+pub(crate) fn policy(after: Duration) -> String {
+    format!("{}ms x5", after.as_millis())
+}
 
 /// How long the handler works on each event, so that a run of 10,000 events lasts long enough for a
 /// fault to land mid-stream.
@@ -71,6 +76,12 @@ pub(crate) fn dlq_expected(total: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_policy_spells_the_wait() {
+        assert_eq!(policy(RETRY_AFTER), "1000ms x5");
+        assert_eq!(policy(Duration::from_secs(20)), "20000ms x5");
+    }
 
     #[test]
     fn fates_split_ten_thousand_as_designed() {

@@ -205,6 +205,14 @@ rabbitmq_status() {
   printf 'amqp://guest:guest@127.0.0.1:%s/%%2f' "$(cat "$d/port")"
 }
 
+# rabbitmq_cluster_alive — true while a node of the 3-node cluster (rabbitmq-cluster.sh) runs: they share
+# epmd with this node.
+rabbitmq_cluster_alive() {
+  local f
+  for f in "$STATE"/rabbitmq-cluster/server-*.pid; do alive "$f" && return 0; done
+  return 1
+}
+
 # rabbitmq_stop — stops our node (and epmd, if it was ours); also a node that never finished starting.
 rabbitmq_stop() {
   local d="$STATE/rabbitmq" pid
@@ -214,7 +222,7 @@ rabbitmq_stop() {
     stop_pid rabbitmq "$d/server.pid" 30
   fi
   rm -f "$d/server.pid"
-  if [ "$(cat "$d/epmd" 2>/dev/null)" = ours ]; then
+  if [ "$(cat "$d/epmd" 2>/dev/null)" = ours ] && ! rabbitmq_cluster_alive; then
     # `epmd -kill` refuses while a short-lived CLI node is still registered; fall back to a signal.
     epmd -kill >/dev/null 2>&1 || pkill -x epmd || true
   fi
