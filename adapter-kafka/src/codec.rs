@@ -16,17 +16,8 @@ use rdkafka::Message;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use retry_core::event::RawMessage;
 use retry_core::headers::Headers as EventHeaders;
-use retry_core::metadata::{self, OriginTimestamp, TimestampKind, names};
+use retry_core::metadata::{OriginTimestamp, TimestampKind, names};
 use retry_core::time::Timestamp;
-
-/// The topic a delayed record goes to once due (a group's retry topic).
-pub(crate) const ROUTE_TO: &str = "x-retry-route-to";
-/// When a delayed record is due, in ms since the epoch.
-pub(crate) const ROUTE_DUE: &str = "x-retry-route-due";
-/// When a record may leave the ladder level it sits in, in ms since the epoch.
-pub(crate) const HOP_DUE: &str = "x-retry-hop-due";
-/// The consumer group that dead-lettered a DLQ record.
-pub(crate) const GROUP: &str = "x-retry-group";
 
 /// Where a delayed record is going, read from its routing headers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,9 +101,15 @@ pub(crate) fn headers(raw: &RawMessage, nulls: &Nulls, extra: &[(&str, &[u8])]) 
 /// The routing headers of a record going to `to`, due at `due`, allowed out of its level at `hop_due`.
 pub(crate) fn route_headers(route: &Route) -> [(&'static str, Vec<u8>); 3] {
     [
-        (ROUTE_TO, route.to.clone().into_bytes()),
-        (ROUTE_DUE, route.due.as_millis().to_string().into_bytes()),
-        (HOP_DUE, route.hop_due.as_millis().to_string().into_bytes()),
+        (names::ROUTE_TO, route.to.clone().into_bytes()),
+        (
+            names::ROUTE_DUE,
+            route.due.as_millis().to_string().into_bytes(),
+        ),
+        (
+            names::HOP_DUE,
+            route.hop_due.as_millis().to_string().into_bytes(),
+        ),
     ]
 }
 
@@ -124,34 +121,8 @@ fn millis(value: &[u8]) -> Option<Timestamp> {
         .map(Timestamp::from_millis)
 }
 
-/// The SDK's metadata header names, so a decoded record names them without an allocation each.
-const KNOWN: [&str; 22] = [
-    names::EVENT_ID,
-    names::ATTEMPTS,
-    names::RETRIES,
-    names::FIRST_SEEN,
-    names::DUE_AT,
-    names::ORIGIN_TOPIC,
-    names::ORIGIN_PARTITION,
-    names::ORIGIN_OFFSET,
-    names::LAST_ERROR,
-    names::ERROR_KIND,
-    names::LAST_DELAY,
-    names::REPLAY_COUNT,
-    names::REPLAYED_AT,
-    names::ORIGIN_TIMESTAMP,
-    names::ORIGIN_TIMESTAMP_TYPE,
-    names::PARKED_BEHIND,
-    names::DEAD_REASON,
-    names::DEAD_AT,
-    names::DEAD_CONSUMER,
-    names::MIGRATED_FROM,
-    metadata::PACKED,
-    retry_core::layout::LAYOUT,
-];
-
 fn header_name(name: &str) -> Cow<'static, str> {
-    match KNOWN.iter().find(|k| **k == name) {
+    match names::ALL.iter().find(|k| **k == name) {
         Some(known) => Cow::Borrowed(known),
         None => Cow::Owned(name.to_string()),
     }
@@ -180,10 +151,10 @@ pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
                 nulls.0.push((h.key.to_string(), nth));
             }
             match h.key {
-                ROUTE_TO => to = std::str::from_utf8(value).ok().map(str::to_string),
-                ROUTE_DUE => due = millis(value),
-                HOP_DUE => hop_due = millis(value),
-                GROUP => group = std::str::from_utf8(value).ok().map(str::to_string),
+                names::ROUTE_TO => to = std::str::from_utf8(value).ok().map(str::to_string),
+                names::ROUTE_DUE => due = millis(value),
+                names::HOP_DUE => hop_due = millis(value),
+                names::GROUP => group = std::str::from_utf8(value).ok().map(str::to_string),
                 name => {
                     let start = buffer.len();
                     buffer.extend_from_slice(value);
@@ -249,7 +220,7 @@ mod tests {
                 .with("a", "again")
                 .with("b", ""),
         };
-        let out = headers(&raw, &Nulls::default(), &[(GROUP, b"billing")]);
+        let out = headers(&raw, &Nulls::default(), &[(names::GROUP, b"billing")]);
         let read: Vec<(String, Vec<u8>)> = out
             .iter()
             .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
@@ -260,7 +231,7 @@ mod tests {
                 ("a".to_string(), vec![0xff, 0]),
                 ("a".to_string(), b"again".to_vec()),
                 ("b".to_string(), Vec::new()),
-                (GROUP.to_string(), b"billing".to_vec()),
+                (names::GROUP.to_string(), b"billing".to_vec()),
             ]
         );
     }

@@ -290,7 +290,13 @@ impl Forwarder {
             let prefix = format!("{}{}", self.source, self.link.config.retry_infix);
             let group = route.to.strip_prefix(&prefix).unwrap_or(&route.to);
             tracing::error!(destination = %route.to, dlq = %dlq, "a delayed record's destination does not exist; it goes to the DLQ");
-            return (dlq, vec![(codec::GROUP, group.as_bytes().to_vec())]);
+            return (
+                dlq,
+                vec![(
+                    retry_core::metadata::names::GROUP,
+                    group.as_bytes().to_vec(),
+                )],
+            );
         }
         match next_hop(
             now,

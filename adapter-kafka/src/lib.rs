@@ -185,7 +185,7 @@ impl Transport for KafkaTransport {
         let dlq = self.link.config.dlq_topic(source_topic);
         let partition = event.metadata().origin.as_ref().and_then(|o| o.partition);
         let extra: Vec<(&str, &[u8])> = group
-            .map(|g| (codec::GROUP, g.as_bytes()))
+            .map(|g| (retry_core::metadata::names::GROUP, g.as_bytes()))
             .into_iter()
             .collect();
         self.link

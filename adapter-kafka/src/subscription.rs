@@ -283,7 +283,10 @@ impl Receipt for KafkaReceipt {
                 Some(self.partition),
                 &event.to_raw(),
                 &self.nulls,
-                &[(codec::GROUP, self.names.group.as_bytes())],
+                &[(
+                    retry_core::metadata::names::GROUP,
+                    self.names.group.as_bytes(),
+                )],
                 &format!("dead-letter to {dlq}"),
             )
             .await?;

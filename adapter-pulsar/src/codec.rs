@@ -25,12 +25,6 @@ use retry_core::event::{Event, RawMessage};
 use retry_core::headers::Headers;
 use retry_core::metadata::{self, Packing};
 
-/// The property naming the headers sent as base64.
-pub(crate) const BINARY: &str = "x-retry-binary";
-/// The property of a dead letter naming the consumer group that dead-lettered it (a replay goes back to
-/// that group's retry topic).
-pub(crate) const GROUP: &str = "x-retry-group";
-
 /// What a received message carried besides its payload, kept so that a copy writes it again.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Envelope {
@@ -80,7 +74,7 @@ impl Envelope {
 /// Properties the SDK writes anew on every message: its metadata, the layout, a dead letter's group.
 /// (`x-retry-binary` stays: it describes the producer's properties, which a copy keeps.)
 fn is_rewritten(name: &str) -> bool {
-    metadata::is_sdk_field(name) || name == GROUP
+    metadata::is_sdk_field(name) || name == metadata::names::GROUP
 }
 
 /// A producer message for `event`: a copy of the message whose envelope is `native`, or a new message;
@@ -121,7 +115,7 @@ pub(crate) fn encode(
         None => {
             let mut binary = Vec::new();
             for (name, value) in unique {
-                if name == BINARY || name.contains('\n') {
+                if name == metadata::names::BINARY || name.contains('\n') {
                     return Err(Error::new(
                         Kind::InvalidInput,
                         format!("header name {name:?} cannot be a Pulsar property"),
@@ -137,7 +131,7 @@ pub(crate) fn encode(
                 properties.insert(name.to_string(), text);
             }
             if !binary.is_empty() {
-                properties.insert(BINARY.to_string(), binary.join("\n"));
+                properties.insert(metadata::names::BINARY.to_string(), binary.join("\n"));
             }
             let (partition_key, b64) = match &event.key {
                 None => (None, None),
@@ -186,13 +180,13 @@ pub(crate) fn decode(data: Bytes, metadata: &MessageMetadata) -> RawMessage {
     let binary: Vec<&str> = metadata
         .properties
         .iter()
-        .find(|kv| kv.key == BINARY)
+        .find(|kv| kv.key == metadata::names::BINARY)
         .map(|kv| kv.value.split('\n').collect())
         .unwrap_or_default();
     let mut props: Vec<(&String, &String)> = metadata
         .properties
         .iter()
-        .filter(|kv| kv.key != BINARY && kv.key != GROUP)
+        .filter(|kv| kv.key != metadata::names::BINARY && kv.key != metadata::names::GROUP)
         .map(|kv| (&kv.key, &kv.value))
         .collect();
     props.sort();
@@ -305,12 +299,23 @@ mod tests {
         let native = Envelope::of(&metadata_of(&original));
         let event = received(&original);
         assert_eq!(event.key.as_deref(), Some(&b"pk"[..]));
-        let copy = encode(&event, Some(&native), None, &[(GROUP, "g")]).unwrap();
+        let copy = encode(
+            &event,
+            Some(&native),
+            None,
+            &[(metadata::names::GROUP, "g")],
+        )
+        .unwrap();
         assert_eq!(copy.partition_key.as_deref(), Some("pk"));
         assert_eq!(copy.ordering_key, Some(vec![1, 2, 3]));
         assert_eq!(copy.event_time, Some(1_700_000_000_000));
         assert_eq!(copy.properties.get("p").map(String::as_str), Some("1"));
-        assert_eq!(copy.properties.get(GROUP).map(String::as_str), Some("g"));
+        assert_eq!(
+            copy.properties
+                .get(metadata::names::GROUP)
+                .map(String::as_str),
+            Some("g")
+        );
         let bare = producer::Message {
             payload: b"y".to_vec(),
             ..producer::Message::default()

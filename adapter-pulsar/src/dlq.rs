@@ -113,7 +113,7 @@ fn group_of(message: &Message<Vec<u8>>) -> Option<String> {
         .metadata
         .properties
         .iter()
-        .find(|kv| kv.key == codec::GROUP)
+        .find(|kv| kv.key == retry_core::metadata::names::GROUP)
         .map(|kv| kv.value.clone())
 }
 

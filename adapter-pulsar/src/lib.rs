@@ -152,7 +152,10 @@ impl Transport for PulsarTransport {
             self.link.ensure_group(&retry, group).await?;
         }
         let dlq = self.link.config.dlq_topic(source_topic);
-        let extra: Vec<(&str, &str)> = group.map(|g| (codec::GROUP, g)).into_iter().collect();
+        let extra: Vec<(&str, &str)> = group
+            .map(|g| (retry_core::metadata::names::GROUP, g))
+            .into_iter()
+            .collect();
         let message = codec::encode(event, None, None, &extra)?;
         self.link
             .send(&dlq, message, &format!("dead-letter to {dlq}"))

@@ -393,7 +393,7 @@ impl Receipt for PulsarReceipt {
             event,
             Some(&self.native),
             None,
-            &[(codec::GROUP, &self.group)],
+            &[(retry_core::metadata::names::GROUP, &self.group)],
         )?;
         self.link
             .send(&dlq, message, &format!("dead-letter to {dlq}"))

@@ -27,19 +27,6 @@ use retry_core::event::{Event, RawMessage};
 use retry_core::headers::Headers;
 use retry_core::metadata::{self, Packing};
 
-/// The header carrying the event's key (AMQP has no key).
-pub(crate) const KEY_HEADER: &str = "x-retry-key";
-/// The header naming a DLQ entry (a dead letter keeps its original's message id, which need not be
-/// unique).
-pub(crate) const ENTRY_HEADER: &str = "x-retry-dlq-entry";
-/// The header of a DLQ entry naming the consumer group that dead-lettered it (a replay goes back to that
-/// group's queue alone).
-pub(crate) const GROUP_HEADER: &str = "x-retry-group";
-/// Where a copy keeps the original's `expiration`.
-pub(crate) const EXPIRATION_HEADER: &str = "x-retry-amqp-expiration";
-/// Where a copy keeps a `user-id` that names another user than the SDK's connection.
-pub(crate) const USER_ID_HEADER: &str = "x-retry-amqp-user-id";
-
 /// Headers RabbitMQ adds when it dead-letters; a copy must not carry them on (attempts are ours).
 fn is_broker_header(name: &str) -> bool {
     matches!(
@@ -58,20 +45,23 @@ fn is_broker_header(name: &str) -> bool {
 /// Headers the SDK writes anew on every message: its metadata, the layout, the key, a DLQ entry's id.
 fn is_sdk_header(name: &str) -> bool {
     metadata::is_sdk_field(name)
-        || name == KEY_HEADER
-        || name == ENTRY_HEADER
-        || name == GROUP_HEADER
+        || name == metadata::names::KEY
+        || name == metadata::names::DLQ_ENTRY
+        || name == metadata::names::GROUP
 }
 
 /// The adapter's headers that keep what a copy cannot carry in its envelope; they stay on every copy.
 fn is_carried(name: &str) -> bool {
-    name == EXPIRATION_HEADER || name == USER_ID_HEADER
+    name == metadata::names::AMQP_EXPIRATION || name == metadata::names::AMQP_USER_ID
 }
 
 /// Headers no handler sees: the key (the event's key), a DLQ entry's id and group, and what a copy
 /// carries for its envelope.
 fn is_adapter_header(name: &str) -> bool {
-    name == KEY_HEADER || name == ENTRY_HEADER || name == GROUP_HEADER || is_carried(name)
+    name == metadata::names::KEY
+        || name == metadata::names::DLQ_ENTRY
+        || name == metadata::names::GROUP
+        || is_carried(name)
 }
 
 /// The properties of an unchanged copy of a message whose properties are `native` (a release through the
@@ -94,13 +84,16 @@ pub(crate) fn unchanged(native: &BasicProperties, user: &str) -> BasicProperties
 /// would refuse from this connection (kept in a header too).
 fn envelope(mut props: BasicProperties, table: &mut FieldTable, user: &str) -> BasicProperties {
     if let Some(expiration) = props.expiration().clone() {
-        table.insert(EXPIRATION_HEADER.into(), text(expiration.as_str()));
+        table.insert(
+            metadata::names::AMQP_EXPIRATION.into(),
+            text(expiration.as_str()),
+        );
         props = clear_expiration(props);
     }
     if let Some(user_id) = props.user_id().clone()
         && user_id.as_str() != user
     {
-        table.insert(USER_ID_HEADER.into(), text(user_id.as_str()));
+        table.insert(metadata::names::AMQP_USER_ID.into(), text(user_id.as_str()));
         props = clear_user_id(props);
     }
     props
@@ -144,7 +137,7 @@ pub(crate) fn properties(
         }
     };
     if let Some(key) = &event.key {
-        table.insert(ShortString::from(KEY_HEADER), long_string(key));
+        table.insert(ShortString::from(metadata::names::KEY), long_string(key));
     }
     for (name, value) in extra {
         table.insert(ShortString::from(*name), text(value));
@@ -244,7 +237,7 @@ pub(crate) fn raw_message(body: Bytes, properties: &BasicProperties) -> RawMessa
             if is_broker_header(name) {
                 continue;
             }
-            if name == KEY_HEADER {
+            if name == metadata::names::KEY {
                 key = Some(bytes_of(value));
                 continue;
             }
@@ -291,11 +284,11 @@ pub(crate) fn native(properties: &BasicProperties) -> Native {
         ("amqp.cluster-id", short(properties.cluster_id())),
         (
             "amqp.user-id",
-            header(USER_ID_HEADER).or_else(|| short(properties.user_id())),
+            header(metadata::names::AMQP_USER_ID).or_else(|| short(properties.user_id())),
         ),
         (
             "amqp.expiration",
-            header(EXPIRATION_HEADER).or_else(|| short(properties.expiration())),
+            header(metadata::names::AMQP_EXPIRATION).or_else(|| short(properties.expiration())),
         ),
         (
             "amqp.priority",
@@ -442,7 +435,7 @@ mod tests {
         table.insert("count".into(), AMQPValue::LongInt(7));
         table.insert("plain".into(), text("v"));
         table.insert("x-retry-event-id".into(), text("e1"));
-        table.insert(EXPIRATION_HEADER.into(), text("60000"));
+        table.insert(metadata::names::AMQP_EXPIRATION.into(), text("60000"));
         table.insert("x-death".into(), AMQPValue::Void);
         let props = BasicProperties::default()
             .with_headers(table.clone())
@@ -535,8 +528,14 @@ mod tests {
             "broker headers are dropped"
         );
         assert_eq!(headers.get("x-retry-attempts"), Some(&text("3")));
-        assert_eq!(headers.get(EXPIRATION_HEADER), Some(&text("60000")));
-        assert_eq!(headers.get(USER_ID_HEADER), Some(&text("someone-else")));
+        assert_eq!(
+            headers.get(metadata::names::AMQP_EXPIRATION),
+            Some(&text("60000"))
+        );
+        assert_eq!(
+            headers.get(metadata::names::AMQP_USER_ID),
+            Some(&text("someone-else"))
+        );
         assert_eq!(copy.expiration(), &None);
         assert_eq!(copy.user_id(), &None);
         assert_eq!(copy.delivery_mode(), &Some(2), "a copy is persistent");

@@ -78,7 +78,7 @@ struct RabbitDlqSession {
 impl RabbitDlqSession {
     /// The group an entry names: the adapter's own dead letters carry it.
     fn group_of(&self, properties: &lapin::BasicProperties) -> Option<String> {
-        text_header(properties, codec::GROUP_HEADER)
+        text_header(properties, retry_core::metadata::names::GROUP)
     }
 
     /// The group of the queue a message the broker dead-lettered itself (over a quorum queue's delivery
@@ -123,7 +123,7 @@ impl DlqSession for RabbitDlqSession {
         // The entry's own id, which the adapter gave it when it dead-lettered it; a message put in the DLQ
         // by something else is known by its message id or, lacking one, its place in this read.
         let properties = &message.delivery.properties;
-        let id = text_header(properties, codec::ENTRY_HEADER)
+        let id = text_header(properties, retry_core::metadata::names::DLQ_ENTRY)
             .or_else(|| properties.message_id().as_ref().map(|id| id.to_string()))
             .unwrap_or_else(|| format!("tag-{}", message.delivery.delivery_tag));
         let group = self

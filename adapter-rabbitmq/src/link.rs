@@ -259,9 +259,9 @@ impl Link {
     ) -> Result<(), Error> {
         let dlq = self.names.dlq(topic);
         let entry_id = uuid::Uuid::new_v4().to_string();
-        let mut extra = vec![(codec::ENTRY_HEADER, entry_id.as_str())];
+        let mut extra = vec![(retry_core::metadata::names::DLQ_ENTRY, entry_id.as_str())];
         if let Some(group) = group {
-            extra.push((codec::GROUP_HEADER, group));
+            extra.push((retry_core::metadata::names::GROUP, group));
         }
         let props = codec::properties(event, native, &entry_id, &self.user, &extra);
         let operation = format!("dead-letter to {dlq}");

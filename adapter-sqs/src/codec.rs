@@ -26,10 +26,6 @@ use retry_core::event::{Event, RawMessage};
 use retry_core::headers::Headers;
 use retry_core::metadata::{self, Packing};
 
-/// The attribute carrying the key.
-pub(crate) const KEY: &str = "x-retry-key";
-/// The attribute saying how the body encodes the payload (`base64` or `empty`).
-pub(crate) const BODY: &str = "x-retry-body";
 /// SQS's limit on attributes per message.
 pub(crate) const MAX_ATTRIBUTES: usize = 10;
 /// The data type of an empty value (SQS refuses empty attribute values).
@@ -133,7 +129,10 @@ pub(crate) struct Decoded {
 
 /// Whether `name` is one of the adapter's own attributes, which no producer header may take.
 fn is_adapter_attribute(name: &str) -> bool {
-    name == metadata::PACKED || name == KEY || name == BODY || name == crate::link::COPY
+    name == metadata::PACKED
+        || name == metadata::names::KEY
+        || name == metadata::names::BODY
+        || name == metadata::names::COPY
 }
 
 /// The packed field listing the producer's attributes that did not fit beside the SDK's own.
@@ -162,9 +161,11 @@ pub(crate) fn encode(
                         Kind::InvalidInput,
                         format!(
                             "header {name:?} is one of the adapter's own SQS message attributes ({}, \
-                             {KEY}, {BODY}, {})",
+                             {}, {}, {})",
                             metadata::PACKED,
-                            crate::link::COPY
+                            metadata::names::KEY,
+                            metadata::names::BODY,
+                            metadata::names::COPY
                         ),
                     ));
                 }
@@ -183,19 +184,19 @@ pub(crate) fn encode(
     if let Some(key) = &event.key
         && !key_is_group(key)
     {
-        attributes.insert(KEY.to_string(), value(key)?);
+        attributes.insert(metadata::names::KEY.to_string(), value(key)?);
     }
     let body = if event.payload.is_empty() {
-        attributes.insert(BODY.to_string(), value(b"empty")?);
+        attributes.insert(metadata::names::BODY.to_string(), value(b"empty")?);
         "-".to_string()
     } else if let Some(text) = sqs_text(&event.payload) {
         text.to_string()
     } else {
-        attributes.insert(BODY.to_string(), value(b"base64")?);
+        attributes.insert(metadata::names::BODY.to_string(), value(b"base64")?);
         STANDARD.encode(&event.payload)
     };
     if copy {
-        attributes.insert(crate::link::COPY.to_string(), value(b"1")?);
+        attributes.insert(metadata::names::COPY.to_string(), value(b"1")?);
     }
     // A header whose name SQS refuses as an attribute name (a Kafka header `trace id`, say) travels
     // inside `x-retry` with the ones that do not fit.
@@ -290,9 +291,9 @@ pub(crate) fn decode(message: &Message) -> Decoded {
     let mut copy = false;
     for (name, v) in message.message_attributes().into_iter().flatten() {
         match name.as_str() {
-            KEY => key = Some(bytes_of(v)),
-            BODY => body_encoding = Some(bytes_of(v)),
-            crate::link::COPY => copy = true,
+            metadata::names::KEY => key = Some(bytes_of(v)),
+            metadata::names::BODY => body_encoding = Some(bytes_of(v)),
+            metadata::names::COPY => copy = true,
             metadata::PACKED => {
                 let packed = bytes_of(v);
                 let overflow = overflow_of(&packed);
@@ -395,7 +396,7 @@ mod tests {
     fn text_payload_is_the_body() {
         let out = encode(&Event::new("{\"a\":1}"), None, false, false).unwrap();
         assert_eq!(out.body, "{\"a\":1}");
-        assert!(!out.attributes.contains_key(BODY));
+        assert!(!out.attributes.contains_key(metadata::names::BODY));
         let empty = encode(&Event::new(""), None, false, false).unwrap();
         assert_eq!(decode(&received(empty)).raw.payload, Bytes::new());
     }
@@ -441,7 +442,7 @@ mod tests {
         }
         let out = encode(&event, None, false, true).unwrap();
         assert!(
-            out.attributes.contains_key(KEY),
+            out.attributes.contains_key(metadata::names::KEY),
             "the key travels as itself"
         );
         let back = Event::from_raw(decode(&received(out)).raw).unwrap();
@@ -495,7 +496,7 @@ mod tests {
 
     #[test]
     fn the_adapters_own_attribute_names_are_refused_with_the_reason() {
-        let sdk_name = Event::new("x").with_header(KEY, "v");
+        let sdk_name = Event::new("x").with_header(metadata::names::KEY, "v");
         let err = encode(&sdk_name, None, false, false).unwrap_err();
         assert!(err.to_string().contains("adapter's own"), "{err}");
     }

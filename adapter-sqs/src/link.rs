@@ -88,9 +88,6 @@ where
         .is_some_and(|c| MISSING_QUEUE.contains(&c))
 }
 
-/// The attribute marking a copy the adapter sent to carry a retry (its counts are in its metadata).
-pub(crate) const COPY: &str = "x-retry-copy";
-
 /// Everything a transport's parts share.
 pub(crate) struct Link {
     pub(crate) queues: Queues,

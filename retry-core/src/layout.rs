@@ -17,7 +17,7 @@ use bytes::Bytes;
 use crate::headers::Headers;
 
 /// The header (or packed field) carrying a layout.
-pub const LAYOUT: &str = "x-retry-layout";
+pub const LAYOUT: &str = crate::metadata::names::LAYOUT;
 
 /// The longest layout accepted when decoding, in bytes.
 pub const MAX_LAYOUT_BYTES: usize = 64 * 1024;

@@ -75,6 +75,100 @@ pub mod names {
     pub const DEAD_CONSUMER: &str = "x-retry-dead-consumer";
     /// On a DLQ entry moved from another broker: the entry it was copied from (`<transport>:<topic>:<id>`).
     pub const MIGRATED_FROM: &str = "x-retry-migrated-from";
+
+    /// Every metadata field's header, in the order the codec writes them.
+    pub const FIELDS: [&str; 20] = [
+        EVENT_ID,
+        ATTEMPTS,
+        RETRIES,
+        FIRST_SEEN,
+        DUE_AT,
+        ORIGIN_TOPIC,
+        ORIGIN_PARTITION,
+        ORIGIN_OFFSET,
+        ORIGIN_TIMESTAMP,
+        ORIGIN_TIMESTAMP_TYPE,
+        LAST_ERROR,
+        ERROR_KIND,
+        LAST_DELAY,
+        REPLAY_COUNT,
+        REPLAYED_AT,
+        PARKED_BEHIND,
+        MIGRATED_FROM,
+        DEAD_REASON,
+        DEAD_AT,
+        DEAD_CONSUMER,
+    ];
+
+    /// All metadata in one header holding a JSON object (SQS, whose messages carry ten attributes).
+    pub const PACKED: &str = super::PACKED;
+    /// The order and repeats of a producer's headers on a broker whose headers are a map
+    /// ([`crate::layout`]).
+    pub const LAYOUT: &str = "x-retry-layout";
+
+    /// The consumer group that dead-lettered an entry, or that a retry copy returns to (Kafka, RabbitMQ,
+    /// Pulsar).
+    pub const GROUP: &str = "x-retry-group";
+    /// The event's key, where the broker's own message has no key field (RabbitMQ, SQS).
+    pub const KEY: &str = "x-retry-key";
+    /// A DLQ entry's id, where the broker gives a message none that survives a read (RabbitMQ).
+    pub const DLQ_ENTRY: &str = "x-retry-dlq-entry";
+    /// How the body was written, where the broker's body is text (SQS: base64 for binary payloads).
+    pub const BODY: &str = "x-retry-body";
+    /// Names the properties whose values were base64-encoded, where the broker's properties are text
+    /// (Pulsar).
+    pub const BINARY: &str = "x-retry-binary";
+    /// Marks a copy that carries a delay the broker's own mechanism could not (SQS).
+    pub const COPY: &str = "x-retry-copy";
+    /// The topic a copy in the delay ladder returns to (Kafka).
+    pub const ROUTE_TO: &str = "x-retry-route-to";
+    /// When a copy in the delay ladder is due back (Kafka).
+    pub const ROUTE_DUE: &str = "x-retry-route-due";
+    /// When a copy is due out of its current ladder level (Kafka).
+    pub const HOP_DUE: &str = "x-retry-hop-due";
+    /// An AMQP `expiration` kept as a header, so the broker does not drop the copy (RabbitMQ).
+    pub const AMQP_EXPIRATION: &str = "x-retry-amqp-expiration";
+    /// An AMQP `user-id` naming another user than the SDK's connection (RabbitMQ).
+    pub const AMQP_USER_ID: &str = "x-retry-amqp-user-id";
+
+    /// Every header name the SDK writes on any broker: the metadata fields, the packed form and the
+    /// layout, then the adapters' own. A producer may not use them (they would be overwritten), and a
+    /// broker codec that interns names builds on this list.
+    pub const ALL: [&str; 33] = [
+        EVENT_ID,
+        ATTEMPTS,
+        RETRIES,
+        FIRST_SEEN,
+        DUE_AT,
+        ORIGIN_TOPIC,
+        ORIGIN_PARTITION,
+        ORIGIN_OFFSET,
+        ORIGIN_TIMESTAMP,
+        ORIGIN_TIMESTAMP_TYPE,
+        LAST_ERROR,
+        ERROR_KIND,
+        LAST_DELAY,
+        REPLAY_COUNT,
+        REPLAYED_AT,
+        PARKED_BEHIND,
+        MIGRATED_FROM,
+        DEAD_REASON,
+        DEAD_AT,
+        DEAD_CONSUMER,
+        PACKED,
+        LAYOUT,
+        GROUP,
+        KEY,
+        DLQ_ENTRY,
+        BODY,
+        BINARY,
+        COPY,
+        ROUTE_TO,
+        ROUTE_DUE,
+        HOP_DUE,
+        AMQP_EXPIRATION,
+        AMQP_USER_ID,
+    ];
 }
 
 /// Where an event was first consumed.
@@ -616,7 +710,7 @@ const FIELDS: [(&str, Field); 20] = [
 /// of a message writes these anew, and keeps every other header — unknown names in the SDK's namespace
 /// too (a newer SDK's fields survive an older consumer).
 pub fn is_sdk_field(name: &str) -> bool {
-    name == PACKED || name == crate::layout::LAYOUT || field_of(name).is_some()
+    name == PACKED || name == names::LAYOUT || field_of(name).is_some()
 }
 
 /// The field a header name denotes; only names of equal length are compared byte by byte.
@@ -842,6 +936,24 @@ fn apply(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn every_sdk_header_name_is_listed_once_in_the_namespace() {
+        let mut seen = std::collections::HashSet::new();
+        for name in names::ALL {
+            assert!(name == PACKED || name.starts_with(PREFIX), "{name}");
+            assert!(seen.insert(name), "{name} is listed twice");
+        }
+        // The fields are the codec's, in its order, and lead the full list.
+        let codec: Vec<&str> = FIELDS.iter().map(|(n, _)| *n).collect();
+        assert_eq!(codec, names::FIELDS);
+        assert_eq!(names::ALL[..names::FIELDS.len()], names::FIELDS);
+        for name in names::ALL {
+            let written_by_codec =
+                names::FIELDS.contains(&name) || name == names::PACKED || name == names::LAYOUT;
+            assert_eq!(is_sdk_field(name), written_by_codec, "{name}");
+        }
+    }
 
     fn full() -> RetryMetadata {
         RetryMetadata {
