@@ -49,7 +49,12 @@ pub(crate) async fn fresh(db: InboxDb, out: &Path, name: &str) -> Result<Option<
                 .execute(&mut conn)
                 .await?;
             let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-            Ok(Some(format!("{base}/{database}")))
+            // Through the server's Unix socket where its folder is known: a consumer in a network
+            // namespace (F4) reaches it there, and the cut between it and the broker leaves it alone.
+            let socket = test_support::broker::url("RETRY_TEST_POSTGRES_SOCKET")
+                .map(|dir| format!("?host={dir}"))
+                .unwrap_or_default();
+            Ok(Some(format!("{base}/{database}{socket}")))
         }
     }
 }
