@@ -96,14 +96,6 @@ impl RabbitTransport {
         &self.link.config
     }
 
-    /// Deletes `topic`'s DLQ queue with its entries; until the topic is declared again
-    /// ([`Admin::declare`]), dead-lettering from `topic` fails (and the originals stay unacknowledged).
-    /// For fault tests.
-    pub async fn delete_dlq(&self, topic: &str) -> Result<(), Error> {
-        // The topic stays marked declared, so nothing declares the DLQ again behind the test's back.
-        self.delete_queue(&self.link.names.dlq(topic)).await
-    }
-
     pub(crate) async fn delete_queue(&self, queue: &str) -> Result<(), Error> {
         let ch = self.link.channel().await?;
         let result = ch

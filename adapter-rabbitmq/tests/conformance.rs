@@ -19,16 +19,25 @@ use retry_core::adapter::Admin;
 use retry_core::broker::Broker;
 use retry_core::error::{Error, Kind, wrap};
 
-/// Deletes and re-declares a topic's DLQ queue.
-struct DlqQueue(RabbitTransport);
+/// Deletes a topic's DLQ queue with lapin, and re-declares it through the SDK.
+struct DlqQueue {
+    transport: RabbitTransport,
+    raw: raw_brokers::RawRabbit,
+}
 
 #[async_trait]
 impl Faults for DlqQueue {
     async fn set_dlq_writable(&self, topic: &str, writable: bool) -> Result<(), Error> {
         if writable {
-            self.0.declare(topic, None).await
+            self.transport.declare(topic, None).await
         } else {
-            self.0.delete_dlq(topic).await
+            // The SDK still takes the topic as declared, so nothing declares the DLQ again behind the
+            // test's back.
+            let dlq = self.transport.names(topic, None).await?.dlq;
+            self.raw
+                .delete_queue(&dlq)
+                .await
+                .map_err(|e| Error::new(Kind::Connection, format!("delete {dlq}: {e}")))
         }
     }
 }
@@ -345,7 +354,10 @@ async fn connect(url: String) -> Result<Fixture, String> {
         dlq_suffix: transport.config().dlq_suffix.clone(),
     };
     let fixture = Fixture::new("rabbitmq", broker, Duration::from_millis(250))
-        .with_faults(DlqQueue(transport.clone()))
+        .with_faults(DlqQueue {
+            transport: transport.clone(),
+            raw: raw_brokers::RawRabbit::new(&url),
+        })
         .with_raw_client(raw);
     Ok(match test_support::broker::url("RETRY_TEST_AMQP_NODE") {
         Some(node) => fixture.with_inspect(QueueDepth {

@@ -126,14 +126,6 @@ impl SqsTransport {
         &self.link.queues.config
     }
 
-    /// Deletes `topic`'s DLQ queue with its entries; dead-lettering from `topic` then fails (and the
-    /// originals stay in the source queue) until the topic is declared again ([`Admin::declare`]). For
-    /// fault tests.
-    pub async fn delete_dlq(&self, topic: &str) -> Result<(), Error> {
-        let name = self.link.queues.resolve(topic).await?.dlq_name;
-        self.delete_queue(&name).await
-    }
-
     pub(crate) async fn delete_queue(&self, name: &str) -> Result<(), Error> {
         let Some(url) = self.link.queues.url_of(name).await? else {
             return Ok(());

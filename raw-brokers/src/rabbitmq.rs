@@ -81,6 +81,16 @@ impl RawRabbit {
         Ok(declared?.message_count())
     }
 
+    /// Deletes `queue` with whatever it holds (a fault test's way to make a DLQ unwritable).
+    pub async fn delete_queue(&self, queue: &str) -> Result<(), BoxError> {
+        let (connection, channel) = self.channel().await?;
+        let deleted = channel
+            .queue_delete(queue.into(), QueueDeleteOptions::default())
+            .await;
+        let _ = connection.close(200, "deleted".into()).await;
+        deleted.map(drop).map_err(Into::into)
+    }
+
     /// Takes every message of `queue`; with `remove`, acknowledges each (it leaves the queue).
     async fn take_all(
         channel: &Channel,

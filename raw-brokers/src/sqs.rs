@@ -56,6 +56,15 @@ impl RawSqs {
         }
     }
 
+    /// Deletes the queue named `queue` with whatever it holds, if it exists (a fault test's way to make
+    /// a DLQ unwritable).
+    pub async fn delete_queue(&self, queue: &str) -> Result<(), BoxError> {
+        if let Some(url) = self.queue_url(queue).await? {
+            self.client.delete_queue().queue_url(url).send().await?;
+        }
+        Ok(())
+    }
+
     async fn queue_url(&self, queue: &str) -> Result<Option<String>, BoxError> {
         match self.client.get_queue_url().queue_name(queue).send().await {
             Ok(out) => Ok(out.queue_url),
