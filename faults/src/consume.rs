@@ -41,6 +41,10 @@ pub(crate) struct ConsumeArgs {
     /// Milliseconds a failing-once event waits before its retry.
     #[arg(long, default_value_t = workload::RETRY_AFTER.as_millis() as u64)]
     pub(crate) retry_after_ms: u64,
+    /// Exit at once when stdin closes (the harness gives the consumer a pipe and holds its other end,
+    /// so a harness that dies takes the consumer with it).
+    #[arg(long)]
+    pub(crate) exit_with_stdin: bool,
     /// The inbox database (`sqlite:…`, `postgres://…`): successful calls write their side effect through it.
     #[arg(long)]
     pub(crate) inbox: Option<String>,
@@ -92,6 +96,14 @@ impl SideEffects {
 
 /// Runs the consumer until SIGTERM (a graceful shutdown) or SIGKILL.
 pub(crate) async fn run(args: ConsumeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    if args.exit_with_stdin {
+        std::thread::spawn(|| {
+            // Reads until end of file: the harness closed its end, or died.
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+            eprintln!("faults consume: the harness is gone; exiting");
+            std::process::exit(3);
+        });
+    }
     let mut options = event_retry::Options::new();
     for (k, v) in &args.options {
         options = options.set(k, v);

@@ -158,20 +158,17 @@ struct Pace {
 struct Consumer {
     child: Child,
     pid: u32,
+    /// The consumer's stdin: it exits when this closes, so a harness that dies (killed by an operator)
+    /// leaves no consumer behind to write into the next run's record and inbox.
+    _lifeline: tokio::process::ChildStdin,
 }
 
 impl Consumer {
-    /// Starts `faults consume` (inside `namespace`, if any) and waits until its consumer started.
-    async fn start(
-        target: &Target,
-        topic: &str,
-        group: &str,
-        record: &Path,
-        inbox: Option<&str>,
-        pace: Pace,
-        namespace: Option<&Namespace>,
-        log: &Path,
-    ) -> Result<Self, BoxError> {
+    /// Starts `faults consume` for `run` (inside its network namespace, if any) and waits until its
+    /// consumer started.
+    async fn start(run: &Run<'_>, log: &Path) -> Result<Self, BoxError> {
+        let (target, topic, group, record) = (run.target, &run.topic, &run.group, &run.record);
+        let (inbox, pace, namespace) = (run.inbox.as_deref(), run.pace, run.namespace.as_ref());
         let exe = std::env::current_exe()?;
         let mut command = match namespace {
             Some(_) => Namespace::exec(&exe),
@@ -193,7 +190,9 @@ impl Consumer {
         for (k, v) in &target.options {
             command.args(["--option", &format!("{k}={v}")]);
         }
+        command.arg("--exit-with-stdin");
         let mut child = command
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(log)?)
             .kill_on_drop(true)
@@ -219,7 +218,12 @@ impl Consumer {
         }
         // Keep reading its output, so it never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Ok(Self { child, pid })
+        let lifeline = child.stdin.take().ok_or("no stdin")?;
+        Ok(Self {
+            child,
+            pid,
+            _lifeline: lifeline,
+        })
     }
 
     fn alive(&mut self) -> bool {
@@ -391,17 +395,7 @@ impl Run<'_> {
     async fn start_consumer(&mut self) -> Result<(), BoxError> {
         self.started += 1;
         let log = self.log(&format!("consumer-{}", self.started));
-        let consumer = Consumer::start(
-            self.target,
-            &self.topic,
-            &self.group,
-            &self.record,
-            self.inbox.as_deref(),
-            self.pace,
-            self.namespace.as_ref(),
-            &log,
-        )
-        .await?;
+        let consumer = Consumer::start(self, &log).await?;
         self.consumer = Some(consumer);
         Ok(())
     }
