@@ -32,6 +32,9 @@ use crate::topology::{self, Names};
 /// Publisher channels: as many publishes can be in flight at once.
 const PUBLISHERS: usize = 16;
 
+/// How long closing the connection waits for the broker's answer.
+const CLOSE_WITHIN: Duration = Duration::from_secs(10);
+
 /// How long a connect, declare or publish confirm may take before it is an error.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -385,7 +388,15 @@ impl Link {
     /// Closes the connection (best effort).
     pub(crate) async fn close(&self) {
         if let Some(conn) = self.connection.lock().await.take() {
-            let _ = conn.close(200, "bye".into()).await;
+            // Bounded: a node that lost a queue leader may never answer; the socket closes either way.
+            if tokio::time::timeout(CLOSE_WITHIN, conn.close(200, "bye".into()))
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "the broker did not answer the connection's close within {CLOSE_WITHIN:?}"
+                );
+            }
         }
     }
 }

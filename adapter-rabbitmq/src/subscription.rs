@@ -40,6 +40,9 @@ use crate::acks::Acks;
 use crate::codec;
 use crate::link::{Link, connection_error, is_soft_error};
 
+/// How long closing waits for the broker to confirm a consumer's cancel.
+const CANCEL_WITHIN: Duration = Duration::from_secs(5);
+
 /// How long closing waits for the last batch of acknowledgements to be sent.
 const ACKS_SENT_WITHIN: Duration = Duration::from_secs(10);
 
@@ -340,9 +343,13 @@ impl RabbitSubscription {
         }
         Some(async move {
             for mut consumer in consumers {
-                let _ = channel
-                    .basic_cancel(consumer.tag(), BasicCancelOptions::default())
-                    .await;
+                // Bounded: a quorum queue whose leader just died may never answer the cancel, and a
+                // shutdown must not wait for it (closing the channel gives the deliveries back too).
+                let cancel = channel.basic_cancel(consumer.tag(), BasicCancelOptions::default());
+                if tokio::time::timeout(CANCEL_WITHIN, cancel).await.is_err() {
+                    tracing::warn!(queue = %consumer.queue(), "the broker did not answer a consumer's cancel within {CANCEL_WITHIN:?}; closing without it");
+                    continue;
+                }
                 // After the cancel the stream yields what the broker had already sent, then ends.
                 while let Ok(Some(Ok(d))) =
                     tokio::time::timeout(Duration::from_secs(1), consumer.next()).await
