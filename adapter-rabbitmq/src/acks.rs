@@ -57,12 +57,6 @@ impl Acks {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether every delivery handed out on this channel was settled and its settlement sent.
-    pub(crate) fn idle(&self) -> bool {
-        let state = self.lock();
-        state.open.is_empty() && !state.flushing
-    }
-
     /// A delivery with `tag` was handed out.
     pub(crate) fn opened(&self, tag: u64) {
         self.lock().opened(tag);

@@ -8,13 +8,6 @@
 //! at a time sees a queue and per-key order holds; a second one stands by until the queue is free. A
 //! broken channel or connection ends the current consumer: `next` reports it once, and the following call
 //! consumes again on a new channel (the broker has already requeued what was unacknowledged).
-//!
-//! A consumer that holds no delivery and is sent nothing for [`STALL_AFTER`] while its queue has messages
-//! ready is stalled: RabbitMQ 3.10–4.x quorum queues can lose track of a consumer's acknowledgements when
-//! their leader changes, and then count a prefetch window of messages as held by that consumer for as
-//! long as its channel lives, sending it nothing more (rabbitmq-server#15473). It is ended like a broken
-//! channel, with a temporary error: closing its channel returns those messages, and the next call
-//! consumes again on a new one.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,10 +38,6 @@ const CANCEL_WITHIN: Duration = Duration::from_secs(5);
 
 /// How long closing waits for the last batch of acknowledgements to be sent.
 const ACKS_SENT_WITHIN: Duration = Duration::from_secs(10);
-
-/// How long a consumer holding no delivery may be sent nothing while its queue has messages ready
-/// before it is taken for stalled and consumes again on a new channel.
-const STALL_AFTER: Duration = Duration::from_secs(15);
 
 /// How often a standby (ordered) consumer asks again for the queue.
 const STANDBY_INTERVAL: Duration = Duration::from_millis(500);
@@ -196,43 +185,6 @@ impl RabbitSubscription {
             .group_queue(&self.spec.topic, &self.spec.group)
     }
 
-    /// After [`STALL_AFTER`] without a delivery: when this consumer holds none and the broker has
-    /// messages ready in its queue (a passive declare on its channel), the error that ends it, with the
-    /// channel closed so that the broker gives back whatever it counts as held by it.
-    async fn stalled(&mut self) -> Option<Error> {
-        if !self.acks.idle() {
-            return None;
-        }
-        let channel = self.channel.clone()?;
-        let queue = self.queue();
-        let ready = channel
-            .queue_declare(
-                queue.as_str().into(),
-                lapin::options::QueueDeclareOptions {
-                    passive: true,
-                    ..lapin::options::QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
-        let error = match ready {
-            Ok(q) if q.message_count() == 0 => return None,
-            Ok(q) => Error::new(
-                Kind::Connection,
-                format!(
-                    "the broker sent nothing from {queue} for {STALL_AFTER:?} while it held {} \
-                     messages ready and this consumer held none: consuming again on a new channel",
-                    q.message_count()
-                ),
-            )
-            .temporary(true),
-            Err(e) => crate::link::amqp_error(e, format!("check {queue} for a stalled consumer")),
-        };
-        let _ = channel.close(200, "stalled consumer".into()).await;
-        self.reset();
-        Some(error)
-    }
-
     fn reset(&mut self) {
         self.consumer = None;
         self.channel = None;
@@ -259,13 +211,7 @@ impl Subscription for RabbitSubscription {
             let Some(consumer) = self.consumer.as_mut() else {
                 continue;
             };
-            let Ok(received) = tokio::time::timeout(STALL_AFTER, consumer.next()).await else {
-                if let Some(stall) = self.stalled().await {
-                    return Err(stall);
-                }
-                continue;
-            };
-            match received {
+            match consumer.next().await {
                 Some(Ok(d)) => return Ok(Some(self.deliver(d))),
                 Some(Err(e)) => {
                     self.reset();
