@@ -34,16 +34,11 @@ rabbitmq_cluster_launch() {
   base=$(rabbitmq_cluster_dir); nd="$base/node-$n"
   read -r -a ports < "$d/ports"; read -r -a dists < "$d/dist-ports"
   mkdir -p "$nd/mnesia"; rm -f "$nd/pid"; touch "$nd/rabbitmq.log"
-  # A quorum queue's at-least-once dead-letter worker sends again what a target did not confirm after
-  # this long (180 s by default); when a target queue's leader dies, its copies wait that long in their
-  # delay level. 10 s keeps retries after a node loss at most that late (the adapter README says so).
-  printf '[{rabbit, [{dead_letter_worker_publisher_confirm_timeout, 10000}]}].\n' > "$nd/advanced.config"
   chown -R rabbitmq:rabbitmq "$base" || die "rabbitmq-cluster: cannot give $base to user rabbitmq"
   env RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="${ports[n-1]}" \
     RABBITMQ_DIST_PORT="${dists[n-1]}" RABBITMQ_NODENAME="$(rabbitmq_cluster_node "$n")" \
     RABBITMQ_MNESIA_BASE="$nd/mnesia" RABBITMQ_LOG_BASE="$nd" RABBITMQ_PID_FILE="$nd/pid" \
     RABBITMQ_CONFIG_FILE="$nd/rabbitmq" RABBITMQ_LOGS="$nd/rabbitmq.log" \
-    RABBITMQ_ADVANCED_CONFIG_FILE="$nd/advanced.config" \
     rabbitmq-server -detached > "$d/detach-$n.out" 2>&1 \
     || { tail_log rabbitmq-cluster "$d/detach-$n.out"; die "rabbitmq-cluster: node $n could not start"; }
   if ! (wait_ready rabbitmq-cluster 90 "" "$nd/rabbitmq.log" \
