@@ -131,30 +131,9 @@ pub mod names {
     /// An AMQP `user-id` naming another user than the SDK's connection (RabbitMQ).
     pub const AMQP_USER_ID: &str = "x-retry-amqp-user-id";
 
-    /// Every header name the SDK writes on any broker: the metadata fields, the packed form and the
-    /// layout, then the adapters' own. A producer may not use them (they would be overwritten), and a
-    /// broker codec that interns names builds on this list.
-    pub const ALL: [&str; 33] = [
-        EVENT_ID,
-        ATTEMPTS,
-        RETRIES,
-        FIRST_SEEN,
-        DUE_AT,
-        ORIGIN_TOPIC,
-        ORIGIN_PARTITION,
-        ORIGIN_OFFSET,
-        ORIGIN_TIMESTAMP,
-        ORIGIN_TIMESTAMP_TYPE,
-        LAST_ERROR,
-        ERROR_KIND,
-        LAST_DELAY,
-        REPLAY_COUNT,
-        REPLAYED_AT,
-        PARKED_BEHIND,
-        MIGRATED_FROM,
-        DEAD_REASON,
-        DEAD_AT,
-        DEAD_CONSUMER,
+    /// The header names the SDK writes besides the metadata fields: the packed form, the layout and
+    /// the adapters' own.
+    pub const OTHERS: [&str; 13] = [
         PACKED,
         LAYOUT,
         GROUP,
@@ -169,6 +148,30 @@ pub mod names {
         AMQP_EXPIRATION,
         AMQP_USER_ID,
     ];
+
+    /// Every header name the SDK writes on any broker: [`FIELDS`], then [`OTHERS`]. A producer may not
+    /// use them (they would be overwritten), and a broker codec that interns names builds on this list.
+    pub const ALL: [&str; FIELDS.len() + OTHERS.len()] = concat(FIELDS, OTHERS);
+
+    /// `a` followed by `b`, at compile time.
+    const fn concat<const A: usize, const B: usize, const C: usize>(
+        a: [&'static str; A],
+        b: [&'static str; B],
+    ) -> [&'static str; C] {
+        assert!(A + B == C, "the lengths do not add up");
+        let mut out = [""; C];
+        let mut i = 0;
+        while i < A {
+            out[i] = a[i];
+            i += 1;
+        }
+        let mut j = 0;
+        while j < B {
+            out[A + j] = b[j];
+            j += 1;
+        }
+        out
+    }
 }
 
 /// Where an event was first consumed.
