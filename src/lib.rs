@@ -16,7 +16,7 @@
 //! ```
 //! # async fn demo() -> Result<(), event_retry::Error> {
 //! let broker = event_retry::connect("memory://shop").await?;
-//! // e.g. "kafka://127.0.0.1:9092?granularity=100ms", "amqp://app@mq:5672/%2f?queue_type=classic"
+//! // e.g. "kafka://127.0.0.1:9092?granularity=100ms", "amqp://app@mq:5672/%2f?queue_type=quorum"
 //! # let _ = broker;
 //! # Ok(()) }
 //! ```

@@ -1,7 +1,8 @@
 //! How the adapter lays out its queues: granularity and depth of the delay ladder, queue type, names.
 //!
-//! The defaults suit most services: delays exact to 100 ms up to 19 days, quorum queues (so that a copy
-//! moving between delay levels survives a broker crash), topology declared on first use. Everything the broker stores is named from these settings, so two services with
+//! The defaults suit most services: delays exact to 100 ms up to 19 days, classic durable queues, topology
+//! declared on first use. Quorum queues (`queue_type=quorum`) move a copy between delay levels at least
+//! once; they are not the default yet (see the adapter README's Limits). Everything the broker stores is named from these settings, so two services with
 //! the same settings share one ladder and a service with different ones gets its own.
 
 use std::time::Duration;
@@ -14,14 +15,14 @@ pub use crate::security::RabbitSecurity;
 /// The queue type for every queue the adapter declares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum QueueType {
-    /// Classic durable queues: dead-lettering between delay levels is at most once, so a broker crash
-    /// can lose a retry copy on its way through the ladder. For brokers without quorum queues.
-    Classic,
-    /// Quorum queues (the default): replicated; delay levels dead-letter at least once
-    /// (`x-dead-letter-strategy`), the ladder's exit keeps a copy whose work queue is gone in its
-    /// `unroutable` queue instead of stalling, and work queues carry an explicit `x-delivery-limit` whose
-    /// overflow goes to the DLQ, never dropped.
+    /// Classic durable queues (the default): dead-lettering between delay levels is at most once, so a
+    /// broker crash can lose a retry copy on its way through the ladder.
     #[default]
+    Classic,
+    /// Quorum queues: replicated; delay levels dead-letter at least once (`x-dead-letter-strategy`), the
+    /// ladder's exit keeps a copy whose work queue is gone in its `unroutable` queue instead of stalling,
+    /// and work queues carry an explicit `x-delivery-limit` whose overflow goes to the DLQ, never
+    /// dropped. After a broker crash the broker's dead-letter worker can hold copies for minutes.
     Quorum,
 }
 
@@ -43,7 +44,7 @@ pub struct RabbitConfig {
     /// How many binary delay levels (queues with TTL granularity × 2ᵏ, k < levels); the longest delay is
     /// granularity × (2^levels − 1). Default 24 (19.4 days at 100 ms).
     pub levels: u32,
-    /// Queue type of the work queues, DLQs and delay levels. Default quorum.
+    /// Queue type of the work queues, DLQs and delay levels. Default classic.
     pub queue_type: QueueType,
     /// `x-delivery-limit` of quorum work queues: deliveries (handler crashes, releases) after which the
     /// broker moves a message to the DLQ. Default 1,000: far above any retry policy's attempts, because a
@@ -65,7 +66,7 @@ impl Default for RabbitConfig {
         Self {
             granularity: Duration::from_millis(100),
             levels: 24,
-            queue_type: QueueType::Quorum,
+            queue_type: QueueType::Classic,
             delivery_limit: 1_000,
             prefix: "event-retry".to_string(),
             dlq_suffix: ".dlq".to_string(),
@@ -190,7 +191,7 @@ mod tests {
     fn defaults_are_valid_and_reach_19_days() {
         let c = RabbitConfig::default();
         assert!(c.validate().is_ok());
-        assert_eq!(c.queue_type, QueueType::Quorum);
+        assert_eq!(c.queue_type, QueueType::Classic);
         assert_eq!(c.max_delay(), Duration::from_millis(100 * ((1 << 24) - 1)));
     }
 
@@ -199,7 +200,7 @@ mod tests {
         let options = Options::new()
             .set("granularity", "250ms")
             .set("levels", "10")
-            .set("queue_type", "classic")
+            .set("queue_type", "quorum")
             .set("delivery_limit", "50")
             .set("prefix", "svc")
             .set("dlq_suffix", ".dead")
@@ -208,7 +209,7 @@ mod tests {
         let (c, uri) = RabbitConfig::from_options(&options).unwrap_or_default();
         assert_eq!(c.granularity, Duration::from_millis(250));
         assert_eq!((c.levels, c.delivery_limit), (10, 50));
-        assert_eq!(c.queue_type, QueueType::Classic);
+        assert_eq!(c.queue_type, QueueType::Quorum);
         assert_eq!((c.prefix.as_str(), c.dlq_suffix.as_str()), ("svc", ".dead"));
         assert!(!c.declare);
         assert_eq!(uri, vec![("heartbeat".to_string(), "10".to_string())]);

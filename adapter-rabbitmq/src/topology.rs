@@ -18,7 +18,7 @@
 //! NServiceBus uses, with the routing key's bit order fixed so that levels never depend on the ladder's
 //! depth.
 //!
-//! With quorum queues (the default) a level dead-letters at least once: the broker keeps a copy at the
+//! With quorum queues (`queue_type=quorum`) a level dead-letters at least once: the broker keeps a copy at the
 //! head of its level until the next hop has confirmed it, so a crash mid-hop loses nothing. The price is
 //! that a copy nothing can take would stay at the head for ever and hold up every copy behind it — which
 //! is what a copy whose work queue was deleted (a topic deleted while its retries wait) is at the exit.
@@ -203,9 +203,8 @@ fn failed(what: String) -> impl FnOnce(lapin::Error) -> Error {
 /// the same name with other arguments, which RabbitMQ never changes in place.
 fn upgrade_hint(refusal: &str) -> &'static str {
     if refusal.contains("inequivalent arg 'x-queue-type'") {
-        " (it exists with another queue type: quorum queues are the default since classic ladders can \
-         lose copies in a broker crash; set queue_type=classic to keep using the classic queues, or drain \
-         and delete them so that quorum ones are declared)"
+        " (it exists with another queue type, and a queue's type never changes: set queue_type to the \
+         type it has, or drain and delete it so that it is declared again)"
     } else if refusal.contains("inequivalent arg 'alternate-exchange'") {
         " (a quorum ladder declared by an earlier version has no alternate exchange on its exit: see \
          \"Upgrading\" in the RabbitMQ adapter's README)"
@@ -439,8 +438,8 @@ mod tests {
         assert_eq!(n.routing_key(0, "a.b"), "0.0.0.0.a.b");
         assert_eq!(n.routing_key(15, "q"), "1.1.1.1.q");
         assert_eq!(n.out_binding("a.b"), "*.*.*.*.a.b");
-        assert_eq!(n.entry(), "event-retry.delay-100ms-quorum.03");
-        assert_eq!(n.unroutable(), "event-retry.delay-100ms-quorum.unroutable");
+        assert_eq!(n.entry(), "event-retry.delay-100ms-classic.03");
+        assert_eq!(n.unroutable(), "event-retry.delay-100ms-classic.unroutable");
         assert_eq!(n.dlq("orders"), "orders.dlq");
     }
 
@@ -448,7 +447,7 @@ mod tests {
     fn a_refused_redeclare_says_how_to_upgrade() {
         let queue = "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'orders:billing' \
                      in vhost '/': received the value 'quorum' of type 'longstr' but current is none";
-        assert!(upgrade_hint(queue).contains("queue_type=classic"));
+        assert!(upgrade_hint(queue).contains("set queue_type"));
         let exit = "PRECONDITION_FAILED - inequivalent arg 'alternate-exchange' for exchange \
                     'event-retry.delay-100ms-quorum.out' in vhost '/'";
         assert!(upgrade_hint(exit).contains("Upgrading"));

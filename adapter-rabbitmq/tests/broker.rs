@@ -4,8 +4,8 @@
 //!   in the delay ladder loses none of them: durable queues and persistent messages keep them, the
 //!   consumer reconnects, and every retry runs once, no earlier than its delay;
 //! * under concurrent publishing, a return (unroutable copy) fails its own publish and no other;
-//! * with classic queues (the non-default queue type) retries and dead letters behave as with the
-//!   default quorum queues;
+//! * with quorum queues (replicated work queue, DLQ and ladder, at-least-once dead-lettering) retries and
+//!   dead letters behave the same;
 //! * a topic deleted while its retries wait in the quorum ladder stalls no other topic's retries: its
 //!   copies, due at an exit that routes them nowhere, go to the ladder's `unroutable` queue (read with
 //!   lapin), and a live topic's retry behind them comes back on time;
@@ -60,8 +60,8 @@ fn main() {
             returns_are_paired_with_their_own_publish,
         ),
         (
-            "classic_queues_retry_and_dead_letter",
-            classic_queues_retry_and_dead_letter,
+            "quorum_queues_retry_and_dead_letter",
+            quorum_queues_retry_and_dead_letter,
         ),
         (
             "restart_keeps_delayed_retries",
@@ -203,18 +203,18 @@ fn a_connection_lost_in_a_dlq_outage_ends_the_hold(url: String) -> Result<(), St
     })
 }
 
-/// A classic-queue transport: an event failing twice retries through the classic ladder (never early)
-/// and succeeds; a non-retryable one lands in the classic DLQ with its metadata and replays from it.
-fn classic_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
+/// A quorum-queue transport: an event failing twice retries through the quorum ladder (never early) and
+/// succeeds; a non-retryable one lands in the quorum DLQ with its metadata and replays from it.
+fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
     runtime()?.block_on(async move {
         let config = RabbitConfig {
-            queue_type: QueueType::Classic,
+            queue_type: QueueType::Quorum,
             ..RabbitConfig::default()
         };
         let transport = RabbitTransport::connect_with(&url, config)
             .await
             .map_err(|e| e.to_string())?;
-        let topic = format!("classic-{}", uuid::Uuid::new_v4().simple());
+        let topic = format!("quorum-{}", uuid::Uuid::new_v4().simple());
         let calls: Arc<Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
         let seen = calls.clone();
         let handler = handler_fn(move |event: Event, _ctx: Context| {
@@ -276,7 +276,7 @@ fn classic_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
         for pair in flaky.windows(2) {
             if pair[1] - pair[0] < Duration::from_millis(700) {
                 return Err(format!(
-                    "a classic-ladder retry ran after {:?}, before its 700 ms delay",
+                    "a quorum-ladder retry ran after {:?}, before its 700 ms delay",
                     pair[1] - pair[0]
                 ));
             }
@@ -326,6 +326,7 @@ fn a_deleted_topics_waiting_retries_stall_no_other_topic(url: String) -> Result<
         let config = RabbitConfig {
             prefix: prefix.clone(),
             levels: 6,
+            queue_type: QueueType::Quorum,
             ..RabbitConfig::default()
         };
         let ladder = format!("{prefix}.delay-100ms-quorum");

@@ -151,7 +151,7 @@ impl Target {
                 .map_or(default.to_string(), |(_, v)| v.clone())
         };
         let (queue_type, prefix) = (
-            option("queue_type", "quorum"),
+            option("queue_type", "classic"),
             option("prefix", "event-retry"),
         );
         let raw = RawRabbit::new(&self.url);
