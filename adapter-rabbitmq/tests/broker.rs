@@ -435,7 +435,11 @@ async fn deleted_topic_then_live_retry(
     let mut ids: Vec<String> = unroutable
         .iter()
         .map(|m| {
-            String::from_utf8_lossy(m.header("x-retry-event-id").unwrap_or_default()).into_owned()
+            String::from_utf8_lossy(
+                m.header(retry_core::metadata::names::EVENT_ID)
+                    .unwrap_or_default(),
+            )
+            .into_owned()
         })
         .collect();
     ids.sort();

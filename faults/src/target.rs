@@ -154,13 +154,11 @@ impl Target {
             option("queue_type", "classic"),
             option("prefix", "event-retry"),
         );
-        let raw = RawRabbit::new(&self.url);
-        let mut copies = 0;
-        for level in 0..24 {
-            let queue = format!("{prefix}.delay-100ms-{queue_type}.{level:02}");
-            copies += u64::from(raw.depth(&queue).await?);
-        }
-        Ok(Some(copies))
+        let levels: Vec<String> = (0..24)
+            .map(|level| format!("{prefix}.delay-100ms-{queue_type}.{level:02}"))
+            .collect();
+        let levels: Vec<&str> = levels.iter().map(String::as_str).collect();
+        Ok(Some(RawRabbit::new(&self.url).total_depth(&levels).await?))
     }
 
     /// The TCP port of the URL's first host (what a consumer in another network namespace needs

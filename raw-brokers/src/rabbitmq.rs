@@ -66,19 +66,34 @@ impl RawRabbit {
 
     /// How many messages `queue` holds that no consumer has taken.
     pub async fn depth(&self, queue: &str) -> Result<u32, BoxError> {
+        Ok(u32::try_from(self.total_depth(&[queue]).await?)?)
+    }
+
+    /// How many messages `queues` hold together that no consumer has taken, read on one connection.
+    pub async fn total_depth(&self, queues: &[&str]) -> Result<u64, BoxError> {
         let (connection, channel) = self.channel().await?;
-        let declared = channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await;
+        let mut total = Ok(0u64);
+        for queue in queues {
+            let declared = channel
+                .queue_declare(
+                    (*queue).into(),
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await;
+            match declared {
+                Ok(q) => total = total.map(|t| t + u64::from(q.message_count())),
+                Err(e) => {
+                    total = Err(e.into());
+                    break;
+                }
+            }
+        }
         let _ = connection.close(200, "read".into()).await;
-        Ok(declared?.message_count())
+        total
     }
 
     /// Deletes `queue` with whatever it holds (a fault test's way to make a DLQ unwritable).
