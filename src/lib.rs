@@ -196,14 +196,10 @@ static REGISTERED: std::sync::RwLock<Vec<Scheme>> = std::sync::RwLock::new(Vec::
 /// use event_retry::adapter::{Error, Kind, Scheme};
 ///
 /// // An adapter crate exports its entry; the service registers it once at start-up.
-/// const MY_BROKER: Scheme = Scheme {
-///     schemes: &["mybroker"],
-///     broker: "My broker",
+/// const MY_BROKER: Scheme = Scheme::new(&["mybroker"], "My broker", |url, _options| {
 ///     // A real adapter connects here and returns its transport.
-///     connect: |url, _options| {
-///         Box::pin(async move { Err(Error::new(Kind::Connection, format!("no server at {url}"))) })
-///     },
-/// };
+///     Box::pin(async move { Err(Error::new(Kind::Connection, format!("no server at {url}"))) })
+/// });
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
@@ -417,3 +413,9 @@ mod tests {
         assert!(!secret.to_string().contains("hunter2"), "{secret}");
     }
 }
+
+/// The README's Rust examples, compiled (and run, where not `no_run`) by `cargo test --doc`, so that the
+/// code people copy from it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

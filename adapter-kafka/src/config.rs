@@ -123,7 +123,8 @@ impl KafkaConfig {
         if let Some(v) = read.duration("max_delay")? {
             c.max_delay = v;
         }
-        if let Some(v) = read.bool("create_topics")? {
+        read.renamed("create_topics", "declare")?;
+        if let Some(v) = read.bool("declare")? {
             c.create_topics = v;
         }
         if let Some(v) = read.number("partitions")? {
@@ -213,11 +214,7 @@ impl KafkaConfig {
 
     /// How delays are honoured: at the ladder's granularity, up to `max_delay`, longer ones refused.
     pub fn delay_capability(&self) -> DelayCapability {
-        DelayCapability {
-            granularity: self.granularity,
-            max_native: Some(self.max_delay),
-            beyond_max: BeyondMax::Refuse,
-        }
+        DelayCapability::new(self.granularity).with_max_native(self.max_delay, BeyondMax::Refuse)
     }
 
     /// The retry topic of consumer group `group` on `topic`.
@@ -330,11 +327,24 @@ mod tests {
     }
 
     #[test]
+    fn the_old_name_of_declare_is_still_read() {
+        let old = KafkaConfig::from_options(&Options::new().set("create_topics", "false"));
+        assert!(!old.unwrap_or_default().create_topics);
+        let both = Options::new()
+            .set("create_topics", "false")
+            .set("declare", "false");
+        assert_eq!(
+            KafkaConfig::from_options(&both).err().map(|e| e.kind()),
+            Some(Kind::Config)
+        );
+    }
+
+    #[test]
     fn options_set_every_field_and_refuse_unknown_keys() {
         let options = Options::new()
             .set("granularity", "250ms")
             .set("max_delay", "1h")
-            .set("create_topics", "false")
+            .set("declare", "false")
             .set("partitions", "4")
             .set("replication_factor", "3")
             .set("dlq_suffix", ".dead")

@@ -24,6 +24,7 @@ use retry_core::error::{Error, Kind, wrap};
 use retry_core::event::{Event, RawMessage};
 
 use crate::codec;
+use crate::error::{error, settings_error};
 use crate::link::{Link, REQUEST_TIMEOUT};
 
 /// How long reading a DLQ to its end may take.
@@ -270,7 +271,7 @@ fn commit_marks(snapshot: &mut Snapshot, marks: &[(i32, i64)]) -> Result<(), Err
         }
         let (position, metadata) = view.remove(&offsets);
         tpl.add_partition_offset(&snapshot.topic, view.partition, Offset::Offset(position))
-            .map_err(wrap(Kind::Other, "record the DLQ marks"))?;
+            .map_err(error("record the DLQ marks"))?;
         if let Some(mut element) = tpl.find_partition(&snapshot.topic, view.partition) {
             element.set_metadata(metadata);
         }
@@ -281,10 +282,7 @@ fn commit_marks(snapshot: &mut Snapshot, marks: &[(i32, i64)]) -> Result<(), Err
     snapshot
         .consumer
         .commit(&tpl, CommitMode::Sync)
-        .map_err(|e| {
-            Error::from_source(Kind::Rejected, e)
-                .with_operation(format!("record the DLQ marks of {}", snapshot.topic))
-        })
+        .map_err(error(format!("record the DLQ marks of {}", snapshot.topic)))
 }
 
 fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Error> {
@@ -297,23 +295,20 @@ fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Error> 
     let consumer: BaseConsumer = link
         .consumer_config(&link.config.dlq_group)
         .create()
-        .map_err(crate::link::settings_error("consumer"))?;
+        .map_err(settings_error("consumer"))?;
     let mut all = TopicPartitionList::new();
     for p in 0..partitions {
         all.add_partition(&topic, p);
     }
     let committed = consumer
         .committed_offsets(all, REQUEST_TIMEOUT)
-        .map_err(wrap(
-            Kind::Connection,
-            format!("read the DLQ marks of {topic}"),
-        ))?;
+        .map_err(error(format!("read the DLQ marks of {topic}")))?;
     let mut views = Vec::new();
     let mut assign = TopicPartitionList::new();
     for p in 0..partitions {
         let (low, high) = consumer
             .fetch_watermarks(&topic, p, REQUEST_TIMEOUT)
-            .map_err(wrap(Kind::Connection, format!("read the end of {topic}")))?;
+            .map_err(error(format!("read the end of {topic}")))?;
         let (done, removed) = match committed.find_partition(&topic, p) {
             Some(e) => match e.offset() {
                 Offset::Offset(o) => (o, decode_marks(e.metadata())),
@@ -327,7 +322,7 @@ fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Error> 
         if start < high {
             assign
                 .add_partition_offset(&topic, p, Offset::Offset(start))
-                .map_err(wrap(Kind::Other, "assign the DLQ"))?;
+                .map_err(error("assign the DLQ"))?;
         }
         views.push(PartitionView {
             partition: p,
@@ -341,7 +336,7 @@ fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Error> 
     if assign.count() > 0 {
         consumer
             .assign(&assign)
-            .map_err(wrap(Kind::Connection, format!("read {topic}")))?;
+            .map_err(error(format!("read {topic}")))?;
         let deadline = Instant::now() + READ_TIMEOUT;
         let mut seen: Vec<i64> = views.iter().map(|v| v.done_below - 1).collect();
         while views.iter().zip(&seen).any(|(v, s)| *s < v.end - 1) {
@@ -354,7 +349,7 @@ fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Error> 
             let Some(message) = consumer.poll(Duration::from_millis(200)) else {
                 continue;
             };
-            let message = message.map_err(wrap(Kind::Connection, format!("read {topic}")))?;
+            let message = message.map_err(error(format!("read {topic}")))?;
             let (p, offset) = (message.partition(), message.offset());
             let Some(i) = views.iter().position(|v| v.partition == p) else {
                 continue;

@@ -132,12 +132,12 @@ impl Ladder {
         config.set("fetch.wait.max.ms", LADDER_FETCH_WAIT_MS);
         let consumer: BaseConsumer<LadderContext> = config
             .create_with_context(context)
-            .map_err(crate::link::settings_error("consumer"))?;
+            .map_err(crate::error::settings_error("consumer"))?;
         let levels = link.config.level_topics(source);
         let names: Vec<&str> = levels.iter().map(String::as_str).collect();
         consumer
             .subscribe(&names)
-            .map_err(wrap(Kind::Connection, "subscribe to the ladder"))?;
+            .map_err(crate::error::error("subscribe to the ladder"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let forwarder = Forwarder {
             link,
@@ -330,9 +330,7 @@ impl Forwarder {
                 &entry.decoded.nulls,
                 &extra,
             )
-            .map_err(|e| {
-                Error::from_source(Kind::Rejected, e).with_operation(format!("forward to {topic}"))
-            })
+            .map_err(crate::error::error(format!("forward to {topic}")))
     }
 
     /// Forwards the ready records, then commits, per partition, the offsets up to the first failure;

@@ -19,6 +19,7 @@ mod admin;
 mod codec;
 pub mod config;
 mod dlq;
+mod error;
 mod hops;
 mod ladder;
 mod link;
@@ -45,11 +46,7 @@ use crate::link::{Link, REQUEST_TIMEOUT};
 
 /// `kafka://host:port[,host:port…]` in `event_retry::connect`; the URL's query parameters are
 /// [`KafkaConfig::from_options`]'s keys.
-pub const SCHEME: Scheme = Scheme {
-    schemes: &["kafka"],
-    broker: "Apache Kafka",
-    connect: connect_url,
-};
+pub const SCHEME: Scheme = Scheme::new(&["kafka"], "Apache Kafka", connect_url);
 
 fn connect_url(url: String, options: Options) -> ConnectFuture {
     Box::pin(async move {
@@ -124,13 +121,7 @@ impl Transport for KafkaTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(self.link.config.delay_capability())
-            .per_key_order(true)
-            .blocking_pause(true)
-            .replay(true)
-            .shared_subscription(true)
-            .crash_redelivery(true)
-            .fan_out(true)
+        capabilities_of(&self.link.config)
     }
 
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
@@ -206,9 +197,30 @@ impl Transport for KafkaTransport {
     }
 }
 
+/// What a transport with `config` can do (the broker does not change it).
+fn capabilities_of(config: &KafkaConfig) -> Capabilities {
+    Capabilities::new(config.delay_capability())
+        .per_key_order(true)
+        .blocking_pause(true)
+        .replay(true)
+        .shared_subscription(true)
+        .crash_redelivery(true)
+        .fan_out(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_readme_carries_the_default_capabilities() {
+        let readme = include_str!("../README.md");
+        let list = capabilities_of(&KafkaConfig::default()).checklist();
+        assert!(
+            readme.contains(&list),
+            "the README's capability checklist should read:\n{list}"
+        );
+    }
 
     #[test]
     fn urls() {
@@ -224,3 +236,9 @@ mod tests {
         assert!(bootstrap_of("kafka://u@h:1").is_err());
     }
 }
+
+/// The README's Rust examples, compiled (and run, where not `no_run`) by `cargo test --doc`, so that the
+/// code people copy from it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

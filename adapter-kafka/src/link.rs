@@ -17,6 +17,7 @@ use retry_core::time::Timestamp;
 
 use crate::codec::{self, Nulls, Outbound, Route};
 use crate::config::KafkaConfig;
+use crate::error::{error, settings_error};
 use crate::hops::{Hop, next_hop};
 use crate::producer::{Handle, KafkaProducer, Producers};
 
@@ -37,11 +38,6 @@ pub(crate) struct Link {
 
 /// Where the broker put a record: its partition and offset.
 pub(crate) type Position = (i32, i64);
-
-/// A client settings error (librdkafka refused a setting).
-pub(crate) fn settings_error(what: &'static str) -> impl FnOnce(KafkaError) -> Error {
-    wrap(Kind::Config, format!("Kafka {what} settings"))
-}
 
 /// `topic` does not exist.
 fn missing(topic: &str) -> Error {
@@ -179,7 +175,7 @@ impl Link {
             return Err(Error::new(
                 Kind::NotFound,
                 format!(
-                    "missing topics {missing:?} (create_topics is off: create them with {} partitions)",
+                    "missing topics {missing:?} (declare is off: create them with {} partitions)",
                     counts[0].max(1)
                 ),
             ));
@@ -199,15 +195,14 @@ impl Link {
             .admin
             .create_topics(new.iter(), &options)
             .await
-            .map_err(wrap(Kind::Connection, "create topics"))?;
+            .map_err(error("create topics"))?;
         for result in results {
             if let Err((topic, code)) = result
                 && code != RDKafkaErrorCode::TopicAlreadyExists
             {
-                return Err(
-                    Error::from_source(Kind::Rejected, KafkaError::AdminOp(code))
-                        .with_operation(format!("create topic {topic}")),
-                );
+                return Err(error(format!("create topic {topic}"))(KafkaError::AdminOp(
+                    code,
+                )));
             }
         }
         // Wait until the broker's metadata shows them, so a consumer subscribing next finds them.
@@ -235,16 +230,15 @@ impl Link {
             .admin
             .delete_topics(&names, &options)
             .await
-            .map_err(wrap(Kind::Connection, "delete topics"))?;
+            .map_err(error("delete topics"))?;
         self.forget(topics);
         for result in results {
             if let Err((topic, code)) = result
                 && code != RDKafkaErrorCode::UnknownTopicOrPartition
             {
-                return Err(
-                    Error::from_source(Kind::Rejected, KafkaError::AdminOp(code))
-                        .with_operation(format!("delete topic {topic}")),
-                );
+                return Err(error(format!("delete topic {topic}"))(KafkaError::AdminOp(
+                    code,
+                )));
             }
         }
         Ok(())
@@ -362,9 +356,7 @@ impl Link {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 Err(e) => {
-                    return Err(
-                        Error::from_source(Kind::Rejected, e).with_operation(operation.to_string())
-                    );
+                    return Err(error(operation.to_string())(e));
                 }
             }
         }
@@ -435,7 +427,7 @@ impl MetadataReader {
             .producer
             .client()
             .fetch_metadata(None, REQUEST_TIMEOUT)
-            .map_err(wrap(Kind::Connection, "read the cluster's metadata"))?;
+            .map_err(error("read the cluster's metadata"))?;
         Ok(topics
             .iter()
             .map(|t| {
@@ -499,13 +491,7 @@ pub(crate) fn delivered(
 ) -> Result<Position, Error> {
     match result {
         Ok(Ok(delivery)) => Ok((delivery.partition, delivery.offset)),
-        Ok(Err((e, _))) => {
-            let kind = match e {
-                KafkaError::MessageProduction(RDKafkaErrorCode::MessageTimedOut) => Kind::Timeout,
-                _ => Kind::Rejected,
-            };
-            Err(Error::from_source(kind, e).with_operation(operation.to_string()))
-        }
+        Ok(Err((e, _))) => Err(error(operation.to_string())(e)),
         Err(e) => Err(Error::from_source(Kind::Closed, e).with_operation(operation.to_string())),
     }
 }

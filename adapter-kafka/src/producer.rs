@@ -144,7 +144,7 @@ fn create(config: &ClientConfig) -> Result<Handle, Error> {
     let stranded = watch.stranded.clone();
     let producer = config
         .create_with_context(watch)
-        .map_err(crate::link::settings_error("producer"))?;
+        .map_err(crate::error::settings_error("producer"))?;
     Ok(Handle { producer, stranded })
 }
 

@@ -58,13 +58,10 @@ pub(crate) async fn subscribe(
     config.set("partition.assignment.strategy", "range");
     let consumer: BaseConsumer<Worker> = config
         .create_with_context(context)
-        .map_err(crate::link::settings_error("consumer"))?;
+        .map_err(crate::error::settings_error("consumer"))?;
     consumer
         .subscribe(&[spec.topic.as_str(), retry_topic.as_str()])
-        .map_err(wrap(
-            Kind::Connection,
-            format!("subscribe to {}", spec.topic),
-        ))?;
+        .map_err(crate::error::error(format!("subscribe to {}", spec.topic)))?;
     let ladder = Ladder::start(link.clone(), &spec.topic)?;
     // Room for a few batches of records between the thread and the runtime, so the thread seldom waits
     // for the runtime; a record whose partition was revoked meanwhile is dropped by `next`.
@@ -116,29 +113,27 @@ pub(crate) struct KafkaSubscription {
 impl KafkaSubscription {
     fn delivery(&self, record: Record) -> Delivery {
         let (topic, partition) = record.tp.clone();
-        Delivery {
-            info: DeliveryInfo::new(format!("{topic}/{partition}/{}", record.offset), {
-                let origin = Origin::new(self.spec.topic.clone()).at(partition, record.offset);
-                match record.decoded.timestamp {
-                    Some(t) => origin.with_timestamp(t),
-                    None => origin,
-                }
+        let info = DeliveryInfo::new(format!("{topic}/{partition}/{}", record.offset), {
+            let origin = Origin::new(self.spec.topic.clone()).at(partition, record.offset);
+            match record.decoded.timestamp {
+                Some(t) => origin.with_timestamp(t),
+                None => origin,
+            }
+        });
+        let receipt = Box::new(KafkaReceipt {
+            link: self.link.clone(),
+            worker: self.worker.clone(),
+            names: self.names.clone(),
+            partition,
+            position: Unsettled::new(Position {
+                tp: record.tp,
+                offset: record.offset,
+                epoch: record.epoch,
             }),
-            receipt: Box::new(KafkaReceipt {
-                link: self.link.clone(),
-                worker: self.worker.clone(),
-                names: self.names.clone(),
-                partition,
-                position: Unsettled::new(Position {
-                    tp: record.tp,
-                    offset: record.offset,
-                    epoch: record.epoch,
-                }),
-                original: record.decoded.raw.clone(),
-                nulls: record.decoded.nulls,
-            }),
-            message: record.decoded.raw,
-        }
+            original: record.decoded.raw.clone(),
+            nulls: record.decoded.nulls,
+        });
+        Delivery::new(record.decoded.raw, info, receipt)
     }
 }
 

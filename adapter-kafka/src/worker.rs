@@ -23,10 +23,11 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::error::KafkaResult;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
-use retry_core::error::{Error, Kind, wrap};
+use retry_core::error::Error;
 use tracing::{debug, warn};
 
 use crate::codec::{self, Decoded};
+use crate::error::consume_error;
 use crate::offsets::{Offsets, Tp};
 
 /// The most records handed to the subscription at once.
@@ -411,10 +412,7 @@ pub(crate) fn run(
             None | Some(Ok(_)) => {}
             Some(Err(e)) => {
                 warn!(error = %e, "consumer error");
-                if out
-                    .try_send(Err(wrap(Kind::Connection, "consume")(e)))
-                    .is_err()
-                {
+                if out.try_send(Err(consume_error(e))).is_err() {
                     debug!("the consumer error was not handed out: the channel is full");
                 }
             }

@@ -457,7 +457,7 @@ fn missing_topics_are_named_when_not_created(url: String) -> Result<(), String> 
         };
         let dlq = strict.config().dlq_topic(&topic);
         let retry = strict.config().retry_topic(&topic, "manual");
-        if !(text.contains(&dlq) && text.contains(&retry) && text.contains("create_topics")) {
+        if !(text.contains(&dlq) && text.contains(&retry) && text.contains("declare is off")) {
             return Err(format!(
                 "the error does not name the missing topics: {text}"
             ));

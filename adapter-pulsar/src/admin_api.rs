@@ -100,13 +100,7 @@ fn request(method: &str, url: &str, security: &PulsarSecurity) -> Result<String,
     response
         .and_then(|mut response| response.body_mut().read_to_string())
         .map_err(|e| {
-            let kind = match e {
-                ureq::Error::StatusCode(404) => Kind::NotFound,
-                ureq::Error::StatusCode(409) => Kind::AlreadyExists,
-                ureq::Error::StatusCode(401 | 403) => Kind::Security,
-                ureq::Error::StatusCode(_) => Kind::Rejected,
-                _ => Kind::Connection,
-            };
-            Error::from_source(kind, e).with_operation(format!("{method} {url}"))
+            Error::from_source(crate::error::admin_kind(&e), e)
+                .with_operation(format!("{method} {url}"))
         })
 }

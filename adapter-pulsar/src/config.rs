@@ -59,7 +59,8 @@ impl Default for PulsarConfig {
 
 impl PulsarConfig {
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
-    /// starting from the defaults: `namespace`, `retry_suffix`, `dlq_suffix`, `dlq_subscription`, `tick`
+    /// starting from the defaults: `namespace`, `retry_suffix`, `dlq_suffix`, `dlq_group` (formerly `dlq_subscription`),
+    /// `granularity` (formerly `tick`)
     /// and `max_delay` (durations such as `100ms`), `strict_deliver_at` (true/false), `admin_url`, and
     /// [`PulsarSecurity`]'s `token` (or `token_env`, `token_file`), `tls_ca` and
     /// `tls_hostname_verification`. An unknown key is an error.
@@ -75,10 +76,12 @@ impl PulsarConfig {
         if let Some(v) = read.string("dlq_suffix") {
             c.dlq_suffix = v;
         }
-        if let Some(v) = read.string("dlq_subscription") {
+        read.renamed("dlq_subscription", "dlq_group")?;
+        if let Some(v) = read.string("dlq_group") {
             c.dlq_subscription = v;
         }
-        if let Some(v) = read.duration("tick")? {
+        read.renamed("tick", "granularity")?;
+        if let Some(v) = read.duration("granularity")? {
             c.tick = v;
         }
         if let Some(v) = read.bool("strict_deliver_at")? {
@@ -125,14 +128,15 @@ impl PulsarConfig {
     /// How the broker honours delays: on its tick, up to `max_delay` when the broker has one, and none
     /// at all when delayed delivery is off.
     pub fn delay_capability(&self) -> DelayCapability {
-        DelayCapability {
-            granularity: self.tick,
-            max_native: if self.delayed_delivery {
-                self.max_delay
-            } else {
-                Some(Duration::ZERO)
-            },
-            beyond_max: BeyondMax::Refuse,
+        let longest = if self.delayed_delivery {
+            self.max_delay
+        } else {
+            Some(Duration::ZERO)
+        };
+        let capability = DelayCapability::new(self.tick);
+        match longest {
+            Some(max) => capability.with_max_native(max, BeyondMax::Refuse),
+            None => capability,
         }
     }
 
@@ -184,13 +188,23 @@ mod tests {
     }
 
     #[test]
+    fn the_old_names_are_still_read() {
+        let old = Options::new()
+            .set("dlq_subscription", "ops")
+            .set("tick", "250ms");
+        let c = PulsarConfig::from_options(&old).unwrap_or_default();
+        assert_eq!(c.dlq_subscription, "ops");
+        assert_eq!(c.tick, Duration::from_millis(250));
+    }
+
+    #[test]
     fn options_set_every_field() {
         let options = Options::new()
             .set("namespace", "acme/prod")
             .set("retry_suffix", "-again")
             .set("dlq_suffix", "-dead")
-            .set("dlq_subscription", "ops")
-            .set("tick", "1s")
+            .set("dlq_group", "ops")
+            .set("granularity", "1s")
             .set("strict_deliver_at", "true")
             .set("max_delay", "10d");
         let c = PulsarConfig::from_options(&options).unwrap_or_default();

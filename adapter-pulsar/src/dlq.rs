@@ -27,7 +27,8 @@ use retry_core::event::Event;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::codec;
-use crate::link::{Link, error};
+use crate::error::error;
+use crate::link::Link;
 
 /// Without the backlog's count: how long a session waits for the first entry, and then for each next
 /// one, before it has them all.

@@ -20,6 +20,7 @@ mod broker_delays;
 mod codec;
 pub mod config;
 mod dlq;
+mod error;
 mod link;
 mod security;
 mod subscription;
@@ -41,11 +42,7 @@ use crate::link::Link;
 
 /// `pulsar://` and `pulsar+ssl://` in `event_retry::connect`; the URL's query parameters are
 /// [`PulsarConfig::from_options`]'s keys.
-pub const SCHEME: Scheme = Scheme {
-    schemes: &["pulsar", "pulsar+ssl"],
-    broker: "Apache Pulsar",
-    connect: connect_url,
-};
+pub const SCHEME: Scheme = Scheme::new(&["pulsar", "pulsar+ssl"], "Apache Pulsar", connect_url);
 
 fn connect_url(url: String, options: Options) -> ConnectFuture {
     Box::pin(async move {
@@ -101,13 +98,7 @@ impl Transport for PulsarTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(self.link.config.delay_capability())
-            .per_key_order(true)
-            .blocking_pause(true)
-            .replay(true)
-            .shared_subscription(true)
-            .crash_redelivery(true)
-            .fan_out(true)
+        capabilities_of(&self.link.config)
     }
 
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
@@ -165,5 +156,37 @@ impl Transport for PulsarTransport {
 
     fn admin(&self) -> &dyn Admin {
         self
+    }
+}
+
+/// The README's Rust examples, compiled (and run, where not `no_run`) by `cargo test --doc`, so that the
+/// code people copy from it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+/// What a transport with `config` can do (the broker does not change it).
+fn capabilities_of(config: &PulsarConfig) -> Capabilities {
+    Capabilities::new(config.delay_capability())
+        .per_key_order(true)
+        .blocking_pause(true)
+        .replay(true)
+        .shared_subscription(true)
+        .crash_redelivery(true)
+        .fan_out(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_carries_the_default_capabilities() {
+        let readme = include_str!("../README.md");
+        let list = capabilities_of(&PulsarConfig::default()).checklist();
+        assert!(
+            readme.contains(&list),
+            "the README's capability checklist should read:\n{list}"
+        );
     }
 }

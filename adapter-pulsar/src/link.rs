@@ -13,6 +13,7 @@ use retry_core::error::{Error, Kind};
 use tokio::sync::Mutex;
 
 use crate::config::PulsarConfig;
+use crate::error::{error, kind_of, passing};
 
 /// How long a send may wait for its receipt before it is an error.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
@@ -25,75 +26,6 @@ pub(crate) struct Link {
     pub(crate) config: PulsarConfig,
     producers: Mutex<HashMap<String, SharedProducer>>,
     declared: std::sync::Mutex<HashSet<String>>,
-}
-
-/// A `map_err` for a client call for `operation`: the client's error as the source, of the kind
-/// [`kind_of`] tells.
-pub(crate) fn error(operation: &str) -> impl FnOnce(pulsar::Error) -> Error + '_ {
-    move |e| Error::from_source(kind_of(&e), e).with_operation(operation.to_string())
-}
-
-/// The kind of a client error: the broker's own error code where it sent one (a missing topic is
-/// [`Kind::NotFound`], a refused request [`Kind::Rejected`], bad credentials or a bad topic name
-/// [`Kind::Config`]), otherwise what the client met (a broken connection, a closed producer or consumer).
-pub(crate) fn kind_of(e: &pulsar::Error) -> Kind {
-    use pulsar::error::{ConnectionError, ConsumerError, ProducerError, ServiceDiscoveryError};
-    let connection = |c: &ConnectionError| match c {
-        ConnectionError::PulsarError(Some(code), _) => server_kind(*code),
-        ConnectionError::NotFound => Kind::NotFound,
-        ConnectionError::Authentication(a) => authentication(a),
-        ConnectionError::Shutdown => Kind::Closed,
-        _ => Kind::Connection,
-    };
-    match e {
-        pulsar::Error::Connection(c) => connection(c),
-        pulsar::Error::Consumer(ConsumerError::Connection(c)) => connection(c),
-        pulsar::Error::Consumer(ConsumerError::Closed) => Kind::Closed,
-        pulsar::Error::Producer(ProducerError::Connection(c)) => connection(c),
-        pulsar::Error::Producer(ProducerError::Closed) => Kind::Closed,
-        pulsar::Error::Producer(ProducerError::Fenced) => Kind::Rejected,
-        pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Connection(c)) => connection(c),
-        pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Query(Some(code), _)) => {
-            server_kind(*code)
-        }
-        pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::NotFound) => Kind::NotFound,
-        pulsar::Error::Authentication(a) => authentication(a),
-        _ => Kind::Connection,
-    }
-}
-
-/// The kind of an error met by a producer or consumer the adapter makes again when needed: a closed
-/// client object is then a passing connection trouble, not the transport closed for good (the runtime
-/// stops on [`Kind::Closed`]).
-pub(crate) fn passing(kind: Kind) -> Kind {
-    match kind {
-        Kind::Closed => Kind::Connection,
-        other => other,
-    }
-}
-
-/// An authentication failure is a security error, unless the client calls it retriable (a token
-/// provider that could not refresh for now).
-fn authentication(e: &pulsar::error::AuthenticationError) -> Kind {
-    match e {
-        pulsar::error::AuthenticationError::Retriable(_) => Kind::Connection,
-        pulsar::error::AuthenticationError::Custom(_) => Kind::Security,
-    }
-}
-
-/// The kind of an error code the broker sent.
-fn server_kind(code: pulsar::message::proto::ServerError) -> Kind {
-    use pulsar::message::proto::ServerError as S;
-    match code {
-        S::TopicNotFound | S::SubscriptionNotFound | S::ConsumerNotFound => Kind::NotFound,
-        S::AuthenticationError | S::AuthorizationError => Kind::Security,
-        S::InvalidTopicName => Kind::Config,
-        S::ServiceNotReady | S::TooManyRequests | S::MetadataError | S::PersistenceError => {
-            Kind::Connection
-        }
-        S::UnsupportedVersionError => Kind::Unsupported,
-        _ => Kind::Rejected,
-    }
 }
 
 impl Link {
@@ -258,65 +190,5 @@ impl Link {
 
     fn lock_declared(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.declared.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use pulsar::error::{ConnectionError, ProducerError, ServiceDiscoveryError};
-    use pulsar::message::proto::ServerError;
-
-    #[test]
-    fn the_broker_error_code_decides_the_kind() {
-        let refused =
-            |code| pulsar::Error::Connection(ConnectionError::PulsarError(Some(code), None));
-        assert_eq!(
-            kind_of(&refused(ServerError::TopicNotFound)),
-            Kind::NotFound
-        );
-        // Who we are, refused after the connection was made: a security error everywhere.
-        for code in [
-            ServerError::AuthorizationError,
-            ServerError::AuthenticationError,
-        ] {
-            assert_eq!(kind_of(&refused(code)), Kind::Security, "{code:?}");
-        }
-        assert_eq!(
-            kind_of(&pulsar::Error::Connection(ConnectionError::Authentication(
-                pulsar::error::AuthenticationError::Custom("token expired".into())
-            ))),
-            Kind::Security
-        );
-        assert_eq!(
-            kind_of(&pulsar::Error::Authentication(
-                pulsar::error::AuthenticationError::Retriable("refresh later".into())
-            )),
-            Kind::Connection
-        );
-        assert_eq!(
-            kind_of(&refused(ServerError::InvalidTopicName)),
-            Kind::Config
-        );
-        assert_eq!(
-            kind_of(&refused(ServerError::TopicTerminatedError)),
-            Kind::Rejected
-        );
-        assert_eq!(
-            kind_of(&refused(ServerError::ServiceNotReady)),
-            Kind::Connection
-        );
-        let lookup = pulsar::Error::ServiceDiscovery(ServiceDiscoveryError::Query(
-            Some(ServerError::TopicNotFound),
-            None,
-        ));
-        assert_eq!(kind_of(&lookup), Kind::NotFound);
-        assert_eq!(
-            kind_of(&pulsar::Error::Producer(ProducerError::Closed)),
-            Kind::Closed
-        );
-        let broken = pulsar::Error::Connection(ConnectionError::Disconnected);
-        assert_eq!(kind_of(&broken), Kind::Connection);
-        assert!(Error::from_source(kind_of(&broken), broken).is_temporary());
     }
 }

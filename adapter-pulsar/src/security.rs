@@ -133,7 +133,7 @@ async fn connect_error(e: pulsar::Error, url: &str, security: &PulsarSecurity) -
             .with_operation("connect to Apache Pulsar")
             .with_source(e)
             .temporary(false),
-        None => Error::from_source(crate::link::kind_of(&e), e)
+        None => Error::from_source(crate::error::kind_of(&e), e)
             .with_operation(format!("connect to {shown}")),
     }
 }

@@ -28,7 +28,8 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::codec;
-use crate::link::{Link, error};
+use crate::error::error;
+use crate::link::Link;
 
 type Received = Result<Message<Vec<u8>>, pulsar::Error>;
 
@@ -264,27 +265,25 @@ impl Subscription for PulsarSubscription {
                 let native = codec::Envelope::of(&message.payload.metadata);
                 let payload = Bytes::from(message.payload.data);
                 let raw = codec::decode(payload.clone(), &message.payload.metadata);
-                Ok(Some(Delivery {
-                    info: DeliveryInfo::new(id_text(&id), Origin::new(self.spec.topic.clone())),
-                    receipt: Box::new(PulsarReceipt {
-                        link: self.link.clone(),
-                        commands: self.commands.clone(),
-                        source: self.spec.topic.clone(),
-                        retry_topic: self
-                            .link
-                            .config
-                            .retry_topic(&self.spec.topic, &self.spec.group),
-                        group: self.spec.group.clone(),
-                        message_topic: topic,
-                        id: Unsettled::new(id),
-                        payload,
-                        native,
-                    }),
-                    message: raw,
-                }))
+                let info = DeliveryInfo::new(id_text(&id), Origin::new(self.spec.topic.clone()));
+                let receipt = Box::new(PulsarReceipt {
+                    link: self.link.clone(),
+                    commands: self.commands.clone(),
+                    source: self.spec.topic.clone(),
+                    retry_topic: self
+                        .link
+                        .config
+                        .retry_topic(&self.spec.topic, &self.spec.group),
+                    group: self.spec.group.clone(),
+                    message_topic: topic,
+                    id: Unsettled::new(id),
+                    payload,
+                    native,
+                });
+                Ok(Some(Delivery::new(raw, info, receipt)))
             }
             Some(Err(e)) => Err(Error::from_source(
-                crate::link::passing(crate::link::kind_of(&e)),
+                crate::error::passing(crate::error::kind_of(&e)),
                 e,
             )
             .with_operation(format!("receive from {}", self.spec.topic))),

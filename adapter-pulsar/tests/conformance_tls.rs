@@ -19,7 +19,7 @@ async fn connect(url: String) -> Result<Fixture, String> {
     let url = match test_support::broker::url("RETRY_TEST_PULSAR_TLS_ADMIN") {
         Some(admin) => with_query(&url, "admin_url", Some(&admin)),
         None => with_query(
-            &with_query(&url, "tick", Some("100ms")),
+            &with_query(&url, "granularity", Some("100ms")),
             "strict_deliver_at",
             Some("true"),
         ),

@@ -18,7 +18,8 @@ use retry_core::error::{Error, Kind};
 use retry_core::event::Event;
 
 use crate::codec;
-use crate::link::{Link, amqp_error, connection_error};
+use crate::error::{amqp_error, connection_error};
+use crate::link::Link;
 
 /// Opens one operation on `source_topic`'s DLQ; `None` when the DLQ queue does not exist.
 pub(crate) async fn open(

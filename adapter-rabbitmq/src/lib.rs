@@ -20,6 +20,7 @@ mod admin;
 mod codec;
 pub mod config;
 mod dlq;
+mod error;
 mod link;
 mod security;
 mod subscription;
@@ -38,16 +39,13 @@ use retry_core::event::Event;
 use retry_core::options::Options;
 
 pub use crate::config::{QueueType, RabbitConfig, RabbitSecurity};
-use crate::link::{Link, amqp_error};
+use crate::error::amqp_error;
+use crate::link::Link;
 use crate::subscription::RabbitSubscription;
 
 /// `amqp://` and `amqps://` in `event_retry::connect`; the URL's query parameters are
 /// [`RabbitConfig::from_options`]'s keys, and the AMQP URI's own (`heartbeat`, …) pass through.
-pub const SCHEME: Scheme = Scheme {
-    schemes: &["amqp", "amqps"],
-    broker: "RabbitMQ",
-    connect: connect_url,
-};
+pub const SCHEME: Scheme = Scheme::new(&["amqp", "amqps"], "RabbitMQ", connect_url);
 
 fn connect_url(url: String, options: Options) -> ConnectFuture {
     Box::pin(async move {
@@ -135,17 +133,7 @@ impl Transport for RabbitTransport {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(DelayCapability {
-            granularity: self.link.config.granularity,
-            max_native: Some(self.link.config.max_delay()),
-            beyond_max: BeyondMax::Refuse,
-        })
-        .per_key_order(true)
-        .blocking_pause(true)
-        .replay(true)
-        .shared_subscription(true)
-        .crash_redelivery(true)
-        .fan_out(true)
+        capabilities_of(&self.link.config)
     }
 
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
@@ -193,5 +181,40 @@ impl Transport for RabbitTransport {
 
     fn admin(&self) -> &dyn Admin {
         self
+    }
+}
+
+/// The README's Rust examples, compiled (and run, where not `no_run`) by `cargo test --doc`, so that the
+/// code people copy from it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+/// What a transport with `config` can do (the broker does not change it).
+fn capabilities_of(config: &RabbitConfig) -> Capabilities {
+    Capabilities::new(
+        DelayCapability::new(config.granularity)
+            .with_max_native(config.max_delay(), BeyondMax::Refuse),
+    )
+    .per_key_order(true)
+    .blocking_pause(true)
+    .replay(true)
+    .shared_subscription(true)
+    .crash_redelivery(true)
+    .fan_out(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_carries_the_default_capabilities() {
+        let readme = include_str!("../README.md");
+        let list = capabilities_of(&RabbitConfig::default()).checklist();
+        assert!(
+            readme.contains(&list),
+            "the README's capability checklist should read:\n{list}"
+        );
     }
 }

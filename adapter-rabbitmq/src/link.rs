@@ -26,7 +26,7 @@ use tokio::sync::Mutex;
 
 use crate::codec;
 use crate::config::RabbitConfig;
-use crate::security;
+use crate::error::{self as errors, amqp_error, connection_error};
 use crate::topology::{self, Names};
 
 /// Publisher channels: as many publishes can be in flight at once.
@@ -55,24 +55,6 @@ pub(crate) struct Link {
     declared: std::sync::Mutex<HashSet<(String, Option<String>)>>,
 }
 
-/// The error of a lapin call for `operation`: the broker's soft errors keep their meaning (a missing
-/// queue is [`Kind::NotFound`], a refused access [`Kind::Rejected`]); anything else is a connection
-/// problem. The lapin error stays the source.
-pub(crate) fn amqp_error(e: lapin::Error, operation: impl Into<String>) -> Error {
-    use lapin::protocol::AMQPSoftError;
-    let kind = if is_soft_error(&e, AMQPSoftError::NOTFOUND) {
-        Kind::NotFound
-    } else if is_soft_error(&e, AMQPSoftError::ACCESSREFUSED)
-        || is_soft_error(&e, AMQPSoftError::PRECONDITIONFAILED)
-        || is_soft_error(&e, AMQPSoftError::RESOURCELOCKED)
-    {
-        Kind::Rejected
-    } else {
-        Kind::Connection
-    };
-    Error::from_source(kind, e).with_operation(operation.into())
-}
-
 /// Checks, with passive declares, that `queues` exist (declaring is off).
 async fn check_queues(ch: &Channel, queues: &[String]) -> Result<(), Error> {
     for queue in queues {
@@ -88,11 +70,6 @@ async fn check_queues(ch: &Channel, queues: &[String]) -> Result<(), Error> {
         .map_err(|e| amqp_error(e, format!("check queue {queue} (declaring is off)")))?;
     }
     Ok(())
-}
-
-/// A `map_err` for a lapin call for `operation` (see [`amqp_error`]).
-pub(crate) fn connection_error(operation: &str) -> impl FnOnce(lapin::Error) -> Error + '_ {
-    move |e| amqp_error(e, operation)
 }
 
 async fn bounded<T>(what: &str, fut: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
@@ -141,7 +118,7 @@ impl Link {
                 .with_tls_config(self.tls.clone())
                 .connect()
                 .await
-                .map_err(|e| security::connect_error(e, &self.uri))
+                .map_err(|e| errors::connect_error(e, &self.uri))
         })
         .await?;
         let conn = Arc::new(conn);
@@ -399,13 +376,4 @@ impl Link {
             }
         }
     }
-}
-
-/// Whether `error` is the broker's soft error `kind` (e.g. NOT_FOUND, ACCESS_REFUSED).
-pub(crate) fn is_soft_error(error: &lapin::Error, kind: lapin::protocol::AMQPSoftError) -> bool {
-    matches!(
-        error.kind(),
-        lapin::ErrorKind::ProtocolError(e)
-            if *e.kind() == lapin::protocol::AMQPErrorKind::Soft(kind)
-    )
 }

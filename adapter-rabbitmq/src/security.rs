@@ -1,5 +1,6 @@
 //! TLS and authentication: the password kept out of the URL, the CA and client certificate of an
-//! `amqps://` connection, and the connect error that says which of them the broker refused.
+//! `amqps://` connection (the connect error that says which of them the broker refused is in
+//! `error.rs`).
 //!
 //! lapin speaks TLS through rustls. A CA given here is trusted in addition to the platform's roots; a
 //! client certificate and key (PEM, the key PKCS#8) are presented to the broker, which RabbitMQ's
@@ -100,62 +101,6 @@ fn read_pem(path: &Path) -> Result<String, Error> {
             ),
         )
     })
-}
-
-/// The error of a failed connect to `uri`: a refused login or a failed TLS handshake is
-/// [`Kind::Security`], with the cause in words; anything else a connection error. The broker's
-/// address is named, never the password.
-pub(crate) fn connect_error(e: lapin::Error, uri: &AMQPUri) -> Error {
-    let address = format!("{}:{}", uri.authority.host, uri.authority.port);
-    let tls = uri.scheme == AMQPScheme::AMQPS;
-    let text = e.to_string();
-    let lower = text.to_lowercase();
-    let cause = if lower.contains("access_refused") || lower.contains("access-refused") {
-        Some(format!(
-            "RabbitMQ at {address} refused the login of user {:?}: {text}",
-            uri.authority.userinfo.username
-        ))
-    } else if lower.contains("certificate") || lower.contains("unknownissuer") {
-        Some(format!(
-            "RabbitMQ at {address} presented a certificate this client does not trust \
-             (is tls_ca the CA that signed it?): {text}"
-        ))
-    } else if tls && (lower.contains("corrupt message") || lower.contains("invalidcontenttype")) {
-        Some(format!(
-            "RabbitMQ at {address} did not answer TLS (an amqps:// URL for a plaintext port?): {text}"
-        ))
-    } else if !tls && is_closed_by_peer(&e) {
-        Some(format!(
-            "RabbitMQ at {address} closed the connection during the AMQP handshake \
-             (an amqp:// URL for a TLS port?): {text}"
-        ))
-    } else {
-        None
-    };
-    match cause {
-        Some(message) => Error::new(Kind::Security, message)
-            .with_operation("connect to RabbitMQ")
-            .with_quoted_source(e)
-            .temporary(false),
-        None => Error::from_source(Kind::Connection, e)
-            .with_operation(format!("connect to RabbitMQ at {address}")),
-    }
-}
-
-/// Whether the broker hung up on us (as a TLS listener does on a plaintext AMQP header), as opposed to
-/// refusing the connection outright (nothing listening).
-fn is_closed_by_peer(e: &lapin::Error) -> bool {
-    match e.kind() {
-        lapin::ErrorKind::IOError(io) => matches!(
-            io.kind(),
-            std::io::ErrorKind::UnexpectedEof
-                | std::io::ErrorKind::ConnectionReset
-                | std::io::ErrorKind::ConnectionAborted
-                | std::io::ErrorKind::BrokenPipe
-        ),
-        lapin::ErrorKind::InvalidConnectionState(_) | lapin::ErrorKind::ParsingError(_) => true,
-        _ => false,
-    }
 }
 
 #[cfg(test)]

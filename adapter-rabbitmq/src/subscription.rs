@@ -31,7 +31,8 @@ use tracing::debug;
 
 use crate::acks::Acks;
 use crate::codec;
-use crate::link::{Link, connection_error, is_soft_error};
+use crate::error::{connection_error, is_soft_error};
+use crate::link::Link;
 
 /// How long closing waits for the broker to confirm a consumer's cancel.
 const CANCEL_WITHIN: Duration = Duration::from_secs(5);
@@ -139,7 +140,7 @@ impl RabbitSubscription {
                     tokio::time::sleep(STANDBY_INTERVAL).await;
                 }
                 Err(e) => {
-                    return Err(crate::link::amqp_error(
+                    return Err(crate::error::amqp_error(
                         e,
                         format!("consume {}", self.spec.topic),
                     ));
@@ -159,23 +160,21 @@ impl RabbitSubscription {
             .map(|id| id.to_string())
             .unwrap_or_else(|| format!("{}/{}", self.spec.topic, d.delivery_tag));
         self.acks.opened(d.delivery_tag);
-        Delivery {
-            info: DeliveryInfo::new(message_id.clone(), Origin::new(self.spec.topic.clone())),
-            receipt: Box::new(RabbitReceipt {
-                link: self.link.clone(),
-                _channel: channel,
-                acker: Unsettled::new(d.acker),
-                acks: self.acks.clone(),
-                tag: d.delivery_tag,
-                topic: self.spec.topic.clone(),
-                group: self.spec.group.clone(),
-                queue: self.queue(),
-                body,
-                native: d.properties,
-                message_id,
-            }),
-            message,
-        }
+        let info = DeliveryInfo::new(message_id.clone(), Origin::new(self.spec.topic.clone()));
+        let receipt = Box::new(RabbitReceipt {
+            link: self.link.clone(),
+            _channel: channel,
+            acker: Unsettled::new(d.acker),
+            acks: self.acks.clone(),
+            tag: d.delivery_tag,
+            topic: self.spec.topic.clone(),
+            group: self.spec.group.clone(),
+            queue: self.queue(),
+            body,
+            native: d.properties,
+            message_id,
+        });
+        Delivery::new(message, info, receipt)
     }
 
     /// The work queue of this subscription's group.
@@ -215,7 +214,7 @@ impl Subscription for RabbitSubscription {
                 Some(Ok(d)) => return Ok(Some(self.deliver(d))),
                 Some(Err(e)) => {
                     self.reset();
-                    return Err(crate::link::amqp_error(
+                    return Err(crate::error::amqp_error(
                         e,
                         format!("consume {}", self.spec.topic),
                     ));

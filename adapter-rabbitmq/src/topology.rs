@@ -195,7 +195,7 @@ fn durable() -> QueueDeclareOptions {
 fn failed(what: String) -> impl FnOnce(lapin::Error) -> Error {
     move |e| {
         let hint = upgrade_hint(&e.to_string());
-        crate::link::amqp_error(e, format!("declare {what}{hint}"))
+        crate::error::amqp_error(e, format!("declare {what}{hint}"))
     }
 }
 

@@ -18,7 +18,7 @@ use aws_sdk_sqs::types::{
 use retry_core::error::{Error, Kind};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::link::sdk_error;
+use crate::error::sdk_error;
 
 /// SQS's limit on entries per batch call.
 pub(crate) const MAX_BATCH: usize = 10;

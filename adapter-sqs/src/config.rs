@@ -58,7 +58,7 @@ impl Default for SqsConfig {
 impl SqsConfig {
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
     /// starting from the defaults: `visibility`, `max_visibility`, `max_send_delay`, `wait` (durations
-    /// such as `30s`), `dlq_suffix`, `create_queues`, `max_receive_count`, `set_redrive`,
+    /// such as `30s`), `dlq_suffix`, `declare` (formerly `create_queues`), `max_receive_count`, `set_redrive`,
     /// `remembered_retries`; and `region`
     /// and `profile` (the AWS shared-config profile), returned apart for the client. An unknown key is
     /// an error.
@@ -80,7 +80,8 @@ impl SqsConfig {
         if let Some(v) = read.string("dlq_suffix") {
             c.dlq_suffix = v;
         }
-        if let Some(v) = read.bool("create_queues")? {
+        read.renamed("create_queues", "declare")?;
+        if let Some(v) = read.bool("declare")? {
             c.create_queues = v;
         }
         if let Some(v) = read.number("max_receive_count")? {
@@ -157,6 +158,13 @@ mod tests {
     }
 
     #[test]
+    fn the_old_name_of_declare_is_still_read() {
+        let (c, _) = SqsConfig::from_options(&Options::new().set("create_queues", "false"))
+            .unwrap_or_default();
+        assert!(!c.create_queues);
+    }
+
+    #[test]
     fn options_set_every_field() {
         let options = Options::new()
             .set("visibility", "20s")
@@ -164,7 +172,7 @@ mod tests {
             .set("max_send_delay", "60s")
             .set("wait", "2s")
             .set("dlq_suffix", "-dead")
-            .set("create_queues", "false")
+            .set("declare", "false")
             .set("max_receive_count", "10")
             .set("set_redrive", "true")
             .set("remembered_retries", "0")

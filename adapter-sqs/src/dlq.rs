@@ -18,7 +18,8 @@ use retry_core::event::Event;
 
 use crate::batch::{BatchApi, Entry, MAX_BATCH, Op, SqsBatches};
 use crate::codec;
-use crate::link::{Link, asking_system_attributes, sdk_error};
+use crate::error::sdk_error;
+use crate::link::{Link, asking_system_attributes};
 
 /// How long an operation hides the entries it looks at.
 const HOLD_SECONDS: i32 = 60;

@@ -21,6 +21,7 @@ mod batch;
 mod codec;
 pub mod config;
 mod dlq;
+mod error;
 mod link;
 mod queues;
 mod subscription;
@@ -39,17 +40,14 @@ use retry_core::event::Event;
 use retry_core::options::Options;
 
 pub use crate::config::{ClientSettings, SqsConfig};
-use crate::link::{Link, sdk_error};
+use crate::error::sdk_error;
+use crate::link::Link;
 use crate::queues::{Queues, check_redrive, check_retention};
 use crate::subscription::SqsSubscription;
 
 /// `sqs://…`, an `https://` SQS queue URL, or `http://` to an SQS-compatible endpoint on this machine,
 /// in `event_retry::connect`; the URL's query parameters are [`SqsConfig::from_options`]'s keys.
-pub const SCHEME: Scheme = Scheme {
-    schemes: &["sqs", "https", "http"],
-    broker: "Amazon SQS",
-    connect: connect_url,
-};
+pub const SCHEME: Scheme = Scheme::new(&["sqs", "https", "http"], "Amazon SQS", connect_url);
 
 fn connect_url(url: String, options: Options) -> ConnectFuture {
     Box::pin(async move {
@@ -156,39 +154,18 @@ impl Transport for SqsTransport {
         "sqs"
     }
 
-    /// A standard queue's: a delay longer than the visibility window is carried by copies; per-key order
-    /// and fan-out are not SQS's (consumers of a queue compete for its messages; fan-out needs SNS).
+    /// A standard queue's (see [`standard_capabilities`]).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(DelayCapability {
-            granularity: std::time::Duration::from_secs(1),
-            max_native: Some(self.link.queues.config.max_visibility),
-            beyond_max: BeyondMax::Split,
-        })
-        .blocking_pause(true)
-        .replay(true)
-        .shared_subscription(true)
-        .crash_redelivery(true)
+        standard_capabilities(&self.link.queues.config)
     }
 
-    /// A FIFO queue (`.fifo`) keeps per-key order: the key is the message group, and SQS hands out a
-    /// group's messages one batch at a time, in order; a delay must fit the visibility window (a FIFO
-    /// queue takes no per-message delay to carry a longer one).
+    /// A standard queue's, or a FIFO queue's (`.fifo`, see [`fifo_capabilities`]).
     fn capabilities_for(&self, topic: &str) -> Capabilities {
-        let standard = self.capabilities();
-        if !topic.ends_with(".fifo") {
-            return standard;
+        if topic.ends_with(".fifo") {
+            fifo_capabilities(&self.link.queues.config)
+        } else {
+            self.capabilities()
         }
-        Capabilities::new(DelayCapability {
-            max_native: Some(fifo_max_delay(&self.link.queues.config)),
-            beyond_max: BeyondMax::Refuse,
-            ..standard.delay
-        })
-        .blocking_pause(standard.blocking_pause)
-        .replay(standard.replay)
-        .shared_subscription(standard.shared_subscription)
-        .crash_redelivery(standard.crash_redelivery)
-        .per_key_order(true)
-        .broker_orders_keys(true)
     }
 
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
@@ -251,5 +228,62 @@ impl Transport for SqsTransport {
 
     fn admin(&self) -> &dyn Admin {
         self
+    }
+}
+
+/// The README's Rust examples, compiled (and run, where not `no_run`) by `cargo test --doc`, so that the
+/// code people copy from it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
+/// A standard queue's: a delay longer than the visibility window is carried by copies; per-key order and
+/// fan-out are not SQS's (consumers of a queue compete for its messages; fan-out needs SNS).
+fn standard_capabilities(config: &SqsConfig) -> Capabilities {
+    Capabilities::new(
+        DelayCapability::new(std::time::Duration::from_secs(1))
+            .with_max_native(config.max_visibility, BeyondMax::Split),
+    )
+    .blocking_pause(true)
+    .replay(true)
+    .shared_subscription(true)
+    .crash_redelivery(true)
+}
+
+/// A FIFO queue's: per-key order, the key being the message group (SQS hands out a group's messages one
+/// batch at a time, in order); a delay must fit the visibility window (a FIFO queue takes no per-message
+/// delay to carry a longer one).
+fn fifo_capabilities(config: &SqsConfig) -> Capabilities {
+    let standard = standard_capabilities(config);
+    Capabilities::new(
+        standard
+            .delay
+            .with_max_native(fifo_max_delay(config), BeyondMax::Refuse),
+    )
+    .blocking_pause(standard.blocking_pause)
+    .replay(standard.replay)
+    .shared_subscription(standard.shared_subscription)
+    .crash_redelivery(standard.crash_redelivery)
+    .per_key_order(true)
+    .broker_orders_keys(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_readme_carries_the_default_capabilities() {
+        let readme = include_str!("../README.md");
+        let config = SqsConfig::default();
+        for list in [
+            standard_capabilities(&config).checklist(),
+            fifo_capabilities(&config).checklist(),
+        ] {
+            assert!(
+                readme.contains(&list),
+                "the README's capability checklist should read:\n{list}"
+            );
+        }
     }
 }

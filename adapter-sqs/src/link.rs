@@ -1,92 +1,16 @@
 //! The link to SQS shared by a transport's subscriptions, receipts and DLQ sessions: the client and the
-//! queues, sending, the errors of the AWS SDK told apart by kind, and the metadata of visibility retries
-//! this process scheduled (a visibility retry cannot rewrite the message, so the process keeps it).
+//! queues, sending, and the metadata of visibility retries this process scheduled (a visibility retry cannot rewrite the message, so the process keeps it).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use aws_sdk_sqs::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use retry_core::error::{Error, Kind};
 use retry_core::metadata::RetryMetadata;
 
 use crate::codec::Outgoing;
+use crate::error::sdk_error;
 use crate::queues::{QueueInfo, Queues};
-
-/// The error of an SQS call for `operation`, by kind: a missing queue is [`Kind::NotFound`], throttling
-/// and transport failures are temporary ([`Kind::Connection`], [`Kind::Timeout`]), refused credentials
-/// or permissions are [`Kind::Security`], any other request SQS refused is [`Kind::Rejected`]. The
-/// SDK's error stays the source.
-pub(crate) fn sdk_error<E, R>(operation: &str, e: SdkError<E, R>) -> Error
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    R: std::fmt::Debug + Send + Sync + 'static,
-{
-    let kind = match &e {
-        SdkError::TimeoutError(_) => Kind::Timeout,
-        SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => Kind::Connection,
-        SdkError::ServiceError(service) => code_kind(service.err().code()),
-        _ => Kind::Other,
-    };
-    let message = DisplayErrorContext(&e).to_string();
-    Error::new(kind, message)
-        .with_operation(operation.to_string())
-        .with_quoted_chain(e)
-}
-
-/// The codes SQS answers for a queue that does not exist: the query protocol's and the JSON protocol's.
-const MISSING_QUEUE: [&str; 2] = [
-    "AWS.SimpleQueueService.NonExistentQueue",
-    "QueueDoesNotExist",
-];
-
-/// The codes of refusals that heal by themselves: throttling, and the service's own trouble.
-const TEMPORARY: [&str; 6] = [
-    "RequestThrottled",
-    "ThrottlingException",
-    "KMS.ThrottlingException",
-    "ServiceUnavailable",
-    "InternalFailure",
-    "InternalError",
-];
-
-/// The codes of refusals of who we are or what we may do: credentials SQS does not know or that
-/// expired, a signature that does not match, an action or a KMS key the credentials may not use.
-const SECURITY: [&str; 13] = [
-    "AccessDenied",
-    "AccessDeniedException",
-    "InvalidClientTokenId",
-    "UnrecognizedClientException",
-    "SignatureDoesNotMatch",
-    "IncompleteSignature",
-    "MissingAuthenticationToken",
-    "InvalidSecurity",
-    "ExpiredToken",
-    "ExpiredTokenException",
-    "RequestExpired",
-    "KMS.AccessDeniedException",
-    "KmsAccessDenied",
-];
-
-/// The kind of an error code SQS answered.
-fn code_kind(code: Option<&str>) -> Kind {
-    match code {
-        Some(c) if MISSING_QUEUE.contains(&c) => Kind::NotFound,
-        Some(c) if TEMPORARY.contains(&c) => Kind::Connection,
-        Some(c) if SECURITY.contains(&c) => Kind::Security,
-        _ => Kind::Rejected,
-    }
-}
-
-/// Whether SQS said the queue does not exist.
-pub(crate) fn is_missing<E, R>(e: &SdkError<E, R>) -> bool
-where
-    E: ProvideErrorMetadata,
-{
-    e.as_service_error()
-        .and_then(|s| s.code())
-        .is_some_and(|c| MISSING_QUEUE.contains(&c))
-}
 
 /// Everything a transport's parts share.
 pub(crate) struct Link {
@@ -302,29 +226,6 @@ mod tests {
         );
         meta.event_id = None;
         assert_eq!(dead_lettering_id(&meta), None);
-    }
-
-    #[test]
-    fn error_codes_decide_the_kind() {
-        assert_eq!(code_kind(Some("QueueDoesNotExist")), Kind::NotFound);
-        assert_eq!(
-            code_kind(Some("AWS.SimpleQueueService.NonExistentQueue")),
-            Kind::NotFound
-        );
-        assert_eq!(code_kind(Some("RequestThrottled")), Kind::Connection);
-        for refused in [
-            "AccessDenied",
-            "InvalidClientTokenId",
-            "SignatureDoesNotMatch",
-        ] {
-            assert_eq!(code_kind(Some(refused)), Kind::Security, "{refused}");
-        }
-        assert_eq!(code_kind(Some("InvalidAttributeValue")), Kind::Rejected);
-        assert_eq!(
-            code_kind(Some("NotQueueDoesNotExistReally")),
-            Kind::Rejected
-        );
-        assert_eq!(code_kind(None), Kind::Rejected);
     }
 
     #[test]

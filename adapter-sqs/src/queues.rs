@@ -35,7 +35,7 @@ pub(crate) struct Queues {
     known: Mutex<HashMap<String, QueueInfo>>,
 }
 
-use crate::link::{is_missing, sdk_error};
+use crate::error::{is_missing, sdk_error};
 
 /// `orders` → `orders-dlq`; `orders.fifo` → `orders-dlq.fifo`.
 pub(crate) fn dlq_name_for(topic: &str, suffix: &str) -> String {

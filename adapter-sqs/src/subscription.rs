@@ -29,7 +29,8 @@ use tracing::{debug, warn};
 
 use crate::batch::{Op, Settler, SqsBatches};
 use crate::codec;
-use crate::link::{Link, SendOptions, sdk_error, seconds_up};
+use crate::error::sdk_error;
+use crate::link::{Link, SendOptions, seconds_up};
 use crate::queues::QueueInfo;
 
 /// Room left before a visibility window or retention ends, for clocks and requests in flight.
@@ -200,17 +201,12 @@ impl Parts<'_> {
             received.at,
             sent_at,
         );
-        Some(Delivery {
-            message: raw,
-            info: {
-                let info = DeliveryInfo::new(message_id, Origin::new(self.spec.topic.clone()));
-                match broker_count {
-                    Some(n) => info.with_broker_counts(n, n),
-                    None => info,
-                }
-            },
-            receipt: Box::new(receipt),
-        })
+        let info = DeliveryInfo::new(message_id, Origin::new(self.spec.topic.clone()));
+        let info = match broker_count {
+            Some(n) => info.with_broker_counts(n, n),
+            None => info,
+        };
+        Some(Delivery::new(raw, info, Box::new(receipt)))
     }
 }
 

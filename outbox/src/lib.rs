@@ -223,3 +223,9 @@ mod tests {
         assert_eq!(redact("postgres://h/db?x=a@b"), "postgres://h/db?x=a@b");
     }
 }
+
+/// The README's Rust examples, compiled (and run, where not `no_run`) by `cargo test --doc`, so that the
+/// code people copy from it cannot rot.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -303,11 +303,7 @@ impl MemoryTransport {
 }
 
 /// `memory://[name]`: the in-process broker (see [`MemoryTransport::named`]); it takes no options.
-pub const SCHEME: Scheme = Scheme {
-    schemes: &["memory"],
-    broker: "in-memory",
-    connect: connect_url,
-};
+pub const SCHEME: Scheme = Scheme::new(&["memory"], "in-memory", connect_url);
 
 fn connect_url(url: String, options: Options) -> ConnectFuture {
     Box::pin(async move {

@@ -9,11 +9,11 @@
 //! ```
 //! use retry_core::options::Options;
 //!
-//! let (url, options) = Options::split_url("kafka://127.0.0.1:9092?granularity=250ms&create_topics=false")?;
+//! let (url, options) = Options::split_url("kafka://127.0.0.1:9092?granularity=250ms&declare=false")?;
 //! assert_eq!(url, "kafka://127.0.0.1:9092");
 //! let mut read = options.reader("Kafka");
 //! assert_eq!(read.duration("granularity")?, Some(std::time::Duration::from_millis(250)));
-//! assert_eq!(read.bool("create_topics")?, Some(false));
+//! assert_eq!(read.bool("declare")?, Some(false));
 //! assert_eq!(read.number::<u32>("partitions")?, None);
 //! read.finish()?;
 //! # Ok::<(), retry_core::error::Error>(())
@@ -139,6 +139,7 @@ impl Options {
             adapter,
             known: BTreeSet::new(),
             prefixes: BTreeSet::new(),
+            renamed: Vec::new(),
         }
     }
 }
@@ -222,6 +223,8 @@ pub struct OptionReader<'a> {
     adapter: &'static str,
     known: BTreeSet<String>,
     prefixes: BTreeSet<&'static str>,
+    /// Old names still read for a key, as (key, old name): see [`OptionReader::renamed`].
+    renamed: Vec<(&'static str, &'static str)>,
 }
 
 impl OptionReader<'_> {
@@ -236,6 +239,55 @@ impl OptionReader<'_> {
         )
     }
 
+    /// Reads `old` as the key `new` from now on (an option this adapter once named differently), with a
+    /// deprecation warning when it is used; giving both is an error. Call it before reading `new`.
+    ///
+    /// ```
+    /// use retry_core::options::Options;
+    ///
+    /// let o = Options::new().set("tick", "250ms");
+    /// let mut read = o.reader("Apache Pulsar");
+    /// read.renamed("tick", "granularity")?;
+    /// let step = read.duration("granularity")?;
+    /// assert_eq!(step, Some(std::time::Duration::from_millis(250)));
+    /// read.finish()?; // `tick` counts as read
+    /// let both = Options::new().set("tick", "1s").set("granularity", "1s");
+    /// assert!(both.reader("Apache Pulsar").renamed("tick", "granularity").is_err());
+    /// # Ok::<(), retry_core::error::Error>(())
+    /// ```
+    pub fn renamed(&mut self, old: &'static str, new: &'static str) -> Result<(), Error> {
+        self.known.insert(old.to_string());
+        if self.options.get(old).is_none() {
+            return Ok(());
+        }
+        if self.options.get(new).is_some() {
+            return Err(Error::new(
+                Kind::Config,
+                format!(
+                    "options {old} and {new} of the {} adapter are one setting ({old} is its old \
+                     name): give only {new}",
+                    self.adapter
+                ),
+            ));
+        }
+        tracing::warn!(
+            adapter = self.adapter,
+            "option {old} is deprecated: it is now called {new}"
+        );
+        self.renamed.push((new, old));
+        Ok(())
+    }
+
+    /// The value given for `key`, under its name or an old one.
+    fn value(&self, key: &str) -> Option<&str> {
+        self.options.get(key).or_else(|| {
+            self.renamed
+                .iter()
+                .find(|(new, _)| *new == key)
+                .and_then(|(_, old)| self.options.get(old))
+        })
+    }
+
     fn parsed<T>(
         &mut self,
         key: &'static str,
@@ -243,7 +295,7 @@ impl OptionReader<'_> {
         parse: impl FnOnce(&str) -> Option<T>,
     ) -> Result<Option<T>, Error> {
         self.known.insert(key.to_string());
-        match self.options.get(key) {
+        match self.value(key) {
             None => Ok(None),
             Some(text) => parse(text.trim())
                 .map(Some)
@@ -254,7 +306,7 @@ impl OptionReader<'_> {
     /// The text of `key`.
     pub fn string(&mut self, key: &'static str) -> Option<String> {
         self.known.insert(key.to_string());
-        self.options.get(key).map(str::to_string)
+        self.value(key).map(str::to_string)
     }
 
     /// `key` as a duration: `250ms`, `5s`, `2m`, `1h`, `1d`, or a bare number of milliseconds.

@@ -6,7 +6,11 @@
 use std::time::Duration;
 
 /// How a broker honours a delay.
+///
+/// Built with [`DelayCapability::new`] and [`DelayCapability::with_max_native`], so that a field added
+/// later does not break adapters written before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DelayCapability {
     /// The smallest step of delay the broker distinguishes; delays are rounded *up* to it (never early).
     pub granularity: Duration,
@@ -16,8 +20,27 @@ pub struct DelayCapability {
     pub beyond_max: BeyondMax,
 }
 
+impl DelayCapability {
+    /// Delays rounded up to `granularity`, with no longest native delay.
+    pub const fn new(granularity: Duration) -> Self {
+        Self {
+            granularity,
+            max_native: None,
+            beyond_max: BeyondMax::Refuse,
+        }
+    }
+
+    /// One native hop carries at most `max`; a longer delay is refused or split, as `beyond` says.
+    pub const fn with_max_native(mut self, max: Duration, beyond: BeyondMax) -> Self {
+        self.max_native = Some(max);
+        self.beyond_max = beyond;
+        self
+    }
+}
+
 /// What a transport does with a delay longer than its native maximum.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum BeyondMax {
     /// It refuses the policy at start-up.
     Refuse,
@@ -110,8 +133,83 @@ impl Capabilities {
     }
 }
 
+impl Capabilities {
+    /// The capabilities as a Markdown checklist, one line each, for an adapter's README: the adapters'
+    /// unit tests check that their README carries the checklist of their default settings, so the page
+    /// cannot claim what the code does not state.
+    pub fn checklist(&self) -> String {
+        let delay = &self.delay;
+        let longest = match (delay.max_native, delay.beyond_max) {
+            (None, _) => "any length".to_string(),
+            (Some(max), _) if max.is_zero() => "none: delayed delivery is off".to_string(),
+            (Some(max), BeyondMax::Refuse) => format!(
+                "up to {} in one hop; a policy asking for more is refused at start-up",
+                readable(max)
+            ),
+            (Some(max), BeyondMax::Split) => format!(
+                "up to {} in one hop; longer ones carried in several hops",
+                readable(max)
+            ),
+        };
+        let mut lines = vec![
+            format!(
+                "- delays rounded up to {}, never early",
+                crate::time::format_duration(delay.granularity)
+            ),
+            format!("- longest delay: {longest}"),
+        ];
+        let flags = [
+            (
+                self.per_key_order,
+                "per-key order of retries (`ordered_by_key`)",
+            ),
+            (
+                self.broker_orders_keys,
+                "the broker itself hands out a key's events one at a time",
+            ),
+            (
+                self.blocking_pause,
+                "consumption paused while a blocking error holds an event",
+            ),
+            (self.replay, "DLQ replay"),
+            (
+                self.shared_subscription,
+                "consumers of one group share its work",
+            ),
+            (
+                self.crash_redelivery,
+                "a crashed consumer's work delivered again",
+            ),
+            (
+                self.fan_out,
+                "every consumer group gets every event (fan-out)",
+            ),
+        ];
+        for (yes, what) in flags {
+            lines.push(format!("- [{}] {what}", if yes { "x" } else { " " }));
+        }
+        lines.join("\n")
+    }
+}
+
+/// `d` in the policy DSL's notation where a unit of a second or more divides it (`1d`, `715m`), otherwise
+/// in days or hours to a tenth (`about 19.4 days`).
+fn readable(d: Duration) -> String {
+    let exact = crate::time::format_duration(d);
+    if d < Duration::from_secs(1) || !exact.ends_with("ms") {
+        return exact;
+    }
+    let hours = d.as_secs_f64() / 3600.0;
+    if hours >= 24.0 {
+        format!("about {:.1} days", hours / 24.0)
+    } else {
+        format!("about {hours:.1} hours")
+    }
+}
+
 /// How one delay will be honoured.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Honour {
     /// Exactly as asked.
     Exact,
@@ -189,6 +287,37 @@ impl DelayCapability {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_checklist_says_every_capability_and_the_delays() {
+        let caps = Capabilities::new(
+            DelayCapability::new(Duration::from_millis(100))
+                .with_max_native(Duration::from_secs(86_400), BeyondMax::Refuse),
+        )
+        .per_key_order(true)
+        .replay(true);
+        let list = caps.checklist();
+        assert!(
+            list.contains("- delays rounded up to 100ms, never early"),
+            "{list}"
+        );
+        assert!(
+            list.contains("up to 1d in one hop; a policy asking for more is refused"),
+            "{list}"
+        );
+        assert!(list.contains("- [x] per-key order of retries"), "{list}");
+        assert!(list.contains("- [x] DLQ replay"), "{list}");
+        assert!(
+            list.contains("- [ ] every consumer group gets every event"),
+            "{list}"
+        );
+        assert_eq!(list.lines().count(), 9, "{list}");
+        assert_eq!(
+            readable(Duration::from_millis(1_677_721_500)),
+            "about 19.4 days"
+        );
+        assert_eq!(readable(Duration::from_secs(42_900)), "715m");
+    }
 
     #[test]
     fn honour_rounds_up_splits_and_refuses() {

@@ -7,8 +7,9 @@ use async_trait::async_trait;
 use crate::error::Error;
 use crate::event::{Event, RawMessage};
 
-/// One DLQ entry as the broker holds it.
+/// One DLQ entry as the broker holds it (built with [`StoredDeadLetter::new`] and its `with_` setters).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StoredDeadLetter {
     /// The broker's id for the entry (stable until the entry is removed): an offset, a message id.
     pub id: String,
@@ -51,8 +52,10 @@ impl StoredDeadLetter {
 ///
 /// A DLQ console shows it; a migration to another broker reports what of it the target cannot hold.
 /// Only what differs from the broker's plain form is listed: a header absent from
-/// [`Native::header_types`] is a plain string or byte header.
+/// [`Native::header_types`] is a plain string or byte header. Built with [`Native::default`] and
+/// [`Native::property`] / [`Native::header_type`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Native {
     /// Message properties, as name and value (`amqp.priority` = `5`).
     pub properties: Vec<(String, String)>,

@@ -14,8 +14,9 @@ use crate::options::Options;
 /// The future a [`Scheme`]'s connect function returns.
 pub type ConnectFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn Transport>, Error>> + Send>>;
 
-/// One adapter's entry in the table of URL schemes.
+/// One adapter's entry in the table of URL schemes (built with [`Scheme::new`]).
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct Scheme {
     /// The URL schemes it serves, lowercase, without `://` (`["amqp", "amqps"]`).
     pub schemes: &'static [&'static str],
@@ -26,6 +27,20 @@ pub struct Scheme {
 }
 
 impl Scheme {
+    /// The entry of the adapter for `broker` that serves `schemes` (lowercase, without `://`) and
+    /// connects with `connect`.
+    pub const fn new(
+        schemes: &'static [&'static str],
+        broker: &'static str,
+        connect: fn(url: String, options: Options) -> ConnectFuture,
+    ) -> Self {
+        Self {
+            schemes,
+            broker,
+            connect,
+        }
+    }
+
     /// Whether this entry serves `scheme` (compared without regard to case).
     pub fn serves(&self, scheme: &str) -> bool {
         self.schemes.iter().any(|s| s.eq_ignore_ascii_case(scheme))

@@ -47,7 +47,8 @@ impl DeliveryInfo {
     }
 }
 
-/// One message handed to the runtime, with the means to settle it.
+/// One message handed to the runtime, with the means to settle it (built with [`Delivery::new`]).
+#[non_exhaustive]
 pub struct Delivery {
     /// The message as it travelled (the runtime decodes the metadata).
     pub message: RawMessage,
@@ -55,6 +56,17 @@ pub struct Delivery {
     pub info: DeliveryInfo,
     /// Settles the delivery.
     pub receipt: Box<dyn Receipt>,
+}
+
+impl Delivery {
+    /// `message`, with the broker's facts about it and the receipt that settles it.
+    pub fn new(message: RawMessage, info: DeliveryInfo, receipt: Box<dyn Receipt>) -> Self {
+        Self {
+            message,
+            info,
+            receipt,
+        }
+    }
 }
 
 impl std::fmt::Debug for Delivery {
