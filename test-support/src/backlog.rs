@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use retry_core::adapter::Published;
 use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
@@ -148,6 +149,22 @@ struct Timings {
     publishes: Vec<i64>,
 }
 
+/// One healthy publish: its id, how long the broker took to answer, and where the broker put it.
+struct Sent {
+    id: String,
+    micros: i64,
+    published: Published,
+}
+
+/// Where the broker said it put a message, for a report: partition and offset, or the message id.
+fn place(published: &Published) -> String {
+    match (published.partition, published.offset, &published.message_id) {
+        (Some(p), Some(o), _) => format!("partition {p} offset {o}"),
+        (_, _, Some(id)) => format!("message {id}"),
+        _ => "accepted".into(),
+    }
+}
+
 /// The bench side: starts the consumer process, measures the three phases, prints them and the ratio
 /// lines (`ratio backlog/idle latency p99 <broker> <n> waiting: x`, and the same for RSS).
 pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Error> {
@@ -264,7 +281,12 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
     // The broker's part alone: the same publishes with the consumer stopped and the backlog still in
     // the broker. A publish time that stays high belongs to the broker holding the backlog; one that
     // drops belonged to the consumer's traffic beside it.
-    let mut alone = publish_healthy(broker, &topic, "stopped", PUBLISHES_WITHOUT_CONSUMER).await?;
+    let mut alone: Vec<i64> =
+        publish_healthy(broker, &topic, "stopped", PUBLISHES_WITHOUT_CONSUMER)
+            .await?
+            .iter()
+            .map(|s| s.micros)
+            .collect();
     alone.sort_unstable();
     println!(
         "backlog {name}: {:>6} waiting, the consumer stopped: the publish alone p50 {:.2} ms, p99 {:.2} ms",
@@ -315,14 +337,14 @@ fn is_of_phase(id: &str, label: &str, count: usize) -> bool {
         .is_some_and(|n| n < count)
 }
 
-/// Publishes `count` healthy events at the healthy rate; each one's publish time (the broker's answer to
-/// the producer), in µs.
+/// Publishes `count` healthy events at the healthy rate; each one's id, publish time (the broker's answer
+/// to the producer, in µs) and place in the broker.
 async fn publish_healthy(
     broker: &Broker,
     topic: &str,
     label: &str,
     count: usize,
-) -> Result<Vec<i64>, Error> {
+) -> Result<Vec<Sent>, Error> {
     let producer = broker.producer();
     let mut tick = tokio::time::interval(Duration::from_millis(1000 / HEALTHY_PER_SECOND));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -335,9 +357,13 @@ async fn publish_healthy(
         sends.push(tokio::spawn(async move {
             let sent = now_micros();
             producer
-                .publish(&topic, Event::new(format!("h:{sent}")).with_id(id))
+                .publish(&topic, Event::new(format!("h:{sent}")).with_id(id.clone()))
                 .await
-                .map(|_| now_micros() - sent)
+                .map(|published| Sent {
+                    id,
+                    micros: now_micros() - sent,
+                    published,
+                })
         }));
     }
     let mut publishes = Vec::with_capacity(count);
@@ -355,7 +381,7 @@ async fn healthy_phase(
     count: usize,
     reports: &mut mpsc::UnboundedReceiver<Report>,
 ) -> Result<Timings, Error> {
-    let publishes = publish_healthy(broker, topic, label, count).await?;
+    let sent = publish_healthy(broker, topic, label, count).await?;
     // Counted by id: a healthy event handled twice, or one of another phase handled late, is not one
     // of this phase's.
     let mut handled: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
@@ -368,9 +394,12 @@ async fn healthy_phase(
             Ok(Some(_)) => {}
             Ok(None) => return Err("the consumer process exited".into()),
             Err(_) => {
-                let missing: Vec<String> = (0..count)
-                    .map(|i| healthy_id(label, i))
-                    .filter(|id| !handled.contains_key(id))
+                // Each missing id with where the broker put it: a record the consumer's group
+                // committed past is lost, one beyond its committed offset is late.
+                let missing: Vec<String> = sent
+                    .iter()
+                    .filter(|s| !handled.contains_key(&s.id))
+                    .map(|s| format!("{} ({})", s.id, place(&s.published)))
                     .collect();
                 return Err(format!(
                     "{label}: {} of {count} healthy events handled within 120 s; never handled: {}",
@@ -389,7 +418,7 @@ async fn healthy_phase(
     let latencies: Vec<i64> = handled.into_values().collect();
     Ok(Timings {
         latencies,
-        publishes,
+        publishes: sent.iter().map(|s| s.micros).collect(),
     })
 }
 
