@@ -11,6 +11,8 @@
 //!    exponential back-off from 1 s, ×2, capped at 60 s; the SDK: the same delays as a policy), 1,197
 //!    retries; lateness in both is a retry's start minus the due time its own framework recorded.
 //!
+//! `fixed` and `spread` also run twice: against Spring at concurrency 4, then with its defaults.
+//!
 //! ```text
 //! scripts/peer-bench                      # starts Kafka, builds the Spring app, runs every part
 //! scripts/peer-bench throughput           # or one part: throughput, fixed, spread
@@ -239,45 +241,57 @@ async fn run(url: &str) -> Result<(), Error> {
         }
     }
     let lateness_rounds = env_number("PEER_LATENESS_ROUNDS", 1)?;
+    // Each lateness part runs Spring as the throughput part does: one consumer thread per partition,
+    // then its defaults.
     let lateness_parts = [
         (
             "fixed",
-            Workload::fixed_delay(1_000, Duration::from_secs(5))
-                .with_spring_concurrency(PARTITIONS as u32),
+            Workload::fixed_delay(1_000, Duration::from_secs(5)),
         ),
-        (
-            "spread",
-            Workload::spread(171).with_spring_concurrency(PARTITIONS as u32),
-        ),
+        ("spread", Workload::spread(171)),
     ];
-    for (part, w) in lateness_parts {
-        let n = lateness_rounds;
+    for (part, workload) in lateness_parts {
         if !bench::wants(part) {
             continue;
         }
-        println!(
-            "== retry lateness, {}: {n} alternating rounds",
-            w.describe()
-        );
-        let results = rounds(url, &w, n, &jar).await?;
-        let all = |pick: fn(&(Outcome, Outcome)) -> &Outcome| -> Vec<i64> {
-            results
-                .iter()
-                .flat_map(|r| pick(r).late_ms.clone())
-                .collect()
-        };
-        let sdk = Lateness::of(&all(|r| &r.0)).ok_or("no SDK retry measured")?;
-        let spring = Lateness::of(&all(|r| &r.1)).ok_or("no Spring retry measured")?;
-        println!("event-retry  lateness p50 / p99 / max: {}", sdk.cell());
-        println!("spring-kafka lateness p50 / p99 / max: {}", spring.cell());
-        for (name, s, p) in [("p50", sdk.p50, spring.p50), ("p99", sdk.p99, spring.p99)] {
-            ratios.push(format!(
-                "ratio sdk/spring kafka lateness {part} {name}: {:.2} ({s} ms / {p} ms)",
-                s as f64 / (p as f64).max(1.0)
-            ));
-        }
-        if sdk.early > 0 {
-            return Err(format!("{} SDK retries ran before their due time", sdk.early).into());
+        let configurations = [
+            (
+                "spring",
+                format!("Spring at concurrency {PARTITIONS}"),
+                workload.clone().with_spring_concurrency(PARTITIONS as u32),
+            ),
+            (
+                "spring-defaults",
+                "Spring with its defaults (concurrency 1)".to_string(),
+                workload.clone(),
+            ),
+        ];
+        for (label, describe, w) in configurations {
+            let n = lateness_rounds;
+            println!(
+                "== retry lateness, {}, {describe}: {n} alternating rounds",
+                w.describe()
+            );
+            let results = rounds(url, &w, n, &jar).await?;
+            let all = |pick: fn(&(Outcome, Outcome)) -> &Outcome| -> Vec<i64> {
+                results
+                    .iter()
+                    .flat_map(|r| pick(r).late_ms.clone())
+                    .collect()
+            };
+            let sdk = Lateness::of(&all(|r| &r.0)).ok_or("no SDK retry measured")?;
+            let spring = Lateness::of(&all(|r| &r.1)).ok_or("no Spring retry measured")?;
+            println!("event-retry  lateness p50 / p99 / max: {}", sdk.cell());
+            println!("{label:<15} lateness p50 / p99 / max: {}", spring.cell());
+            for (name, s, p) in [("p50", sdk.p50, spring.p50), ("p99", sdk.p99, spring.p99)] {
+                ratios.push(format!(
+                    "ratio sdk/{label} kafka lateness {part} {name}: {:.2} ({s} ms / {p} ms)",
+                    s as f64 / (p as f64).max(1.0)
+                ));
+            }
+            if sdk.early > 0 {
+                return Err(format!("{} SDK retries ran before their due time", sdk.early).into());
+            }
         }
     }
     for line in ratios {
