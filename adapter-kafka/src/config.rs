@@ -107,7 +107,7 @@ const MAX_LEVELS: u32 = 40;
 impl KafkaConfig {
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
     /// starting from the defaults: `granularity`, `max_delay`, `revoke_grace` (durations such as `100ms`),
-    /// `create_topics` (true/false), `partitions`, `replication_factor`, `retry_infix`, `delay_infix`,
+    /// `declare` (true/false; formerly `create_topics`), `partitions`, `replication_factor`, `retry_infix`, `delay_infix`,
     /// `dlq_suffix`, `dlq_group`, `rdkafka.<property>` for any librdkafka client property
     /// (`rdkafka.fetch.queue.backoff.ms=10`), and librdkafka's TLS and SASL properties by their own
     /// names ([`crate::security::SECURITY_KEYS`]: `security.protocol`, `sasl.mechanism`,

@@ -133,14 +133,24 @@ pub(crate) fn error(operation: impl Into<Cow<'static, str>>) -> impl FnOnce(Kafk
     }
 }
 
-/// The error of a consumer's poll. librdkafka keeps trying by itself whatever it met while consuming
-/// (a broker down, a subscribed topic not created yet, a member dropped from its group), so such an
-/// error stays temporary and the receive loop goes on; only what it can never get past — refused
-/// credentials or permissions, a refused setting — is permanent, and ends the consumer when it lasts.
+/// The error of a consumer's poll. librdkafka keeps trying by itself whatever it met while consuming (a
+/// broker down, a subscribed topic not created yet, a member dropped from its group, a handshake cut by
+/// a restarting broker, which it reports as a local authentication or SSL error, group members
+/// disagreeing on the assignor during a rolling deploy), so such an error stays temporary and the receive
+/// loop goes on. Only the broker's explicit refusals are permanent, and end the consumer when they last.
 pub(crate) fn consume_error(e: KafkaError) -> Error {
-    let mapped = error("consume")(e);
-    let permanent = matches!(mapped.kind(), Kind::Security | Kind::Config);
-    mapped.temporary(!permanent)
+    let refused = matches!(
+        e.rdkafka_error_code(),
+        Some(
+            C::SaslAuthenticationFailed
+                | C::TopicAuthorizationFailed
+                | C::GroupAuthorizationFailed
+                | C::ClusterAuthorizationFailed
+                | C::InvalidGroupId
+                | C::InvalidSessionTimeout
+        )
+    );
+    error("consume")(e).temporary(!refused)
 }
 
 /// A client settings error (librdkafka refused a setting).
@@ -207,6 +217,12 @@ mod tests {
         let cases = [
             (C::TopicAuthorizationFailed, false),
             (C::SaslAuthenticationFailed, false),
+            (C::GroupAuthorizationFailed, false),
+            (C::InvalidGroupId, false),
+            // A handshake a restarting broker cut, and assignors changing in a rolling deploy.
+            (C::Authentication, true),
+            (C::SSL, true),
+            (C::InconsistentGroupProtocol, true),
             (C::UnknownTopicOrPartition, true),
             (C::BrokerTransportFailure, true),
             (C::Fail, true),

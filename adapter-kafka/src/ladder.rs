@@ -331,6 +331,20 @@ impl Forwarder {
                 &extra,
             )
             .map_err(crate::error::error(format!("forward to {topic}")))
+            .map_err(|e| self.uncounted(e))
+    }
+
+    /// A send or delivery that says its topic does not exist is not counted towards sending the record
+    /// to the DLQ: librdkafka says so from stale metadata too (while a broker restarts). The cached
+    /// partition counts are dropped, so the next try asks the cluster afresh, and only that answer
+    /// (`partitions_blocking`, a permanent [`Kind::NotFound`]) counts.
+    fn uncounted(&self, e: Error) -> Error {
+        if e.kind() == Kind::NotFound {
+            self.link.forget_all();
+            e.temporary(true)
+        } else {
+            e
+        }
     }
 
     /// Forwards the ready records, then commits, per partition, the offsets up to the first failure;
@@ -347,7 +361,9 @@ impl Forwarder {
             let mut out = Vec::with_capacity(sends.len());
             for send in sends {
                 out.push(match send {
-                    Ok(delivery) => delivered(delivery.await, "forward a delayed record").map(drop),
+                    Ok(delivery) => delivered(delivery.await, "forward a delayed record")
+                        .map(drop)
+                        .map_err(|e| self.uncounted(e)),
                     Err(e) => Err(e),
                 });
             }
@@ -367,7 +383,7 @@ impl Forwarder {
                 Err(e) => {
                     warn!(error = %e, topic = %entry.tp.0, partition = entry.tp.1, offset = entry.offset, "forwarding a delayed record failed; trying again");
                     let mut entry = entry;
-                    if e.kind() == Kind::NotFound {
+                    if e.kind() == Kind::NotFound && !e.is_temporary() {
                         entry.missing_target += 1;
                     }
                     failed.insert(entry.tp.clone(), vec![entry]);

@@ -125,6 +125,11 @@ impl Link {
         }
     }
 
+    /// Forgets every cached partition count (the next use of a topic asks the cluster).
+    pub(crate) fn forget_all(&self) {
+        self.lock_partitions().clear();
+    }
+
     /// The cached partition count of `topic`.
     pub(crate) fn cached_partitions(&self, topic: &str) -> Option<i32> {
         self.lock_partitions().get(topic).copied()

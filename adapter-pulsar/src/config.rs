@@ -120,7 +120,10 @@ impl PulsarConfig {
             ));
         }
         if self.tick.is_zero() {
-            return Err(Error::new(Kind::Config, "tick must be positive"));
+            return Err(Error::new(
+                Kind::Config,
+                "granularity (the broker's tick) must be positive",
+            ));
         }
         Ok(())
     }

@@ -69,9 +69,14 @@ fn server_kind(code: pulsar::message::proto::ServerError) -> Kind {
         S::TopicNotFound | S::SubscriptionNotFound | S::ConsumerNotFound => Kind::NotFound,
         S::AuthenticationError | S::AuthorizationError => Kind::Security,
         S::InvalidTopicName => Kind::Config,
-        S::ServiceNotReady | S::TooManyRequests | S::MetadataError | S::PersistenceError => {
-            Kind::Connection
-        }
+        // The broker's own trouble, and a producer held back while a backlog quota is exceeded: both
+        // pass.
+        S::ServiceNotReady
+        | S::TooManyRequests
+        | S::MetadataError
+        | S::PersistenceError
+        | S::ProducerBlockedQuotaExceededError
+        | S::ProducerBlockedQuotaExceededException => Kind::Connection,
         S::UnsupportedVersionError => Kind::Unsupported,
         _ => Kind::Rejected,
     }
@@ -85,7 +90,7 @@ pub(crate) fn admin_kind(e: &ureq::Error) -> Kind {
         ureq::Error::StatusCode(404) => Kind::NotFound,
         ureq::Error::StatusCode(409) => Kind::AlreadyExists,
         ureq::Error::StatusCode(401 | 403) => Kind::Security,
-        ureq::Error::StatusCode(500..=599) => Kind::Connection,
+        ureq::Error::StatusCode(429 | 500..=599) => Kind::Connection,
         ureq::Error::StatusCode(_) => Kind::Rejected,
         ureq::Error::Timeout(_) => Kind::Timeout,
         _ => Kind::Connection,
@@ -122,7 +127,7 @@ mod tests {
             (ServerError::TopicTerminatedError, Kind::Rejected),
             (
                 ServerError::ProducerBlockedQuotaExceededError,
-                Kind::Rejected,
+                Kind::Connection,
             ),
         ];
         for (code, kind) in table {
@@ -192,6 +197,7 @@ mod tests {
             (401, Kind::Security),
             (403, Kind::Security),
             (412, Kind::Rejected),
+            (429, Kind::Connection),
             (400, Kind::Rejected),
             (500, Kind::Connection),
             (503, Kind::Connection),

@@ -19,15 +19,22 @@ pub(crate) fn kind_of(e: &lapin::Error) -> Kind {
     let lapin::ErrorKind::ProtocolError(amqp) = e.kind() else {
         return Kind::Connection;
     };
+    let text = amqp.get_message().as_str();
     match amqp.kind() {
+        // A classic queue whose node is restarting: it comes back.
+        AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) if text.contains("down or inaccessible") => {
+            Kind::Connection
+        }
         AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND) => Kind::NotFound,
-        AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
-            if amqp.get_message().as_str().contains("exclusive use") =>
-        {
+        AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) if text.contains("exclusive use") => {
             Kind::Rejected
         }
-        AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED)
-        | AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED) => Kind::Security,
+        AMQPErrorKind::Soft(AMQPSoftError::ACCESSREFUSED) => Kind::Security,
+        // A vhost the user may not open; NOT_ALLOWED also closes a connection for other reasons (too
+        // many channels), which a new connection heals.
+        AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED) if text.contains("access to vhost") => {
+            Kind::Security
+        }
         AMQPErrorKind::Soft(AMQPSoftError::PRECONDITIONFAILED | AMQPSoftError::RESOURCELOCKED) => {
             Kind::Rejected
         }
@@ -153,6 +160,16 @@ mod tests {
                 AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED),
                 "NOT_ALLOWED - access to vhost 'shop' refused for user 'app'",
                 Kind::Security,
+            ),
+            (
+                soft(AMQPSoftError::NOTFOUND),
+                "NOT_FOUND - home node 'rabbit@a' of durable queue 'orders' in vhost '/' is down or inaccessible",
+                Kind::Connection,
+            ),
+            (
+                AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED),
+                "NOT_ALLOWED - number of channels opened (2047) has reached the negotiated channel_max (2047)",
+                Kind::Connection,
             ),
             (
                 AMQPErrorKind::Hard(AMQPHardError::CONNECTIONFORCED),

@@ -357,7 +357,7 @@ impl OptionReader<'_> {
     pub fn secret(&mut self, key: &'static str) -> Result<Option<Secret>, Error> {
         let env_key = format!("{key}_env");
         let file_key = format!("{key}_file");
-        let inline = self.options.get(key).map(Secret::new);
+        let inline = self.value(key).map(Secret::new);
         let from_env = self.options.get(&env_key).map(str::to_string);
         let from_file = self.options.get(&file_key).map(str::to_string);
         let given = [inline.is_some(), from_env.is_some(), from_file.is_some()];
