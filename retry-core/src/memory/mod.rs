@@ -14,26 +14,33 @@
 //! and its receives fail ([`MemoryTransport::fail_receives`]).
 //!
 //! It is also the smallest example of the adapter contract ([`crate::adapter`]): a [`Transport`] with its
-//! subscription and receipt, a DLQ session, an [`Admin`], and a [`Scheme`] for `memory://` URLs.
+//! subscription and receipt, a DLQ session, an [`Admin`], and a [`Scheme`] for `memory://` URLs — in the
+//! file set the adapters have, so it doubles as the template for a new one: this file (the transport and
+//! its scheme), `broker.rs` (the state every part shares, as an adapter's `link.rs`), `subscription.rs`,
+//! `dlq.rs` and `admin.rs`.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+mod admin;
+mod broker;
+mod dlq;
+mod subscription;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::adapter::{
-    Admin, Capabilities, ConnectFuture, DelayCapability, Delivery, DeliveryInfo, DlqSession,
-    Published, Receipt, Scheme, StoredDeadLetter, Subscription, SubscriptionSpec, TopicNames,
-    Transport, Unsettled, default_group,
+    Admin, Capabilities, ConnectFuture, DelayCapability, DlqSession, Published, Scheme,
+    Subscription, SubscriptionSpec, Transport,
 };
 use crate::error::{Error, Kind};
-use crate::event::{Event, RawMessage};
-use crate::metadata::Origin;
+use crate::event::Event;
 use crate::options::Options;
+
+use self::broker::{Broker, Queue};
+use self::dlq::MemoryDlqSession;
+use self::subscription::MemorySubscription;
 
 /// The in-memory broker. Cheap to clone; clones share the same queues.
 #[derive(Clone, Default)]
@@ -44,183 +51,6 @@ pub struct MemoryTransport {
 impl std::fmt::Debug for MemoryTransport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryTransport").finish_non_exhaustive()
-    }
-}
-
-#[derive(Default)]
-struct Broker {
-    state: Mutex<State>,
-    arrivals: Notify,
-}
-
-#[derive(Default)]
-struct State {
-    topics: HashMap<String, Topic>,
-    /// Dead letters by source topic, each with the group that dead-lettered it.
-    dead: HashMap<String, Vec<StoredDeadLetter>>,
-    unwritable_dlq: HashSet<String>,
-    /// Topics whose receives fail, with the kind of error they fail with.
-    failing_receives: HashMap<String, Kind>,
-    next_seq: u64,
-}
-
-impl State {
-    /// Adds `event` to the DLQ of `source_topic`, dead-lettered by `group`.
-    fn add_dead_letter(&mut self, source_topic: &str, group: Option<String>, event: &Event) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let entry = StoredDeadLetter::new(seq.to_string(), event.to_raw()).with_group(group);
-        self.dead
-            .entry(source_topic.to_string())
-            .or_default()
-            .push(entry);
-    }
-}
-
-/// A topic: one queue per consumer group, and the offsets its messages are numbered with.
-#[derive(Default)]
-struct Topic {
-    groups: HashMap<String, Queue>,
-    next_offset: i64,
-}
-
-impl Topic {
-    /// The queue of `group`, declared now if it was not.
-    fn group(&mut self, group: &str) -> &mut Queue {
-        self.groups.entry(group.to_string()).or_default()
-    }
-}
-
-#[derive(Default)]
-struct Queue {
-    waiting: Waiting,
-    /// Messages handed out and not settled yet.
-    in_flight: usize,
-    /// Retries put back into this queue with a delay, in all (the queue's retry route).
-    retries_scheduled: usize,
-}
-
-/// A group's waiting messages, handed out by due time, then by arrival. Most are due when they arrive
-/// (a publish, a replay, a retry without delay): those wait in arrival order, and taking one costs no
-/// heap operation. The others (delayed retries) wait on a heap of timers.
-#[derive(Default)]
-struct Waiting {
-    /// Messages that were due when they arrived: `(due, seq, message)` in arrival order.
-    ready: VecDeque<(Instant, u64, Stored)>,
-    /// When each later message is due, with its sequence number.
-    timers: BinaryHeap<Reverse<(Instant, u64)>>,
-    /// The later messages by sequence number.
-    later: HashMap<u64, Stored>,
-}
-
-impl Waiting {
-    /// Adds a message due at `due`, arriving at `now` as the `seq`-th.
-    fn push(&mut self, due: Instant, seq: u64, stored: Stored, now: Instant) {
-        if due <= now {
-            // In order by (due, seq): at the back, unless its due time is before the last one's (a
-            // due time taken a moment before another caller's message arrived).
-            let at = self
-                .ready
-                .partition_point(|(d, s, _)| (*d, *s) <= (due, seq));
-            self.ready.insert(at, (due, seq, stored));
-        } else {
-            self.timers.push(Reverse((due, seq)));
-            self.later.insert(seq, stored);
-        }
-    }
-
-    /// How many messages wait, due or not.
-    fn len(&self) -> usize {
-        self.ready.len() + self.later.len()
-    }
-
-    /// Takes the message due first if it is due at `now` (read only when no message due on arrival
-    /// waits: the common case reads no clock); otherwise tells when the next one will be (`None`:
-    /// nothing waits).
-    fn pop_due(&mut self, now: impl FnOnce() -> Instant) -> Result<Stored, Option<Instant>> {
-        let head = self.ready.front().map(|(due, seq, _)| (*due, *seq));
-        let timer = self.timers.peek().map(|Reverse(t)| *t);
-        match (head, timer) {
-            // A ready message was due when it arrived, so it is due now; a timer before it is too.
-            (Some(h), Some(t)) if t < h => self.pop_timer(t.1),
-            (Some(_), _) => self.ready.pop_front().map(|(_, _, m)| m).ok_or(None),
-            (None, Some((due, seq))) if due <= now() => self.pop_timer(seq),
-            (None, Some((due, _))) => Err(Some(due)),
-            (None, None) => Err(None),
-        }
-    }
-
-    fn pop_timer(&mut self, seq: u64) -> Result<Stored, Option<Instant>> {
-        self.timers.pop();
-        self.later.remove(&seq).ok_or(None)
-    }
-}
-
-#[derive(Clone)]
-struct Stored {
-    raw: RawMessage,
-    offset: i64,
-}
-
-impl Broker {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The topic, declared now (with its default group) if it was not.
-    fn topic<'s>(state: &'s mut State, topic: &str) -> &'s mut Topic {
-        state.topics.entry(topic.to_string()).or_insert_with(|| {
-            let mut t = Topic::default();
-            t.group(&default_group(topic));
-            t
-        })
-    }
-
-    /// Puts `raw` in the queue of `group`, or — for a new event, `group` being `None` — in the queue of
-    /// every group of the topic; returns its offset.
-    fn enqueue(
-        &self,
-        topic: &str,
-        group: Option<&str>,
-        raw: RawMessage,
-        due: Instant,
-        offset: Option<i64>,
-    ) -> i64 {
-        let mut state = self.lock();
-        let first_seq = state.next_seq;
-        let t = Self::topic(&mut state, topic);
-        let offset = offset.unwrap_or_else(|| {
-            let o = t.next_offset;
-            t.next_offset += 1;
-            o
-        });
-        let mut seq = first_seq;
-        let stored = Stored { raw, offset };
-        let now = Instant::now();
-        match group {
-            Some(group) => {
-                t.group(group).waiting.push(due, seq, stored, now);
-                seq += 1;
-            }
-            None => {
-                for queue in t.groups.values_mut() {
-                    queue.waiting.push(due, seq, stored.clone(), now);
-                    seq += 1;
-                }
-            }
-        }
-        state.next_seq = seq;
-        drop(state);
-        self.arrivals.notify_waiters();
-        offset
-    }
-
-    /// Counts one retry scheduled into `group`'s queue of `topic`.
-    fn count_retry(&self, topic: &str, group: &str) {
-        let mut state = self.lock();
-        Self::topic(&mut state, topic)
-            .group(group)
-            .retries_scheduled += 1;
     }
 }
 
@@ -380,250 +210,14 @@ impl Transport for MemoryTransport {
     }
 }
 
-#[async_trait]
-impl Admin for MemoryTransport {
-    /// Declares the topic with its default group, and `group` if given.
-    async fn declare(&self, topic: &str, group: Option<&str>) -> Result<(), Error> {
-        let mut state = self.broker.lock();
-        let t = Broker::topic(&mut state, topic);
-        if let Some(group) = group {
-            t.group(group);
-        }
-        Ok(())
-    }
-
-    async fn delete(&self, topic: &str) -> Result<(), Error> {
-        let mut state = self.broker.lock();
-        state.topics.remove(topic);
-        state.dead.remove(topic);
-        state.unwritable_dlq.remove(topic);
-        Ok(())
-    }
-
-    async fn names(&self, topic: &str, _group: Option<&str>) -> Result<TopicNames, Error> {
-        Ok(TopicNames::new(topic, format!("{topic} (dead letters)")))
-    }
-}
-
-struct MemorySubscription {
-    broker: Arc<Broker>,
-    // Shared with every receipt, which would otherwise copy both names for each delivery.
-    topic: Arc<str>,
-    group: Arc<str>,
-}
-
-impl MemorySubscription {
-    /// The kind of error receives fail with, if they are made to fail.
-    fn refusal(&self) -> Option<Kind> {
-        self.broker
-            .lock()
-            .failing_receives
-            .get(&*self.topic)
-            .copied()
-    }
-
-    /// Takes the head of the group's queue if it is due; otherwise tells when it will be.
-    fn take_due(&self) -> Result<Delivery, Option<Instant>> {
-        let mut state = self.broker.lock();
-        if !state.failing_receives.is_empty() && state.failing_receives.contains_key(&*self.topic) {
-            // Receives fail: `next` reports it.
-            return Err(None);
-        }
-        let Some(queue) = state
-            .topics
-            .get_mut(&*self.topic)
-            .and_then(|t| t.groups.get_mut(&*self.group))
-        else {
-            return Err(None);
-        };
-        let stored = queue.waiting.pop_due(Instant::now)?;
-        queue.in_flight += 1;
-        Ok(Delivery {
-            message: stored.raw.clone(),
-            info: DeliveryInfo::new(
-                format!("{}/{}", self.topic, stored.offset),
-                Origin {
-                    offset: Some(stored.offset),
-                    ..Origin::new(self.topic.to_string())
-                },
-            ),
-            receipt: Box::new(MemoryReceipt {
-                broker: self.broker.clone(),
-                topic: Arc::clone(&self.topic),
-                group: Arc::clone(&self.group),
-                original: Unsettled::new(stored),
-            }),
-        })
-    }
-}
-
-#[async_trait]
-impl Subscription for MemorySubscription {
-    fn next_ready(&mut self) -> Option<Delivery> {
-        self.take_due().ok()
-    }
-
-    async fn next(&mut self) -> Result<Option<Delivery>, Error> {
-        if let Some(kind) = self.refusal() {
-            return Err(Error::new(kind, "the broker refuses receives")
-                .with_operation(format!("receive from {}", self.topic)));
-        }
-        loop {
-            // Register for arrivals before looking, so a message published in between is not missed.
-            let arrival = self.broker.arrivals.notified();
-            tokio::pin!(arrival);
-            arrival.as_mut().enable();
-            match self.take_due() {
-                Ok(delivery) => return Ok(Some(delivery)),
-                Err(Some(due)) => {
-                    tokio::select! {
-                        () = arrival => {}
-                        () = tokio::time::sleep_until(due) => {}
-                    }
-                }
-                Err(None) => arrival.await,
-            }
-        }
-    }
-}
-
-/// Settles one in-memory delivery; dropping it unsettled puts the message back at once.
-struct MemoryReceipt {
-    broker: Arc<Broker>,
-    topic: Arc<str>,
-    group: Arc<str>,
-    original: Unsettled<Stored>,
-}
-
-impl MemoryReceipt {
-    /// Takes the original to settle it; it is no longer in flight.
-    fn settle(&mut self) -> Result<Stored, Error> {
-        let stored = self.original.take()?;
-        self.broker.landed(&self.topic, &self.group);
-        Ok(stored)
-    }
-}
-
-impl Broker {
-    /// A delivery of `group` of `topic` was settled or given back.
-    fn landed(&self, topic: &str, group: &str) {
-        if let Some(queue) = self
-            .lock()
-            .topics
-            .get_mut(topic)
-            .and_then(|t| t.groups.get_mut(group))
-        {
-            queue.in_flight = queue.in_flight.saturating_sub(1);
-        }
-    }
-}
-
-#[async_trait]
-impl Receipt for MemoryReceipt {
-    async fn ack(&mut self) -> Result<(), Error> {
-        self.settle().map(drop)
-    }
-
-    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
-        self.original.get()?;
-        self.broker.enqueue(
-            &self.topic,
-            Some(&self.group),
-            event.to_raw(),
-            Instant::now() + delay,
-            None,
-        );
-        self.broker.count_retry(&self.topic, &self.group);
-        self.settle().map(drop)
-    }
-
-    async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
-        self.original.get()?;
-        let mut state = self.broker.lock();
-        if state.unwritable_dlq.contains(&*self.topic) {
-            return Err(Error::new(Kind::Rejected, "the DLQ is not writable")
-                .with_operation(format!("dead-letter to the DLQ of {}", self.topic)));
-        }
-        state.add_dead_letter(&self.topic, Some(self.group.to_string()), event);
-        drop(state);
-        self.settle().map(drop)
-    }
-
-    async fn release(&mut self, after: Duration) -> Result<(), Error> {
-        let stored = self.settle()?;
-        self.broker.enqueue(
-            &self.topic,
-            Some(&self.group),
-            stored.raw,
-            Instant::now() + after,
-            Some(stored.offset),
-        );
-        Ok(())
-    }
-}
-
-impl Drop for MemoryReceipt {
-    fn drop(&mut self) {
-        if let Some(stored) = self.original.take_unsettled() {
-            self.broker.landed(&self.topic, &self.group);
-            self.broker.enqueue(
-                &self.topic,
-                Some(&self.group),
-                stored.raw,
-                Instant::now(),
-                Some(stored.offset),
-            );
-        }
-    }
-}
-
-/// One DLQ operation: a snapshot of the entries; removals apply to the broker at once.
-struct MemoryDlqSession {
-    transport: MemoryTransport,
-    topic: String,
-    entries: Vec<StoredDeadLetter>,
-    read: usize,
-}
-
-#[async_trait]
-impl DlqSession for MemoryDlqSession {
-    async fn next(&mut self) -> Result<Option<StoredDeadLetter>, Error> {
-        let entry = self.entries.get(self.read).cloned();
-        self.read += usize::from(entry.is_some());
-        Ok(entry)
-    }
-
-    /// Back to the group that dead-lettered it, so the topic's other groups do not handle it again.
-    async fn replay(&mut self, entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
-        let group = self.entries.get(entry).and_then(|e| e.group.as_deref());
-        self.transport
-            .broker
-            .enqueue(origin, group, event.to_raw(), Instant::now(), None);
-        Ok(())
-    }
-
-    async fn remove(&mut self, entries: &[usize]) -> Result<(), Error> {
-        let doomed: HashSet<&str> = entries
-            .iter()
-            .filter_map(|&i| self.entries.get(i))
-            .map(|e| e.id.as_str())
-            .collect();
-        if let Some(list) = self.transport.broker.lock().dead.get_mut(&self.topic) {
-            list.retain(|e| !doomed.contains(e.id.as_str()));
-        }
-        Ok(())
-    }
-
-    async fn finish(self: Box<Self>) -> Result<(), Error> {
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use super::broker::{Stored, Waiting};
     use super::*;
+    use crate::adapter::{Delivery, default_group};
     use crate::dlq::DlqFilter;
+    use std::time::Duration;
 
     fn spec(topic: &str) -> SubscriptionSpec {
         SubscriptionSpec::new(topic, "g", "c")

@@ -1,0 +1,212 @@
+//! The broker itself: topics, one queue per consumer group ordered by due time then arrival, the DLQs,
+//! and the fault switches the tests turn; what the transport, its subscriptions and DLQ sessions share.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::adapter::{StoredDeadLetter, default_group};
+use crate::error::Kind;
+use crate::event::{Event, RawMessage};
+
+#[derive(Default)]
+pub(super) struct Broker {
+    pub(super) state: Mutex<State>,
+    pub(super) arrivals: Notify,
+}
+
+#[derive(Default)]
+pub(super) struct State {
+    pub(super) topics: HashMap<String, Topic>,
+    /// Dead letters by source topic, each with the group that dead-lettered it.
+    pub(super) dead: HashMap<String, Vec<StoredDeadLetter>>,
+    pub(super) unwritable_dlq: HashSet<String>,
+    /// Topics whose receives fail, with the kind of error they fail with.
+    pub(super) failing_receives: HashMap<String, Kind>,
+    pub(super) next_seq: u64,
+}
+
+impl State {
+    /// Adds `event` to the DLQ of `source_topic`, dead-lettered by `group`.
+    pub(super) fn add_dead_letter(
+        &mut self,
+        source_topic: &str,
+        group: Option<String>,
+        event: &Event,
+    ) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let entry = StoredDeadLetter::new(seq.to_string(), event.to_raw()).with_group(group);
+        self.dead
+            .entry(source_topic.to_string())
+            .or_default()
+            .push(entry);
+    }
+}
+
+/// A topic: one queue per consumer group, and the offsets its messages are numbered with.
+#[derive(Default)]
+pub(super) struct Topic {
+    pub(super) groups: HashMap<String, Queue>,
+    pub(super) next_offset: i64,
+}
+
+impl Topic {
+    /// The queue of `group`, declared now if it was not.
+    pub(super) fn group(&mut self, group: &str) -> &mut Queue {
+        self.groups.entry(group.to_string()).or_default()
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Queue {
+    pub(super) waiting: Waiting,
+    /// Messages handed out and not settled yet.
+    pub(super) in_flight: usize,
+    /// Retries put back into this queue with a delay, in all (the queue's retry route).
+    pub(super) retries_scheduled: usize,
+}
+
+/// A group's waiting messages, handed out by due time, then by arrival. Most are due when they arrive
+/// (a publish, a replay, a retry without delay): those wait in arrival order, and taking one costs no
+/// heap operation. The others (delayed retries) wait on a heap of timers.
+#[derive(Default)]
+pub(super) struct Waiting {
+    /// Messages that were due when they arrived: `(due, seq, message)` in arrival order.
+    pub(super) ready: VecDeque<(Instant, u64, Stored)>,
+    /// When each later message is due, with its sequence number.
+    pub(super) timers: BinaryHeap<Reverse<(Instant, u64)>>,
+    /// The later messages by sequence number.
+    pub(super) later: HashMap<u64, Stored>,
+}
+
+impl Waiting {
+    /// Adds a message due at `due`, arriving at `now` as the `seq`-th.
+    pub(super) fn push(&mut self, due: Instant, seq: u64, stored: Stored, now: Instant) {
+        if due <= now {
+            // In order by (due, seq): at the back, unless its due time is before the last one's (a
+            // due time taken a moment before another caller's message arrived).
+            let at = self
+                .ready
+                .partition_point(|(d, s, _)| (*d, *s) <= (due, seq));
+            self.ready.insert(at, (due, seq, stored));
+        } else {
+            self.timers.push(Reverse((due, seq)));
+            self.later.insert(seq, stored);
+        }
+    }
+
+    /// How many messages wait, due or not.
+    pub(super) fn len(&self) -> usize {
+        self.ready.len() + self.later.len()
+    }
+
+    /// Takes the message due first if it is due at `now` (read only when no message due on arrival
+    /// waits: the common case reads no clock); otherwise tells when the next one will be (`None`:
+    /// nothing waits).
+    pub(super) fn pop_due(
+        &mut self,
+        now: impl FnOnce() -> Instant,
+    ) -> Result<Stored, Option<Instant>> {
+        let head = self.ready.front().map(|(due, seq, _)| (*due, *seq));
+        let timer = self.timers.peek().map(|Reverse(t)| *t);
+        match (head, timer) {
+            // A ready message was due when it arrived, so it is due now; a timer before it is too.
+            (Some(h), Some(t)) if t < h => self.pop_timer(t.1),
+            (Some(_), _) => self.ready.pop_front().map(|(_, _, m)| m).ok_or(None),
+            (None, Some((due, seq))) if due <= now() => self.pop_timer(seq),
+            (None, Some((due, _))) => Err(Some(due)),
+            (None, None) => Err(None),
+        }
+    }
+
+    pub(super) fn pop_timer(&mut self, seq: u64) -> Result<Stored, Option<Instant>> {
+        self.timers.pop();
+        self.later.remove(&seq).ok_or(None)
+    }
+}
+
+#[derive(Clone)]
+pub(super) struct Stored {
+    pub(super) raw: RawMessage,
+    pub(super) offset: i64,
+}
+
+impl Broker {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The topic, declared now (with its default group) if it was not.
+    pub(super) fn topic<'s>(state: &'s mut State, topic: &str) -> &'s mut Topic {
+        state.topics.entry(topic.to_string()).or_insert_with(|| {
+            let mut t = Topic::default();
+            t.group(&default_group(topic));
+            t
+        })
+    }
+
+    /// Puts `raw` in the queue of `group`, or — for a new event, `group` being `None` — in the queue of
+    /// every group of the topic; returns its offset.
+    pub(super) fn enqueue(
+        &self,
+        topic: &str,
+        group: Option<&str>,
+        raw: RawMessage,
+        due: Instant,
+        offset: Option<i64>,
+    ) -> i64 {
+        let mut state = self.lock();
+        let first_seq = state.next_seq;
+        let t = Self::topic(&mut state, topic);
+        let offset = offset.unwrap_or_else(|| {
+            let o = t.next_offset;
+            t.next_offset += 1;
+            o
+        });
+        let mut seq = first_seq;
+        let stored = Stored { raw, offset };
+        let now = Instant::now();
+        match group {
+            Some(group) => {
+                t.group(group).waiting.push(due, seq, stored, now);
+                seq += 1;
+            }
+            None => {
+                for queue in t.groups.values_mut() {
+                    queue.waiting.push(due, seq, stored.clone(), now);
+                    seq += 1;
+                }
+            }
+        }
+        state.next_seq = seq;
+        drop(state);
+        self.arrivals.notify_waiters();
+        offset
+    }
+
+    /// Counts one retry scheduled into `group`'s queue of `topic`.
+    pub(super) fn count_retry(&self, topic: &str, group: &str) {
+        let mut state = self.lock();
+        Self::topic(&mut state, topic)
+            .group(group)
+            .retries_scheduled += 1;
+    }
+}
+
+impl Broker {
+    /// A delivery of `group` of `topic` was settled or given back.
+    pub(super) fn landed(&self, topic: &str, group: &str) {
+        if let Some(queue) = self
+            .lock()
+            .topics
+            .get_mut(topic)
+            .and_then(|t| t.groups.get_mut(group))
+        {
+            queue.in_flight = queue.in_flight.saturating_sub(1);
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! A subscription to one group's queue, and the receipt that settles each of its deliveries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::broker::{Broker, Stored};
+use crate::adapter::{Delivery, DeliveryInfo, Receipt, Subscription, Unsettled};
+use crate::error::{Error, Kind};
+use crate::event::Event;
+use crate::metadata::Origin;
+
+pub(super) struct MemorySubscription {
+    pub(super) broker: Arc<Broker>,
+    // Shared with every receipt, which would otherwise copy both names for each delivery.
+    pub(super) topic: Arc<str>,
+    pub(super) group: Arc<str>,
+}
+
+impl MemorySubscription {
+    /// The kind of error receives fail with, if they are made to fail.
+    pub(super) fn refusal(&self) -> Option<Kind> {
+        self.broker
+            .lock()
+            .failing_receives
+            .get(&*self.topic)
+            .copied()
+    }
+
+    /// Takes the head of the group's queue if it is due; otherwise tells when it will be.
+    pub(super) fn take_due(&self) -> Result<Delivery, Option<Instant>> {
+        let mut state = self.broker.lock();
+        if !state.failing_receives.is_empty() && state.failing_receives.contains_key(&*self.topic) {
+            // Receives fail: `next` reports it.
+            return Err(None);
+        }
+        let Some(queue) = state
+            .topics
+            .get_mut(&*self.topic)
+            .and_then(|t| t.groups.get_mut(&*self.group))
+        else {
+            return Err(None);
+        };
+        let stored = queue.waiting.pop_due(Instant::now)?;
+        queue.in_flight += 1;
+        Ok(Delivery {
+            message: stored.raw.clone(),
+            info: DeliveryInfo::new(
+                format!("{}/{}", self.topic, stored.offset),
+                Origin {
+                    offset: Some(stored.offset),
+                    ..Origin::new(self.topic.to_string())
+                },
+            ),
+            receipt: Box::new(MemoryReceipt {
+                broker: self.broker.clone(),
+                topic: Arc::clone(&self.topic),
+                group: Arc::clone(&self.group),
+                original: Unsettled::new(stored),
+            }),
+        })
+    }
+}
+
+#[async_trait]
+impl Subscription for MemorySubscription {
+    fn next_ready(&mut self) -> Option<Delivery> {
+        self.take_due().ok()
+    }
+
+    async fn next(&mut self) -> Result<Option<Delivery>, Error> {
+        if let Some(kind) = self.refusal() {
+            return Err(Error::new(kind, "the broker refuses receives")
+                .with_operation(format!("receive from {}", self.topic)));
+        }
+        loop {
+            // Register for arrivals before looking, so a message published in between is not missed.
+            let arrival = self.broker.arrivals.notified();
+            tokio::pin!(arrival);
+            arrival.as_mut().enable();
+            match self.take_due() {
+                Ok(delivery) => return Ok(Some(delivery)),
+                Err(Some(due)) => {
+                    tokio::select! {
+                        () = arrival => {}
+                        () = tokio::time::sleep_until(due) => {}
+                    }
+                }
+                Err(None) => arrival.await,
+            }
+        }
+    }
+}
+
+/// Settles one in-memory delivery; dropping it unsettled puts the message back at once.
+pub(super) struct MemoryReceipt {
+    pub(super) broker: Arc<Broker>,
+    pub(super) topic: Arc<str>,
+    pub(super) group: Arc<str>,
+    pub(super) original: Unsettled<Stored>,
+}
+
+impl MemoryReceipt {
+    /// Takes the original to settle it; it is no longer in flight.
+    pub(super) fn settle(&mut self) -> Result<Stored, Error> {
+        let stored = self.original.take()?;
+        self.broker.landed(&self.topic, &self.group);
+        Ok(stored)
+    }
+}
+
+#[async_trait]
+impl Receipt for MemoryReceipt {
+    async fn ack(&mut self) -> Result<(), Error> {
+        self.settle().map(drop)
+    }
+
+    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
+        self.original.get()?;
+        self.broker.enqueue(
+            &self.topic,
+            Some(&self.group),
+            event.to_raw(),
+            Instant::now() + delay,
+            None,
+        );
+        self.broker.count_retry(&self.topic, &self.group);
+        self.settle().map(drop)
+    }
+
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
+        self.original.get()?;
+        let mut state = self.broker.lock();
+        if state.unwritable_dlq.contains(&*self.topic) {
+            return Err(Error::new(Kind::Rejected, "the DLQ is not writable")
+                .with_operation(format!("dead-letter to the DLQ of {}", self.topic)));
+        }
+        state.add_dead_letter(&self.topic, Some(self.group.to_string()), event);
+        drop(state);
+        self.settle().map(drop)
+    }
+
+    async fn release(&mut self, after: Duration) -> Result<(), Error> {
+        let stored = self.settle()?;
+        self.broker.enqueue(
+            &self.topic,
+            Some(&self.group),
+            stored.raw,
+            Instant::now() + after,
+            Some(stored.offset),
+        );
+        Ok(())
+    }
+}
+
+impl Drop for MemoryReceipt {
+    fn drop(&mut self) {
+        if let Some(stored) = self.original.take_unsettled() {
+            self.broker.landed(&self.topic, &self.group);
+            self.broker.enqueue(
+                &self.topic,
+                Some(&self.group),
+                stored.raw,
+                Instant::now(),
+                Some(stored.offset),
+            );
+        }
+    }
+}
