@@ -22,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stock_checks = Arc::new(AtomicU32::new(0));
 
     // Classify a library error by type: a gateway timeout heals within seconds, so retry it in place.
-    let classifier = Classifier::new().on_type::<GatewayTimeout>(ErrorKind::Transient);
+    let classifier = Classifier::new().on_type::<GatewayTimeout>(FailureKind::Transient);
     let consumer = broker
         .consumer("orders")
         .name("quickstart")

@@ -125,7 +125,10 @@ use std::sync::Arc;
 
 pub use retry_core::adapter::Published;
 pub use retry_core::broker::Broker;
-pub use retry_core::classify::{Classifier, ErrorKind, HandlerError};
+/// The old name of [`FailureKind`] (deprecated).
+#[allow(deprecated)]
+pub use retry_core::classify::ErrorKind;
+pub use retry_core::classify::{Classifier, FailureKind, HandlerError};
 pub use retry_core::config::RetryConfig;
 pub use retry_core::decide::Policies;
 pub use retry_core::dlq::{DeadLetter, DeadLetters, DlqFilter, ReplayReport};
@@ -158,9 +161,12 @@ pub use retry_core::backoff_compat;
 
 /// The names a service needs, in one import.
 pub mod prelude {
+    /// The old name of [`FailureKind`] (deprecated).
+    #[allow(deprecated)]
+    pub use crate::ErrorKind;
     pub use crate::{
         App, Broker, Classifier, Consumer, ConsumerHandle, Context, DeadLetter, DeadLetters,
-        DlqFilter, ErrorKind, Event, Handler, HandlerError, Headers, IdempotencyStore,
+        DlqFilter, Event, FailureKind, Handler, HandlerError, Headers, IdempotencyStore,
         InMemoryIdempotencyStore, ParkedAfterDead, Policies, Producer, RetryConfig, RetryPolicy,
         decode_json, handler_fn, json_handler,
     };

@@ -14,7 +14,7 @@ use bytes::Bytes;
 use criterion::{Criterion, criterion_group, criterion_main};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use retry_core::classify::{Classifier, ErrorKind, HandlerError};
+use retry_core::classify::{Classifier, FailureKind, HandlerError};
 use retry_core::decide::{Attempt, Outcome, Policies, decide};
 use retry_core::headers::Headers;
 use retry_core::lifecycle::{Input, State};
@@ -54,10 +54,10 @@ struct SaveError(#[source] Box<dyn std::error::Error + Send + Sync>);
 
 fn decision_path(c: &mut Criterion) {
     let classifier = Classifier::new()
-        .on_type::<ConnectError>(ErrorKind::Blocking)
-        .on_message("not yet replicated", ErrorKind::Deferred)
+        .on_type::<ConnectError>(FailureKind::Blocking)
+        .on_message("not yet replicated", FailureKind::Deferred)
         .unwrap_or_else(|e| panic!("{e}"))
-        .default_kind(ErrorKind::Deferred);
+        .default_kind(FailureKind::Deferred);
     let policies = Policies {
         deferred: RetryPolicy::parse("5000x3,10000x5; jitter=10%")
             .unwrap_or_else(|e| panic!("{e}")),
@@ -71,7 +71,7 @@ fn decision_path(c: &mut Criterion) {
         due_at: Some(Timestamp::from_millis(1_700_000_010_000)),
         origin: Some(Origin::new("orders").at(3, 98_765)),
         last_error: Some("row not yet replicated".into()),
-        error_kind: Some(ErrorKind::Deferred),
+        error_kind: Some(FailureKind::Deferred),
         last_delay: Some(std::time::Duration::from_secs(5)),
         ..RetryMetadata::default()
     };
@@ -98,7 +98,7 @@ fn decision_path(c: &mut Criterion) {
                 holds: 0,
                 now,
             };
-            decide(Err(ErrorKind::Deferred), &attempt, &policies, &mut rng)
+            decide(Err(FailureKind::Deferred), &attempt, &policies, &mut rng)
         })
     });
     let mut wire_out = WireHeaders(Vec::with_capacity(512));

@@ -2,7 +2,7 @@
 //!
 //! A retry policy alone cannot tell a malformed order (retrying is pointless) from a database that is down
 //! (retrying this one event is pointless too, but so is consuming the next one) from a record that is not yet
-//! replicated (only this event must wait). The four [`ErrorKind`]s name those cases. A handler can state the
+//! replicated (only this event must wait). The four [`FailureKind`]s name those cases. A handler can state the
 //! kind itself ([`HandlerError::non_retryable`] and friends); for everything else a [`Classifier`] walks the
 //! error's `source()` chain, outermost first, and stops at the first error it recognises — by registered type
 //! (a downcast) or by message pattern (one database error type, many meanings) — falling back to a default.
@@ -20,7 +20,7 @@ pub type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 /// What kind of failure an error is; decides between DLQ, in-place retry, pausing and deferred retry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum ErrorKind {
+pub enum FailureKind {
     /// Will fail again (bad payload, a bug): dead-letter at once.
     NonRetryable,
     /// Heals within seconds: retry inside the consumer a few times, then fall through to deferred.
@@ -33,50 +33,60 @@ pub enum ErrorKind {
     Deferred,
 }
 
-impl ErrorKind {
+impl FailureKind {
     /// Every kind, in a stable order.
-    pub const ALL: [ErrorKind; 4] = [
-        ErrorKind::NonRetryable,
-        ErrorKind::Transient,
-        ErrorKind::Blocking,
-        ErrorKind::Deferred,
+    pub const ALL: [FailureKind; 4] = [
+        FailureKind::NonRetryable,
+        FailureKind::Transient,
+        FailureKind::Blocking,
+        FailureKind::Deferred,
     ];
 
     /// The stable lowercase name used in metadata, config files and metric labels.
     pub fn as_str(self) -> &'static str {
         match self {
-            ErrorKind::NonRetryable => "non_retryable",
-            ErrorKind::Transient => "transient",
-            ErrorKind::Blocking => "blocking",
-            ErrorKind::Deferred => "deferred",
+            FailureKind::NonRetryable => "non_retryable",
+            FailureKind::Transient => "transient",
+            FailureKind::Blocking => "blocking",
+            FailureKind::Deferred => "deferred",
         }
     }
 }
 
-impl fmt::Display for ErrorKind {
+/// The old name of [`FailureKind`], renamed so it no longer reads like the broker errors'
+/// [`crate::error::Kind`]; kept (deprecated) while the version is 0.1.
+#[deprecated(since = "0.1.0", note = "renamed `FailureKind`")]
+pub type ErrorKind = FailureKind;
+
+/// The old name of [`UnknownFailureKind`], kept (deprecated) while the version is 0.1 (a type alias:
+/// it names the type, but cannot build one as `UnknownErrorKind(text)`).
+#[deprecated(since = "0.1.0", note = "renamed `UnknownFailureKind`")]
+pub type UnknownErrorKind = UnknownFailureKind;
+
+impl fmt::Display for FailureKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-/// The text did not name an [`ErrorKind`].
+/// The text did not name a [`FailureKind`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "unknown error kind {0:?}: expected non_retryable, transient, blocking or deferred (or NRE, SLE, SBE, SNBE)"
 )]
-pub struct UnknownErrorKind(pub String);
+pub struct UnknownFailureKind(pub String);
 
-impl FromStr for ErrorKind {
-    type Err = UnknownErrorKind;
+impl FromStr for FailureKind {
+    type Err = UnknownFailureKind;
 
     /// Parses the stable names, and the Java article's abbreviations (NRE, SLE, SBE, SNBE).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim() {
-            "non_retryable" | "NRE" => Ok(ErrorKind::NonRetryable),
-            "transient" | "SLE" => Ok(ErrorKind::Transient),
-            "blocking" | "SBE" => Ok(ErrorKind::Blocking),
-            "deferred" | "SNBE" => Ok(ErrorKind::Deferred),
-            other => Err(UnknownErrorKind(other.to_string())),
+            "non_retryable" | "NRE" => Ok(FailureKind::NonRetryable),
+            "transient" | "SLE" => Ok(FailureKind::Transient),
+            "blocking" | "SBE" => Ok(FailureKind::Blocking),
+            "deferred" | "SNBE" => Ok(FailureKind::Deferred),
+            other => Err(UnknownFailureKind(other.to_string())),
         }
     }
 }
@@ -85,13 +95,13 @@ impl FromStr for ErrorKind {
 /// `source()` chain (so a library can mark its own errors, and a handler can re-mark a wrapped one).
 #[derive(Debug)]
 pub struct Classified {
-    kind: ErrorKind,
+    kind: FailureKind,
     inner: BoxError,
 }
 
 impl Classified {
     /// Wraps `error` with the stated `kind`.
-    pub fn new(kind: ErrorKind, error: impl Into<BoxError>) -> Self {
+    pub fn new(kind: FailureKind, error: impl Into<BoxError>) -> Self {
         Self {
             kind,
             inner: error.into(),
@@ -99,7 +109,7 @@ impl Classified {
     }
 
     /// The stated kind.
-    pub fn kind(&self) -> ErrorKind {
+    pub fn kind(&self) -> FailureKind {
         self.kind
     }
 }
@@ -124,7 +134,7 @@ pub struct HandlerError {
 
 impl HandlerError {
     /// An error of the stated kind.
-    pub fn new(kind: ErrorKind, error: impl Into<BoxError>) -> Self {
+    pub fn new(kind: FailureKind, error: impl Into<BoxError>) -> Self {
         Self {
             error: Box::new(Classified::new(kind, error)),
         }
@@ -132,22 +142,22 @@ impl HandlerError {
 
     /// Will fail again: dead-letter at once.
     pub fn non_retryable(error: impl Into<BoxError>) -> Self {
-        Self::new(ErrorKind::NonRetryable, error)
+        Self::new(FailureKind::NonRetryable, error)
     }
 
     /// Heals within seconds: retry in place first.
     pub fn transient(error: impl Into<BoxError>) -> Self {
-        Self::new(ErrorKind::Transient, error)
+        Self::new(FailureKind::Transient, error)
     }
 
     /// A dependency is down: hold this event and pause consumption until it heals.
     pub fn blocking(error: impl Into<BoxError>) -> Self {
-        Self::new(ErrorKind::Blocking, error)
+        Self::new(FailureKind::Blocking, error)
     }
 
     /// Only this event must wait: retry later through the broker.
     pub fn deferred(error: impl Into<BoxError>) -> Self {
-        Self::new(ErrorKind::Deferred, error)
+        Self::new(FailureKind::Deferred, error)
     }
 
     /// An error whose kind the classifier decides.
@@ -169,7 +179,7 @@ impl HandlerError {
     }
 
     /// The kind the error states for itself, if any error in its chain does.
-    pub fn stated_kind(&self) -> Option<ErrorKind> {
+    pub fn stated_kind(&self) -> Option<FailureKind> {
         chain(self.as_error()).find_map(|e| e.downcast_ref::<Classified>().map(Classified::kind))
     }
 
@@ -254,7 +264,7 @@ fn is_type<E: StdError + 'static>(e: &(dyn StdError + 'static)) -> bool {
 struct Rule {
     type_test: Option<(TypeTest, &'static str)>,
     message: Option<Regex>,
-    kind: ErrorKind,
+    kind: FailureKind,
 }
 
 impl Rule {
@@ -290,32 +300,32 @@ pub struct PatternError {
     source: regex::Error,
 }
 
-/// Classifies handler errors into [`ErrorKind`]s.
+/// Classifies handler errors into [`FailureKind`]s.
 ///
 /// For each error in the chain, outermost first: a kind stated with [`Classified`] wins; otherwise the rules
 /// are tried in the order they were added, and the first match decides. If nothing in the chain matches,
-/// the default applies ([`ErrorKind::Deferred`] unless set).
+/// the default applies ([`FailureKind::Deferred`] unless set).
 ///
 /// ```
-/// use retry_core::classify::{Classifier, ErrorKind, HandlerError};
+/// use retry_core::classify::{Classifier, FailureKind, HandlerError};
 ///
 /// let classifier = Classifier::new()
-///     .on_type::<std::num::ParseIntError>(ErrorKind::NonRetryable)
-///     .on_message("(?i)connection refused", ErrorKind::Blocking)?
-///     .default_kind(ErrorKind::Deferred);
+///     .on_type::<std::num::ParseIntError>(FailureKind::NonRetryable)
+///     .on_message("(?i)connection refused", FailureKind::Blocking)?
+///     .default_kind(FailureKind::Deferred);
 ///
 /// let parse = "x".parse::<i32>().unwrap_err();
-/// assert_eq!(classifier.classify(&HandlerError::from(parse)), ErrorKind::NonRetryable);
+/// assert_eq!(classifier.classify(&HandlerError::from(parse)), FailureKind::NonRetryable);
 /// let down = std::io::Error::other("Connection refused (os error 111)");
-/// assert_eq!(classifier.classify(&HandlerError::from(down)), ErrorKind::Blocking);
+/// assert_eq!(classifier.classify(&HandlerError::from(down)), FailureKind::Blocking);
 /// // A kind the handler states wins over every rule.
-/// assert_eq!(classifier.classify(&HandlerError::transient("timeout")), ErrorKind::Transient);
+/// assert_eq!(classifier.classify(&HandlerError::transient("timeout")), FailureKind::Transient);
 /// # Ok::<(), retry_core::classify::PatternError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct Classifier {
     rules: Vec<Rule>,
-    default: ErrorKind,
+    default: FailureKind,
 }
 
 impl Default for Classifier {
@@ -325,22 +335,22 @@ impl Default for Classifier {
 }
 
 impl Classifier {
-    /// A classifier with no rules and the default kind [`ErrorKind::Deferred`].
+    /// A classifier with no rules and the default kind [`FailureKind::Deferred`].
     pub fn new() -> Self {
         Self {
             rules: Vec::new(),
-            default: ErrorKind::Deferred,
+            default: FailureKind::Deferred,
         }
     }
 
     /// Sets the kind for errors nothing else recognises.
-    pub fn default_kind(mut self, kind: ErrorKind) -> Self {
+    pub fn default_kind(mut self, kind: FailureKind) -> Self {
         self.default = kind;
         self
     }
 
     /// Classifies errors of type `E` (found anywhere in the chain) as `kind`.
-    pub fn on_type<E: StdError + 'static>(mut self, kind: ErrorKind) -> Self {
+    pub fn on_type<E: StdError + 'static>(mut self, kind: FailureKind) -> Self {
         self.rules.push(Rule {
             type_test: Some((is_type::<E>, std::any::type_name::<E>())),
             message: None,
@@ -353,7 +363,7 @@ impl Classifier {
     pub fn on_type_message<E: StdError + 'static>(
         mut self,
         pattern: &str,
-        kind: ErrorKind,
+        kind: FailureKind,
     ) -> Result<Self, PatternError> {
         self.rules.push(Rule {
             type_test: Some((is_type::<E>, std::any::type_name::<E>())),
@@ -364,7 +374,7 @@ impl Classifier {
     }
 
     /// Classifies errors of any type whose message matches `pattern` (a regular expression) as `kind`.
-    pub fn on_message(mut self, pattern: &str, kind: ErrorKind) -> Result<Self, PatternError> {
+    pub fn on_message(mut self, pattern: &str, kind: FailureKind) -> Result<Self, PatternError> {
         self.rules.push(Rule {
             type_test: None,
             message: Some(compile(pattern)?),
@@ -374,12 +384,12 @@ impl Classifier {
     }
 
     /// The kind of a handler error.
-    pub fn classify(&self, error: &HandlerError) -> ErrorKind {
+    pub fn classify(&self, error: &HandlerError) -> FailureKind {
         self.classify_error(error.as_error())
     }
 
     /// The kind of any error, by the rules above.
-    pub fn classify_error(&self, error: &(dyn StdError + 'static)) -> ErrorKind {
+    pub fn classify_error(&self, error: &(dyn StdError + 'static)) -> FailureKind {
         MESSAGE_BUFFER.with_borrow_mut(|buf| {
             for e in chain(error) {
                 if let Some(c) = e.downcast_ref::<Classified>() {
@@ -410,6 +420,15 @@ fn compile(pattern: &str) -> Result<Regex, PatternError> {
 mod tests {
     use super::*;
 
+    #[test]
+    #[allow(deprecated)]
+    fn the_old_names_still_name_the_same_types() {
+        let kind: ErrorKind = FailureKind::Blocking;
+        assert_eq!(kind, FailureKind::Blocking);
+        let unknown: Result<FailureKind, UnknownErrorKind> = "soon".parse();
+        assert_eq!(unknown, Err(UnknownFailureKind("soon".into())));
+    }
+
     #[derive(Debug, thiserror::Error)]
     #[error("connection refused")]
     struct ConnectError;
@@ -424,20 +443,20 @@ mod tests {
 
     fn classifier() -> Classifier {
         Classifier::new()
-            .on_type::<ConnectError>(ErrorKind::Blocking)
-            .on_type_message::<DbError>("statement timeout", ErrorKind::Blocking)
+            .on_type::<ConnectError>(FailureKind::Blocking)
+            .on_type_message::<DbError>("statement timeout", FailureKind::Blocking)
             .unwrap()
-            .on_type::<DbError>(ErrorKind::NonRetryable)
-            .on_message("(?i)not yet replicated", ErrorKind::Deferred)
+            .on_type::<DbError>(FailureKind::NonRetryable)
+            .on_message("(?i)not yet replicated", FailureKind::Deferred)
             .unwrap()
-            .default_kind(ErrorKind::Transient)
+            .default_kind(FailureKind::Transient)
     }
 
     #[test]
     fn stated_kind_wins_over_rules() {
         let e = HandlerError::deferred(ConnectError);
-        assert_eq!(e.stated_kind(), Some(ErrorKind::Deferred));
-        assert_eq!(classifier().classify(&e), ErrorKind::Deferred);
+        assert_eq!(e.stated_kind(), Some(FailureKind::Deferred));
+        assert_eq!(classifier().classify(&e), FailureKind::Deferred);
         assert_eq!(e.message(), "connection refused");
     }
 
@@ -445,7 +464,7 @@ mod tests {
     fn walks_the_source_chain_by_type() {
         let e: HandlerError = SaveError(Box::new(ConnectError)).into();
         assert_eq!(e.stated_kind(), None);
-        assert_eq!(classifier().classify(&e), ErrorKind::Blocking);
+        assert_eq!(classifier().classify(&e), FailureKind::Blocking);
         assert_eq!(e.message(), "could not save order: connection refused");
     }
 
@@ -455,46 +474,49 @@ mod tests {
         let timeout: HandlerError =
             DbError("canceling statement due to statement timeout".into()).into();
         let constraint: HandlerError = DbError("duplicate key".into()).into();
-        assert_eq!(c.classify(&timeout), ErrorKind::Blocking);
-        assert_eq!(c.classify(&constraint), ErrorKind::NonRetryable);
+        assert_eq!(c.classify(&timeout), FailureKind::Blocking);
+        assert_eq!(c.classify(&constraint), FailureKind::NonRetryable);
     }
 
     #[test]
     fn message_pattern_and_default() {
         let c = classifier();
         let e = HandlerError::unclassified("row Not Yet Replicated");
-        assert_eq!(c.classify(&e), ErrorKind::Deferred);
+        assert_eq!(c.classify(&e), FailureKind::Deferred);
         let other = HandlerError::unclassified("something else");
-        assert_eq!(c.classify(&other), ErrorKind::Transient);
+        assert_eq!(c.classify(&other), FailureKind::Transient);
         assert_eq!(
             Classifier::new().classify(&other),
-            ErrorKind::Deferred,
+            FailureKind::Deferred,
             "the default default is deferred"
         );
     }
 
     #[test]
     fn a_wrapped_classified_error_is_found_in_the_chain() {
-        let inner = Classified::new(ErrorKind::NonRetryable, DbError("bad".into()));
+        let inner = Classified::new(FailureKind::NonRetryable, DbError("bad".into()));
         let e: HandlerError = SaveError(Box::new(inner)).into();
-        assert_eq!(classifier().classify(&e), ErrorKind::NonRetryable);
+        assert_eq!(classifier().classify(&e), FailureKind::NonRetryable);
     }
 
     #[test]
     fn bad_pattern_is_an_error() {
         let err = Classifier::new()
-            .on_message("(unclosed", ErrorKind::Blocking)
+            .on_message("(unclosed", FailureKind::Blocking)
             .unwrap_err();
         assert!(err.to_string().contains("(unclosed"));
     }
 
     #[test]
     fn kinds_parse_by_name_and_abbreviation() {
-        for kind in ErrorKind::ALL {
-            assert_eq!(kind.as_str().parse::<ErrorKind>().unwrap(), kind);
+        for kind in FailureKind::ALL {
+            assert_eq!(kind.as_str().parse::<FailureKind>().unwrap(), kind);
         }
-        assert_eq!("SBE".parse::<ErrorKind>().unwrap(), ErrorKind::Blocking);
-        assert_eq!("SNBE".parse::<ErrorKind>().unwrap(), ErrorKind::Deferred);
-        assert!("fatal".parse::<ErrorKind>().is_err());
+        assert_eq!("SBE".parse::<FailureKind>().unwrap(), FailureKind::Blocking);
+        assert_eq!(
+            "SNBE".parse::<FailureKind>().unwrap(),
+            FailureKind::Deferred
+        );
+        assert!("fatal".parse::<FailureKind>().is_err());
     }
 }

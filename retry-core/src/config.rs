@@ -32,7 +32,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::classify::{Classifier, ErrorKind, PatternError};
+use crate::classify::{Classifier, FailureKind, PatternError};
 use crate::decide::Policies;
 use crate::options::Options;
 use crate::policy::RetryPolicy;
@@ -45,7 +45,7 @@ pub struct RuleConfig {
     pub message: String,
     /// The kind of matching errors (`non_retryable`, `transient`, `blocking`, `deferred`, or NRE/SLE/SBE/SNBE).
     #[serde(with = "kind_text")]
-    pub kind: ErrorKind,
+    pub kind: FailureKind,
 }
 
 /// Settings for one scope (the default, or one topic); unset fields fall back.
@@ -60,7 +60,7 @@ pub struct ScopeConfig {
     pub blocking: Option<RetryPolicy>,
     /// The kind of errors no rule recognises.
     #[serde(default, with = "opt_kind_text")]
-    pub default_kind: Option<ErrorKind>,
+    pub default_kind: Option<FailureKind>,
     /// Message-pattern rules, tried in order.
     #[serde(default)]
     pub rules: Vec<RuleConfig>,
@@ -213,14 +213,14 @@ impl RetryConfig {
 }
 
 mod kind_text {
-    use super::ErrorKind;
+    use super::FailureKind;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(kind: &ErrorKind, s: S) -> Result<S::Ok, S::Error> {
+    pub(super) fn serialize<S: Serializer>(kind: &FailureKind, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(kind.as_str())
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ErrorKind, D::Error> {
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<FailureKind, D::Error> {
         String::deserialize(d)?
             .parse()
             .map_err(serde::de::Error::custom)
@@ -228,11 +228,11 @@ mod kind_text {
 }
 
 mod opt_kind_text {
-    use super::ErrorKind;
+    use super::FailureKind;
     use serde::{Deserialize, Deserializer, Serializer};
 
     pub(super) fn serialize<S: Serializer>(
-        kind: &Option<ErrorKind>,
+        kind: &Option<FailureKind>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
         match kind {
@@ -243,7 +243,7 @@ mod opt_kind_text {
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
         d: D,
-    ) -> Result<Option<ErrorKind>, D::Error> {
+    ) -> Result<Option<FailureKind>, D::Error> {
         Option::<String>::deserialize(d)?
             .map(|s| s.parse().map_err(serde::de::Error::custom))
             .transpose()
@@ -282,19 +282,19 @@ mod tests {
         let orders = c.classifier("orders", Classifier::new()).unwrap();
         let declined = HandlerError::unclassified("card declined");
         let timeout = HandlerError::unclassified("canceling statement due to statement timeout");
-        assert_eq!(payments.classify(&declined), ErrorKind::NonRetryable);
+        assert_eq!(payments.classify(&declined), FailureKind::NonRetryable);
         assert_eq!(
             orders.classify(&declined),
-            ErrorKind::Transient,
+            FailureKind::Transient,
             "default kind SLE"
         );
-        assert_eq!(payments.classify(&timeout), ErrorKind::Blocking);
+        assert_eq!(payments.classify(&timeout), FailureKind::Blocking);
     }
 
     #[test]
     fn the_broker_section_gives_url_and_options() {
         let c = RetryConfig::from_toml(
-            "[broker]\nurl = \"kafka://h:9092\"\noptions = { granularity = \"100ms\", partitions = 4, create_topics = false }",
+            "[broker]\nurl = \"kafka://h:9092\"\noptions = { granularity = \"100ms\", partitions = 4, declare = false }",
         )
         .unwrap();
         let broker = c.broker.unwrap();
@@ -302,7 +302,7 @@ mod tests {
         let o = broker.to_options();
         assert_eq!(o.get("granularity"), Some("100ms"));
         assert_eq!(o.get("partitions"), Some("4"));
-        assert_eq!(o.get("create_topics"), Some("false"));
+        assert_eq!(o.get("declare"), Some("false"));
         assert!(RetryConfig::from_toml("[broker]\nurl = \"x\"\nurls = 1").is_err());
     }
 

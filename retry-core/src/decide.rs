@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rand::RngCore;
 
-use crate::classify::ErrorKind;
+use crate::classify::FailureKind;
 use crate::metadata::{DeadReason, RetryMetadata};
 use crate::policy::RetryPolicy;
 use crate::time::Timestamp;
@@ -67,7 +67,7 @@ pub struct Attempt<'a> {
 
 /// Decides the outcome of a handler call: `result` is `Ok` on success or the error's kind.
 pub fn decide(
-    result: Result<(), ErrorKind>,
+    result: Result<(), FailureKind>,
     attempt: &Attempt<'_>,
     policies: &Policies,
     rng: &mut dyn RngCore,
@@ -77,18 +77,18 @@ pub fn decide(
         Err(kind) => kind,
     };
     match kind {
-        ErrorKind::NonRetryable => Outcome::Dead(DeadReason::NonRetryable),
-        ErrorKind::Blocking => match policies.blocking.delay(attempt.holds, None, rng) {
+        FailureKind::NonRetryable => Outcome::Dead(DeadReason::NonRetryable),
+        FailureKind::Blocking => match policies.blocking.delay(attempt.holds, None, rng) {
             Some(backoff) => Outcome::Hold(backoff),
             None => deferred(attempt, policies, rng),
         },
-        ErrorKind::Transient => {
+        FailureKind::Transient => {
             match policies.in_place.delay(attempt.in_place_retries, None, rng) {
                 Some(pause) => Outcome::RetryInPlace(pause),
                 None => deferred(attempt, policies, rng),
             }
         }
-        ErrorKind::Deferred => deferred(attempt, policies, rng),
+        FailureKind::Deferred => deferred(attempt, policies, rng),
     }
 }
 
@@ -123,7 +123,7 @@ mod tests {
     }
 
     fn run(
-        result: Result<(), ErrorKind>,
+        result: Result<(), FailureKind>,
         meta: &RetryMetadata,
         in_place: u32,
         holds: u32,
@@ -158,7 +158,7 @@ mod tests {
     #[test]
     fn non_retryable_dies_at_once() {
         assert_eq!(
-            run(Err(ErrorKind::NonRetryable), &meta(0), 0, 0),
+            run(Err(FailureKind::NonRetryable), &meta(0), 0, 0),
             Outcome::Dead(DeadReason::NonRetryable)
         );
     }
@@ -166,7 +166,7 @@ mod tests {
     #[test]
     fn deferred_follows_the_policy_then_dies() {
         let delays: Vec<_> = (0..9)
-            .map(|r| run(Err(ErrorKind::Deferred), &meta(r), 0, 0))
+            .map(|r| run(Err(FailureKind::Deferred), &meta(r), 0, 0))
             .collect();
         let secs = |s| Outcome::RetryAfter(Duration::from_secs(s));
         assert_eq!(
@@ -187,7 +187,7 @@ mod tests {
 
     #[test]
     fn transient_retries_in_place_then_falls_through_to_deferred() {
-        let t = Err(ErrorKind::Transient);
+        let t = Err(FailureKind::Transient);
         assert_eq!(
             run(t, &meta(0), 0, 0),
             Outcome::RetryInPlace(Duration::from_millis(10))
@@ -205,7 +205,7 @@ mod tests {
 
     #[test]
     fn blocking_holds_with_backoff_and_never_dies() {
-        let b = Err(ErrorKind::Blocking);
+        let b = Err(FailureKind::Blocking);
         assert_eq!(
             run(b, &meta(0), 0, 0),
             Outcome::Hold(Duration::from_millis(100))
@@ -232,7 +232,7 @@ mod tests {
             now: Timestamp::from_millis(100_000),
         };
         let out = decide(
-            Err(ErrorKind::Blocking),
+            Err(FailureKind::Blocking),
             &attempt,
             &p,
             &mut StdRng::seed_from_u64(1),
@@ -256,11 +256,11 @@ mod tests {
         };
         let mut rng = StdRng::seed_from_u64(1);
         assert_eq!(
-            decide(Err(ErrorKind::Deferred), &at(105_000), &p, &mut rng),
+            decide(Err(FailureKind::Deferred), &at(105_000), &p, &mut rng),
             Outcome::RetryAfter(Duration::from_secs(5))
         );
         assert_eq!(
-            decide(Err(ErrorKind::Deferred), &at(108_000), &p, &mut rng),
+            decide(Err(FailureKind::Deferred), &at(108_000), &p, &mut rng),
             Outcome::Dead(DeadReason::BudgetElapsed)
         );
     }
@@ -282,7 +282,7 @@ mod tests {
         };
         let mut rng = StdRng::seed_from_u64(1);
         assert_eq!(
-            decide(Err(ErrorKind::Deferred), &attempt, &p, &mut rng),
+            decide(Err(FailureKind::Deferred), &attempt, &p, &mut rng),
             Outcome::RetryAfter(Duration::from_secs(5)),
             "800 s after first seen, but 1 s after the replay"
         );

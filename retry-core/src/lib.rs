@@ -34,7 +34,10 @@ pub mod time;
 /// The names a service needs, in one import.
 pub mod prelude {
     pub use crate::broker::Broker;
-    pub use crate::classify::{Classifier, ErrorKind, HandlerError};
+    /// The old name of [`FailureKind`] (deprecated).
+    #[allow(deprecated)]
+    pub use crate::classify::ErrorKind;
+    pub use crate::classify::{Classifier, FailureKind, HandlerError};
     pub use crate::config::RetryConfig;
     pub use crate::decide::Policies;
     pub use crate::dlq::{DeadLetter, DeadLetters, DlqFilter};

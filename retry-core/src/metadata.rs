@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::classify::ErrorKind;
+use crate::classify::FailureKind;
 use crate::headers::Headers;
 use crate::time::{Timestamp, duration_ms};
 
@@ -334,7 +334,7 @@ pub struct RetryMetadata {
     /// The last handler error, at most [`MAX_ERROR_BYTES`].
     pub last_error: Option<String>,
     /// The kind of the last handler error.
-    pub error_kind: Option<ErrorKind>,
+    pub error_kind: Option<FailureKind>,
     /// The last delay applied.
     pub last_delay: Option<Duration>,
     /// How many times an operator replayed the event.
@@ -675,7 +675,7 @@ enum Field {
     OriginTimestamp,
     OriginTimestampType,
     LastError,
-    ErrorKind,
+    FailureKind,
     LastDelay,
     ReplayCount,
     ReplayedAt,
@@ -698,7 +698,7 @@ const FIELDS: [(&str, Field); 20] = [
     (names::ORIGIN_TIMESTAMP, Field::OriginTimestamp),
     (names::ORIGIN_TIMESTAMP_TYPE, Field::OriginTimestampType),
     (names::LAST_ERROR, Field::LastError),
-    (names::ERROR_KIND, Field::ErrorKind),
+    (names::ERROR_KIND, Field::FailureKind),
     (names::LAST_DELAY, Field::LastDelay),
     (names::REPLAY_COUNT, Field::ReplayCount),
     (names::REPLAYED_AT, Field::ReplayedAt),
@@ -910,9 +910,9 @@ fn apply(
             })?)
         }
         Field::LastError => meta.last_error = Some(text(value)?.to_string()),
-        Field::ErrorKind => {
+        Field::FailureKind => {
             meta.error_kind = Some(text(value)?.parse().map_err(
-                |e: crate::classify::UnknownErrorKind| MetadataError {
+                |e: crate::classify::UnknownFailureKind| MetadataError {
                     header: name.to_string(),
                     problem: e.to_string(),
                 },
@@ -974,7 +974,7 @@ mod tests {
                     }),
             ),
             last_error: Some("connection refused: héllo".into()),
-            error_kind: Some(ErrorKind::Deferred),
+            error_kind: Some(FailureKind::Deferred),
             last_delay: Some(Duration::from_millis(5_000)),
             replay_count: 1,
             replayed_at: Some(Timestamp::from_millis(1_700_000_001_000)),

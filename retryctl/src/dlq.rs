@@ -5,7 +5,7 @@
 use std::io::Write;
 
 use clap::{Args, Subcommand};
-use event_retry::classify::ErrorKind;
+use event_retry::classify::FailureKind;
 use event_retry::{Broker, DeadLetter, DlqFilter};
 
 use crate::{CliError, progress, render};
@@ -32,7 +32,7 @@ pub struct Selection {
     pub ids: Vec<String>,
     /// Only entries whose last error was of this kind (non_retryable, transient, blocking, deferred).
     #[arg(long)]
-    pub kind: Option<ErrorKind>,
+    pub kind: Option<FailureKind>,
     /// Only entries with this key (UTF-8).
     #[arg(long)]
     pub key: Option<String>,

@@ -122,7 +122,7 @@ pub(super) async fn policy_spent_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
         || format!("last error {:?}", m.last_error),
     )?;
     ensure(
-        m.error_kind == Some(retry_core::classify::ErrorKind::Deferred),
+        m.error_kind == Some(retry_core::classify::FailureKind::Deferred),
         || format!("kind {:?}", m.error_kind),
     )?;
     ensure(m.origin.as_ref().is_some_and(|o| o.topic == topic), || {

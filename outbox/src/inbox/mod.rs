@@ -18,7 +18,7 @@
 //! Ids are kept per consumer name (two services sharing a database each handle an event once) and
 //! forgotten after the retention ([`InboxBuilder::retention`], seven days unless told), which must
 //! outlast any redelivery. A database that is down is a dependency outage, not a bad event: the errors
-//! [`Inbox::record`] and [`database_error`] return state [`ErrorKind::Blocking`], so consumption pauses
+//! [`Inbox::record`] and [`database_error`] return state [`FailureKind::Blocking`], so consumption pauses
 //! until it heals and nothing is dead-lettered for it.
 //!
 //! ```no_run
@@ -62,7 +62,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use retry_core::classify::{ErrorKind, HandlerError};
+use retry_core::classify::{FailureKind, HandlerError};
 use retry_core::idempotency::{Begin, IdempotencyStore, StoreError};
 use retry_core::runtime::Context;
 use retry_core::time::Timestamp;
@@ -285,7 +285,7 @@ impl Inbox {
     /// first in the transaction: on SQLite that makes the transaction a writer at once, so it waits its
     /// turn instead of failing on a stale read.
     ///
-    /// A database error comes back stating [`ErrorKind::Blocking`] (the handler's `?` hands it to the
+    /// A database error comes back stating [`FailureKind::Blocking`] (the handler's `?` hands it to the
     /// runtime, which pauses consumption until the database heals).
     pub async fn record<C: InboxConnection + ?Sized>(
         &self,
@@ -428,7 +428,7 @@ impl IdempotencyStore for Inbox {
     }
 }
 
-/// A database error from the handler's own statements, stated [`ErrorKind::Blocking`] when it means the
+/// A database error from the handler's own statements, stated [`FailureKind::Blocking`] when it means the
 /// database cannot be reached (a connection refused or lost, a pool that timed out or closed) and left
 /// for the classifier otherwise (a constraint the event breaks is the event's problem, not an outage).
 /// For the handler's `pool.begin().await.map_err(database_error)?`.
@@ -454,7 +454,7 @@ fn is_unreachable(error: &sqlx::Error) -> bool {
 
 /// The inbox's own statements failing means the database is not there for any event: blocking.
 fn blocking(error: OutboxError) -> HandlerError {
-    HandlerError::new(ErrorKind::Blocking, error)
+    HandlerError::new(FailureKind::Blocking, error)
 }
 
 fn store_error(error: OutboxError) -> StoreError {
@@ -487,11 +487,11 @@ mod tests {
     #[test]
     fn only_an_unreachable_database_is_blocking() {
         let down = database_error(sqlx::Error::PoolTimedOut);
-        assert_eq!(down.stated_kind(), Some(ErrorKind::Blocking));
+        assert_eq!(down.stated_kind(), Some(FailureKind::Blocking));
         let io = database_error(sqlx::Error::Io(std::io::Error::from(
             std::io::ErrorKind::ConnectionRefused,
         )));
-        assert_eq!(io.stated_kind(), Some(ErrorKind::Blocking));
+        assert_eq!(io.stated_kind(), Some(FailureKind::Blocking));
         let refused = database_error(sqlx::Error::RowNotFound);
         assert_eq!(refused.stated_kind(), None);
     }
@@ -502,16 +502,16 @@ mod tests {
             operation: "record the event in the inbox",
             source: sqlx::Error::PoolTimedOut,
         });
-        assert_eq!(e.stated_kind(), Some(ErrorKind::Blocking));
+        assert_eq!(e.stated_kind(), Some(FailureKind::Blocking));
         assert!(
             e.message().starts_with("record the event in the inbox: "),
             "{e}"
         );
         // The classifier honours the stated kind whatever its default.
         let kind = retry_core::classify::Classifier::new()
-            .default_kind(ErrorKind::NonRetryable)
+            .default_kind(FailureKind::NonRetryable)
             .classify(&e);
-        assert_eq!(kind, ErrorKind::Blocking);
+        assert_eq!(kind, FailureKind::Blocking);
     }
 
     #[test]

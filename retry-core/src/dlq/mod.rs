@@ -15,7 +15,7 @@ pub use migrate::{MigrationReport, MigrationTarget, Moved, MovedEntry, migration
 use bytes::Bytes;
 
 use crate::adapter::{DlqSession, Native, StoredDeadLetter, Transport};
-use crate::classify::ErrorKind;
+use crate::classify::FailureKind;
 use crate::error::Error;
 use crate::event::Event;
 use crate::metadata::{self, DeadInfo};
@@ -80,13 +80,13 @@ impl DeadLetter {
 /// Which dead letters an operation applies to; an empty filter selects all.
 ///
 /// ```
-/// use retry_core::classify::ErrorKind;
+/// use retry_core::classify::FailureKind;
 /// use retry_core::dlq::DlqFilter;
 /// use retry_core::time::Timestamp;
 ///
 /// // The poison events of one customer from the last hour, at most 50 of them.
 /// let filter = DlqFilter {
-///     error_kind: Some(ErrorKind::NonRetryable),
+///     error_kind: Some(FailureKind::NonRetryable),
 ///     key: Some("customer-42".into()),
 ///     since: Some(Timestamp::now().minus(std::time::Duration::from_secs(3600))),
 ///     limit: Some(50),
@@ -99,7 +99,7 @@ pub struct DlqFilter {
     /// Only these entry ids.
     pub ids: Option<Vec<String>>,
     /// Only entries whose last error was of this kind.
-    pub error_kind: Option<ErrorKind>,
+    pub error_kind: Option<FailureKind>,
     /// Only entries with this key.
     pub key: Option<Bytes>,
     /// Only entries dead-lettered at or after this time.
@@ -471,7 +471,7 @@ mod tests {
     use super::*;
     use crate::metadata::DeadReason;
 
-    fn entry(id: &str, kind: ErrorKind, at: u64) -> DeadLetter {
+    fn entry(id: &str, kind: FailureKind, at: u64) -> DeadLetter {
         let mut event = Event::new("p").with_key("k1");
         let meta = event.metadata_mut();
         meta.error_kind = Some(kind);
@@ -505,9 +505,9 @@ mod tests {
                     let mut e = Event::new(format!("p{i}")).with_id(format!("e{i}"));
                     e.metadata_mut().attempts = 3;
                     e.metadata_mut().error_kind = Some(if i % 2 == 0 {
-                        ErrorKind::Deferred
+                        FailureKind::Deferred
                     } else {
-                        ErrorKind::NonRetryable
+                        FailureKind::NonRetryable
                     });
                     StoredDeadLetter::new(format!("id{i}"), e.to_raw())
                 })
@@ -588,7 +588,7 @@ mod tests {
     #[tokio::test]
     async fn replay_removes_each_entry_only_after_its_copy() {
         let filter = DlqFilter {
-            error_kind: Some(ErrorKind::Deferred),
+            error_kind: Some(FailureKind::Deferred),
             ..DlqFilter::all()
         };
         let (result, log) = run_replay(Scripted::with(4), &filter).await;
@@ -631,7 +631,7 @@ mod tests {
         let dead = |id: &str, replays: u32| {
             let mut e = Event::new("p").with_id(id);
             e.metadata_mut().replay_count = replays;
-            e.metadata_mut().error_kind = Some(ErrorKind::NonRetryable);
+            e.metadata_mut().error_kind = Some(FailureKind::NonRetryable);
             e.to_raw()
         };
         Scripted {
@@ -713,12 +713,12 @@ mod tests {
 
     #[test]
     fn filters_combine() {
-        let e = entry("7", ErrorKind::Deferred, 1_000);
+        let e = entry("7", FailureKind::Deferred, 1_000);
         assert!(DlqFilter::all().matches(&e));
         assert!(DlqFilter::id("7").matches(&e));
         assert!(!DlqFilter::id("8").matches(&e));
         let by_kind = DlqFilter {
-            error_kind: Some(ErrorKind::NonRetryable),
+            error_kind: Some(FailureKind::NonRetryable),
             ..DlqFilter::all()
         };
         assert!(!by_kind.matches(&e));
@@ -733,7 +733,7 @@ mod tests {
             ..DlqFilter::all()
         };
         assert!(!window.matches(&e), "until is exclusive");
-        let mut failed = entry("9", ErrorKind::Deferred, 1_000);
+        let mut failed = entry("9", FailureKind::Deferred, 1_000);
         failed.event.metadata_mut().last_error = Some("Connection REFUSED by db-1".into());
         let by_text = |text: &str| DlqFilter {
             error_text: Some(text.into()),

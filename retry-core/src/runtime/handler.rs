@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 
-use crate::classify::{ErrorKind, HandlerError};
+use crate::classify::{FailureKind, HandlerError};
 use crate::event::Event;
 use crate::time::Timestamp;
 
@@ -151,8 +151,9 @@ pub struct UndecodablePayload(pub String);
 
 /// Decodes a JSON payload; failure is an [`UndecodablePayload`] error, dead-lettered as poison.
 pub fn decode_json<T: DeserializeOwned>(event: &Event) -> Result<T, HandlerError> {
-    serde_json::from_slice(&event.payload)
-        .map_err(|e| HandlerError::new(ErrorKind::NonRetryable, UndecodablePayload(e.to_string())))
+    serde_json::from_slice(&event.payload).map_err(|e| {
+        HandlerError::new(FailureKind::NonRetryable, UndecodablePayload(e.to_string()))
+    })
 }
 
 #[cfg(test)]
@@ -164,7 +165,7 @@ mod tests {
     fn undecodable_json_is_non_retryable_poison() {
         let e = Event::new("{not json");
         let err = decode_json::<serde_json::Value>(&e).unwrap_err();
-        assert_eq!(err.stated_kind(), Some(ErrorKind::NonRetryable));
+        assert_eq!(err.stated_kind(), Some(FailureKind::NonRetryable));
         assert!(crate::classify::chain(err.as_error()).any(|e| e.is::<UndecodablePayload>()));
         let ok: serde_json::Value = decode_json(&Event::new("{\"a\":1}")).unwrap();
         assert_eq!(ok["a"], 1);
@@ -194,7 +195,7 @@ mod tests {
             .handle(&Event::new("{\"id\":8}"), &ctx)
             .await
             .unwrap_err();
-        assert_eq!(other.stated_kind(), Some(ErrorKind::Deferred));
+        assert_eq!(other.stated_kind(), Some(FailureKind::Deferred));
         let poison = handler
             .handle(&Event::new("[1,2]"), &ctx)
             .await

@@ -25,7 +25,7 @@ use super::handler::{Context, UndecodablePayload};
 use super::ordering::Verdict;
 use super::receive::Shared;
 use crate::adapter::{Delivery, DeliveryInfo, Receipt};
-use crate::classify::{ErrorKind, HandlerError, chain};
+use crate::classify::{FailureKind, HandlerError, chain};
 use crate::decide::{Attempt, Outcome, decide};
 use crate::error::Kind;
 use crate::event::Event;
@@ -115,7 +115,7 @@ fn prepare(shared: &Shared, message: crate::event::RawMessage, info: DeliveryInf
                 .origin
                 .get_or_insert_with(|| info.origin.clone());
             poison.meta.first_seen.get_or_insert(now);
-            poison.meta.error_kind = Some(ErrorKind::NonRetryable);
+            poison.meta.error_kind = Some(FailureKind::NonRetryable);
             let reasons: Vec<String> = problems.iter().map(ToString::to_string).collect();
             let reasons = if reasons.is_empty() {
                 err.to_string()

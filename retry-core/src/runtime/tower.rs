@@ -17,7 +17,7 @@
 //! let handle = broker
 //!     .consumer("orders")
 //!     // A handler call that takes longer than 2 s fails as transient (retried in place, then later).
-//!     .classifier(Classifier::new().on_type::<tower::timeout::error::Elapsed>(ErrorKind::Transient))
+//!     .classifier(Classifier::new().on_type::<tower::timeout::error::Elapsed>(FailureKind::Transient))
 //!     .layer(TimeoutLayer::new(Duration::from_secs(2)))
 //!     .layer(ConcurrencyLimitLayer::new(4))
 //!     .start(handler_fn(|_event: Event, _ctx: Context| async { Ok(()) }))
@@ -169,7 +169,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::classify::{Classifier, ErrorKind};
+    use crate::classify::{Classifier, FailureKind};
     use crate::runtime::handler_fn;
 
     fn ctx() -> Context {
@@ -190,9 +190,9 @@ mod tests {
         let handler = layers.apply(Arc::new(slow));
         let err = handler.handle(&Event::new("x"), &ctx()).await.unwrap_err();
         let kind = Classifier::new()
-            .on_type::<tower::timeout::error::Elapsed>(ErrorKind::Transient)
+            .on_type::<tower::timeout::error::Elapsed>(FailureKind::Transient)
             .classify(&err);
-        assert_eq!(kind, ErrorKind::Transient);
+        assert_eq!(kind, FailureKind::Transient);
     }
 
     #[tokio::test]
@@ -206,7 +206,7 @@ mod tests {
         }));
         let handler = layers.apply(Arc::new(failing));
         let err = handler.handle(&Event::new("x"), &ctx()).await.unwrap_err();
-        assert_eq!(err.stated_kind(), Some(ErrorKind::NonRetryable));
+        assert_eq!(err.stated_kind(), Some(FailureKind::NonRetryable));
         assert_eq!(err.message(), "bad order");
     }
 

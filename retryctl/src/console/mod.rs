@@ -850,7 +850,7 @@ mod tests {
             Selected::of(&Form::parse(b"action=replay&scope=filter&kind=deferred")).unwrap();
         assert_eq!(
             by_filter.filter().unwrap().error_kind,
-            Some(event_retry::classify::ErrorKind::Deferred)
+            Some(event_retry::classify::FailureKind::Deferred)
         );
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use event_retry::DeadLetter;
-use event_retry::classify::ErrorKind;
+use event_retry::classify::FailureKind;
 use maud::{DOCTYPE, Markup, html};
 
 use crate::render;
@@ -164,8 +164,8 @@ pub(crate) struct ListView<'a> {
     pub(crate) filter_error: Option<String>,
 }
 
-fn kind_name(kind: Option<ErrorKind>) -> &'static str {
-    kind.map_or("-", ErrorKind::as_str)
+fn kind_name(kind: Option<FailureKind>) -> &'static str {
+    kind.map_or("-", FailureKind::as_str)
 }
 
 fn reason_name(entry: &DeadLetter) -> String {
@@ -210,7 +210,7 @@ pub(crate) fn list(frame: &Frame<'_>, view: &ListView<'_>) -> Markup {
             label { "error kind "
                 select name="kind" {
                     option value="" selected[f.kind.is_empty()] { "any" }
-                    @for k in ErrorKind::ALL {
+                    @for k in FailureKind::ALL {
                         option value=(k.as_str()) selected[f.kind == k.as_str()] { (k.as_str()) }
                     }
                 }
