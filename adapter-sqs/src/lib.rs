@@ -154,12 +154,14 @@ impl Transport for SqsTransport {
         "sqs"
     }
 
-    /// A standard queue's (see [`standard_capabilities`]).
+    /// A standard queue's: a delay longer than the visibility window is carried by copies; per-key order
+    /// and fan-out are not SQS's (consumers of a queue compete for its messages; fan-out needs SNS).
     fn capabilities(&self) -> Capabilities {
         standard_capabilities(&self.link.queues.config)
     }
 
-    /// A standard queue's, or a FIFO queue's (`.fifo`, see [`fifo_capabilities`]).
+    /// A standard queue's, or a FIFO queue's (`.fifo`): per-key order, the key being the message group,
+    /// and delays that fit the visibility window.
     fn capabilities_for(&self, topic: &str) -> Capabilities {
         if topic.ends_with(".fifo") {
             fifo_capabilities(&self.link.queues.config)
