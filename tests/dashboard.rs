@@ -173,6 +173,7 @@ async fn the_dashboard_queries_only_what_the_exporter_serves() {
         telemetry::HOLDS,
         telemetry::DUPLICATES_SKIPPED,
         telemetry::SETTLE_ERRORS,
+        telemetry::LIFECYCLE_VIOLATIONS,
         telemetry::HANDLER_SECONDS,
         telemetry::LATENESS_SECONDS,
     ];

@@ -214,4 +214,55 @@ mod tests {
             .unwrap();
         assert_eq!(s, State::Succeeded);
     }
+
+    /// Random lives: 10,000 sequences of up to 40 random inputs from PENDING, each input applied only
+    /// when the table allows it (as the runtime does). Every state reached is one of the six, the table
+    /// alone moved it (a refused input leaves it where it was), and from every state reached the event
+    /// can still end: SUCCEEDED, or DEAD, is reachable from it.
+    #[test]
+    fn random_lives_stay_in_the_table_and_can_always_end() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+        let all = inputs();
+        let mut reached = std::collections::HashSet::new();
+        for _ in 0..10_000 {
+            let mut state = State::Pending;
+            for _ in 0..rng.random_range(1..=40) {
+                let input = all[rng.random_range(0..all.len())];
+                match state.on(input) {
+                    Ok(next) => {
+                        assert_eq!(Some(next), expected(state, input), "{state} + {input:?}");
+                        state = next;
+                    }
+                    Err(e) => assert_eq!(e, TransitionError { from: state, input }),
+                }
+                reached.insert(state.to_string());
+                assert!(
+                    can_end(state),
+                    "{state} cannot reach SUCCEEDED or DEAD any more"
+                );
+            }
+        }
+        assert_eq!(reached.len(), 6, "every state is reachable: {reached:?}");
+    }
+
+    /// Whether SUCCEEDED or DEAD is reachable from `from` through allowed inputs.
+    fn can_end(from: State) -> bool {
+        let mut seen = vec![from];
+        let mut queue = vec![from];
+        while let Some(s) = queue.pop() {
+            if s.is_terminal() {
+                return true;
+            }
+            for i in inputs() {
+                if let Ok(next) = s.on(i)
+                    && !seen.contains(&next)
+                {
+                    seen.push(next);
+                    queue.push(next);
+                }
+            }
+        }
+        false
+    }
 }

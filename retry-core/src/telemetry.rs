@@ -27,6 +27,9 @@ pub const HOLDS: &str = "event_retry_holds_total";
 pub const DUPLICATES_SKIPPED: &str = "event_retry_duplicates_skipped_total";
 /// Settle operations (ack, retry copy, DLQ copy) the broker did not accept (counter).
 pub const SETTLE_ERRORS: &str = "event_retry_settle_errors_total";
+/// Actions the runtime did not take because the event lifecycle refused their transition (counter): a
+/// bug in the runtime when not zero; the delivery was given back to the broker instead.
+pub const LIFECYCLE_VIOLATIONS: &str = "event_retry_lifecycle_violations_total";
 /// Handler latency in seconds (histogram).
 pub const HANDLER_SECONDS: &str = "event_retry_handler_seconds";
 /// Retry lateness in seconds: how long after its due time a retry ran (histogram).
@@ -46,6 +49,7 @@ pub(crate) struct Telemetry {
     holds: Counter,
     duplicates_skipped: Counter,
     settle_errors: Counter,
+    lifecycle_violations: Counter,
     lateness: Histogram,
 }
 
@@ -67,6 +71,7 @@ impl Telemetry {
             holds: counter(HOLDS),
             duplicates_skipped: counter(DUPLICATES_SKIPPED),
             settle_errors: counter(SETTLE_ERRORS),
+            lifecycle_violations: counter(LIFECYCLE_VIOLATIONS),
             lateness: histogram(LATENESS_SECONDS),
         }
     }
@@ -105,6 +110,10 @@ impl Telemetry {
 
     pub(crate) fn settle_error(&self) {
         self.settle_errors.increment(1);
+    }
+
+    pub(crate) fn lifecycle_violation(&self) {
+        self.lifecycle_violations.increment(1);
     }
 
     pub(crate) fn lateness(&self, late_by: Duration) {

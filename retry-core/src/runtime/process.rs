@@ -169,10 +169,38 @@ struct Handling<'a> {
 }
 
 impl Handling<'_> {
-    fn step(&mut self, input: Input) {
+    /// The state `input` moves the event to, if the lifecycle allows it now. The runtime asks before
+    /// it acts and takes the action only when allowed: a refused transition is a bug in the runtime, so
+    /// it panics in debug builds (every test), and in production it is counted (`lifecycle_violations`,
+    /// and the metric of that name) and logged, and the caller gives the delivery back to the broker
+    /// instead of acting.
+    fn permit(&self, input: Input) -> Option<State> {
         match self.state.on(input) {
-            Ok(next) => self.state = next,
-            Err(e) => warn!(error = %e, "lifecycle transition refused"),
+            Ok(next) => Some(next),
+            Err(e) => {
+                if cfg!(debug_assertions) {
+                    panic!("{e}");
+                }
+                let shared = self.shared;
+                shared
+                    .counters
+                    .error(&shared.counters.lifecycle_violations, e.to_string());
+                shared.telemetry.lifecycle_violation();
+                tracing::error!(error = %e, "lifecycle transition refused: the action is not taken");
+                None
+            }
+        }
+    }
+
+    /// Moves the lifecycle on with `input`, an input that changes nothing at the broker (a claim, a
+    /// hold and its end); `false` when refused.
+    fn step(&mut self, input: Input) -> bool {
+        match self.permit(input) {
+            Some(next) => {
+                self.state = next;
+                true
+            }
+            None => false,
         }
     }
 
@@ -199,8 +227,15 @@ impl Handling<'_> {
                     self.event
                         .meta
                         .set_last_error(&format!("parked behind {head}, which was dead-lettered"));
-                    self.step(Input::Claim);
-                    self.step(Input::Die);
+                    let dead = if self.step(Input::Claim) {
+                        self.permit(Input::Die)
+                    } else {
+                        None
+                    };
+                    let Some(dead) = dead else {
+                        return self.release(Duration::ZERO).await;
+                    };
+                    self.state = dead;
                     Box::pin(dead_letter(
                         shared,
                         self.receipt,
@@ -215,7 +250,9 @@ impl Handling<'_> {
         if shared.idempotency.is_some() && !Box::pin(self.claim_idempotency()).await {
             return;
         }
-        self.step(Input::Claim);
+        if !self.step(Input::Claim) {
+            return self.release(Duration::ZERO).await;
+        }
         let mut in_place_retries = 0;
         let mut holds = 0;
         let mut pause = None;
@@ -263,9 +300,11 @@ impl Handling<'_> {
                 }
                 Outcome::Hold(backoff) => {
                     if pause.is_none() {
+                        if !self.step(Input::Block) {
+                            return Box::pin(self.release_unsettled()).await;
+                        }
                         warn!(error = ?self.event.meta.last_error, "blocking error: pausing consumption");
                         pause = Some(shared.pause.hold());
-                        self.step(Input::Block);
                     }
                     holds += 1;
                     shared.counters.bump(&shared.counters.holds);
@@ -282,23 +321,26 @@ impl Handling<'_> {
                     }
                 }
                 Outcome::Ack => {
-                    if pause.take().is_some() {
-                        self.step(Input::Unblock);
+                    if pause.take().is_some() && !self.step(Input::Unblock) {
+                        return Box::pin(self.release_unsettled()).await;
                     }
                     self.ack().await;
                     return;
                 }
                 Outcome::RetryAfter(delay) => {
-                    if pause.take().is_some() {
-                        self.step(Input::Unblock);
+                    if pause.take().is_some() && !self.step(Input::Unblock) {
+                        return Box::pin(self.release_unsettled()).await;
                     }
                     return Box::pin(self.retry_later(delay)).await;
                 }
                 Outcome::Dead(reason) => {
-                    if pause.take().is_some() {
-                        self.step(Input::Unblock);
+                    if pause.take().is_some() && !self.step(Input::Unblock) {
+                        return Box::pin(self.release_unsettled()).await;
                     }
-                    self.step(Input::Die);
+                    let Some(dead) = self.permit(Input::Die) else {
+                        return Box::pin(self.release_unsettled()).await;
+                    };
+                    self.state = dead;
                     self.abandon_idempotency().await;
                     let key = self.ordered_key();
                     let accepted =
@@ -428,6 +470,9 @@ impl Handling<'_> {
 
     async fn ack(&mut self) {
         let shared = self.shared;
+        let Some(succeeded) = self.permit(Input::Ack) else {
+            return self.release_unsettled_in_place().await;
+        };
         // The handler succeeded: record it before acknowledging, so a redelivery after a failed ack (or a
         // crash in between) is skipped as a duplicate instead of repeating the side effects.
         if let Some(store) = &shared.idempotency
@@ -438,7 +483,7 @@ impl Handling<'_> {
         if !self.settle_ack().await {
             return;
         }
-        self.step(Input::Ack);
+        self.state = succeeded;
         // `succeeded` last: whoever waits on it sees the success complete, its retry count included.
         if self.event.meta.attempts > 0 {
             shared.counters.bump(&shared.counters.succeeded_after_retry);
@@ -465,7 +510,10 @@ impl Handling<'_> {
         let now = Timestamp::now();
         let due = now.plus(delay);
         tracing::Span::current().record("next_delay_ms", crate::time::duration_ms(delay));
-        self.step(Input::Retry { available_at: due });
+        let Some(scheduled) = self.permit(Input::Retry { available_at: due }) else {
+            return self.release_unsettled().await;
+        };
+        self.state = scheduled;
         let meta = &mut self.event.meta;
         meta.retries = meta.retries.saturating_add(1);
         meta.due_at = Some(due);
@@ -505,6 +553,17 @@ impl Handling<'_> {
 
     async fn release_on_shutdown(mut self) {
         self.step(Input::LeaseLost);
+        self.abandon_idempotency().await;
+        self.release(Duration::ZERO).await;
+    }
+
+    /// Gives the delivery back to the broker after the lifecycle refused the action the runtime was
+    /// about to take (see [`Handling::permit`]): nothing is settled, so the broker delivers it again.
+    async fn release_unsettled(mut self) {
+        self.release_unsettled_in_place().await;
+    }
+
+    async fn release_unsettled_in_place(&mut self) {
         self.abandon_idempotency().await;
         self.release(Duration::ZERO).await;
     }

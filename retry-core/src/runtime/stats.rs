@@ -35,6 +35,9 @@ pub struct Stats {
     pub settle_errors: u64,
     /// Errors receiving from the broker.
     pub receive_errors: u64,
+    /// Actions not taken because the event lifecycle refused their transition (a runtime bug when not
+    /// zero; the delivery was given back to the broker instead).
+    pub lifecycle_violations: u64,
     /// The last error seen, if any.
     pub last_error: Option<String>,
 }
@@ -61,6 +64,7 @@ pub(crate) struct Counters {
     pub(crate) released: AtomicU64,
     pub(crate) settle_errors: AtomicU64,
     pub(crate) receive_errors: AtomicU64,
+    pub(crate) lifecycle_violations: AtomicU64,
     last_error: Mutex<Option<String>>,
     stopped: AtomicBool,
     changes: Notify,
@@ -84,6 +88,7 @@ impl Default for Counters {
             released: AtomicU64::new(0),
             settle_errors: AtomicU64::new(0),
             receive_errors: AtomicU64::new(0),
+            lifecycle_violations: AtomicU64::new(0),
             last_error: Mutex::new(None),
             stopped: AtomicBool::new(false),
             changes: Notify::new(),
@@ -152,6 +157,7 @@ impl Counters {
             released: get(&self.released),
             settle_errors: get(&self.settle_errors),
             receive_errors: get(&self.receive_errors),
+            lifecycle_violations: get(&self.lifecycle_violations),
             last_error: self
                 .last_error
                 .lock()
