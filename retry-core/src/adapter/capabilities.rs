@@ -190,6 +190,19 @@ impl Capabilities {
         }
         lines.join("\n")
     }
+
+    /// Checks that `page` (an adapter's README) carries this [`Capabilities::checklist`]; the error
+    /// says what the page should read. Each adapter's unit tests call it with its default settings.
+    pub fn check_listed_in(&self, page: &str) -> Result<(), String> {
+        let list = self.checklist();
+        if page.contains(&list) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the README's capability checklist should read:\n{list}"
+            ))
+        }
+    }
 }
 
 /// `d` in the policy DSL's notation where a unit of a second or more divides it (`1d`, `715m`), otherwise
@@ -317,6 +330,9 @@ mod tests {
             "about 19.4 days"
         );
         assert_eq!(readable(Duration::from_secs(42_900)), "715m");
+        assert!(caps.check_listed_in(&format!("# A\n\n{list}\n")).is_ok());
+        let wrong = list.replace("- [x] DLQ replay", "- [ ] DLQ replay");
+        assert!(caps.check_listed_in(&wrong).is_err());
     }
 
     #[test]
