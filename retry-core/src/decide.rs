@@ -9,6 +9,7 @@ use std::time::Duration;
 use rand::RngCore;
 
 use crate::classify::FailureKind;
+use crate::lifecycle::Input;
 use crate::metadata::{DeadReason, RetryMetadata};
 use crate::policy::RetryPolicy;
 use crate::time::Timestamp;
@@ -26,6 +27,23 @@ pub enum Outcome {
     Hold(Duration),
     /// Dead-letter it for this reason.
     Dead(DeadReason),
+}
+
+impl Outcome {
+    /// The lifecycle input that allows this outcome's action for an event in flight, decided at `now`
+    /// (a retry's `available_at` is `now` plus its delay); `None` for an in-place retry, which leaves
+    /// the event in flight. The runtime asks the lifecycle with it before it acts.
+    pub fn input(&self, now: Timestamp) -> Option<Input> {
+        match self {
+            Outcome::Ack => Some(Input::Ack),
+            Outcome::RetryInPlace(_) => None,
+            Outcome::RetryAfter(delay) => Some(Input::Retry {
+                available_at: now.plus(*delay),
+            }),
+            Outcome::Hold(_) => Some(Input::Block),
+            Outcome::Dead(_) => Some(Input::Die),
+        }
+    }
 }
 
 /// The three policies an event's failures draw on.
@@ -111,6 +129,40 @@ fn deferred(attempt: &Attempt<'_>, policies: &Policies, rng: &mut dyn RngCore) -
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// No action without a transition: every outcome the decision can give for an event in flight is
+    /// one the lifecycle allows there (held or not), and leads where the action means.
+    #[test]
+    fn every_outcome_is_a_transition_the_lifecycle_allows_in_flight() {
+        use crate::lifecycle::State;
+        let now = Timestamp::from_millis(1_000);
+        let outcomes = [
+            Outcome::Ack,
+            Outcome::RetryInPlace(Duration::from_millis(5)),
+            Outcome::RetryAfter(Duration::from_secs(5)),
+            Outcome::Hold(Duration::from_secs(1)),
+            Outcome::Dead(DeadReason::Exhausted),
+        ];
+        for held in [false, true] {
+            let from = State::InFlight { held };
+            for outcome in &outcomes {
+                let Some(input) = outcome.input(now) else {
+                    assert_eq!(outcome, &Outcome::RetryInPlace(Duration::from_millis(5)));
+                    continue;
+                };
+                let next = from.on(input);
+                let want = match outcome {
+                    Outcome::Ack => State::Succeeded,
+                    Outcome::RetryAfter(_) => State::RetryScheduled {
+                        available_at: Timestamp::from_millis(6_000),
+                    },
+                    Outcome::Hold(_) => State::InFlight { held: true },
+                    _ => State::Dead,
+                };
+                assert_eq!(next, Ok(want), "{outcome:?} from {from}");
+            }
+        }
+    }
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
