@@ -256,10 +256,10 @@ impl OptionReader<'_> {
     /// # Ok::<(), retry_core::error::Error>(())
     /// ```
     pub fn renamed(&mut self, old: &'static str, new: &'static str) -> Result<(), Error> {
-        self.known.insert(old.to_string());
         if self.options.get(old).is_none() {
             return Ok(());
         }
+        self.known.insert(old.to_string());
         if self.options.get(new).is_some() {
             return Err(Error::new(
                 Kind::Config,

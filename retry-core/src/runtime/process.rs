@@ -301,7 +301,7 @@ impl Handling<'_> {
                 Outcome::Hold(backoff) => {
                     if pause.is_none() {
                         if !self.step(Input::Block) {
-                            return Box::pin(self.release_unsettled()).await;
+                            return Box::pin(self.give_back()).await;
                         }
                         warn!(error = ?self.event.meta.last_error, "blocking error: pausing consumption");
                         pause = Some(shared.pause.hold());
@@ -322,23 +322,23 @@ impl Handling<'_> {
                 }
                 Outcome::Ack => {
                     if pause.take().is_some() && !self.step(Input::Unblock) {
-                        return Box::pin(self.release_unsettled()).await;
+                        return Box::pin(self.give_back()).await;
                     }
                     self.ack().await;
                     return;
                 }
                 Outcome::RetryAfter(delay) => {
                     if pause.take().is_some() && !self.step(Input::Unblock) {
-                        return Box::pin(self.release_unsettled()).await;
+                        return Box::pin(self.give_back()).await;
                     }
                     return Box::pin(self.retry_later(delay)).await;
                 }
                 Outcome::Dead(reason) => {
                     if pause.take().is_some() && !self.step(Input::Unblock) {
-                        return Box::pin(self.release_unsettled()).await;
+                        return Box::pin(self.give_back()).await;
                     }
                     let Some(dead) = self.permit(Input::Die) else {
-                        return Box::pin(self.release_unsettled()).await;
+                        return Box::pin(self.give_back()).await;
                     };
                     self.state = dead;
                     self.abandon_idempotency().await;
@@ -471,7 +471,7 @@ impl Handling<'_> {
     async fn ack(&mut self) {
         let shared = self.shared;
         let Some(succeeded) = self.permit(Input::Ack) else {
-            return self.release_unsettled_in_place().await;
+            return self.give_back().await;
         };
         // The handler succeeded: record it before acknowledging, so a redelivery after a failed ack (or a
         // crash in between) is skipped as a duplicate instead of repeating the side effects.
@@ -511,7 +511,7 @@ impl Handling<'_> {
         let due = now.plus(delay);
         tracing::Span::current().record("next_delay_ms", crate::time::duration_ms(delay));
         let Some(scheduled) = self.permit(Input::Retry { available_at: due }) else {
-            return self.release_unsettled().await;
+            return self.give_back().await;
         };
         self.state = scheduled;
         let meta = &mut self.event.meta;
@@ -553,17 +553,12 @@ impl Handling<'_> {
 
     async fn release_on_shutdown(mut self) {
         self.step(Input::LeaseLost);
-        self.abandon_idempotency().await;
-        self.release(Duration::ZERO).await;
+        self.give_back().await;
     }
 
-    /// Gives the delivery back to the broker after the lifecycle refused the action the runtime was
-    /// about to take (see [`Handling::permit`]): nothing is settled, so the broker delivers it again.
-    async fn release_unsettled(mut self) {
-        self.release_unsettled_in_place().await;
-    }
-
-    async fn release_unsettled_in_place(&mut self) {
+    /// Gives the delivery back to the broker unsettled, so it is delivered again: on shutdown, and
+    /// after the lifecycle refused the action the runtime was about to take (see [`Handling::permit`]).
+    async fn give_back(&mut self) {
         self.abandon_idempotency().await;
         self.release(Duration::ZERO).await;
     }
