@@ -26,9 +26,10 @@ use std::time::{Duration, Instant};
 
 use event_retry_kafka::{KafkaConfig, KafkaTransport, bootstrap_of};
 use rdkafka::Message;
+use rdkafka::TopicPartitionList;
 use rdkafka::config::ClientConfig;
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use retry_core::adapter::Admin;
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use retry_core::adapter::{Admin, Published};
 use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
@@ -150,6 +151,67 @@ async fn throughput(url: &str, transport: &KafkaTransport) -> Result<(), Error> 
     Ok(())
 }
 
+/// Where the backlog consumer's group stands on each partition holding a record it never handled: the
+/// committed offset and the high watermark, read with rdkafka. A record below the committed offset was
+/// committed past (lost); one at or above it is late.
+fn group_position(url: &str) -> Box<test_support::backlog::GroupPosition> {
+    let bootstrap = bootstrap_of(url).unwrap_or_else(|_| url.to_string());
+    Box::new(move |topic: String, places: Vec<Published>| {
+        let bootstrap = bootstrap.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || committed_report(&bootstrap, &topic, &places))
+                .await
+                .unwrap_or_else(|e| format!("not read: {e}"))
+        })
+    })
+}
+
+fn committed_report(bootstrap: &str, topic: &str, places: &[Published]) -> String {
+    let group = retry_core::adapter::default_group(topic);
+    let consumer: BaseConsumer = match ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", &group)
+        .create()
+    {
+        Ok(consumer) => consumer,
+        Err(e) => return format!("not read: {e}"),
+    };
+    let mut partitions: Vec<i32> = places.iter().filter_map(|p| p.partition).collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    let mut list = TopicPartitionList::new();
+    for p in &partitions {
+        list.add_partition(topic, *p);
+    }
+    let timeout = Duration::from_secs(10);
+    let committed = match consumer.committed_offsets(list, timeout) {
+        Ok(committed) => committed,
+        Err(e) => return format!("not read: {e}"),
+    };
+    partitions
+        .iter()
+        .map(|&p| {
+            let at = committed
+                .find_partition(topic, p)
+                .map_or("none".to_string(), |e| format!("{:?}", e.offset()));
+            let high = consumer
+                .fetch_watermarks(topic, p, timeout)
+                .map_or_else(|e| format!("not read: {e}"), |(_, high)| high.to_string());
+            let below: Vec<String> = places
+                .iter()
+                .filter(|place| place.partition == Some(p))
+                .filter_map(|place| place.offset)
+                .map(|o| o.to_string())
+                .collect();
+            format!(
+                "{group} partition {p} committed {at}, high watermark {high} (missing offsets {})",
+                below.join(" ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 async fn run(url: &str) -> Result<(), Error> {
     let config = KafkaConfig {
         partitions: 2,
@@ -174,6 +236,7 @@ async fn run(url: &str) -> Result<(), Error> {
         "kafka",
         &transport.config().to_string(),
         &scale_transport,
+        Some(&group_position(url)),
     )
     .await?;
     if bench::wants("throughput") {

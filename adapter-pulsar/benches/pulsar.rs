@@ -147,6 +147,7 @@ async fn run(url: &str) -> Result<(), Error> {
         "pulsar",
         &format!("delayed delivery, tick {:?}", transport.config().tick),
         &transport,
+        None,
     )
     .await?;
     if bench::wants("throughput") {

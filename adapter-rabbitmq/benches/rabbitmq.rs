@@ -99,6 +99,7 @@ async fn run(url: &str) -> Result<(), Error> {
         "rabbitmq",
         &format!("granularity {:?}", transport.config().granularity),
         &transport,
+        None,
     )
     .await?;
     if bench::wants("throughput") {

@@ -149,6 +149,7 @@ async fn run(url: &str) -> Result<(), Error> {
         "sqs",
         "visibility-timeout retries, copies beyond the 1,000 a consumer remembers",
         &transport,
+        None,
     )
     .await?;
     if bench::wants("throughput") {

@@ -167,7 +167,15 @@ fn place(published: &Published) -> String {
 
 /// The bench side: starts the consumer process, measures the three phases, prints them and the ratio
 /// lines (`ratio backlog/idle latency p99 <broker> <n> waiting: x`, and the same for RSS).
-pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Error> {
+///
+/// `position`, where the adapter can read it, says where the consumer's group stands when a healthy
+/// event is missing (see [`GroupPosition`]).
+pub async fn run(
+    broker: &Broker,
+    name: &str,
+    describe: &str,
+    position: Option<&GroupPosition>,
+) -> Result<(), Error> {
     let waiting_max = crate::bench::count_from_env("RETRY_BENCH_BACKLOG", 100_000, 0)? as u64;
     let topic = format!("bench-backlog-{}", uuid_like());
     let log = child::log_path(&format!("backlog-consumer-{name}.log"))?;
@@ -233,7 +241,7 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
             waiting = target;
         }
         if phases.is_empty() {
-            healthy_phase(broker, &topic, "warm-up", WARM_UP, &mut reports)
+            healthy_phase(broker, &topic, "warm-up", WARM_UP, &mut reports, position)
                 .await
                 .map_err(|e| fail(e.to_string()))?;
         }
@@ -241,9 +249,16 @@ pub async fn run(broker: &Broker, name: &str, describe: &str) -> Result<(), Erro
         let Timings {
             mut latencies,
             mut publishes,
-        } = healthy_phase(broker, &topic, &label, HEALTHY_PER_PHASE, &mut reports)
-            .await
-            .map_err(|e| fail(e.to_string()))?;
+        } = healthy_phase(
+            broker,
+            &topic,
+            &label,
+            HEALTHY_PER_PHASE,
+            &mut reports,
+            position,
+        )
+        .await
+        .map_err(|e| fail(e.to_string()))?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         let rss_kib = child::rss_kib(pid)?;
         let heap_kib = *heap.lock().unwrap_or_else(|p| p.into_inner());
@@ -373,6 +388,81 @@ async fn publish_healthy(
     Ok(publishes)
 }
 
+/// How long a report waits, after the 120 s, for the healthy events still missing: one that arrives
+/// then was late, not lost.
+const LATE_PATIENCE: Duration = Duration::from_secs(60);
+
+/// The failure report of a phase whose healthy events were not all handled within 120 s: each missing
+/// id with where the broker put it, where the consumer's group stands there (if the adapter can say),
+/// and whether the id arrived in the next [`LATE_PATIENCE`] — a record the group committed past and that
+/// never arrives is lost; one beyond the committed offset that arrives late is late.
+async fn missing_report(
+    label: &str,
+    count: usize,
+    sent: &[Sent],
+    handled: &std::collections::HashMap<String, i64>,
+    topic: &str,
+    position: Option<&GroupPosition>,
+    reports: &mut mpsc::UnboundedReceiver<Report>,
+) -> Error {
+    let missing: Vec<&Sent> = sent
+        .iter()
+        .filter(|s| !handled.contains_key(&s.id))
+        .collect();
+    let listed = missing
+        .iter()
+        .take(10)
+        .map(|s| format!("{} ({})", s.id, place(&s.published)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let group = match position {
+        Some(position) => {
+            let places = missing.iter().map(|s| s.published.clone()).collect();
+            format!("; the group: {}", position(topic.to_string(), places).await)
+        }
+        None => String::new(),
+    };
+    let mut late: Vec<String> = Vec::new();
+    let started = tokio::time::Instant::now();
+    let deadline = started + LATE_PATIENCE;
+    while late.len() < missing.len() {
+        match tokio::time::timeout_at(deadline, reports.recv()).await {
+            Ok(Some(Report::Latency(_, id))) if missing.iter().any(|s| s.id == id) => {
+                if !late.contains(&id) {
+                    late.push(id);
+                }
+            }
+            Ok(Some(_)) => {}
+            Ok(None) | Err(_) => break,
+        }
+    }
+    let afterwards = if late.len() == missing.len() {
+        format!(
+            "all {} handled late, within {:.1} s more",
+            late.len(),
+            started.elapsed().as_secs_f64()
+        )
+    } else {
+        format!(
+            "{} of them handled in the {} s after, {} still missing",
+            late.len(),
+            LATE_PATIENCE.as_secs(),
+            missing.len() - late.len()
+        )
+    };
+    format!(
+        "{label}: {} of {count} healthy events handled within 120 s; never handled: {listed}{group}; {afterwards}",
+        handled.len(),
+    )
+    .into()
+}
+
+/// Reads where the consumer's group stands for records it has not handled (on Kafka: the group's
+/// committed offset and the high watermark of each record's partition), for a failure report. Given
+/// the topic and where the broker put each record; answers one line.
+pub type GroupPosition =
+    dyn Fn(String, Vec<Published>) -> futures::future::BoxFuture<'static, String> + Send + Sync;
+
 /// Publishes `count` healthy events at a steady rate and collects their latencies and publish times.
 async fn healthy_phase(
     broker: &Broker,
@@ -380,6 +470,7 @@ async fn healthy_phase(
     label: &str,
     count: usize,
     reports: &mut mpsc::UnboundedReceiver<Report>,
+    position: Option<&GroupPosition>,
 ) -> Result<Timings, Error> {
     let sent = publish_healthy(broker, topic, label, count).await?;
     // Counted by id: a healthy event handled twice, or one of another phase handled late, is not one
@@ -394,24 +485,9 @@ async fn healthy_phase(
             Ok(Some(_)) => {}
             Ok(None) => return Err("the consumer process exited".into()),
             Err(_) => {
-                // Each missing id with where the broker put it: a record the consumer's group
-                // committed past is lost, one beyond its committed offset is late.
-                let missing: Vec<String> = sent
-                    .iter()
-                    .filter(|s| !handled.contains_key(&s.id))
-                    .map(|s| format!("{} ({})", s.id, place(&s.published)))
-                    .collect();
-                return Err(format!(
-                    "{label}: {} of {count} healthy events handled within 120 s; never handled: {}",
-                    handled.len(),
-                    missing
-                        .iter()
-                        .take(10)
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-                .into());
+                return Err(
+                    missing_report(label, count, &sent, &handled, topic, position, reports).await,
+                );
             }
         }
     }

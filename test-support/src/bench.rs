@@ -77,15 +77,17 @@ pub async fn helper_consumer(broker: &Broker) -> Option<Result<(), Error>> {
 }
 
 /// The parts whose consumers run in processes of their own, where asked for: `backlog` (`describe`
-/// says how the broker delays) and `scale` (its topics declared through `scale_admin`).
+/// says how the broker delays; `position` reads where the group stands if a healthy event goes missing)
+/// and `scale` (its topics declared through `scale_admin`).
 pub async fn consumer_process_parts(
     broker: &Broker,
     name: &str,
     describe: &str,
     scale_admin: &dyn Admin,
+    position: Option<&crate::backlog::GroupPosition>,
 ) -> Result<(), Error> {
     if wants("backlog") {
-        crate::backlog::run(broker, name, describe).await?;
+        crate::backlog::run(broker, name, describe, position).await?;
     }
     if wants("scale") {
         crate::scale::run(broker, name, scale_admin).await?;
