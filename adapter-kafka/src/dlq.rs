@@ -339,7 +339,14 @@ fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Error> 
             .map_err(error(format!("read {topic}")))?;
         let deadline = Instant::now() + READ_TIMEOUT;
         let mut seen: Vec<i64> = views.iter().map(|v| v.done_below - 1).collect();
-        while views.iter().zip(&seen).any(|(v, s)| *s < v.end - 1) {
+        // A partition is read to its end once its last record was read, or the consumer's position
+        // passed its end: the last offsets of a log written in transactions are commit markers (or
+        // records of an aborted transaction), which a `read_committed` reader never gets.
+        while views
+            .iter()
+            .zip(&seen)
+            .any(|(v, s)| *s < v.end - 1 && position_of(&consumer, &topic, v.partition) < v.end)
+        {
             if Instant::now() > deadline {
                 return Err(Error::new(
                     Kind::Timeout,
@@ -378,6 +385,21 @@ fn read_blocking(link: &Link, topic: String) -> Result<Option<Snapshot>, Error> 
         views,
         entries,
     }))
+}
+
+/// The consumer's position on `partition` of `topic`: the offset it reads next (-1 if unknown).
+fn position_of(consumer: &BaseConsumer, topic: &str, partition: i32) -> i64 {
+    consumer
+        .position()
+        .ok()
+        .and_then(|tpl| {
+            tpl.find_partition(topic, partition)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                })
+        })
+        .unwrap_or(-1)
 }
 
 #[cfg(test)]
