@@ -49,6 +49,13 @@ pub struct KafkaConfig {
     /// How long a consumer losing partitions in a rebalance waits for the work in flight on them to be
     /// settled (and committed) before it lets them go. Default 10 s.
     pub revoke_grace: Duration,
+    /// Whether each hop is a Kafka transaction: a retry or DLQ copy is produced in the same
+    /// transaction that commits the offset of the record it copies (the source record's, or the ladder
+    /// record's it came from), and every consumer reads `read_committed`. A crash between the copy and
+    /// the commit then leaves exactly one copy, where without it the record is consumed again and
+    /// copied twice. Costs a transaction per commit (see the adapter README for the figure). Default
+    /// false.
+    pub transactional_hops: bool,
     /// Extra librdkafka settings for every client (security, timeouts), e.g.
     /// `("security.protocol", "SASL_SSL")`. A secret belongs in `client_secrets`; one put here anyway is
     /// still hidden from `Debug` when its name says it is secret (`sasl.password`).
@@ -76,6 +83,7 @@ impl std::fmt::Debug for KafkaConfig {
             .field("dlq_suffix", &self.dlq_suffix)
             .field("dlq_group", &self.dlq_group)
             .field("revoke_grace", &self.revoke_grace)
+            .field("transactional_hops", &self.transactional_hops)
             .field("client", &client)
             .field("client_secrets", &self.client_secrets)
             .finish()
@@ -95,6 +103,7 @@ impl Default for KafkaConfig {
             dlq_suffix: ".dlq".to_string(),
             dlq_group: "event-retry-dlq".to_string(),
             revoke_grace: Duration::from_secs(10),
+            transactional_hops: false,
             client: Vec::new(),
             client_secrets: Vec::new(),
         }
@@ -108,7 +117,7 @@ impl KafkaConfig {
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
     /// starting from the defaults: `granularity`, `max_delay`, `revoke_grace` (durations such as `100ms`),
     /// `declare` (true/false; formerly `create_topics`), `partitions`, `replication_factor`, `retry_infix`, `delay_infix`,
-    /// `dlq_suffix`, `dlq_group`, `rdkafka.<property>` for any librdkafka client property
+    /// `dlq_suffix`, `dlq_group`, `transactional_hops` (true/false), `rdkafka.<property>` for any librdkafka client property
     /// (`rdkafka.fetch.queue.backoff.ms=10`), and librdkafka's TLS and SASL properties by their own
     /// names ([`crate::security::SECURITY_KEYS`]: `security.protocol`, `sasl.mechanism`,
     /// `sasl.username`, `ssl.ca.location`, …). The secrets among them ([`crate::security::SECRET_KEYS`]:
@@ -147,6 +156,9 @@ impl KafkaConfig {
         }
         if let Some(v) = read.duration("revoke_grace")? {
             c.revoke_grace = v;
+        }
+        if let Some(v) = read.bool("transactional_hops")? {
+            c.transactional_hops = v;
         }
         let (security, secrets) = crate::security::read(&mut read)?;
         c.client = security;
@@ -281,10 +293,15 @@ impl std::fmt::Display for KafkaConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "ladder of {} levels of {} up to {}",
+            "ladder of {} levels of {} up to {}{}",
             self.levels(),
             format_duration(self.granularity),
-            format_duration(self.max_delay)
+            format_duration(self.max_delay),
+            if self.transactional_hops {
+                ", transactional hops"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -349,8 +366,10 @@ mod tests {
             .set("replication_factor", "3")
             .set("dlq_suffix", ".dead")
             .set("revoke_grace", "3s")
+            .set("transactional_hops", "true")
             .set("rdkafka.fetch.queue.backoff.ms", "10");
         let c = KafkaConfig::from_options(&options).unwrap_or_default();
+        assert!(c.transactional_hops);
         assert_eq!(c.granularity, Duration::from_millis(250));
         assert_eq!(c.max_delay, Duration::from_secs(3600));
         assert!(!c.create_topics);

@@ -7,7 +7,9 @@
 //! holds and the other partitions go on. Due records are produced in batches; the offsets are committed
 //! (synchronously) only after every record before them was acknowledged, so a crash at any point leaves
 //! each record either still in its level or already in the next one. A record produced twice (a crash
-//! between the acknowledgement and the commit) is possible; a record lost is not.
+//! between the acknowledgement and the commit) is possible; a record lost is not. With transactional
+//! hops a batch's forwards and its offsets are one transaction (see [`crate::txn`]), and a crash leaves
+//! each record in exactly one place.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,6 +28,7 @@ use crate::codec::{self, Decoded};
 use crate::hops::{Hop, next_hop};
 use crate::link::{Link, delivered};
 use crate::offsets::Tp;
+use crate::txn::{Copy, Transactional};
 
 /// The most records forwarded in one batch.
 const BATCH: usize = 500;
@@ -139,11 +142,18 @@ impl Ladder {
             .subscribe(&names)
             .map_err(crate::error::error("subscribe to the ladder"))?;
         let stop = Arc::new(AtomicBool::new(false));
+        let transactional = link.config.transactional_hops.then(|| {
+            Transactional::new(
+                link.transactional.clone(),
+                &link.config.ladder_group(source),
+            )
+        });
         let forwarder = Forwarder {
             link,
             source: source.to_string(),
             consumer,
             stop: stop.clone(),
+            transactional,
         };
         let thread = std::thread::Builder::new()
             .name(format!("kafka-ladder-{source}"))
@@ -177,6 +187,8 @@ struct Forwarder {
     source: String,
     consumer: BaseConsumer<LadderContext>,
     stop: Arc<AtomicBool>,
+    /// Set with transactional hops: a batch's forwards and offsets are one transaction.
+    transactional: Option<Transactional>,
 }
 
 impl Forwarder {
@@ -184,7 +196,7 @@ impl Forwarder {
         self.consumer.context().lock()
     }
 
-    fn run(self) {
+    fn run(mut self) {
         while !self.stop.load(Ordering::Acquire) {
             let now = Timestamp::now();
             let next_due = self.release_due_heads(now);
@@ -349,12 +361,15 @@ impl Forwarder {
 
     /// Forwards the ready records, then commits, per partition, the offsets up to the first failure;
     /// what failed (and what followed it in its partition) is held again for a while.
-    fn flush(&self) {
+    fn flush(&mut self) {
         let ready = std::mem::take(&mut self.state().ready);
         if ready.is_empty() {
             return;
         }
         let now = Timestamp::now();
+        if self.transactional.is_some() {
+            return self.flush_in_transaction(ready, now);
+        }
         let sends: Vec<Result<DeliveryFuture, Error>> =
             ready.iter().map(|e| self.start_forward(e, now)).collect();
         let results: Vec<Result<(), Error>> = futures::executor::block_on(async {
@@ -404,6 +419,12 @@ impl Forwarder {
                 debug!(error = %e, "ladder commit failed");
             }
         }
+        self.hold_again(failed);
+    }
+
+    /// Holds again, for a while, the entries whose forward failed and what followed them in their
+    /// partitions.
+    fn hold_again(&self, failed: HashMap<Tp, Vec<Entry>>) {
         let again = Timestamp::now().plus(FORWARD_BACKOFF);
         for (tp, entries) in failed {
             {
@@ -416,5 +437,91 @@ impl Forwarder {
             }
             self.pause(&tp, true);
         }
+    }
+
+    /// [`Self::flush`] with transactional hops: the forwards up to each partition's first record that
+    /// cannot be placed, and their offsets, in one transaction; if it aborts, every one is held again.
+    fn flush_in_transaction(&mut self, ready: Vec<Entry>, now: Timestamp) {
+        let mut failed: HashMap<Tp, Vec<Entry>> = HashMap::new();
+        let mut included: Vec<(Entry, Copy)> = Vec::new();
+        for entry in ready {
+            if let Some(queue) = failed.get_mut(&entry.tp) {
+                queue.push(entry);
+                continue;
+            }
+            let (topic, extra) = self.target(&entry, now);
+            match self.link.partitions_blocking(&topic) {
+                Ok(_) => {
+                    let copy = Copy {
+                        topic,
+                        partition: Some(entry.tp.1),
+                        raw: entry.decoded.raw.clone(),
+                        nulls: entry.decoded.nulls.clone(),
+                        extra,
+                    };
+                    included.push((entry, copy));
+                }
+                Err(e) => {
+                    warn!(error = %e, topic = %entry.tp.0, partition = entry.tp.1, offset = entry.offset, "forwarding a delayed record failed; trying again");
+                    let mut entry = entry;
+                    if e.kind() == Kind::NotFound && !e.is_temporary() {
+                        entry.missing_target += 1;
+                    }
+                    failed.insert(entry.tp.clone(), vec![entry]);
+                }
+            }
+        }
+        if included.is_empty() {
+            return self.hold_again(failed);
+        }
+        let mut commits: HashMap<Tp, i64> = HashMap::new();
+        for (entry, _) in &included {
+            commits.insert(entry.tp.clone(), entry.offset + 1);
+        }
+        let mut tpl = TopicPartitionList::new();
+        for ((topic, partition), offset) in &commits {
+            if let Err(e) = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset)) {
+                warn!(error = %e, "building a ladder commit failed");
+            }
+        }
+        let outcome = match (self.consumer.group_metadata(), &mut self.transactional) {
+            (Some(group), Some(producer)) => {
+                let copies: Vec<&Copy> = included.iter().map(|(_, c)| c).collect();
+                producer.commit(&self.link, &copies, &tpl, &group)
+            }
+            _ => return self.hold_again(Self::regroup(included, failed)),
+        };
+        if let Err(aborted) = outcome {
+            warn!(error = %aborted.error, ladder = %self.source, "a transaction of forwards failed; trying again");
+            if aborted
+                .copies
+                .iter()
+                .flatten()
+                .any(|e| e.kind() == Kind::NotFound)
+            {
+                self.link.forget_all();
+            }
+            self.hold_again(Self::regroup(included, failed));
+        } else {
+            self.hold_again(failed);
+        }
+    }
+
+    /// The entries of a transaction that did not commit put back in front of the entries that failed
+    /// before it, partition by partition. A delivery that said its topic does not exist is not counted
+    /// towards the DLQ (it may come of stale metadata): the next try reads the metadata afresh, and only
+    /// that answer counts.
+    fn regroup(
+        included: Vec<(Entry, Copy)>,
+        mut failed: HashMap<Tp, Vec<Entry>>,
+    ) -> HashMap<Tp, Vec<Entry>> {
+        let mut back: HashMap<Tp, Vec<Entry>> = HashMap::new();
+        for (entry, _) in included {
+            back.entry(entry.tp.clone()).or_default().push(entry);
+        }
+        for (tp, rest) in failed.drain() {
+            back.entry(tp).or_default().extend(rest);
+        }
+        back
     }
 }

@@ -27,6 +27,7 @@ mod offsets;
 mod producer;
 pub mod security;
 mod subscription;
+mod txn;
 mod worker;
 
 use std::sync::Arc;

@@ -34,6 +34,8 @@ pub(crate) struct Link {
     pub(crate) producers: Producers,
     admin: AdminClient<DefaultClientContext>,
     partitions: Mutex<HashMap<String, i32>>,
+    /// The settings of the consumers' transactional producers (`transactional_hops`), less their ids.
+    pub(crate) transactional: ClientConfig,
 }
 
 /// Where the broker put a record: its partition and offset.
@@ -56,12 +58,14 @@ impl Link {
             .set("message.timeout.ms", SEND_TIMEOUT.as_millis().to_string());
         let producers = Producers::new(producer_config)?;
         let admin = base.create().map_err(settings_error("admin"))?;
+        let transactional = transactional_config(bootstrap, &config);
         Ok(Self {
             bootstrap: bootstrap.to_string(),
             config,
             producers,
             admin,
             partitions: Mutex::new(HashMap::new()),
+            transactional,
         })
     }
 
@@ -80,7 +84,10 @@ impl Link {
                 ("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS),
             ],
         );
+        // Copies of an aborted transaction are never read (librdkafka's default, said here because the
+        // transactional hops rely on it).
         c.set("group.id", group)
+            .set("isolation.level", "read_committed")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
@@ -290,15 +297,16 @@ impl Link {
             .map(|(delivery, _)| delivery)
     }
 
-    /// [`Self::start_send`], also returning the producer that took the record.
-    fn start_send_on(
+    /// The record that carries `raw` (plus `extra` headers) to `topic`, on partition `partition` modulo
+    /// the topic's count if given and the count is known.
+    pub(crate) fn record<'a>(
         &self,
-        topic: &str,
+        topic: &'a str,
         partition: Option<i32>,
-        raw: &RawMessage,
+        raw: &'a RawMessage,
         nulls: &Nulls,
         extra: &[(&str, &[u8])],
-    ) -> Result<(DeliveryFuture, Handle), KafkaError> {
+    ) -> FutureRecord<'a, [u8], [u8]> {
         let mut record = FutureRecord::<[u8], [u8]>::to(topic)
             .payload(&raw.payload[..])
             .headers(codec::headers(raw, nulls, extra));
@@ -308,6 +316,19 @@ impl Link {
         if let (Some(p), Some(n)) = (partition, self.cached_partitions(topic)) {
             record = record.partition(p.rem_euclid(n.max(1)));
         }
+        record
+    }
+
+    /// [`Self::start_send`], also returning the producer that took the record.
+    fn start_send_on(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        raw: &RawMessage,
+        nulls: &Nulls,
+        extra: &[(&str, &[u8])],
+    ) -> Result<(DeliveryFuture, Handle), KafkaError> {
+        let record = self.record(topic, partition, raw, nulls, extra);
         let unusable = |_| KafkaError::MessageProduction(RDKafkaErrorCode::Fatal);
         let handle = self.producers.usable().map_err(unusable)?;
         match handle.producer.send_result(record) {
@@ -379,6 +400,22 @@ impl Link {
         operation: &str,
     ) -> Result<(), Error> {
         let Outbound { raw, nulls } = record;
+        let (topic, headers) = self.delayed_target(source, to, delay);
+        let extra: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
+        self.send(&topic, Some(partition), raw, nulls, &extra, operation)
+            .await
+            .map(drop)
+    }
+
+    /// Where a record that is to come back on `to` after `delay` at the earliest goes first, and the
+    /// routing headers it carries there: `to` itself when there is no delay, otherwise the ladder level
+    /// of its first hop.
+    pub(crate) fn delayed_target(
+        &self,
+        source: &str,
+        to: &str,
+        delay: Duration,
+    ) -> (String, Vec<(&'static str, Vec<u8>)>) {
         let now = Timestamp::now();
         // Whole milliseconds: one more keeps a sub-millisecond remainder and the clock's rounding from
         // making the retry early.
@@ -389,33 +426,18 @@ impl Link {
                 u64::try_from(delay.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX) + 1,
             ))
         };
-        let route = Route {
-            to: to.to_string(),
-            due,
-            hop_due: due,
-        };
-        match next_hop(
-            now,
-            route.due,
-            self.config.granularity,
-            self.config.levels(),
-        ) {
-            Hop::Due => self
-                .send(to, Some(partition), raw, nulls, &[], operation)
-                .await
-                .map(drop),
+        match next_hop(now, due, self.config.granularity, self.config.levels()) {
+            Hop::Due => (to.to_string(), Vec::new()),
             Hop::Level { level, leave_at } => {
                 let route = Route {
+                    to: to.to_string(),
+                    due,
                     hop_due: leave_at,
-                    ..route
                 };
-                let headers = codec::route_headers(&route);
-                let extra: Vec<(&str, &[u8])> =
-                    headers.iter().map(|(n, v)| (*n, v.as_slice())).collect();
-                let level_topic = self.config.level_topic(source, level);
-                self.send(&level_topic, Some(partition), raw, nulls, &extra, operation)
-                    .await
-                    .map(drop)
+                (
+                    self.config.level_topic(source, level),
+                    codec::route_headers(&route).to_vec(),
+                )
             }
         }
     }
@@ -507,6 +529,26 @@ const FETCH_QUEUE_BACKOFF_MS: &str = "10";
 /// Settings every client shares, and the user's own `rdkafka.*` settings.
 pub(crate) fn client_config(bootstrap: &str, config: &KafkaConfig) -> ClientConfig {
     client_config_with(bootstrap, config, &[])
+}
+
+/// The settings of a consumer's transactional producer: acknowledged by every in-sync replica, a
+/// transaction aborted by the coordinator after [`crate::txn::TRANSACTION_TIMEOUT_MS`] unless the client
+/// settings say otherwise, and a record given up no later than its transaction.
+fn transactional_config(bootstrap: &str, config: &KafkaConfig) -> ClientConfig {
+    let mut c = client_config_with(
+        bootstrap,
+        config,
+        &[("transaction.timeout.ms", crate::txn::TRANSACTION_TIMEOUT_MS)],
+    );
+    let timeout = c
+        .get("transaction.timeout.ms")
+        .unwrap_or(crate::txn::TRANSACTION_TIMEOUT_MS)
+        .to_string();
+    c.set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "2")
+        .set("message.timeout.ms", timeout);
+    c
 }
 
 /// The settings every client shares, then `defaults`, then the user's own `rdkafka.*` settings, which

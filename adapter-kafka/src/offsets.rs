@@ -91,6 +91,18 @@ impl Offsets {
         }
     }
 
+    /// Offset `offset` of `tp`, settled in `epoch`, is in flight again: what settled it did not take
+    /// effect (a copy whose transaction aborted for good). `false` when that epoch is over.
+    pub(crate) fn unsettle(&mut self, tp: &Tp, offset: i64, epoch: u64) -> bool {
+        match self.partitions.get_mut(tp) {
+            Some(p) if p.epoch == epoch => {
+                p.in_flight.insert(offset);
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// How many offsets of `tp` are in flight.
     pub(crate) fn in_flight(&self, tp: &Tp) -> usize {
         self.partitions.get(tp).map_or(0, |p| p.in_flight.len())
@@ -165,6 +177,25 @@ mod tests {
         o.settled(&tp(0), 12, e);
         assert_eq!(o.take_commits(None), vec![(tp(0), 13)]);
         assert_eq!(o.in_flight(&tp(0)), 0);
+    }
+
+    #[test]
+    fn an_unsettled_offset_holds_the_commit_point_again() {
+        let mut o = Offsets::default();
+        o.assigned(tp(0));
+        let e = o.received(&tp(0), 3).unwrap_or_default();
+        o.received(&tp(0), 4);
+        o.settled(&tp(0), 3, e);
+        o.settled(&tp(0), 4, e);
+        let failed = o.take_commits(None);
+        assert_eq!(failed, vec![(tp(0), 5)]);
+        // The transaction carrying 4's copy aborted for good: 4 is in flight again.
+        o.commit_failed(&failed);
+        assert!(o.unsettle(&tp(0), 4, e));
+        assert_eq!(o.take_commits(None), vec![(tp(0), 4)]);
+        assert_eq!(o.in_flight(&tp(0)), 1);
+        o.revoked(&tp(0));
+        assert!(!o.unsettle(&tp(0), 4, e), "not this member's any more");
     }
 
     #[test]

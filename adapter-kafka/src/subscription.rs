@@ -3,7 +3,9 @@
 //! A receipt settles by reporting its offset to the consumer thread, which commits it once everything
 //! before it in the partition is settled too. A retry is a copy produced into the delay ladder (or
 //! straight to the retry topic when there is no delay) and a dead letter a copy produced to the DLQ,
-//! each acknowledged by every in-sync replica of the idempotent producer before the offset is reported.
+//! each acknowledged by every in-sync replica of the idempotent producer before the offset is reported —
+//! or, with transactional hops, handed to the consumer thread with the settle and committed with the
+//! offset in one transaction.
 //! A receipt dropped unsettled leaves its offset uncommitted: the record is consumed again when its
 //! partition moves to another member or the group restarts.
 
@@ -26,7 +28,8 @@ use crate::codec::{self, Nulls};
 use crate::ladder::Ladder;
 use crate::link::Link;
 use crate::offsets::Tp;
-use crate::worker::{self, Command, Record, Worker};
+use crate::txn::Copy;
+use crate::worker::{self, Command, Hops, Record, Worker};
 
 /// Batches of records the consumer thread can hand to the subscription before it keeps them in its
 /// backlog.
@@ -43,7 +46,11 @@ pub(crate) async fn subscribe(
 ) -> Result<KafkaSubscription, Error> {
     let retry_topic = link.config.retry_topic(&spec.topic, &spec.group);
     let (commands, command_rx) = std::sync::mpsc::channel();
-    let context = Worker::new(command_rx, link.config.revoke_grace);
+    let hops = link
+        .config
+        .transactional_hops
+        .then(|| Hops::new(link.clone(), &format!("{}-{}", spec.group, spec.consumer)));
+    let context = Worker::new(command_rx, link.config.revoke_grace, hops);
     let mut config = link.consumer_config(&spec.group);
     config.set("client.id", &spec.consumer);
     // After a pause (a blocking hold, or a full channel) partitions are fetched again only once the fetch
@@ -239,7 +246,21 @@ impl KafkaReceipt {
         Ok(())
     }
 
-    async fn delay(&self, raw: &RawMessage, delay: Duration, operation: &str) -> Result<(), Error> {
+    /// Settles the record with a copy that comes back on the retry topic after `delay`.
+    async fn delay(
+        &mut self,
+        raw: &RawMessage,
+        delay: Duration,
+        operation: &str,
+    ) -> Result<(), Error> {
+        if self.worker.transactional() {
+            let (topic, extra) =
+                self.link
+                    .delayed_target(&self.names.source, &self.names.retry_topic, delay);
+            return self
+                .finish_with_copy(topic, raw.clone(), extra, operation)
+                .await;
+        }
         self.link
             .send_delayed(
                 &self.names.source,
@@ -252,7 +273,40 @@ impl KafkaReceipt {
                 delay,
                 operation,
             )
+            .await?;
+        self.finish()
+    }
+
+    /// Settles the record with a copy of `raw` to `topic`, produced in the transaction that commits its
+    /// offset; returns once that transaction committed.
+    async fn finish_with_copy(
+        &mut self,
+        topic: String,
+        raw: RawMessage,
+        extra: Vec<(&'static str, Vec<u8>)>,
+        operation: &str,
+    ) -> Result<(), Error> {
+        // The copy keeps its record's partition: the topic's count must be known to place it.
+        self.link
+            .partitions(&topic)
             .await
+            .map_err(|e| e.with_operation(operation.to_string()))?;
+        let p = self.position.get()?;
+        let (tp, offset, epoch) = (p.tp.clone(), p.offset, p.epoch);
+        let copy = Copy {
+            topic,
+            partition: Some(self.partition),
+            raw,
+            nulls: self.nulls.clone(),
+            extra,
+        };
+        self.worker
+            .settled_with_copy(&tp, offset, epoch, copy)
+            .await
+            .map_err(|_| Error::closed())?
+            .map_err(|e| e.with_operation(operation.to_string()))?;
+        // Settled: the record is no longer this receipt's to release.
+        self.position.take().map(drop)
     }
 }
 
@@ -265,24 +319,29 @@ impl Receipt for KafkaReceipt {
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
         self.position.get()?;
         let operation = format!("retry of {} through the delay ladder", self.names.source);
-        self.delay(&event.to_raw(), delay, &operation).await?;
-        self.finish()
+        self.delay(&event.to_raw(), delay, &operation).await
     }
 
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         self.position.get()?;
-        let dlq = &self.names.dlq_topic;
+        let dlq = self.names.dlq_topic.clone();
+        let operation = format!("dead-letter to {dlq}");
+        let group = retry_core::metadata::names::GROUP;
+        if self.worker.transactional() {
+            let extra = vec![(group, self.names.group.as_bytes().to_vec())];
+            return self
+                .finish_with_copy(dlq, event.to_raw(), extra, &operation)
+                .await;
+        }
+        let extra = [(group, self.names.group.as_bytes())];
         self.link
             .send(
-                dlq,
+                &dlq,
                 Some(self.partition),
                 &event.to_raw(),
                 &self.nulls,
-                &[(
-                    retry_core::metadata::names::GROUP,
-                    self.names.group.as_bytes(),
-                )],
-                &format!("dead-letter to {dlq}"),
+                &extra,
+                &operation,
             )
             .await?;
         self.finish()
@@ -293,7 +352,6 @@ impl Receipt for KafkaReceipt {
         // Kafka cannot hand one record back: a copy comes back through the retry topic instead, and
         // if it cannot be produced the offset stays uncommitted.
         let original = self.original.clone();
-        self.delay(&original, after, "release").await?;
-        self.finish()
+        self.delay(&original, after, "release").await
     }
 }

@@ -9,7 +9,9 @@
 //! position after the last record read on resume).
 //!
 //! Receipts report settled offsets into the shared state (no wake-up per settle); the thread commits each partition's
-//! contiguous settled prefix (see [`crate::offsets`]). Losing partitions in a rebalance, it first waits
+//! contiguous settled prefix (see [`crate::offsets`]). With transactional hops a retry or DLQ copy is
+//! handed to the thread with its settle, and a commit that passes a record with a copy is one
+//! transaction carrying both (see [`crate::txn`]); the receipt returns once it is committed. Losing partitions in a rebalance, it first waits
 //! (up to `revoke_grace`) for the work in flight on them, commits it, and forgets them, so a settle that
 //! comes later never commits for a partition this member no longer owns.
 
@@ -28,7 +30,20 @@ use tracing::{debug, warn};
 
 use crate::codec::{self, Decoded};
 use crate::error::consume_error;
+use crate::link::Link;
 use crate::offsets::{Offsets, Tp};
+use crate::txn::{Copy, Transactional};
+
+/// How often the settled offsets are committed.
+const COMMIT_INTERVAL: Duration = Duration::from_millis(50);
+/// How long a poll waits for records when none wait to be handed out.
+const IDLE_POLL: Duration = Duration::from_millis(50);
+/// The same with transactional hops: a copy handed over meanwhile waits at most this long for its
+/// transaction to start (a poll cannot be woken from another thread).
+const IDLE_POLL_TRANSACTIONAL: Duration = Duration::from_millis(5);
+
+/// How long commits carrying copies wait after a transaction failed before the next try.
+const TRANSACTION_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The most records handed to the subscription at once.
 const HANDOUT_BATCH: usize = 256;
@@ -74,6 +89,33 @@ pub(crate) struct State {
     closing: bool,
     /// Who waits for the close to finish.
     close_waiter: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Copies of settled records waiting for the transaction that commits past them.
+    copies: Vec<PendingCopy>,
+    /// After a failed transaction, when commits carrying copies are tried again.
+    transaction_retry_at: Option<Instant>,
+}
+
+/// A copy waiting for its transaction, and the receipt waiting for the outcome.
+struct PendingCopy {
+    tp: Tp,
+    offset: i64,
+    epoch: u64,
+    copy: Copy,
+    done: tokio::sync::oneshot::Sender<Result<(), Error>>,
+}
+
+/// The transactional producer of a consumer with transactional hops, and the link its records use.
+pub(crate) struct Hops {
+    link: Arc<Link>,
+    producer: Mutex<Transactional>,
+}
+
+impl Hops {
+    /// The transactional hops of the consumer named `owner`.
+    pub(crate) fn new(link: Arc<Link>, owner: &str) -> Self {
+        let producer = Mutex::new(Transactional::new(link.transactional.clone(), owner));
+        Self { link, producer }
+    }
 }
 
 /// The consumer's context: the shared state, and the commands (served inside a revoke too).
@@ -83,10 +125,18 @@ pub(crate) struct Worker {
     revoke_grace: Duration,
     /// Set at the first assignment (the member joined its group).
     pub(crate) joined: Arc<AtomicBool>,
+    /// Set with transactional hops.
+    hops: Option<Hops>,
+    /// How long a poll waits for records when none wait to be handed out.
+    idle_poll: Duration,
 }
 
 impl Worker {
-    pub(crate) fn new(commands: Receiver<Command>, revoke_grace: Duration) -> Self {
+    pub(crate) fn new(
+        commands: Receiver<Command>,
+        revoke_grace: Duration,
+        hops: Option<Hops>,
+    ) -> Self {
         Self {
             state: Mutex::new(State {
                 offsets: Offsets::default(),
@@ -97,11 +147,61 @@ impl Worker {
                 stalled: false,
                 closing: false,
                 close_waiter: None,
+                copies: Vec::new(),
+                transaction_retry_at: None,
             }),
             commands: Mutex::new(commands),
             revoke_grace,
             joined: Arc::new(AtomicBool::new(false)),
+            idle_poll: if hops.is_some() {
+                IDLE_POLL_TRANSACTIONAL
+            } else {
+                IDLE_POLL
+            },
+            hops,
         }
+    }
+
+    /// Whether copies wait for a transaction that can start now (not backing off after a failure).
+    fn copies_waiting(&self) -> bool {
+        let state = self.lock();
+        !state.copies.is_empty()
+            && state
+                .transaction_retry_at
+                .is_none_or(|at| Instant::now() >= at)
+    }
+
+    /// Whether copies go through transactions with the offsets (`transactional_hops`).
+    pub(crate) fn transactional(&self) -> bool {
+        self.hops.is_some()
+    }
+
+    /// A receipt settled `offset` of `tp`, read in `epoch`, with `copy` to be produced in the transaction
+    /// that commits past it; the answer comes once that transaction committed, or failed for good: the
+    /// broker refused the copy itself (the record is then unsettled again, for the runtime to release),
+    /// or the partition moved to another member (which consumes the record again) or the consumer
+    /// closed.
+    pub(crate) fn settled_with_copy(
+        &self,
+        tp: &Tp,
+        offset: i64,
+        epoch: u64,
+        copy: Copy,
+    ) -> tokio::sync::oneshot::Receiver<Result<(), Error>> {
+        let (done, outcome) = tokio::sync::oneshot::channel();
+        let mut state = self.lock();
+        if state.offsets.settled(tp, offset, epoch) {
+            state.copies.push(PendingCopy {
+                tp: tp.clone(),
+                offset,
+                epoch,
+                copy,
+                done,
+            });
+        } else {
+            let _ = done.send(Err(moved(tp)));
+        }
+        outcome
     }
 
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -246,11 +346,122 @@ impl Worker {
                 warn!(error = %e, "building a commit failed");
             }
         }
+        if let Some(hops) = &self.hops {
+            let copies = self.copies_below(&commits);
+            if !copies.is_empty() {
+                return self.commit_in_transaction(hops, consumer, &commits, &tpl, copies);
+            }
+        }
+        // A process that dies here has settled (and copied) records and not committed them.
+        fail::fail_point!("kafka-before-commit", |_| std::process::abort());
         if let Err(e) = consumer.commit(&tpl, mode) {
             debug!(error = %e, "commit failed; it is tried again");
             self.lock().offsets.commit_failed(&commits);
         }
     }
+
+    /// Takes the copies waiting of the records `commits` pass.
+    fn copies_below(&self, commits: &[(Tp, i64)]) -> Vec<PendingCopy> {
+        let mut state = self.lock();
+        let (below, rest): (Vec<PendingCopy>, Vec<PendingCopy>) = std::mem::take(&mut state.copies)
+            .into_iter()
+            .partition(|c| {
+                commits
+                    .iter()
+                    .any(|(tp, point)| *tp == c.tp && c.offset < *point)
+            });
+        state.copies = rest;
+        below
+    }
+
+    /// Commits `commits` with `copies` in one transaction and answers each copy's receipt; after a
+    /// failure the copies wait for the next commit, and the offsets are tried again with them.
+    fn commit_in_transaction(
+        &self,
+        hops: &Hops,
+        consumer: &BaseConsumer<Worker>,
+        commits: &[(Tp, i64)],
+        tpl: &TopicPartitionList,
+        copies: Vec<PendingCopy>,
+    ) {
+        let retry_at = self.lock().transaction_retry_at;
+        let outcome = match (retry_at, consumer.group_metadata()) {
+            (Some(at), _) if Instant::now() < at => Err(None),
+            (_, None) => Err(None),
+            (_, Some(group)) => {
+                let records: Vec<&Copy> = copies.iter().map(|c| &c.copy).collect();
+                let mut producer = hops.producer.lock().unwrap_or_else(|p| p.into_inner());
+                producer
+                    .commit(&hops.link, &records, tpl, &group)
+                    .map_err(Some)
+            }
+        };
+        let mut state = self.lock();
+        match outcome {
+            Ok(()) => {
+                state.transaction_retry_at = None;
+                drop(state);
+                for c in copies {
+                    let _ = c.done.send(Ok(()));
+                }
+            }
+            Err(aborted) => {
+                state.offsets.commit_failed(commits);
+                let mut refused = Vec::new();
+                let mut again = Vec::new();
+                match aborted {
+                    None => again = copies,
+                    Some(aborted) => {
+                        warn!(error = %aborted.error, "a transaction of copies and offsets failed; it is tried again");
+                        state.transaction_retry_at = Some(Instant::now() + TRANSACTION_BACKOFF);
+                        for (c, e) in copies.into_iter().zip(aborted.copies) {
+                            match e {
+                                // The broker refused this copy: it will not take it by trying again.
+                                Some(e) if !e.is_temporary() => refused.push((c, e)),
+                                _ => again.push(c),
+                            }
+                        }
+                    }
+                }
+                for (c, _) in &refused {
+                    state.offsets.unsettle(&c.tp, c.offset, c.epoch);
+                }
+                again.append(&mut state.copies);
+                state.copies = again;
+                drop(state);
+                for (c, e) in refused {
+                    let _ = c.done.send(Err(e));
+                }
+            }
+        }
+    }
+
+    /// Answers the copies of partitions this member let go (or of every partition, closing): their
+    /// records are consumed again by whoever owns the partitions next.
+    fn drop_copies(&self, only: Option<&[Tp]>) {
+        let dropped: Vec<PendingCopy> = {
+            let mut state = self.lock();
+            let (dropped, kept) = std::mem::take(&mut state.copies)
+                .into_iter()
+                .partition(|c| only.is_none_or(|tps| tps.contains(&c.tp)));
+            state.copies = kept;
+            dropped
+        };
+        for c in dropped {
+            let _ = c.done.send(Err(moved(&c.tp)));
+        }
+    }
+}
+
+/// The error of a copy whose record this member no longer owns.
+fn moved(tp: &Tp) -> Error {
+    Error::new(
+        retry_core::error::Kind::Closed,
+        format!(
+            "{} partition {} is no longer this member's: its copy was not committed, and the record is consumed again",
+            tp.0, tp.1
+        ),
+    )
 }
 
 impl ClientContext for Worker {}
@@ -315,6 +526,7 @@ impl ConsumerContext for Worker {
             }
             self.commit_before_letting_go(consumer, Some(&revoked));
         }
+        self.drop_copies(Some(&revoked));
         let mut state = self.lock();
         for tp in &revoked {
             state.offsets.revoked(tp);
@@ -363,7 +575,10 @@ pub(crate) fn run(
         if worker.serve_commands(&consumer, Duration::ZERO) {
             break;
         }
-        if last_commit.elapsed() >= Duration::from_millis(50) {
+        // A copy's receipt waits for its transaction: commit soon after one waits.
+        if last_commit.elapsed() >= COMMIT_INTERVAL
+            || (last_commit.elapsed() >= IDLE_POLL_TRANSACTIONAL && worker.copies_waiting())
+        {
             worker.commit(&consumer, None, CommitMode::Async);
             last_commit = Instant::now();
         }
@@ -392,7 +607,7 @@ pub(crate) fn run(
             continue;
         }
         let wait = if worker.lock().pending.is_empty() {
-            Duration::from_millis(50)
+            worker.idle_poll
         } else {
             Duration::from_millis(1)
         };
@@ -422,6 +637,7 @@ pub(crate) fn run(
     worker.lock().closing = true;
     worker.serve_commands(&consumer, Duration::ZERO);
     worker.commit_before_letting_go(&consumer, None);
+    worker.drop_copies(None);
     // Dropping leaves the group (the revoke commits again, without waiting).
     drop(consumer);
     if let Some(done) = worker.lock().close_waiter.take() {
