@@ -2,6 +2,10 @@
 //!
 //! * killing the consumer *process* (SIGKILL) while its retries wait in the delay ladder loses none of
 //!   them: a new process in the same group finishes every one, none before its delay;
+//! * a process that dies between producing its retry copies and committing the source offsets leaves
+//!   exactly one copy of each on the retry topic with transactional hops (read with rdkafka,
+//!   `read_committed`), and two of the copies it made without them (the crash point is a `fail`
+//!   failpoint, `kafka-before-commit-transaction` / `kafka-before-commit`);
 //! * DLQ replay progress is a committed offset: a replayed or purged entry is not seen again, also by a
 //!   new connection, and an entry left alone stays;
 //! * a policy with a delay beyond the ladder's maximum is refused when the consumer is built;
@@ -38,11 +42,27 @@ use test_support::broker::{Test, runtime};
 const EVENTS: usize = 20;
 const DELAY: Duration = Duration::from_secs(5);
 const CHILD: &str = "KAFKA_TEST_CHILD";
+/// Set (to the topic) in the child that dies between its copies and their commit.
+const CRASH_CHILD: &str = "KAFKA_TEST_CRASH_CHILD";
+/// Whether that child's hops are transactional.
+const TRANSACTIONAL: &str = "KAFKA_TEST_TRANSACTIONAL";
+/// Events of the crash-before-commit tests.
+const CRASH_EVENTS: usize = 5;
 
 /// Per event id, when each call ran (ms since the epoch) and its attempt number.
 type Runs = HashMap<String, Vec<(u64, u32)>>;
 
 fn main() {
+    if let Ok(topic) = std::env::var(CRASH_CHILD) {
+        let url = std::env::var("RETRY_TEST_KAFKA").unwrap_or_default();
+        let transactional = std::env::var(TRANSACTIONAL).is_ok_and(|v| v == "true");
+        let _failpoints = fail::FailScenario::setup();
+        if let Err(e) = crash_child(url, topic, transactional) {
+            eprintln!("child failed: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     if let Ok(topic) = std::env::var(CHILD) {
         let url = std::env::var("RETRY_TEST_KAFKA").unwrap_or_default();
         if let Err(e) = child(url, topic) {
@@ -52,10 +72,18 @@ fn main() {
         return;
     }
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 7] = [
+    let tests: [(&str, Test); 9] = [
         (
             "killed_process_loses_no_delayed_retry",
             killed_process_loses_no_delayed_retry,
+        ),
+        (
+            "transactional_hops_leave_one_copy_after_a_crash_before_commit",
+            transactional_hops_leave_one_copy_after_a_crash_before_commit,
+        ),
+        (
+            "plain_hops_copy_twice_after_a_crash_before_commit",
+            plain_hops_copy_twice_after_a_crash_before_commit,
         ),
         (
             "dlq_marks_are_committed_offsets",
@@ -696,4 +724,208 @@ fn a_second_member_takes_half_of_the_source_partitions(url: String) -> Result<()
         }
         Ok(())
     })
+}
+
+fn transactional_config(transactional: bool) -> KafkaConfig {
+    KafkaConfig {
+        transactional_hops: transactional,
+        ..config()
+    }
+}
+
+/// The child that dies before committing: fails every event once (a retry after 1 s) and aborts at the
+/// failpoint the parent set, after its copies were produced and before their commit.
+fn crash_child(url: String, topic: String, transactional: bool) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = KafkaTransport::connect_with(&url, transactional_config(transactional))
+            .await
+            .map_err(|e| e.to_string())?;
+        let handler = handler_fn(|_event: Event, _ctx: Context| async move {
+            Err::<(), _>(HandlerError::deferred("first try fails"))
+        });
+        let _consumer = Broker::new(transport)
+            .consumer(&topic)
+            .group("txn")
+            .policy(RetryPolicy::parse("1s x1").map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Err("the crash point was never reached within 60 s".into())
+    })
+}
+
+fn transactional_hops_leave_one_copy_after_a_crash_before_commit(
+    url: String,
+) -> Result<(), String> {
+    let copies = crash_before_commit(&url, true)?;
+    let twice: Vec<_> = copies.iter().filter(|(_, n)| **n != 1).collect();
+    if !twice.is_empty() {
+        return Err(format!(
+            "with transactional hops every event has one copy on the retry topic; these do not: {twice:?}"
+        ));
+    }
+    eprintln!(
+        "  one copy of each of the {CRASH_EVENTS} events on the retry topic (read_committed)"
+    );
+    Ok(())
+}
+
+/// The same crash without transactions: the copies made before it stay, and the record consumed again
+/// is copied once more — what transactional hops prevent, and proof the crash point lies between the
+/// two writes.
+fn plain_hops_copy_twice_after_a_crash_before_commit(url: String) -> Result<(), String> {
+    let copies = crash_before_commit(&url, false)?;
+    let twice = copies.values().filter(|n| **n == 2).count();
+    if twice == 0 || copies.values().any(|n| *n > 2) {
+        return Err(format!(
+            "without transactions the events copied before the crash should have two copies (and none more): {copies:?}"
+        ));
+    }
+    eprintln!(
+        "  {twice} of {CRASH_EVENTS} events have two copies on the retry topic without transactions"
+    );
+    Ok(())
+}
+
+/// Publishes `CRASH_EVENTS` events, runs a child that fails each once and dies after producing copies
+/// and before committing them, then a consumer in the same group that fails each attempt 1 and accepts
+/// attempt 2; once every event ran its attempt 2, counts each event's copies on the group's retry topic
+/// with a raw `read_committed` consumer.
+fn crash_before_commit(url: &str, transactional: bool) -> Result<HashMap<String, usize>, String> {
+    runtime()?.block_on(async move {
+        let transport = KafkaTransport::connect_with(url, transactional_config(transactional))
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("txn-crash-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, Some("txn"))
+            .await
+            .map_err(|e| e.to_string())?;
+        publish_keyed(
+            &transport,
+            &topic,
+            (0..CRASH_EVENTS).map(|i| format!("t{i}")),
+        )
+        .await?;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let failpoint = if transactional {
+            "kafka-before-commit-transaction=return"
+        } else {
+            "kafka-before-commit=return"
+        };
+        let status = tokio::task::spawn_blocking(move || {
+            Command::new(exe)
+                .env(CRASH_CHILD, &topic)
+                .env(TRANSACTIONAL, transactional.to_string())
+                .env("FAILPOINTS", failpoint)
+                .stdout(Stdio::null())
+                .status()
+                .map(|s| (s, topic))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        let (status, topic) = status;
+        if status.success() || status.code() == Some(1) {
+            return Err(format!(
+                "the child did not die at the crash point: {status}"
+            ));
+        }
+
+        let seconds: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+        let seen = seconds.clone();
+        let handler = handler_fn(move |event: Event, ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                if ctx.attempt == 1 {
+                    return Err(HandlerError::deferred("first try fails"));
+                }
+                *seen
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(event.id().unwrap_or_default().to_string())
+                    .or_default() += 1;
+                Ok::<(), HandlerError>(())
+            }
+        });
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
+            .group("txn")
+            .policy(RetryPolicy::parse("1s x1").map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        // A crashed transaction holds back read_committed readers until the coordinator aborts it.
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while seconds.lock().unwrap_or_else(|p| p.into_inner()).len() < CRASH_EVENTS {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "only {} of {CRASH_EVENTS} events ran their attempt 2 after the crash: {:?}",
+                    seconds.lock().unwrap_or_else(|p| p.into_inner()).len(),
+                    consumer.stats()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Let a second copy come through the ladder before counting.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let retry_topic = transactional_config(transactional).retry_topic(&topic, "txn");
+        let bootstrap = event_retry_kafka::bootstrap_of(url).map_err(|e| e.to_string())?;
+        tokio::task::spawn_blocking(move || copies_on(&bootstrap, &retry_topic))
+            .await
+            .map_err(|e| e.to_string())?
+    })
+}
+
+/// Per event id, the records of `topic` a `read_committed` consumer reads from the beginning.
+fn copies_on(bootstrap: &str, topic: &str) -> Result<HashMap<String, usize>, String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set(
+            "group.id",
+            format!("count-{}", uuid::Uuid::new_v4().simple()),
+        )
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .map_err(|e| e.to_string())?;
+    consumer.subscribe(&[topic]).map_err(|e| e.to_string())?;
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut idle_since = Instant::now();
+    while Instant::now() < deadline && idle_since.elapsed() < Duration::from_secs(5) {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                idle_since = Instant::now();
+                let id = m
+                    .headers()
+                    .and_then(|h| {
+                        h.iter()
+                            .find(|h| h.key == retry_core::metadata::names::EVENT_ID)
+                            .and_then(|h| h.value)
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                    })
+                    .unwrap_or_default();
+                *copies.entry(id).or_default() += 1;
+            }
+            Some(Err(e)) => return Err(e.to_string()),
+            None => {}
+        }
+    }
+    if copies.len() != CRASH_EVENTS {
+        return Err(format!(
+            "{} events have copies on {topic}, want {CRASH_EVENTS}: {copies:?}",
+            copies.len()
+        ));
+    }
+    Ok(copies)
 }

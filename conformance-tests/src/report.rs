@@ -57,11 +57,12 @@ pub struct Report {
 }
 
 /// The adapters in the report's column order; others follow alphabetically.
-const COLUMN_ORDER: [&str; 10] = [
+const COLUMN_ORDER: [&str; 11] = [
     "memory",
     "memory-current-thread",
     "kafka",
     "kafka-tls",
+    "kafka-transactional",
     "rabbitmq",
     "rabbitmq-tls",
     "sqs",

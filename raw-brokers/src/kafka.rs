@@ -1,8 +1,11 @@
 //! Kafka read with rdkafka itself: a topic from its first offset to its end, a consumer group's committed
-//! offsets, and a DLQ made unwritable by lowering its `max.message.bytes` below any record (its records
-//! stay).
+//! offsets, and a DLQ made unwritable by lowering its `max.message.bytes` below any dead letter (its
+//! records stay).
 
 use std::time::{Duration, Instant};
+
+/// The DLQ's `max.message.bytes` while it refuses dead letters.
+const REFUSING_LIMIT: &str = "200";
 
 use async_trait::async_trait;
 use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
@@ -162,8 +165,10 @@ impl RawBroker for RawKafka {
     }
 
     async fn refuse_dlq_writes(&self, dlq: &str) -> Result<Vec<String>, BoxError> {
-        // 1 byte is less than any record batch; the records already there stay.
-        self.set_max_message_bytes(dlq, "1").await?;
+        // Less than any batch holding a dead letter (its headers alone are longer), more than a
+        // transaction's commit or abort marker (about 80 bytes): below that, the coordinator could never
+        // end a transaction that wrote to the DLQ. The records already there stay.
+        self.set_max_message_bytes(dlq, REFUSING_LIMIT).await?;
         Ok(Vec::new())
     }
 
