@@ -13,11 +13,13 @@
 //! 3. backlog: healthy-event latency and the consumer process's resident set, idle and while 1,000 and
 //!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
 //! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`).
+//! 5. hops: the cost of transactional hops — events that each fail once and come back through the
+//!    ladder, with and without `transactional_hops` (`ratio transactional/plain hops kafka`).
 //!
 //! ```text
 //! scripts/brokers start kafka && source target/brokers/env.sh
 //! cargo bench -p event-retry-kafka --bench kafka                 # every part
-//! cargo bench -p event-retry-kafka --bench kafka -- throughput   # or lateness, backlog, scale
+//! cargo bench -p event-retry-kafka --bench kafka -- throughput   # or lateness, backlog, scale, hops
 //! cargo bench -p event-retry-kafka --bench kafka -- sdk          # one SDK round alone, for profiling
 //! RETRY_BENCH_PAYLOAD=1024 cargo bench -p event-retry-kafka --bench kafka -- throughput  # 1 KB records
 //! ```
@@ -33,6 +35,7 @@ use retry_core::adapter::{Admin, Published};
 use retry_core::broker::Broker;
 use retry_core::classify::HandlerError;
 use retry_core::event::Event;
+use retry_core::policy::RetryPolicy;
 use retry_core::runtime::{Context, handler_fn};
 use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
 
@@ -40,6 +43,8 @@ use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
 const MESSAGES: usize = 50_000;
 const CONCURRENCY: usize = 64;
 const RETRIES: usize = 300;
+/// Events per round of the hops part (`RETRY_BENCH_HOPS` overrides).
+const HOPS: usize = 5_000;
 
 fn main() -> Result<(), Error> {
     bench::main(
@@ -212,6 +217,71 @@ fn committed_report(bootstrap: &str, topic: &str, places: &[Published]) -> Strin
         .join("; ")
 }
 
+/// The cost of transactional hops: rounds of `HOPS` events that each fail their first attempt (a retry
+/// after 100 ms) and succeed their second, alternately without and with `transactional_hops`; each
+/// setting's best round.
+async fn hops(url: &str) -> Result<(), Error> {
+    let events = bench::count_from_env("RETRY_BENCH_HOPS", HOPS, 1)?;
+    let (mut plain, mut transactional) = (0f64, 0f64);
+    for _ in 0..2 {
+        plain = plain.max(hops_round(url, false, events).await?);
+        transactional = transactional.max(hops_round(url, true, events).await?);
+    }
+    println!(
+        "hops kafka: {events} events failing once (retry after 100 ms through the ladder): plain {plain:.0} events/s, transactional {transactional:.0} events/s (best of 2 rounds each)"
+    );
+    println!(
+        "ratio transactional/plain hops kafka: {:.2}",
+        transactional / plain
+    );
+    Ok(())
+}
+
+/// One round of the hops part: events per second from the consumer's start until every event's second
+/// attempt succeeded.
+async fn hops_round(url: &str, transactional: bool, events: usize) -> Result<f64, Error> {
+    let config = KafkaConfig {
+        partitions: 2,
+        transactional_hops: transactional,
+        ..KafkaConfig::default()
+    };
+    let transport = KafkaTransport::connect_with(url, config).await?;
+    let topic = format!("bench-hops-{}", uuid::Uuid::new_v4().simple());
+    transport
+        .declare(&topic, Some(&retry_core::adapter::default_group(&topic)))
+        .await?;
+    bench::publish_all(&Broker::new(transport.clone()), &topic, events, 1024).await?;
+    let handler = handler_fn(|_event: Event, ctx: Context| async move {
+        if ctx.attempt == 1 {
+            Err(HandlerError::deferred("comes back once"))
+        } else {
+            Ok(())
+        }
+    });
+    let started = Instant::now();
+    let consumer = Broker::new(transport.clone())
+        .consumer(&topic)
+        .policy(RetryPolicy::parse("100ms x1")?)
+        .concurrency(CONCURRENCY)
+        .start(handler)
+        .await?;
+    tokio::time::timeout(
+        Duration::from_secs(600),
+        consumer.wait_until(|s| s.succeeded >= events as u64),
+    )
+    .await
+    .map_err(|_| {
+        format!(
+            "hops: not every event's retry succeeded within 600 s: {:?}",
+            consumer.stats()
+        )
+    })?;
+    let rate = events as f64 / started.elapsed().as_secs_f64();
+    consumer.shutdown().await?;
+    transport.delete(&topic).await?;
+    Ok(rate)
+}
+
 async fn run(url: &str) -> Result<(), Error> {
     let config = KafkaConfig {
         partitions: 2,
@@ -250,6 +320,9 @@ async fn run(url: &str) -> Result<(), Error> {
             "SDK alone: {:?} msg/s",
             sdk_run(&transport, &topic, messages).await?
         );
+    }
+    if bench::wants("hops") {
+        hops(url).await?;
     }
     if bench::wants("lateness") {
         let topic = format!("bench-lateness-{}", uuid::Uuid::new_v4().simple());

@@ -485,9 +485,10 @@ async fn healthy_phase(
             Ok(Some(_)) => {}
             Ok(None) => return Err("the consumer process exited".into()),
             Err(_) => {
-                return Err(
-                    missing_report(label, count, &sent, &handled, topic, position, reports).await,
-                );
+                return Err(missing_report(
+                    label, count, &sent, &handled, topic, position, reports,
+                )
+                .await);
             }
         }
     }
