@@ -101,7 +101,7 @@ pub fn all() -> Vec<Scenario> {
             2,
             retry::transient_then_success,
             always,
-            "transient failures then success; attempts counted; each retry has the policy's delay, never early"
+            "transient failures then success; each retry has the policy's delay, never early"
         ),
         scenario!(
             3,
@@ -131,26 +131,26 @@ pub fn all() -> Vec<Scenario> {
             7,
             holds::per_key_ordering,
             |c, _| (!c.per_key_order).then_some("the transport cannot keep per-key order"),
-            "per-key ordering at the default concurrency: a retrying key's later events run after it, in order; 20 events of one key run one at a time, in order; other keys go on; parked events follow a dead head to the DLQ (where the broker holds a key's events back itself, as SQS FIFO does, they may instead run after the head is dead-lettered, never before)"
+            "per-key order: a key's later events wait for its retry, in order; others go on"
         ),
         scenario!(
             8,
             crash::crash_mid_handle_redelivered,
             |c, _| (!c.crash_redelivery)
                 .then_some("the transport does not redeliver after a crash"),
-            "crash: the consumer process killed with SIGKILL (the in-memory broker, which dies with its process: the consumer aborted) while handlers run and retries wait in the broker → a new consumer of the group finishes every event, retries still retries and never early; lost 0, duplicates counted"
+            "consumer killed mid-handle: all events finish, retries stay retries, none early"
         ),
         scenario!(
             9,
             dead_letters::dlq_replay,
             |c, _| (!c.replay).then_some("the transport cannot replay its DLQ"),
-            "DLQ replay → processed unedited, attempts restarted, replay count recorded, DLQ emptied"
+            "DLQ replay → run unedited, attempts restarted, replay counted, DLQ emptied"
         ),
         scenario!(
             10,
             fidelity::poison_input_to_dlq,
             always,
-            "poison input (bad/oversized metadata, undecodable payload) → DLQ with reason; consumer alive"
+            "poison input (bad metadata, bad payload) → DLQ with the reason; consumer alive"
         ),
         scenario!(
             11,
@@ -162,13 +162,13 @@ pub fn all() -> Vec<Scenario> {
             12,
             fidelity::bytes_preserved_every_hop,
             always,
-            "payload, key and headers (names out of order and repeated) byte for byte through retries, the DLQ, a replay and the DLQ again; a natively published message's every native field, read with the broker's raw client, equal in the DLQ after retries and after a replay"
+            "payload, key, headers, native fields byte for byte through every hop and replay"
         ),
         scenario!(
             13,
             retry::delay_precision,
             always,
-            "delay precision: 80 retries with random delays, never early, lateness p99 <= step + 2 s"
+            "delay precision: 80 random delays, never early, lateness p99 <= step + 2 s"
         ),
         scenario!(
             14,
@@ -188,7 +188,7 @@ pub fn all() -> Vec<Scenario> {
                     None
                 }
             },
-            "DLQ unwritable → error surfaced, consumption held, the original neither redelivered nor settled (the broker still holds it, read during the outage and after a crash in it), nothing sent onto the retry route, the write retried; one DLQ entry once it heals"
+            "DLQ unwritable: error surfaced, consumption held, original kept; one entry later"
         ),
         scenario!(
             16,
@@ -202,7 +202,27 @@ pub fn all() -> Vec<Scenario> {
             |c, _| (!c.fan_out).then_some(
                 "the transport's consumer groups compete for one queue: no group gets every event"
             ),
-            "two consumer groups on one topic: each gets every event once and retries only its own; a dead letter and its replay belong to the group that dead-lettered it"
+            "two groups on one topic: each gets every event and retries and replays its own"
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn titles_fit_a_line_and_the_numbers_run_in_order() {
+        let scenarios = all();
+        for s in &scenarios {
+            assert!(
+                s.title.chars().count() <= 80,
+                "scenario {}'s title is {} characters; the detail belongs in its doc comment",
+                s.number,
+                s.title.chars().count()
+            );
+        }
+        let numbers: Vec<u8> = scenarios.iter().map(|s| s.number).collect();
+        assert_eq!(numbers, (1..=17).collect::<Vec<u8>>());
+    }
 }
