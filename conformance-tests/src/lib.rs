@@ -8,6 +8,14 @@
 //! no adapter.
 //!
 //! The in-memory transport runs it the same way (`retry-core/tests/conformance.rs`).
+//!
+//! A scenario can also be called on its own from a plain `#[tokio::test]`: [`scenarios::numbered`]
+//! gives it by number and [`scenarios::Scenario::check`] runs it (or skips it, with the reason, where
+//! the broker or fixture lacks what it needs); each is a `pub async fn` too
+//! (`scenarios::retry::transient_then_success(fixture)`). `tests/plain_tokio_tests.rs` runs all of
+//! them that way against the in-memory transport, through the public API only. The driver ([`run`])
+//! adds what a plain test cannot: the report, the crash scenario's re-executed child process, and the
+//! loud skip of a broker that is not there.
 
 #[cfg(feature = "testcontainers")]
 pub mod containers;

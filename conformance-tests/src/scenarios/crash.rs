@@ -131,7 +131,7 @@ struct ChildLog {
 /// the broker; a new consumer of the group handles every event to success: none lost, duplicates counted.
 /// Without a child process to kill (the in-process broker dies with its process), the consumer is
 /// aborted instead, and the report says so.
-pub(super) async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s08").await.map_err(|e| e.to_string())?;
     let group = "g08";
     f.broker()

@@ -13,7 +13,7 @@ use crate::fixture::{Fixture, HeldParts};
 use crate::probe::{Act, Probe, ensure, wait_for, wait_for_async};
 
 /// Scenario 9: DLQ replay → processed, DLQ emptied, replay count recorded, attempts restarted.
-pub(super) async fn dlq_replay(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn dlq_replay(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s09").await.map_err(|e| e.to_string())?;
     let broken = Arc::new(AtomicBool::new(true));
     let flag = broken.clone();
@@ -71,7 +71,7 @@ pub(super) async fn dlq_replay(f: Arc<Fixture>) -> ScenarioResult {
 /// broker itself still holds it and the event behind it (read with the broker's raw client or tools), and
 /// nothing went onto the retry route — and the DLQ write is tried again; once the DLQ accepts, the entry
 /// lands there once.
-pub(super) async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s15").await.map_err(|e| e.to_string())?;
     let faults = f.faults().ok_or("the fixture has no fault switches")?;
     let inspect = f

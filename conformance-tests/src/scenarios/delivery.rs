@@ -14,7 +14,7 @@ use crate::probe::{Act, Probe, ensure, wait_for};
 
 /// Scenario 1: Success is acked once; nothing lands in retry or DLQ. "Acked" is read from the broker:
 /// it holds nothing more for the group (read with its own client or tools) before the consumer stops.
-pub(super) async fn success_acked_once(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn success_acked_once(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s01").await.map_err(|e| e.to_string())?;
     let group = "g01";
     let probe = Probe::ok();
@@ -66,7 +66,7 @@ pub(super) async fn success_acked_once(f: Arc<Fixture>) -> ScenarioResult {
 }
 
 /// Scenario 5: Non-blocking isolation: events behind a retrying one finish before its retry fires.
-pub(super) async fn non_blocking_isolation(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn non_blocking_isolation(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s05").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
     let probe = Probe::new(|e, nth| {
@@ -105,7 +105,7 @@ pub(super) async fn non_blocking_isolation(f: Arc<Fixture>) -> ScenarioResult {
 }
 
 /// Scenario 11: Duplicate delivery with the idempotency store → one side effect.
-pub(super) async fn duplicate_delivery_idempotent(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn duplicate_delivery_idempotent(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s11").await.map_err(|e| e.to_string())?;
     let probe = Probe::ok();
     let store = Arc::new(InMemoryIdempotencyStore::new(Duration::from_secs(600)));
@@ -130,7 +130,7 @@ pub(super) async fn duplicate_delivery_idempotent(f: Arc<Fixture>) -> ScenarioRe
 }
 
 /// Scenario 16: Graceful shutdown: in-flight work finishes or is released; nothing lost.
-pub(super) async fn graceful_shutdown(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn graceful_shutdown(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s16").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
     let probe = Probe::new(move |_, _| Act::SleepThenOk(u * 5));

@@ -16,7 +16,7 @@ use crate::probe::{Act, Probe, ensure, wait_for};
 
 /// Scenario 10: poison input (malformed or oversized metadata, undecodable payload) → DLQ with the
 /// reason; the consumer stays alive.
-pub(super) async fn poison_input_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn poison_input_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s10").await.map_err(|e| e.to_string())?;
     let probe = Probe::new(|e, _| match decode_json::<serde::de::IgnoredAny>(e) {
         Ok(_) => Act::Ok,
@@ -101,7 +101,7 @@ pub(super) async fn poison_input_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
 /// every hop (retries, the delay route, the DLQ, a replay and the DLQ again), as the handler sees them;
 /// and, with the broker's raw client, a natively published message's every native field (typed header
 /// values, properties, keys, timestamps) equal in the DLQ after its retries and again after a replay.
-pub(super) async fn bytes_preserved_every_hop(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn bytes_preserved_every_hop(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s12").await.map_err(|e| e.to_string())?;
     let payload = Bytes::from((0..=255u8).rev().chain(0..=255u8).collect::<Vec<u8>>());
     let key = Bytes::from_static(&[0x00, 0xff, 0x80, b'k', 0x7f]);

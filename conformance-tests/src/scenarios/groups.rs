@@ -12,7 +12,7 @@ use crate::fixture::Fixture;
 use crate::probe::{Act, Probe, ensure, wait_for};
 
 /// Scenario 14: Two consumers in one group, a rebalance during retries: exact counts, nothing lost.
-pub(super) async fn rebalance_during_retries(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn rebalance_during_retries(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s14").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
     let probe = Probe::new(|_, nth| {
@@ -119,7 +119,7 @@ async fn missing_successes(f: &Arc<Fixture>, topic: &str, probe: &Probe, ids: &[
 /// Scenario 17: two consumer groups on one topic: each receives every event, each retries on its own
 /// (one group's retry is not delivered to the other), a dead letter is the dead-lettering group's alone,
 /// and its replay goes back to that group only.
-pub(super) async fn groups_each_get_every_event(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn groups_each_get_every_event(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s17").await.map_err(|e| e.to_string())?;
     let (ga, gb) = ("billing", "audit");
     for group in [ga, gb] {

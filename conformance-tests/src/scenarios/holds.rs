@@ -15,7 +15,7 @@ use crate::fixture::Fixture;
 use crate::probe::{Act, Probe, ensure, wait_for};
 
 /// Scenario 6: Blocking kind pauses consumption and keeps order until the dependency heals.
-pub(super) async fn blocking_pauses_in_order(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn blocking_pauses_in_order(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s06").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
     let down = Arc::new(AtomicBool::new(true));
@@ -74,7 +74,7 @@ pub(super) async fn blocking_pauses_in_order(f: Arc<Fixture>) -> ScenarioResult 
 /// behind a head that dies follow it to the DLQ. Where the broker itself holds a key's later events back
 /// while one is in flight (SQS FIFO message groups), a later event may instead be handed out only after
 /// its head was dead-lettered — never while the head could still be retried.
-pub(super) async fn per_key_ordering(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn per_key_ordering(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s07").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
     // Key D's handler takes a while, so two of its events run at once unless they are kept apart.

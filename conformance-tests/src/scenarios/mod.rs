@@ -6,13 +6,13 @@
 //! the reason, never silently passed. Each scenario's title says exactly what it asserts; the report and
 //! the README show it.
 
-pub(crate) mod crash;
-mod dead_letters;
-mod delivery;
-mod fidelity;
-mod groups;
-mod holds;
-mod retry;
+pub mod crash;
+pub mod dead_letters;
+pub mod delivery;
+pub mod fidelity;
+pub mod groups;
+pub mod holds;
+pub mod retry;
 mod support;
 
 use std::sync::Arc;
@@ -70,6 +70,20 @@ impl Scenario {
     pub fn test_name(&self) -> String {
         format!("{:02}_{}", self.number, self.name)
     }
+
+    /// Runs it against `fixture`, or skips it (with the reason) where the broker or the fixture lacks
+    /// what it needs — what [`crate::run`] does for each trial, callable from a plain `#[tokio::test]`.
+    pub async fn check(&self, fixture: Arc<Fixture>) -> ScenarioResult {
+        if let Some(reason) = (self.needs)(&fixture.capabilities(), &fixture.abilities()) {
+            return Ok(Verdict::Skip(reason.to_string()));
+        }
+        (self.run)(fixture).await
+    }
+}
+
+/// The scenario numbered `number` (1–17).
+pub fn numbered(number: u8) -> Option<Scenario> {
+    all().into_iter().find(|s| s.number == number)
 }
 
 fn always(_: &Capabilities, _: &Abilities) -> Option<&'static str> {

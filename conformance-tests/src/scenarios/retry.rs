@@ -15,7 +15,7 @@ use crate::probe::{Act, Probe, ensure, percentile, wait_for};
 
 /// Scenario 2: Transient failures then success: attempts counted; every broker retry carries the
 /// policy's delay and waits at least that long.
-pub(super) async fn transient_then_success(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn transient_then_success(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s02").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
     // t1–t3 fail twice with a deferred error; blip fails twice with a transient one: an in-place retry
@@ -70,7 +70,7 @@ pub(super) async fn transient_then_success(f: Arc<Fixture>) -> ScenarioResult {
 }
 
 /// Scenario 3: Policy spent → DLQ with complete metadata; the handler ran exactly 1 + retries times.
-pub(super) async fn policy_spent_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn policy_spent_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s03").await.map_err(|e| e.to_string())?;
     let probe = Probe::new(|_, _| deferred("inventory service says no"));
     let b = builder(&f, &topic, "spent-consumer").policy(policy(&format!("{}ms x2", ms(unit(&f)))));
@@ -141,7 +141,7 @@ pub(super) async fn policy_spent_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
 }
 
 /// Scenario 4: Non-retryable → DLQ after one call.
-pub(super) async fn non_retryable_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn non_retryable_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s04").await.map_err(|e| e.to_string())?;
     let probe = Probe::new(|_, _| Act::Fail(HandlerError::non_retryable("negative quantity")));
     let c = start(builder(&f, &topic, "c1"), &probe).await?;
@@ -169,7 +169,7 @@ pub(super) async fn non_retryable_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
 
 /// Scenario 13: Delay precision: 80 retries with random delays; never early; lateness p99 within the
 /// broker's step + 2 s (a bound a loaded test machine keeps; the figures go to the report).
-pub(super) async fn delay_precision(f: Arc<Fixture>) -> ScenarioResult {
+pub async fn delay_precision(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s13").await.map_err(|e| e.to_string())?;
     let u = unit(&f);
     let probe = Probe::new(|_, nth| if nth < 2 { deferred("again") } else { Act::Ok });
