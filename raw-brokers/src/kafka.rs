@@ -38,6 +38,7 @@ impl RawKafka {
         let consumer: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &self.bootstrap)
             .set("group.id", group)
+            .set("isolation.level", "read_committed")
             .set("enable.auto.commit", "false")
             .create()?;
         let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
@@ -69,6 +70,15 @@ impl RawKafka {
         while !ends.is_empty() {
             if Instant::now() > deadline {
                 return Err(format!("reading {topic} took over 60 s").into());
+            }
+            // A log written in transactions ends with a commit marker, which no reader gets: a
+            // partition is read once the consumer's position passed its end.
+            if let Ok(positions) = consumer.position() {
+                ends.retain(|&(p, end)| {
+                    positions
+                        .find_partition(topic, p)
+                        .is_none_or(|e| !matches!(e.offset(), Offset::Offset(o) if o >= end))
+                });
             }
             // A node that just died shows as a transport error; the client fails over by itself.
             let Some(Ok(message)) = consumer.poll(Duration::from_millis(200)) else {
