@@ -71,6 +71,20 @@ pub(crate) struct Transactional {
     config: ClientConfig,
     owner: String,
     producer: Option<FutureProducer>,
+    /// A producer given up in the transaction at hand, destroyed off the consumer's thread after it.
+    retired: Option<FutureProducer>,
+}
+
+/// Destroys producers on a thread of their own: librdkafka's destroy of a transactional producer can
+/// block while its coordinator is unreachable (a broker stopped for 20 s held a consumer thread that
+/// dropped one for good), and a consumer thread must go on polling.
+fn destroy_apart(producers: Vec<FutureProducer>) {
+    let spawned = std::thread::Builder::new()
+        .name("kafka-txn-destroy".into())
+        .spawn(move || drop(producers));
+    if let Err(e) = spawned {
+        warn!(error = %e, "no thread to destroy a transactional producer on; it is leaked");
+    }
 }
 
 impl Transactional {
@@ -80,6 +94,7 @@ impl Transactional {
             config,
             owner: owner.to_string(),
             producer: None,
+            retired: None,
         }
     }
 
@@ -95,9 +110,10 @@ impl Transactional {
         let producer: FutureProducer = config
             .create()
             .map_err(settings_error("transactional producer"))?;
-        producer
-            .init_transactions(CALL_TIMEOUT)
-            .map_err(error("start the transactional producer"))?;
+        if let Err(e) = producer.init_transactions(CALL_TIMEOUT) {
+            destroy_apart(vec![producer]);
+            return Err(error("start the transactional producer")(e));
+        }
         self.producer = Some(producer.clone());
         Ok(producer)
     }
@@ -115,9 +131,24 @@ impl Transactional {
         let producer = self
             .producer()
             .map_err(|e| Aborted::whole(e, copies.len()))?;
+        let outcome = self.transaction(&producer, link, copies, offsets, group);
+        if let Some(old) = self.retired.take() {
+            destroy_apart(vec![old, producer]);
+        }
+        outcome
+    }
+
+    fn transaction(
+        &mut self,
+        producer: &FutureProducer,
+        link: &Link,
+        copies: &[&Copy],
+        offsets: &TopicPartitionList,
+        group: &ConsumerGroupMetadata,
+    ) -> Result<(), Aborted> {
         producer
             .begin_transaction()
-            .map_err(|e| self.abort(&producer, e, "begin a transaction", copies.len()))?;
+            .map_err(|e| self.abort(producer, e, "begin a transaction", copies.len()))?;
         let sends: Vec<_> = copies
             .iter()
             .map(|c| {
@@ -142,7 +173,7 @@ impl Transactional {
         });
         if let Some(first) = failures.iter().flatten().next() {
             let error = Error::new(first.kind(), format!("a copy failed: {first}"));
-            self.abort_quietly(&producer);
+            self.abort_quietly(producer);
             return Err(Aborted {
                 error,
                 copies: failures,
@@ -152,7 +183,7 @@ impl Transactional {
             .send_offsets_to_transaction(offsets, group, CALL_TIMEOUT)
             .map_err(|e| {
                 self.abort(
-                    &producer,
+                    producer,
                     e,
                     "add the offsets to the transaction",
                     copies.len(),
@@ -162,7 +193,7 @@ impl Transactional {
         fail::fail_point!("kafka-before-commit-transaction", |_| std::process::abort());
         producer
             .commit_transaction(CALL_TIMEOUT)
-            .map_err(|e| self.abort(&producer, e, "commit the transaction", copies.len()))
+            .map_err(|e| self.abort(producer, e, "commit the transaction", copies.len()))
     }
 
     /// Aborts the open transaction after `e` and says what failed.
@@ -177,12 +208,13 @@ impl Transactional {
         Aborted::whole(error(what.to_string())(e), copies)
     }
 
-    /// Aborts the open transaction; a producer that cannot abort (or went fatal) is replaced next time.
+    /// Aborts the open transaction; a producer that cannot abort (or went fatal) is replaced next time
+    /// (and destroyed apart).
     fn abort_quietly(&mut self, producer: &FutureProducer) {
         let fatal = producer.client().fatal_error().is_some();
         if fatal || producer.abort_transaction(CALL_TIMEOUT).is_err() {
             warn!(owner = %self.owner, "the transactional producer is replaced");
-            self.producer = None;
+            self.retired = self.producer.take();
         }
     }
 }
