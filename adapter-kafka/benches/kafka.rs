@@ -13,13 +13,14 @@
 //! 3. backlog: healthy-event latency and the consumer process's resident set, idle and while 1,000 and
 //!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
 //! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`).
-//! 5. hops: the cost of transactional hops — events that each fail once and come back through the
+//! 5. busy: retry lateness while a backlog of healthy events waits (`test_support::busy`).
+//! 6. hops: the cost of transactional hops — events that each fail once and come back through the
 //!    ladder, with and without `transactional_hops` (`ratio transactional/plain hops kafka`).
 //!
 //! ```text
 //! scripts/brokers start kafka && source target/brokers/env.sh
 //! cargo bench -p event-retry-kafka --bench kafka                 # every part
-//! cargo bench -p event-retry-kafka --bench kafka -- throughput   # or lateness, backlog, scale, hops
+//! cargo bench -p event-retry-kafka --bench kafka -- throughput   # or lateness, backlog, scale, busy, hops
 //! cargo bench -p event-retry-kafka --bench kafka -- sdk          # one SDK round alone, for profiling
 //! RETRY_BENCH_PAYLOAD=1024 cargo bench -p event-retry-kafka --bench kafka -- throughput  # 1 KB records
 //! ```
@@ -320,6 +321,12 @@ async fn run(url: &str) -> Result<(), Error> {
             "SDK alone: {:?} msg/s",
             sdk_run(&transport, &topic, messages).await?
         );
+    }
+    if bench::wants("busy") {
+        let topic = format!("bench-busy-{}", uuid::Uuid::new_v4().simple());
+        let describe = transport.config().to_string();
+        test_support::busy::run(&Broker::new(transport.clone()), &topic, "kafka", &describe)
+            .await?;
     }
     if bench::wants("hops") {
         hops(url).await?;

@@ -18,6 +18,7 @@
 pub mod backlog;
 pub mod bench;
 pub mod broker;
+pub mod busy;
 pub mod child;
 pub mod forward;
 pub mod restart;
