@@ -74,9 +74,10 @@ pub(crate) async fn subscribe(
     // for the runtime; a record whose partition was revoked meanwhile is dropped by `next`.
     let (out, rx) = mpsc::channel(HANDOFF_BATCHES);
     let worker = consumer.context().clone();
+    let priority_topic = retry_topic.clone();
     std::thread::Builder::new()
         .name(format!("kafka-{}", spec.topic))
-        .spawn(move || worker::run(consumer, out))
+        .spawn(move || worker::run(consumer, out, priority_topic))
         .map_err(wrap(Kind::Other, "start the consumer thread"))?;
     // Return once both members joined their groups, so the first retries do not wait for the ladder's
     // consumer to start (bounded: a member that gets no partitions may not be told).

@@ -8,6 +8,10 @@
 //! assigned partition and polls on (librdkafka drops what it fetched ahead and fetches again from the
 //! position after the last record read on resume).
 //!
+//! The group's retry topic comes first: its partitions are split off into queues of their own, which
+//! librdkafka fetches apart from the source's prefetch, and the thread reads them and hands their records
+//! out before the source's, so a due retry does not wait behind a backlog of the source.
+//!
 //! Receipts report settled offsets into the shared state (no wake-up per settle); the thread commits each partition's
 //! contiguous settled prefix (see [`crate::offsets`]). With transactional hops a retry or DLQ copy is
 //! handed to the thread with its settle, and a commit that passes a record with a copy is one
@@ -21,6 +25,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::BorrowedMessage;
@@ -78,6 +83,11 @@ pub(crate) struct State {
     pub(crate) offsets: Offsets,
     /// Records received but not yet taken by the subscription's channel.
     pending: VecDeque<Record>,
+    /// Records of the retry topic received but not yet taken: handed out before `pending`, so a due
+    /// retry does not wait behind a backlog of the source.
+    priority: VecDeque<Record>,
+    /// Set by a rebalance: the retry topic's partition queues are to be split off again.
+    reassigned: bool,
     held_by_runtime: bool,
     /// Whether the partitions are paused now.
     paused: bool,
@@ -141,6 +151,8 @@ impl Worker {
             state: Mutex::new(State {
                 offsets: Offsets::default(),
                 pending: VecDeque::new(),
+                priority: VecDeque::new(),
+                reassigned: false,
                 held_by_runtime: false,
                 paused: false,
                 full_since: None,
@@ -216,7 +228,7 @@ impl Worker {
 
     /// Keeps a record just read in the backlog, unless its partition is not assigned (any more): then it
     /// is not this member's to hand out.
-    fn keep(&self, message: &BorrowedMessage<'_>) {
+    fn keep(&self, message: &BorrowedMessage<'_>, priority: bool) {
         let offset = message.offset();
         let decoded = codec::decode(message);
         let mut state = self.lock();
@@ -225,12 +237,17 @@ impl Worker {
         };
         let tp = (topic, message.partition());
         if let Some(epoch) = state.offsets.received(&tp, offset) {
-            state.pending.push_back(Record {
+            let record = Record {
                 tp,
                 offset,
                 epoch,
                 decoded,
-            });
+            };
+            if priority {
+                state.priority.push_back(record);
+            } else {
+                state.pending.push_back(record);
+            }
         }
     }
 
@@ -497,15 +514,22 @@ impl ConsumerContext for Worker {
             // (the commit point goes back to the first of them).
             let mut state = self.lock();
             let State {
-                pending, offsets, ..
+                pending,
+                priority,
+                offsets,
+                reassigned,
+                ..
             } = &mut *state;
-            pending.retain(|r| {
-                let keep = !revoked.contains(&r.tp);
-                if !keep {
-                    offsets.unread(&r.tp, r.offset);
-                }
-                keep
-            });
+            for queue in [pending, priority] {
+                queue.retain(|r| {
+                    let keep = !revoked.contains(&r.tp);
+                    if !keep {
+                        offsets.unread(&r.tp, r.offset);
+                    }
+                    keep
+                });
+            }
+            *reassigned = true;
         }
         if !consumer.assignment_lost() {
             // Let the work handed out on these partitions finish and commit it, unless the runtime holds
@@ -539,6 +563,7 @@ impl ConsumerContext for Worker {
             Rebalance::Assign(tpl) => {
                 self.joined.store(true, Ordering::Release);
                 let mut state = self.lock();
+                state.reassigned = true;
                 for e in tpl.elements() {
                     state
                         .offsets
@@ -564,16 +589,69 @@ impl ConsumerContext for Worker {
     }
 }
 
-/// Runs the consumer until the subscription closes or goes away.
+/// The retry topic's partitions, each split off into a queue of its own: librdkafka then fetches and
+/// queues them apart from the source's (whose prefetch, full during a backlog, would otherwise stop their
+/// fetches too), and the thread reads them first.
+struct PriorityQueues {
+    topic: String,
+    queues: Vec<PartitionQueue<Worker>>,
+}
+
+impl PriorityQueues {
+    /// Splits off every assigned partition of the retry topic (an assignment undoes earlier splits).
+    fn split(&mut self, consumer: &Arc<BaseConsumer<Worker>>) {
+        self.queues.clear();
+        let Ok(assignment) = consumer.assignment() else {
+            return;
+        };
+        for e in assignment.elements_for_topic(&self.topic) {
+            if let Some(queue) = consumer.split_partition_queue(&self.topic, e.partition()) {
+                self.queues.push(queue);
+            }
+        }
+    }
+
+    /// Reads what the split queues hold, up to a batch each, without waiting.
+    fn read(&self, worker: &Worker) {
+        for queue in &self.queues {
+            for _ in 0..HANDOUT_BATCH {
+                match queue.poll(Duration::ZERO) {
+                    Some(Ok(message)) => worker.keep(&message, true),
+                    Some(Err(e)) => {
+                        warn!(error = %e, "consumer error on the retry topic");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+    }
+}
+
+/// How long a poll waits when nothing waits to be handed out and retry partitions are split off: a
+/// record in a split queue does not end the main queue's wait.
+const IDLE_POLL_SPLIT: Duration = Duration::from_millis(10);
+
+/// Runs the consumer until the subscription closes or goes away; records of `retry_topic` are read and
+/// handed out before the source's.
 pub(crate) fn run(
     consumer: BaseConsumer<Worker>,
     out: tokio::sync::mpsc::Sender<Result<Vec<Record>, Error>>,
+    retry_topic: String,
 ) {
+    let consumer = Arc::new(consumer);
     let worker = consumer.context().clone();
+    let mut priority = PriorityQueues {
+        topic: retry_topic,
+        queues: Vec::new(),
+    };
     let mut last_commit = Instant::now();
     loop {
         if worker.serve_commands(&consumer, Duration::ZERO) {
             break;
+        }
+        if std::mem::take(&mut worker.lock().reassigned) {
+            priority.split(&consumer);
         }
         // A copy's receipt waits for its transaction: commit soon after one waits.
         if last_commit.elapsed() >= COMMIT_INTERVAL
@@ -582,16 +660,24 @@ pub(crate) fn run(
             worker.commit(&consumer, None, CommitMode::Async);
             last_commit = Instant::now();
         }
+        priority.read(&worker);
         // Hand out what waits in batches (one wake-up of the runtime per batch), as far as the channel
-        // has room.
+        // has room: the retry topic's records first.
         {
             let mut state = worker.lock();
-            while !state.pending.is_empty() {
-                let Ok(permit) = out.try_reserve() else {
-                    break;
-                };
-                let n = state.pending.len().min(HANDOUT_BATCH);
-                permit.send(Ok(state.pending.drain(..n).collect()));
+            let State {
+                pending,
+                priority: first,
+                ..
+            } = &mut *state;
+            for queue in [first, pending] {
+                while !queue.is_empty() {
+                    let Ok(permit) = out.try_reserve() else {
+                        break;
+                    };
+                    let n = queue.len().min(HANDOUT_BATCH);
+                    permit.send(Ok(queue.drain(..n).collect()));
+                }
             }
         }
         if out.is_closed() {
@@ -606,17 +692,19 @@ pub(crate) fn run(
             }
             continue;
         }
-        let wait = if worker.lock().pending.is_empty() {
+        let wait = if !worker.lock().pending.is_empty() {
+            Duration::from_millis(1)
+        } else if priority.queues.is_empty() {
             worker.idle_poll
         } else {
-            Duration::from_millis(1)
+            worker.idle_poll.min(IDLE_POLL_SPLIT)
         };
         // After a first record, what librdkafka already holds is read without waiting, up to a batch,
         // before the commands, commits and backlog are looked at again (once per batch, not per record).
         let mut polled = consumer.poll(wait);
         let mut read = 0;
         while let Some(Ok(message)) = &polled {
-            worker.keep(message);
+            worker.keep(message, false);
             read += 1;
             if read == HANDOUT_BATCH {
                 break;
@@ -633,6 +721,8 @@ pub(crate) fn run(
             }
         }
     }
+    // The split queues hold the consumer: gone before it is dropped (which leaves the group).
+    priority.queues.clear();
     // Whatever was settled is committed before leaving, whether the subscription closed or was dropped.
     worker.lock().closing = true;
     worker.serve_commands(&consumer, Duration::ZERO);
