@@ -1,8 +1,8 @@
 //! Scenario 8 with a real crash: a consumer in a child process is killed with SIGKILL while handlers are
 //! running and retries wait in the broker, and a new consumer of its group must finish every event.
 //!
-//! The child is the adapter's own test binary, started again with [`CHILD_ENV`] set: `suite::run` sees
-//! the variable before anything else and runs [`child_main`] instead of the tests. The child connects to
+//! The child is the adapter's own test binary, started again with `CHILD_ENV` set: `suite::run` sees
+//! the variable before anything else and runs `child_main` instead of the tests. The child connects to
 //! the same broker through the adapter's own connect function, consumes the topic in the named group,
 //! and reports every handler call on its standard output (`call <id> <attempt> <wall ms>`, `ok <id>`,
 //! and `stats <retries scheduled>`), so the parent knows what was in flight and what succeeded before it
