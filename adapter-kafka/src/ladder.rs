@@ -41,6 +41,16 @@ const LADDER_FETCH_WAIT_MS: &str = "20";
 /// How long a record whose forwarding failed waits before it is tried again.
 const FORWARD_BACKOFF: Duration = Duration::from_secs(1);
 
+/// Holds `entry`, whose forward failed with `e`, as the first failed entry of its partition; a
+/// destination that does not exist (by a fresh metadata answer) counts towards sending it to the DLQ.
+fn failed_forward(failed: &mut HashMap<Tp, Vec<Entry>>, mut entry: Entry, e: &Error) {
+    warn!(error = %e, topic = %entry.tp.0, partition = entry.tp.1, offset = entry.offset, "forwarding a delayed record failed; trying again");
+    if e.kind() == Kind::NotFound && !e.is_temporary() {
+        entry.missing_target += 1;
+    }
+    failed.insert(entry.tp.clone(), vec![entry]);
+}
+
 /// A ladder record read but not yet forwarded.
 struct Entry {
     tp: Tp,
@@ -395,14 +405,7 @@ impl Forwarder {
                 Ok(()) => {
                     commits.insert(entry.tp.clone(), entry.offset + 1);
                 }
-                Err(e) => {
-                    warn!(error = %e, topic = %entry.tp.0, partition = entry.tp.1, offset = entry.offset, "forwarding a delayed record failed; trying again");
-                    let mut entry = entry;
-                    if e.kind() == Kind::NotFound && !e.is_temporary() {
-                        entry.missing_target += 1;
-                    }
-                    failed.insert(entry.tp.clone(), vec![entry]);
-                }
+                Err(e) => failed_forward(&mut failed, entry, &e),
             }
         }
         if !commits.is_empty() {
@@ -461,14 +464,7 @@ impl Forwarder {
                     };
                     included.push((entry, copy));
                 }
-                Err(e) => {
-                    warn!(error = %e, topic = %entry.tp.0, partition = entry.tp.1, offset = entry.offset, "forwarding a delayed record failed; trying again");
-                    let mut entry = entry;
-                    if e.kind() == Kind::NotFound && !e.is_temporary() {
-                        entry.missing_target += 1;
-                    }
-                    failed.insert(entry.tp.clone(), vec![entry]);
-                }
+                Err(e) => failed_forward(&mut failed, entry, &e),
             }
         }
         if included.is_empty() {

@@ -262,17 +262,10 @@ fn killed_process_loses_no_delayed_retry(url: String) -> Result<(), String> {
             .start(handler)
             .await
             .map_err(|e| e.to_string())?;
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while calls.lock().unwrap_or_else(|p| p.into_inner()).len() < EVENTS {
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "only {} of {EVENTS} retries ran after the kill: {:?}",
-                    calls.lock().unwrap_or_else(|p| p.into_inner()).len(),
-                    consumer.stats()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for_ids(&calls, EVENTS, "retries ran after the kill", || {
+            format!("{:?}", consumer.stats())
+        })
+        .await?;
         // Let any duplicate show up before counting.
         tokio::time::sleep(Duration::from_secs(2)).await;
         consumer.shutdown().await.map_err(|e| e.to_string())?;
@@ -726,6 +719,24 @@ fn a_second_member_takes_half_of_the_source_partitions(url: String) -> Result<()
     })
 }
 
+/// Waits up to 90 s until `seen` holds `want` ids; the error says how many did (`what`) and `state`.
+async fn wait_for_ids<V>(
+    seen: &Mutex<HashMap<String, V>>,
+    want: usize,
+    what: &str,
+    state: impl Fn() -> String,
+) -> Result<(), String> {
+    let count = || seen.lock().unwrap_or_else(|p| p.into_inner()).len();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while count() < want {
+        if Instant::now() > deadline {
+            return Err(format!("only {} of {want} {what}: {}", count(), state()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
 fn transactional_config(transactional: bool) -> KafkaConfig {
     KafkaConfig {
         transactional_hops: transactional,
@@ -861,17 +872,13 @@ fn crash_before_commit(url: &str, transactional: bool) -> Result<HashMap<String,
             .await
             .map_err(|e| e.to_string())?;
         // A crashed transaction holds back read_committed readers until the coordinator aborts it.
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while seconds.lock().unwrap_or_else(|p| p.into_inner()).len() < CRASH_EVENTS {
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "only {} of {CRASH_EVENTS} events ran their attempt 2 after the crash: {:?}",
-                    seconds.lock().unwrap_or_else(|p| p.into_inner()).len(),
-                    consumer.stats()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for_ids(
+            &seconds,
+            CRASH_EVENTS,
+            "events ran their attempt 2 after the crash",
+            || format!("{:?}", consumer.stats()),
+        )
+        .await?;
         // Let a second copy come through the ladder before counting.
         tokio::time::sleep(Duration::from_secs(3)).await;
         consumer.shutdown().await.map_err(|e| e.to_string())?;
