@@ -51,6 +51,9 @@ fn failed_forward(failed: &mut HashMap<Tp, Vec<Entry>>, mut entry: Entry, e: &Er
     failed.insert(entry.tp.clone(), vec![entry]);
 }
 
+/// A ladder record and the copy that forwards it, in a transaction.
+type Forward = (Entry, Copy);
+
 /// A ladder record read but not yet forwarded.
 struct Entry {
     tp: Tp,
@@ -446,7 +449,7 @@ impl Forwarder {
     /// cannot be placed, and their offsets, in one transaction; if it aborts, every one is held again.
     fn flush_in_transaction(&mut self, ready: Vec<Entry>, now: Timestamp) {
         let mut failed: HashMap<Tp, Vec<Entry>> = HashMap::new();
-        let mut included: Vec<(Entry, Copy)> = Vec::new();
+        let mut included: Vec<Forward> = Vec::new();
         for entry in ready {
             if let Some(queue) = failed.get_mut(&entry.tp) {
                 queue.push(entry);
@@ -497,7 +500,25 @@ impl Forwarder {
             {
                 self.link.forget_all();
             }
-            self.hold_again(Self::regroup(included, failed));
+            // A forward the broker refused holds only its own partition, as without transactions; the
+            // other partitions' forwards go again in the next batch, at once.
+            let refused: Vec<Tp> = included
+                .iter()
+                .zip(&aborted.copies)
+                .filter(|(_, e)| e.as_ref().is_some_and(|e| !e.is_temporary()))
+                .map(|((entry, _), _)| entry.tp.clone())
+                .collect();
+            if refused.is_empty() {
+                return self.hold_again(Self::regroup(included, failed));
+            }
+            let (held, again): (Vec<Forward>, Vec<Forward>) =
+                included.into_iter().partition(|(entry, _)| {
+                    refused.contains(&entry.tp) || failed.contains_key(&entry.tp)
+                });
+            self.state()
+                .ready
+                .splice(0..0, again.into_iter().map(|(entry, _)| entry));
+            self.hold_again(Self::regroup(held, failed));
         } else {
             self.hold_again(failed);
         }
@@ -508,7 +529,7 @@ impl Forwarder {
     /// towards the DLQ (it may come of stale metadata): the next try reads the metadata afresh, and only
     /// that answer counts.
     fn regroup(
-        included: Vec<(Entry, Copy)>,
+        included: Vec<Forward>,
         mut failed: HashMap<Tp, Vec<Entry>>,
     ) -> HashMap<Tp, Vec<Entry>> {
         let mut back: HashMap<Tp, Vec<Entry>> = HashMap::new();

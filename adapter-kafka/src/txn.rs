@@ -32,6 +32,9 @@ use crate::link::{Link, delivered};
 /// settings say otherwise: also how long a crashed member's open transaction holds back readers.
 pub(crate) const TRANSACTION_TIMEOUT_MS: &str = "10000";
 
+/// How many times a commit that timed out is resumed before the transaction is aborted.
+const COMMIT_TRIES: u32 = 3;
+
 /// How long a transactional call (begin, offsets, commit, abort) may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -191,9 +194,29 @@ impl Transactional {
             })?;
         // A process that dies here has produced its copies and not committed them.
         fail::fail_point!("kafka-before-commit-transaction", |_| std::process::abort());
-        producer
-            .commit_transaction(CALL_TIMEOUT)
-            .map_err(|e| self.abort(producer, e, "commit the transaction", copies.len()))
+        // A commit that timed out may still complete: it is called again (librdkafka resumes it)
+        // rather than aborted, which would retire a producer whose commit can still land.
+        let mut tries = 0;
+        loop {
+            match producer.commit_transaction(CALL_TIMEOUT) {
+                Ok(()) => return Ok(()),
+                Err(KafkaError::Transaction(e)) if e.is_retriable() && tries < COMMIT_TRIES => {
+                    tries += 1;
+                }
+                Err(e) => {
+                    return Err(self.abort(producer, e, "commit the transaction", copies.len()));
+                }
+            }
+        }
+    }
+
+    /// Destroys the producer on a thread of its own (the consumer is closing); a next transaction
+    /// creates a new one.
+    pub(crate) fn retire(&mut self) {
+        let old: Vec<FutureProducer> = self.producer.take().into_iter().collect();
+        if !old.is_empty() {
+            destroy_apart(old);
+        }
     }
 
     /// Aborts the open transaction after `e` and says what failed.

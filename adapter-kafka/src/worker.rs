@@ -47,6 +47,9 @@ const IDLE_POLL: Duration = Duration::from_millis(50);
 /// transaction to start (a poll cannot be woken from another thread).
 const IDLE_POLL_TRANSACTIONAL: Duration = Duration::from_millis(5);
 
+/// Transactions that may fail in a row before their copies are answered with the error.
+const TRANSACTION_TRIES: u32 = 3;
+
 /// How long commits carrying copies wait after a transaction failed before the next try.
 const TRANSACTION_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -103,6 +106,8 @@ pub(crate) struct State {
     copies: Vec<PendingCopy>,
     /// After a failed transaction, when commits carrying copies are tried again.
     transaction_retry_at: Option<Instant>,
+    /// Transactions failed in a row.
+    transaction_failures: u32,
 }
 
 /// A copy waiting for its transaction, and the receipt waiting for the outcome.
@@ -121,6 +126,14 @@ pub(crate) struct Hops {
 }
 
 impl Hops {
+    /// Destroys the transactional producer off this thread (see [`Transactional::retire`]).
+    fn retire(&self) {
+        self.producer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retire();
+    }
+
     /// The transactional hops of the consumer named `owner`.
     pub(crate) fn new(link: Arc<Link>, owner: &str) -> Self {
         let producer = Mutex::new(Transactional::new(link.transactional.clone(), owner));
@@ -161,6 +174,7 @@ impl Worker {
                 close_waiter: None,
                 copies: Vec::new(),
                 transaction_retry_at: None,
+                transaction_failures: 0,
             }),
             commands: Mutex::new(commands),
             revoke_grace,
@@ -351,27 +365,27 @@ impl Worker {
     fn send_commits(
         &self,
         consumer: &BaseConsumer<Worker>,
-        commits: Vec<(Tp, i64)>,
+        mut commits: Vec<(Tp, i64)>,
         mode: CommitMode,
     ) {
-        if commits.is_empty() {
-            return;
-        }
-        let mut tpl = TopicPartitionList::new();
-        for ((topic, partition), offset) in &commits {
-            if let Err(e) = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset)) {
-                warn!(error = %e, "building a commit failed");
-            }
-        }
         if let Some(hops) = &self.hops {
             let copies = self.copies_below(&commits);
             if !copies.is_empty() {
-                return self.commit_in_transaction(hops, consumer, &commits, &tpl, copies);
+                // The partitions with copies commit in the transaction; the others go on plainly,
+                // whatever becomes of it.
+                let (with, without): (Vec<Commit>, Vec<Commit>) = commits
+                    .into_iter()
+                    .partition(|(tp, _)| copies.iter().any(|c| c.tp == *tp));
+                self.commit_in_transaction(hops, consumer, &with, copies);
+                commits = without;
             }
+        }
+        if commits.is_empty() {
+            return;
         }
         // A process that dies here has settled (and copied) records and not committed them.
         fail::fail_point!("kafka-before-commit", |_| std::process::abort());
-        if let Err(e) = consumer.commit(&tpl, mode) {
+        if let Err(e) = consumer.commit(&offset_list(&commits), mode) {
             debug!(error = %e, "commit failed; it is tried again");
             self.lock().offsets.commit_failed(&commits);
         }
@@ -398,9 +412,9 @@ impl Worker {
         hops: &Hops,
         consumer: &BaseConsumer<Worker>,
         commits: &[(Tp, i64)],
-        tpl: &TopicPartitionList,
         copies: Vec<PendingCopy>,
     ) {
+        let tpl = offset_list(commits);
         let retry_at = self.lock().transaction_retry_at;
         let outcome = match (retry_at, consumer.group_metadata()) {
             (Some(at), _) if Instant::now() < at => Err(None),
@@ -409,7 +423,7 @@ impl Worker {
                 let records: Vec<&Copy> = copies.iter().map(|c| &c.copy).collect();
                 let mut producer = hops.producer.lock().unwrap_or_else(|p| p.into_inner());
                 producer
-                    .commit(&hops.link, &records, tpl, &group)
+                    .commit(&hops.link, &records, &tpl, &group)
                     .map_err(Some)
             }
         };
@@ -417,6 +431,7 @@ impl Worker {
         match outcome {
             Ok(()) => {
                 state.transaction_retry_at = None;
+                state.transaction_failures = 0;
                 drop(state);
                 for c in copies {
                     let _ = c.done.send(Ok(()));
@@ -429,12 +444,25 @@ impl Worker {
                 match aborted {
                     None => again = copies,
                     Some(aborted) => {
-                        warn!(error = %aborted.error, "a transaction of copies and offsets failed; it is tried again");
+                        warn!(error = %aborted.error, "a transaction of copies and offsets failed");
                         state.transaction_retry_at = Some(Instant::now() + TRANSACTION_BACKOFF);
+                        state.transaction_failures += 1;
+                        // Transactions that keep failing (the broker unreachable, transactions
+                        // refused) answer their copies with the error, as a send that fails would:
+                        // the runtime then holds, releases or tries again, and the failure shows.
+                        let give_up = state.transaction_failures >= TRANSACTION_TRIES;
+                        if give_up {
+                            state.transaction_failures = 0;
+                        }
                         for (c, e) in copies.into_iter().zip(aborted.copies) {
                             match e {
                                 // The broker refused this copy: it will not take it by trying again.
                                 Some(e) if !e.is_temporary() => refused.push((c, e)),
+                                _ if give_up => refused.push((
+                                    c,
+                                    Error::new(aborted.error.kind(), aborted.error.to_string())
+                                        .temporary(aborted.error.is_temporary()),
+                                )),
                                 _ => again.push(c),
                             }
                         }
@@ -453,21 +481,46 @@ impl Worker {
         }
     }
 
-    /// Answers the copies of partitions this member let go (or of every partition, closing): their
-    /// records are consumed again by whoever owns the partitions next.
-    fn drop_copies(&self, only: Option<&[Tp]>) {
+    /// Lets partitions go (all of them, closing): their copies waiting are answered with an error and
+    /// their records unsettled again — so no commit, the one leaving the group makes included, passes a
+    /// record whose copy was not produced; whoever owns the partitions next consumes them again — and
+    /// revoked partitions are forgotten in the same step, so no copy arrives in between.
+    fn let_go(&self, only: Option<&[Tp]>) {
         let dropped: Vec<PendingCopy> = {
             let mut state = self.lock();
-            let (dropped, kept) = std::mem::take(&mut state.copies)
-                .into_iter()
-                .partition(|c| only.is_none_or(|tps| tps.contains(&c.tp)));
+            let (dropped, kept): (Vec<PendingCopy>, Vec<PendingCopy>) =
+                std::mem::take(&mut state.copies)
+                    .into_iter()
+                    .partition(|c| only.is_none_or(|tps| tps.contains(&c.tp)));
             state.copies = kept;
+            for c in &dropped {
+                state.offsets.unsettle(&c.tp, c.offset, c.epoch);
+            }
+            // Closing, the partitions stay: the revoke that leaving the group brings commits what was
+            // settled meanwhile, never past a record unsettled here.
+            for tp in only.unwrap_or_default() {
+                state.offsets.revoked(tp);
+            }
             dropped
         };
         for c in dropped {
             let _ = c.done.send(Err(moved(&c.tp)));
         }
     }
+}
+
+/// A partition and the offset to commit there.
+type Commit = (Tp, i64);
+
+/// `commits` as librdkafka's list of partition offsets.
+fn offset_list(commits: &[(Tp, i64)]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), offset) in commits {
+        if let Err(e) = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset)) {
+            warn!(error = %e, "building a commit failed");
+        }
+    }
+    tpl
 }
 
 /// The error of a copy whose record this member no longer owns.
@@ -550,11 +603,7 @@ impl ConsumerContext for Worker {
             }
             self.commit_before_letting_go(consumer, Some(&revoked));
         }
-        self.drop_copies(Some(&revoked));
-        let mut state = self.lock();
-        for tp in &revoked {
-            state.offsets.revoked(tp);
-        }
+        self.let_go(Some(&revoked));
         debug!(partitions = ?revoked, "partitions revoked");
     }
 
@@ -598,21 +647,28 @@ struct PriorityQueues {
 }
 
 impl PriorityQueues {
-    /// Splits off every assigned partition of the retry topic (an assignment undoes earlier splits).
-    fn split(&mut self, consumer: &Arc<BaseConsumer<Worker>>) {
+    /// Splits off every assigned partition of the retry topic (an assignment undoes earlier splits);
+    /// `false` if it could not, to be tried again.
+    fn split(&mut self, consumer: &Arc<BaseConsumer<Worker>>) -> bool {
         self.queues.clear();
         let Ok(assignment) = consumer.assignment() else {
-            return;
+            return false;
         };
         for e in assignment.elements_for_topic(&self.topic) {
-            if let Some(queue) = consumer.split_partition_queue(&self.topic, e.partition()) {
-                self.queues.push(queue);
+            match consumer.split_partition_queue(&self.topic, e.partition()) {
+                Some(queue) => self.queues.push(queue),
+                None => return false,
             }
         }
+        true
     }
 
-    /// Reads what the split queues hold, up to a batch each, without waiting.
+    /// Reads what the split queues hold, up to a batch each, without waiting — none while the records
+    /// read from them wait in numbers for the runtime.
     fn read(&self, worker: &Worker) {
+        if worker.lock().priority.len() >= PENDING_HIGH {
+            return;
+        }
         for queue in &self.queues {
             for _ in 0..HANDOUT_BATCH {
                 match queue.poll(Duration::ZERO) {
@@ -650,8 +706,9 @@ pub(crate) fn run(
         if worker.serve_commands(&consumer, Duration::ZERO) {
             break;
         }
-        if std::mem::take(&mut worker.lock().reassigned) {
-            priority.split(&consumer);
+        if std::mem::take(&mut worker.lock().reassigned) && !priority.split(&consumer) {
+            warn!("splitting the retry topic's partitions off failed; trying again");
+            worker.lock().reassigned = true;
         }
         // A copy's receipt waits for its transaction: commit soon after one waits.
         if last_commit.elapsed() >= COMMIT_INTERVAL
@@ -723,11 +780,14 @@ pub(crate) fn run(
     }
     // The split queues hold the consumer: gone before it is dropped (which leaves the group).
     priority.queues.clear();
+    if let Some(hops) = &worker.hops {
+        hops.retire();
+    }
     // Whatever was settled is committed before leaving, whether the subscription closed or was dropped.
     worker.lock().closing = true;
     worker.serve_commands(&consumer, Duration::ZERO);
     worker.commit_before_letting_go(&consumer, None);
-    worker.drop_copies(None);
+    worker.let_go(None);
     // Dropping leaves the group (the revoke commits again, without waiting).
     drop(consumer);
     if let Some(done) = worker.lock().close_waiter.take() {
