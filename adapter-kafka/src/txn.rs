@@ -199,15 +199,6 @@ impl Transactional {
             .map_err(|e| self.abort(producer, e, "commit the transaction", copies.len()))
     }
 
-    /// Destroys the producer on a thread of its own (the consumer is closing); a next transaction
-    /// creates a new one.
-    pub(crate) fn retire(&mut self) {
-        let old: Vec<FutureProducer> = self.producer.take().into_iter().collect();
-        if !old.is_empty() {
-            destroy_apart(old);
-        }
-    }
-
     /// Aborts the open transaction after `e` and says what failed.
     fn abort(
         &mut self,
@@ -227,6 +218,22 @@ impl Transactional {
         if fatal || producer.abort_transaction(CALL_TIMEOUT).is_err() {
             warn!(owner = %self.owner, "the transactional producer is replaced");
             self.retired = self.producer.take();
+        }
+    }
+}
+
+impl Drop for Transactional {
+    /// The producer goes with its consumer (closing, or its thread ending), destroyed apart too: the
+    /// consumer's and the ladder's threads are joined at close.
+    fn drop(&mut self) {
+        let producers: Vec<FutureProducer> = self
+            .producer
+            .take()
+            .into_iter()
+            .chain(self.retired.take())
+            .collect();
+        if !producers.is_empty() {
+            destroy_apart(producers);
         }
     }
 }

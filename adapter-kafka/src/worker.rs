@@ -126,14 +126,6 @@ pub(crate) struct Hops {
 }
 
 impl Hops {
-    /// Destroys the transactional producer off this thread (see [`Transactional::retire`]).
-    fn retire(&self) {
-        self.producer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retire();
-    }
-
     /// The transactional hops of the consumer named `owner`.
     pub(crate) fn new(link: Arc<Link>, owner: &str) -> Self {
         let producer = Mutex::new(Transactional::new(link.transactional.clone(), owner));
@@ -150,8 +142,6 @@ pub(crate) struct Worker {
     pub(crate) joined: Arc<AtomicBool>,
     /// Set with transactional hops.
     hops: Option<Hops>,
-    /// How long a poll waits for records when none wait to be handed out.
-    idle_poll: Duration,
 }
 
 impl Worker {
@@ -179,11 +169,6 @@ impl Worker {
             commands: Mutex::new(commands),
             revoke_grace,
             joined: Arc::new(AtomicBool::new(false)),
-            idle_poll: if hops.is_some() {
-                IDLE_POLL_TRANSACTIONAL
-            } else {
-                IDLE_POLL
-            },
             hops,
         }
     }
@@ -195,6 +180,15 @@ impl Worker {
             && state
                 .transaction_retry_at
                 .is_none_or(|at| Instant::now() >= at)
+    }
+
+    /// How long a poll waits for records when none wait to be handed out.
+    fn idle_poll(&self) -> Duration {
+        if self.hops.is_some() {
+            IDLE_POLL_TRANSACTIONAL
+        } else {
+            IDLE_POLL
+        }
     }
 
     /// Whether copies go through transactions with the offsets (`transactional_hops`).
@@ -752,9 +746,9 @@ pub(crate) fn run(
         let wait = if !worker.lock().pending.is_empty() {
             Duration::from_millis(1)
         } else if priority.queues.is_empty() {
-            worker.idle_poll
+            worker.idle_poll()
         } else {
-            worker.idle_poll.min(IDLE_POLL_SPLIT)
+            worker.idle_poll().min(IDLE_POLL_SPLIT)
         };
         // After a first record, what librdkafka already holds is read without waiting, up to a batch,
         // before the commands, commits and backlog are looked at again (once per batch, not per record).
@@ -780,9 +774,6 @@ pub(crate) fn run(
     }
     // The split queues hold the consumer: gone before it is dropped (which leaves the group).
     priority.queues.clear();
-    if let Some(hops) = &worker.hops {
-        hops.retire();
-    }
     // Whatever was settled is committed before leaving, whether the subscription closed or was dropped.
     worker.lock().closing = true;
     worker.serve_commands(&consumer, Duration::ZERO);
