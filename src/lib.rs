@@ -123,41 +123,41 @@
 
 use std::sync::Arc;
 
-pub use retry_core::adapter::Published;
-pub use retry_core::broker::Broker;
+pub use event_retry_core::adapter::Published;
+pub use event_retry_core::broker::Broker;
 /// The old name of [`FailureKind`] (deprecated).
 #[allow(deprecated)]
-pub use retry_core::classify::ErrorKind;
-pub use retry_core::classify::{Classifier, FailureKind, HandlerError};
-pub use retry_core::config::RetryConfig;
-pub use retry_core::decide::Policies;
-pub use retry_core::dlq::{DeadLetter, DeadLetters, DlqFilter, ReplayReport};
-pub use retry_core::error::Error;
-pub use retry_core::event::Event;
-pub use retry_core::headers::Headers;
-pub use retry_core::idempotency::{IdempotencyStore, InMemoryIdempotencyStore};
-pub use retry_core::options::Options;
-pub use retry_core::policy::RetryPolicy;
-pub use retry_core::producer::Producer;
-pub use retry_core::runtime::{
+pub use event_retry_core::classify::ErrorKind;
+pub use event_retry_core::classify::{Classifier, FailureKind, HandlerError};
+pub use event_retry_core::config::RetryConfig;
+pub use event_retry_core::decide::Policies;
+pub use event_retry_core::dlq::{DeadLetter, DeadLetters, DlqFilter, ReplayReport};
+pub use event_retry_core::error::Error;
+pub use event_retry_core::event::Event;
+pub use event_retry_core::headers::Headers;
+pub use event_retry_core::idempotency::{IdempotencyStore, InMemoryIdempotencyStore};
+pub use event_retry_core::options::Options;
+pub use event_retry_core::policy::RetryPolicy;
+pub use event_retry_core::producer::Producer;
+pub use event_retry_core::runtime::{
     App, AppError, Consumer, ConsumerBuilder, ConsumerError, ConsumerHandle, Context, Handler,
     ParkedAfterDead, Shutdown, Stats, decode_json, handler_fn, json_handler, shutdown_signal,
 };
-pub use retry_core::{
+pub use event_retry_core::{
     adapter, check, classify, config, dlq, error, metadata, options, policy, secret, telemetry,
     time,
 };
 
 /// Handlers as `tower` services, and `tower` layers around a consumer's handler (feature `tower`).
 #[cfg(feature = "tower")]
-pub use retry_core::runtime::tower;
+pub use event_retry_core::runtime::tower;
 
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
 
 /// Lets a retry policy drive `backoff::backoff::Backoff` (feature `backoff`; the crate is unmaintained).
 #[cfg(feature = "backoff")]
-pub use retry_core::backoff_compat;
+pub use event_retry_core::backoff_compat;
 
 /// The names a service needs, in one import.
 pub mod prelude {
@@ -172,14 +172,14 @@ pub mod prelude {
     };
 }
 
-use retry_core::adapter::Scheme;
-use retry_core::error::Kind;
-use retry_core::options::redact_url;
+use event_retry_core::adapter::Scheme;
+use event_retry_core::error::Kind;
+use event_retry_core::options::redact_url;
 
 /// The schemes of the adapters compiled into this build.
 fn compiled_schemes() -> Vec<Scheme> {
     vec![
-        retry_core::memory::SCHEME,
+        event_retry_core::memory::SCHEME,
         #[cfg(feature = "kafka")]
         event_retry_kafka::SCHEME,
         #[cfg(feature = "rabbitmq")]
@@ -307,9 +307,10 @@ pub async fn connect_with(url: &str, options: Options) -> Result<Broker, Error> 
     merged.extend(options);
     if let Some(entry) = schemes().into_iter().find(|s| s.serves(&scheme)) {
         let operation = format!("connect to {} at {}", entry.broker, redact_url(&base));
-        let transport: Arc<dyn retry_core::adapter::Transport> = (entry.connect)(base, merged)
-            .await
-            .map_err(|e| e.with_operation(operation))?;
+        let transport: Arc<dyn event_retry_core::adapter::Transport> =
+            (entry.connect)(base, merged)
+                .await
+                .map_err(|e| e.with_operation(operation))?;
         return Ok(Broker::from(transport));
     }
     match ADAPTERS

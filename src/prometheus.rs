@@ -14,9 +14,9 @@
 
 use std::net::SocketAddr;
 
+use event_retry_core::error::{Error, Kind};
+use event_retry_core::telemetry;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-use retry_core::error::{Error, Kind};
-use retry_core::telemetry;
 
 /// Buckets of retry lateness, in seconds: from 5 ms to 10 minutes.
 pub const LATENESS_BUCKETS: [f64; 14] = [

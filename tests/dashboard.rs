@@ -11,7 +11,7 @@ use std::time::Duration;
 use event_retry::adapter::Transport;
 use event_retry::prelude::*;
 use event_retry::telemetry;
-use retry_core::memory::MemoryTransport;
+use event_retry_core::memory::MemoryTransport;
 
 /// Every `event_retry_*` name in `text`.
 fn metric_names(text: &str) -> BTreeSet<String> {

@@ -17,9 +17,9 @@
 use std::time::{Duration, Instant};
 
 use event_retry::Broker;
+use event_retry_core::event::Event;
+use event_retry_core::runtime::{Context, handler_fn};
 use event_retry_outbox::{Inbox, database_error};
-use retry_core::event::Event;
-use retry_core::runtime::{Context, handler_fn};
 use sqlx::AnyPool;
 use sqlx::any::AnyPoolOptions;
 

@@ -16,13 +16,13 @@
 use std::time::{Duration, Instant};
 
 use event_retry::Broker;
+use event_retry_core::event::Event;
 use event_retry_outbox::{Outbox, RowFilter, State};
 use futures::StreamExt;
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use rdkafka::ClientConfig;
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use retry_core::event::Event;
 use sqlx::Connection as _;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;

@@ -6,7 +6,7 @@
 //! meanwhile is left alone.
 
 use bytes::Bytes;
-use retry_core::time::Timestamp;
+use event_retry_core::time::Timestamp;
 
 use crate::error::OutboxError;
 use crate::lifecycle::{self, Input, State};

@@ -9,7 +9,7 @@
 //! * anything else (a topic that does not exist yet, a misconfiguration being fixed) is the row's own
 //!   trouble: it is retried per the policy while other rows go on.
 
-use retry_core::error::{Error, Kind};
+use event_retry_core::error::{Error, Kind};
 
 /// How a publish failure is handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

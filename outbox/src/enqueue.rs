@@ -8,9 +8,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use retry_core::event::Event;
-use retry_core::metadata::{PACKED, PREFIX};
-use retry_core::time::Timestamp;
+use event_retry_core::event::Event;
+use event_retry_core::metadata::{PACKED, PREFIX};
+use event_retry_core::time::Timestamp;
 use sqlx::{PgConnection, SqliteConnection};
 
 use crate::error::OutboxError;

@@ -24,8 +24,8 @@
 //! ```
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use event_retry_outbox::{Outbox, RowFilter, State};
-//! use retry_core::broker::Broker;
-//! use retry_core::event::Event;
+//! use event_retry_core::broker::Broker;
+//! use event_retry_core::event::Event;
 //! use sqlx::Connection;
 //!
 //! let file = std::env::temp_dir().join(format!("outbox-doc-{}.db", std::process::id()));
@@ -69,9 +69,9 @@ mod wake;
 use std::fmt;
 use std::sync::Arc;
 
-use retry_core::event::Event;
-use retry_core::producer::Producer;
-use retry_core::time::Timestamp;
+use event_retry_core::event::Event;
+use event_retry_core::producer::Producer;
+use event_retry_core::time::Timestamp;
 
 pub use admin::RowFilter;
 pub use classify::PublishFailure;

@@ -18,7 +18,7 @@
 use std::time::Duration;
 
 use ::metrics::{counter, gauge, histogram};
-use retry_core::time::Timestamp;
+use event_retry_core::time::Timestamp;
 
 use crate::inbox::InboxCounts;
 use crate::store::Counts;

@@ -27,11 +27,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use event_retry_core::policy::RetryPolicy;
+use event_retry_core::producer::Producer;
+use event_retry_core::time::Timestamp;
 use futures::StreamExt;
 use rand::Rng;
-use retry_core::policy::RetryPolicy;
-use retry_core::producer::Producer;
-use retry_core::time::Timestamp;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -336,7 +336,7 @@ impl BrokerBackoff {
 /// The outcome of one row's publish.
 enum Outcome {
     Published,
-    Failed(retry_core::error::Error),
+    Failed(event_retry_core::error::Error),
     NotStarted,
 }
 
@@ -561,8 +561,8 @@ impl Relay {
                     Ok(Ok(_)) => Outcome::Published,
                     Ok(Err(e)) => Outcome::Failed(e),
                     Err(_) => Outcome::Failed(
-                        retry_core::error::Error::new(
-                            retry_core::error::Kind::Timeout,
+                        event_retry_core::error::Error::new(
+                            event_retry_core::error::Kind::Timeout,
                             format!("the broker did not confirm within {timeout:?}"),
                         )
                         .with_operation(format!("publish to {}", row.topic)),
@@ -658,7 +658,7 @@ impl Relay {
         &self,
         claim: &str,
         row: &OutboxRow,
-        error: &retry_core::error::Error,
+        error: &event_retry_core::error::Error,
         failure: PublishFailure,
         now: Timestamp,
     ) {
@@ -782,7 +782,8 @@ mod tests {
             .await
             .unwrap();
         let producer =
-            retry_core::broker::Broker::new(retry_core::memory::MemoryTransport::new()).producer();
+            event_retry_core::broker::Broker::new(event_retry_core::memory::MemoryTransport::new())
+                .producer();
         let relay = |lease_ms| {
             outbox
                 .relay(producer.clone())

@@ -6,9 +6,9 @@
 
 use base64::Engine;
 use bytes::Bytes;
-use retry_core::event::Event;
-use retry_core::headers::Headers;
-use retry_core::time::Timestamp;
+use event_retry_core::event::Event;
+use event_retry_core::headers::Headers;
+use event_retry_core::time::Timestamp;
 use serde_json::Value;
 
 use crate::lifecycle::State;

@@ -16,7 +16,7 @@
 use std::fmt::Write as _;
 
 use bytes::Bytes;
-use retry_core::time::Timestamp;
+use event_retry_core::time::Timestamp;
 use sqlx::AnyPool;
 use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
@@ -494,7 +494,7 @@ fn decode_row(row: &AnyRow) -> Result<OutboxRow, String> {
     let headers: String = row.try_get("headers").map_err(get_err)?;
     let (headers, headers_error) = match decode_headers(&headers) {
         Ok(h) => (h, None),
-        Err(e) => (retry_core::headers::Headers::new(), Some(e)),
+        Err(e) => (event_retry_core::headers::Headers::new(), Some(e)),
     };
     Ok(OutboxRow {
         id: row.try_get("id").map_err(get_err)?,

@@ -10,7 +10,7 @@
 //!   commits with the change or rolls back with it, so a redelivery — even one after the process died
 //!   between the commit and the acknowledgement — finds it and skips the change. Consume, change the
 //!   database, publish: one atomic step.
-//! - **As the consumer's [`IdempotencyStore`]** ([`ConsumerBuilder::idempotency`](retry_core::runtime::ConsumerBuilder::idempotency)):
+//! - **As the consumer's [`IdempotencyStore`]** ([`ConsumerBuilder::idempotency`](event_retry_core::runtime::ConsumerBuilder::idempotency)):
 //!   the runtime claims the id before the handler (with a lease, so a crashed holder's claim lapses) and
 //!   marks it done after; for handlers whose effects are calls elsewhere. A process that dies after the
 //!   effect and before the mark repeats it on redelivery: only the first way closes that window.
@@ -61,11 +61,11 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use event_retry_core::classify::{FailureKind, HandlerError};
+use event_retry_core::idempotency::{Begin, IdempotencyStore, StoreError};
+use event_retry_core::runtime::Context;
+use event_retry_core::time::Timestamp;
 use futures::future::BoxFuture;
-use retry_core::classify::{FailureKind, HandlerError};
-use retry_core::idempotency::{Begin, IdempotencyStore, StoreError};
-use retry_core::runtime::Context;
-use retry_core::time::Timestamp;
 use sqlx::{AnyConnection, AnyPool, PgConnection, Row, SqliteConnection};
 
 use crate::error::OutboxError;
@@ -508,7 +508,7 @@ mod tests {
             "{e}"
         );
         // The classifier honours the stated kind whatever its default.
-        let kind = retry_core::classify::Classifier::new()
+        let kind = event_retry_core::classify::Classifier::new()
             .default_kind(FailureKind::NonRetryable)
             .classify(&e);
         assert_eq!(kind, FailureKind::Blocking);

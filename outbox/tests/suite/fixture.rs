@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use event_retry::Broker;
+use event_retry_core::event::Event;
 use event_retry_outbox::{Dialect, Outbox, OutboxRow, RowFilter, State};
-use retry_core::event::Event;
 use sqlx::{Connection, PgConnection, SqliteConnection};
 
 use crate::raw;
@@ -273,7 +273,7 @@ async fn unpublished_summary(outbox: &Outbox) -> String {
         Ok(rows) => rows,
         Err(e) => return format!("the rows could not be read: {e}"),
     };
-    let now = retry_core::time::Timestamp::now();
+    let now = event_retry_core::time::Timestamp::now();
     let mut by_error: std::collections::BTreeMap<String, (usize, u32, i64)> = Default::default();
     for row in rows.iter().filter(|r| r.state != State::Published) {
         let error = row.last_error.clone().unwrap_or_else(|| "(none)".into());

@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_retry::Broker;
+use event_retry_core::classify::HandlerError;
+use event_retry_core::event::Event;
+use event_retry_core::idempotency::{Begin, IdempotencyStore};
+use event_retry_core::policy::RetryPolicy;
+use event_retry_core::runtime::{Context, handler_fn};
 use event_retry_outbox::{Inbox, Record, database_error};
 use raw_brokers::{RawBroker, RawKafka, RawRabbit};
-use retry_core::classify::HandlerError;
-use retry_core::event::Event;
-use retry_core::idempotency::{Begin, IdempotencyStore};
-use retry_core::policy::RetryPolicy;
-use retry_core::runtime::{Context, handler_fn};
 use sqlx::AnyPool;
 use sqlx::any::AnyPoolOptions;
 

@@ -5,9 +5,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use event_retry::Broker;
+use event_retry_core::policy::RetryPolicy;
+use event_retry_core::time::Timestamp;
 use event_retry_outbox::{Outbox, OutboxError, Retention, RowFilter, State};
-use retry_core::policy::RetryPolicy;
-use retry_core::time::Timestamp;
 
 use crate::Scenario;
 use crate::fixture::{
@@ -669,8 +669,8 @@ async fn poison_row(column: Column) -> Result<String, String> {
         ))
         .await?;
     let oversize = if column.broker == BrokerKind::Kafka {
-        let big =
-            retry_core::event::Event::new(vec![b'x'; 2 * 1024 * 1024]).with_id("poison-oversize");
+        let big = event_retry_core::event::Event::new(vec![b'x'; 2 * 1024 * 1024])
+            .with_id("poison-oversize");
         business
             .orders(&s.outbox, &s.topic, vec![big], true)
             .await?;

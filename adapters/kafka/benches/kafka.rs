@@ -1,0 +1,353 @@
+//! The Kafka adapter against a raw rdkafka consumer, on the local broker, in one run:
+//!
+//! 1. happy-path throughput: a topic of `RETRY_BENCH_MESSAGES` records (50,000 by default) drained by a
+//!    raw `StreamConsumer` (the same
+//!    work per record, then its offset stored and committed by librdkafka) and by the SDK's consumer
+//!    (concurrency P, same handler), three rounds each, alternating; the ratio compares the best run of
+//!    each (the broker's JVM warms up and its rate swings between rounds);
+//!    The same handler through the in-memory transport (no broker) is measured too: the runtime's own
+//!    ceiling on this machine, which the SDK on any broker cannot pass;
+//! 2. retry lateness: events fail once and retry after delays spread over 1–60 s through the delay ladder
+//!    (100 ms steps); lateness is the retry's start minus its due time (wall clock); an early retry fails
+//!    the bench.
+//! 3. backlog: healthy-event latency and the consumer process's resident set, idle and while 1,000 and
+//!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
+//! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`).
+//! 5. busy: retry lateness while a backlog of healthy events waits (`test_support::busy`).
+//! 6. hops: the cost of transactional hops — events that each fail once and come back through the
+//!    ladder, with and without `transactional_hops` (`ratio transactional/plain hops kafka`).
+//!
+//! ```text
+//! scripts/brokers start kafka && source target/brokers/env.sh
+//! cargo bench -p event-retry-kafka --bench kafka                 # every part
+//! cargo bench -p event-retry-kafka --bench kafka -- throughput   # or lateness, backlog, scale, busy, hops
+//! cargo bench -p event-retry-kafka --bench kafka -- sdk          # one SDK round alone, for profiling
+//! RETRY_BENCH_PAYLOAD=1024 cargo bench -p event-retry-kafka --bench kafka -- throughput  # 1 KB records
+//! ```
+
+use std::time::{Duration, Instant};
+
+use event_retry_core::adapter::{Admin, Published};
+use event_retry_core::broker::Broker;
+use event_retry_core::classify::HandlerError;
+use event_retry_core::event::Event;
+use event_retry_core::policy::RetryPolicy;
+use event_retry_core::runtime::{Context, handler_fn};
+use event_retry_kafka::{KafkaConfig, KafkaTransport, bootstrap_of};
+use rdkafka::Message;
+use rdkafka::TopicPartitionList;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
+use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
+
+/// Records per throughput round when `RETRY_BENCH_MESSAGES` is unset.
+const MESSAGES: usize = 50_000;
+const CONCURRENCY: usize = 64;
+const RETRIES: usize = 300;
+/// Events per round of the hops part (`RETRY_BENCH_HOPS` overrides).
+const HOPS: usize = 5_000;
+
+fn main() -> Result<(), Error> {
+    bench::main(
+        "RETRY_TEST_KAFKA",
+        "kafka",
+        |url| async move { run(&url).await },
+    )
+}
+
+/// Fills `topic` with `messages` records, after declaring its whole topology (the consumer group's retry
+/// topic included), as a deployment does once before its consumers start: neither side's timing then
+/// includes creating topics.
+async fn prefill(transport: &KafkaTransport, topic: &str, messages: usize) -> Result<(), Error> {
+    transport
+        .declare(
+            topic,
+            Some(&event_retry_core::adapter::default_group(topic)),
+        )
+        .await?;
+    bench::publish_all(&Broker::new(transport.clone()), topic, messages, 1024).await
+}
+
+async fn raw_run(
+    url: &str,
+    transport: &KafkaTransport,
+    topic: &str,
+    messages: usize,
+) -> Result<Rate, Error> {
+    prefill(transport, topic, messages).await?;
+    let clock = Clock::start();
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap_of(url)?)
+        .set("group.id", format!("{topic}-raw"))
+        .set("enable.auto.commit", "true")
+        .set("enable.auto.offset.store", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()?;
+    consumer.subscribe(&[topic])?;
+    let mut sink = 0;
+    for _ in 0..messages {
+        let message = consumer.recv().await?;
+        clock.message();
+        sink += work(message.payload().unwrap_or_default());
+        consumer.store_offset_from_message(&message)?;
+    }
+    std::hint::black_box(sink);
+    Ok(clock.rate(messages))
+}
+
+async fn sdk_run(transport: &KafkaTransport, topic: &str, messages: usize) -> Result<Rate, Error> {
+    prefill(transport, topic, messages).await?;
+    bench::sdk_round(
+        &Broker::new(transport.clone()),
+        topic,
+        messages,
+        CONCURRENCY,
+    )
+    .await
+}
+
+/// The same handler and concurrency through the in-memory transport: the runtime without a broker.
+async fn memory_run() -> Result<f64, Error> {
+    let broker = Broker::memory();
+    bench::publish_all(&broker, "ceiling", MESSAGES, 1).await?;
+    let countdown = bench::Countdown::new(MESSAGES);
+    let handler = handler_fn({
+        let countdown = countdown.clone();
+        move |event: Event, _ctx: Context| {
+            std::hint::black_box(work(&event.payload));
+            countdown.tick();
+            async { Ok::<(), HandlerError>(()) }
+        }
+    });
+    let started = Instant::now();
+    let consumer = broker
+        .consumer("ceiling")
+        .concurrency(CONCURRENCY)
+        .start(handler)
+        .await?;
+    countdown.wait(&consumer).await?;
+    consumer
+        .wait_until(|s| s.succeeded >= MESSAGES as u64)
+        .await;
+    let rate = MESSAGES as f64 / started.elapsed().as_secs_f64();
+    consumer.shutdown().await?;
+    Ok(rate)
+}
+
+async fn throughput(url: &str, transport: &KafkaTransport) -> Result<(), Error> {
+    let mut rounds = Throughput::default();
+    let messages = bench::messages(MESSAGES)?;
+    for _ in 0..3 {
+        let id = uuid::Uuid::new_v4().simple();
+        let raw = raw_run(url, transport, &format!("bench-raw-{id}"), messages).await?;
+        let sdk = sdk_run(transport, &format!("bench-sdk-{id}"), messages).await?;
+        rounds.round(
+            raw,
+            sdk,
+            "raw rdkafka",
+            &format!(
+                "{messages} records of {} B in 2 partitions, SDK concurrency {CONCURRENCY}",
+                bench::payload_bytes()?
+            ),
+        );
+    }
+    println!(
+        "the runtime alone (in-memory transport, same handler and concurrency): {:.0} msg/s",
+        memory_run().await?
+    );
+    // The ratio lines come last.
+    rounds.report("kafka");
+    Ok(())
+}
+
+/// Where the backlog consumer's group stands on each partition holding a record it never handled: the
+/// committed offset and the high watermark, read with rdkafka. A record below the committed offset was
+/// committed past (lost); one at or above it is late.
+fn group_position(url: &str) -> Box<test_support::backlog::GroupPosition> {
+    let bootstrap = bootstrap_of(url).unwrap_or_else(|_| url.to_string());
+    Box::new(move |topic: String, places: Vec<Published>| {
+        let bootstrap = bootstrap.clone();
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || committed_report(&bootstrap, &topic, &places))
+                .await
+                .unwrap_or_else(|e| format!("not read: {e}"))
+        })
+    })
+}
+
+fn committed_report(bootstrap: &str, topic: &str, places: &[Published]) -> String {
+    let group = event_retry_core::adapter::default_group(topic);
+    let consumer: BaseConsumer = match ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", &group)
+        .create()
+    {
+        Ok(consumer) => consumer,
+        Err(e) => return format!("not read: {e}"),
+    };
+    let mut partitions: Vec<i32> = places.iter().filter_map(|p| p.partition).collect();
+    partitions.sort_unstable();
+    partitions.dedup();
+    let mut list = TopicPartitionList::new();
+    for p in &partitions {
+        list.add_partition(topic, *p);
+    }
+    let timeout = Duration::from_secs(10);
+    let committed = match consumer.committed_offsets(list, timeout) {
+        Ok(committed) => committed,
+        Err(e) => return format!("not read: {e}"),
+    };
+    partitions
+        .iter()
+        .map(|&p| {
+            let at = committed
+                .find_partition(topic, p)
+                .map_or("none".to_string(), |e| format!("{:?}", e.offset()));
+            let high = consumer
+                .fetch_watermarks(topic, p, timeout)
+                .map_or_else(|e| format!("not read: {e}"), |(_, high)| high.to_string());
+            let below: Vec<String> = places
+                .iter()
+                .filter(|place| place.partition == Some(p))
+                .filter_map(|place| place.offset)
+                .map(|o| o.to_string())
+                .collect();
+            format!(
+                "{group} partition {p} committed {at}, high watermark {high} (missing offsets {})",
+                below.join(" ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The cost of transactional hops: rounds of `HOPS` events that each fail their first attempt (a retry
+/// after 100 ms) and succeed their second, alternately without and with `transactional_hops`; each
+/// setting's best round.
+async fn hops(url: &str) -> Result<(), Error> {
+    let events = bench::count_from_env("RETRY_BENCH_HOPS", HOPS, 1)?;
+    let (mut plain, mut transactional) = (0f64, 0f64);
+    for _ in 0..2 {
+        plain = plain.max(hops_round(url, false, events).await?);
+        transactional = transactional.max(hops_round(url, true, events).await?);
+    }
+    println!(
+        "hops kafka: {events} events failing once (retry after 100 ms through the ladder): plain {plain:.0} events/s, transactional {transactional:.0} events/s (best of 2 rounds each)"
+    );
+    println!(
+        "ratio transactional/plain hops kafka: {:.2}",
+        transactional / plain
+    );
+    Ok(())
+}
+
+/// One round of the hops part: events per second from the consumer's start until every event's second
+/// attempt succeeded.
+async fn hops_round(url: &str, transactional: bool, events: usize) -> Result<f64, Error> {
+    let config = KafkaConfig {
+        partitions: 2,
+        transactional_hops: transactional,
+        ..KafkaConfig::default()
+    };
+    let transport = KafkaTransport::connect_with(url, config).await?;
+    let topic = format!("bench-hops-{}", uuid::Uuid::new_v4().simple());
+    transport
+        .declare(
+            &topic,
+            Some(&event_retry_core::adapter::default_group(&topic)),
+        )
+        .await?;
+    bench::publish_all(&Broker::new(transport.clone()), &topic, events, 1024).await?;
+    let handler = handler_fn(|_event: Event, ctx: Context| async move {
+        if ctx.attempt == 1 {
+            Err(HandlerError::deferred("comes back once"))
+        } else {
+            Ok(())
+        }
+    });
+    let started = Instant::now();
+    let consumer = Broker::new(transport.clone())
+        .consumer(&topic)
+        .policy(RetryPolicy::parse("100ms x1")?)
+        .concurrency(CONCURRENCY)
+        .start(handler)
+        .await?;
+    tokio::time::timeout(
+        Duration::from_secs(600),
+        consumer.wait_until(|s| s.succeeded >= events as u64),
+    )
+    .await
+    .map_err(|_| {
+        format!(
+            "hops: not every event's retry succeeded within 600 s: {:?}",
+            consumer.stats()
+        )
+    })?;
+    let rate = events as f64 / started.elapsed().as_secs_f64();
+    consumer.shutdown().await?;
+    transport.delete(&topic).await?;
+    Ok(rate)
+}
+
+async fn run(url: &str) -> Result<(), Error> {
+    let config = KafkaConfig {
+        partitions: 2,
+        ..KafkaConfig::default()
+    };
+    let transport = KafkaTransport::connect_with(url, config).await?;
+    if let Some(done) = bench::helper_consumer(&Broker::new(transport.clone())).await {
+        return done;
+    }
+    // Four partitions for the scale part, so up to four processes of one group each have work.
+    let scale_transport = if bench::wants("scale") {
+        let four = KafkaConfig {
+            partitions: 4,
+            ..KafkaConfig::default()
+        };
+        KafkaTransport::connect_with(url, four).await?
+    } else {
+        transport.clone()
+    };
+    bench::consumer_process_parts(
+        &Broker::new(transport.clone()),
+        "kafka",
+        &transport.config().to_string(),
+        &scale_transport,
+        Some(&group_position(url)),
+    )
+    .await?;
+    if bench::wants("throughput") {
+        throughput(url, &transport).await?;
+    }
+    if bench::asked("sdk") {
+        // The SDK's rounds alone (for profiling); not part of a default run.
+        let topic = format!("bench-sdk-{}", uuid::Uuid::new_v4().simple());
+        let messages = bench::messages(MESSAGES)?;
+        println!(
+            "SDK alone: {:?} msg/s",
+            sdk_run(&transport, &topic, messages).await?
+        );
+    }
+    if bench::wants("busy") {
+        let topic = format!("bench-busy-{}", uuid::Uuid::new_v4().simple());
+        let describe = transport.config().to_string();
+        test_support::busy::run(&Broker::new(transport.clone()), &topic, "kafka", &describe)
+            .await?;
+    }
+    if bench::wants("hops") {
+        hops(url).await?;
+    }
+    if bench::wants("lateness") {
+        let topic = format!("bench-lateness-{}", uuid::Uuid::new_v4().simple());
+        let describe = transport.config().to_string();
+        bench::lateness(
+            &Broker::new(transport),
+            &topic,
+            RETRIES,
+            Duration::from_secs(150),
+            &describe,
+        )
+        .await?;
+    }
+    Ok(())
+}

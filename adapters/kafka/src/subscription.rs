@@ -1,0 +1,358 @@
+//! A consumer of a source topic and its group's retry topic, and the receipts that settle its records.
+//!
+//! A receipt settles by reporting its offset to the consumer thread, which commits it once everything
+//! before it in the partition is settled too. A retry is a copy produced into the delay ladder (or
+//! straight to the retry topic when there is no delay) and a dead letter a copy produced to the DLQ,
+//! each acknowledged by every in-sync replica of the idempotent producer before the offset is reported —
+//! or, with transactional hops, handed to the consumer thread with the settle and committed with the
+//! offset in one transaction.
+//! A receipt dropped unsettled leaves its offset uncommitted: the record is consumed again when its
+//! partition moves to another member or the group restarts.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Sender;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use event_retry_core::adapter::{
+    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, Unsettled,
+};
+use event_retry_core::error::{Error, Kind, wrap};
+use event_retry_core::event::{Event, RawMessage};
+use event_retry_core::metadata::Origin;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use tokio::sync::mpsc;
+
+use crate::codec::{self, Nulls};
+use crate::ladder::Ladder;
+use crate::link::Link;
+use crate::offsets::Tp;
+use crate::txn::Copy;
+use crate::worker::{self, Command, Hops, Record, Worker};
+
+/// Batches of records the consumer thread can hand to the subscription before it keeps them in its
+/// backlog.
+const HANDOFF_BATCHES: usize = 4;
+
+/// How long a new subscription waits for its consumers to join their groups.
+const JOIN_WAIT: Duration = Duration::from_secs(10);
+
+/// Subscribes to `spec.topic` and the retry topic of `spec.group`, and starts the topic's ladder
+/// consumer.
+pub(crate) async fn subscribe(
+    link: Arc<Link>,
+    spec: SubscriptionSpec,
+) -> Result<KafkaSubscription, Error> {
+    let retry_topic = link.config.retry_topic(&spec.topic, &spec.group);
+    let (commands, command_rx) = std::sync::mpsc::channel();
+    let hops = link
+        .config
+        .transactional_hops
+        .then(|| Hops::new(link.clone(), &format!("{}-{}", spec.group, spec.consumer)));
+    let context = Worker::new(command_rx, link.config.revoke_grace, hops);
+    let mut config = link.consumer_config(&spec.group);
+    config.set("client.id", &spec.consumer);
+    // After a pause (a blocking hold, or a full channel) partitions are fetched again only once the fetch
+    // request in flight returns: wait at most this long at the broker (500 ms by default).
+    config.set("fetch.wait.max.ms", "100");
+    // The range assignor shares out each topic's partitions on its own, so every member of a group gets
+    // its share of the source topic (and, for per-key order, the same partition numbers of the source
+    // and retry topics, which have the same count). The cooperative assignor balances only the total
+    // count: a member that joined a running one was given the retry topic's partitions and none of the
+    // source's (measured: 2 processes, one handled all 100,000 events). Every member of a group must
+    // agree on the assignor; the ladder's own group keeps the cooperative one.
+    config.set("partition.assignment.strategy", "range");
+    let consumer: BaseConsumer<Worker> = config
+        .create_with_context(context)
+        .map_err(crate::error::settings_error("consumer"))?;
+    consumer
+        .subscribe(&[spec.topic.as_str(), retry_topic.as_str()])
+        .map_err(crate::error::error(format!("subscribe to {}", spec.topic)))?;
+    let ladder = Ladder::start(link.clone(), &spec.topic)?;
+    // Room for a few batches of records between the thread and the runtime, so the thread seldom waits
+    // for the runtime; a record whose partition was revoked meanwhile is dropped by `next`.
+    let (out, rx) = mpsc::channel(HANDOFF_BATCHES);
+    let worker = consumer.context().clone();
+    let priority_topic = retry_topic.clone();
+    std::thread::Builder::new()
+        .name(format!("kafka-{}", spec.topic))
+        .spawn(move || worker::run(consumer, out, priority_topic))
+        .map_err(wrap(Kind::Other, "start the consumer thread"))?;
+    // Return once both members joined their groups, so the first retries do not wait for the ladder's
+    // consumer to start (bounded: a member that gets no partitions may not be told).
+    let deadline = tokio::time::Instant::now() + JOIN_WAIT;
+    while !(worker.joined.load(Ordering::Acquire) && ladder.joined.load(Ordering::Acquire))
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let names = Arc::new(Names {
+        dlq_topic: link.config.dlq_topic(&spec.topic),
+        source: spec.topic.clone(),
+        group: spec.group.clone(),
+        retry_topic,
+    });
+    Ok(KafkaSubscription {
+        link,
+        spec,
+        names,
+        rx,
+        batch: std::collections::VecDeque::new(),
+        commands,
+        worker,
+        ladder: Some(ladder),
+    })
+}
+
+/// One member of a consumer group on a source topic and its retry topic.
+pub(crate) struct KafkaSubscription {
+    link: Arc<Link>,
+    spec: SubscriptionSpec,
+    names: Arc<Names>,
+    rx: mpsc::Receiver<Result<Vec<Record>, Error>>,
+    /// Records received and not yet handed to the runtime.
+    batch: std::collections::VecDeque<Record>,
+    commands: Sender<Command>,
+    worker: Arc<Worker>,
+    ladder: Option<Ladder>,
+}
+
+impl KafkaSubscription {
+    fn delivery(&self, record: Record) -> Delivery {
+        let (topic, partition) = record.tp.clone();
+        let info = DeliveryInfo::new(format!("{topic}/{partition}/{}", record.offset), {
+            let origin = Origin::new(self.spec.topic.clone()).at(partition, record.offset);
+            match record.decoded.timestamp {
+                Some(t) => origin.with_timestamp(t),
+                None => origin,
+            }
+        });
+        let receipt = Box::new(KafkaReceipt {
+            link: self.link.clone(),
+            worker: self.worker.clone(),
+            names: self.names.clone(),
+            partition,
+            position: Unsettled::new(Position {
+                tp: record.tp,
+                offset: record.offset,
+                epoch: record.epoch,
+            }),
+            original: record.decoded.raw.clone(),
+            nulls: record.decoded.nulls,
+        });
+        Delivery::new(record.decoded.raw, info, receipt)
+    }
+}
+
+#[async_trait]
+impl Subscription for KafkaSubscription {
+    /// The next record of the batch at hand, skipping those whose partition was revoked since they were
+    /// read (they belong to its new owner).
+    fn next_ready(&mut self) -> Option<Delivery> {
+        while let Some(record) = self.batch.pop_front() {
+            if self
+                .worker
+                .lock()
+                .offsets
+                .is_current(&record.tp, record.epoch)
+            {
+                return Some(self.delivery(record));
+            }
+        }
+        None
+    }
+
+    async fn next(&mut self) -> Result<Option<Delivery>, Error> {
+        loop {
+            if let Some(delivery) = self.next_ready() {
+                return Ok(Some(delivery));
+            }
+            // Cancel-safe: a batch is either received whole (and kept in `self.batch`) or not at all.
+            match self.rx.recv().await {
+                Some(Ok(records)) => self.batch.extend(records),
+                Some(Err(e)) => return Err(e),
+                None => return Err(Error::closed()),
+            }
+        }
+    }
+
+    async fn pause(&mut self) -> Result<(), Error> {
+        self.commands
+            .send(Command::Pause)
+            .map_err(|_| Error::closed())
+    }
+
+    async fn resume(&mut self) -> Result<(), Error> {
+        self.commands
+            .send(Command::Resume)
+            .map_err(|_| Error::closed())
+    }
+
+    async fn close(mut self: Box<Self>) -> Result<(), Error> {
+        let (done, closed) = tokio::sync::oneshot::channel();
+        let ladder = self.ladder.take();
+        if self.commands.send(Command::Close(done)).is_ok() {
+            tokio::time::timeout(Duration::from_secs(30), closed)
+                .await
+                .map_err(|_| {
+                    Error::new(
+                        Kind::Timeout,
+                        format!("closing the consumer of {} timed out", self.spec.topic),
+                    )
+                })?
+                .map_err(|_| Error::closed())?;
+        }
+        if let Some(ladder) = ladder {
+            ladder.stop().await;
+        }
+        Ok(())
+    }
+}
+
+/// The topics and group a subscription's receipts settle to, shared by all of them.
+struct Names {
+    source: String,
+    retry_topic: String,
+    dlq_topic: String,
+    group: String,
+}
+
+/// Where a record sits: what its settle reports to the consumer thread.
+struct Position {
+    tp: Tp,
+    offset: i64,
+    epoch: u64,
+}
+
+/// Settles one record.
+struct KafkaReceipt {
+    link: Arc<Link>,
+    worker: Arc<Worker>,
+    names: Arc<Names>,
+    partition: i32,
+    position: Unsettled<Position>,
+    original: RawMessage,
+    /// The record's headers whose value was null: every copy writes them null again.
+    nulls: Nulls,
+}
+
+impl KafkaReceipt {
+    /// Reports the record settled; the consumer thread commits its offset once everything before it in
+    /// the partition is settled too.
+    fn finish(&mut self) -> Result<(), Error> {
+        let p = self.position.take()?;
+        // If the consumer is gone, the offset stays uncommitted and the record is consumed again.
+        self.worker.settled(&p.tp, p.offset, p.epoch);
+        Ok(())
+    }
+
+    /// Settles the record with a copy that comes back on the retry topic after `delay`.
+    async fn delay(
+        &mut self,
+        raw: &RawMessage,
+        delay: Duration,
+        operation: &str,
+    ) -> Result<(), Error> {
+        if self.worker.transactional() {
+            let (topic, extra) =
+                self.link
+                    .delayed_target(&self.names.source, &self.names.retry_topic, delay);
+            return self
+                .finish_with_copy(topic, raw.clone(), extra, operation)
+                .await;
+        }
+        self.link
+            .send_delayed(
+                &self.names.source,
+                &self.names.retry_topic,
+                self.partition,
+                codec::Outbound {
+                    raw,
+                    nulls: &self.nulls,
+                },
+                delay,
+                operation,
+            )
+            .await?;
+        self.finish()
+    }
+
+    /// Settles the record with a copy of `raw` to `topic`, produced in the transaction that commits its
+    /// offset; returns once that transaction committed.
+    async fn finish_with_copy(
+        &mut self,
+        topic: String,
+        raw: RawMessage,
+        extra: Vec<(&'static str, Vec<u8>)>,
+        operation: &str,
+    ) -> Result<(), Error> {
+        // The copy keeps its record's partition: the topic's count must be known to place it.
+        self.link
+            .partitions(&topic)
+            .await
+            .map_err(|e| e.with_operation(operation.to_string()))?;
+        let p = self.position.get()?;
+        let (tp, offset, epoch) = (p.tp.clone(), p.offset, p.epoch);
+        let copy = Copy {
+            topic,
+            partition: Some(self.partition),
+            raw,
+            nulls: self.nulls.clone(),
+            extra,
+        };
+        self.worker
+            .settled_with_copy(&tp, offset, epoch, copy)
+            .await
+            .map_err(|_| Error::closed())?
+            .map_err(|e| e.with_operation(operation.to_string()))?;
+        // Settled: the record is no longer this receipt's to release.
+        self.position.take().map(drop)
+    }
+}
+
+#[async_trait]
+impl Receipt for KafkaReceipt {
+    async fn ack(&mut self) -> Result<(), Error> {
+        self.finish()
+    }
+
+    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
+        self.position.get()?;
+        let operation = format!("retry of {} through the delay ladder", self.names.source);
+        self.delay(&event.to_raw(), delay, &operation).await
+    }
+
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
+        self.position.get()?;
+        let dlq = self.names.dlq_topic.clone();
+        let operation = format!("dead-letter to {dlq}");
+        let group = event_retry_core::metadata::names::GROUP;
+        if self.worker.transactional() {
+            let extra = vec![(group, self.names.group.as_bytes().to_vec())];
+            return self
+                .finish_with_copy(dlq, event.to_raw(), extra, &operation)
+                .await;
+        }
+        let extra = [(group, self.names.group.as_bytes())];
+        self.link
+            .send(
+                &dlq,
+                Some(self.partition),
+                &event.to_raw(),
+                &self.nulls,
+                &extra,
+                &operation,
+            )
+            .await?;
+        self.finish()
+    }
+
+    async fn release(&mut self, after: Duration) -> Result<(), Error> {
+        self.position.get()?;
+        // Kafka cannot hand one record back: a copy comes back through the retry topic instead, and
+        // if it cannot be produced the offset stays uncommitted.
+        let original = self.original.clone();
+        self.delay(&original, after, "release").await
+    }
+}

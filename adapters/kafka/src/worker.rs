@@ -1,0 +1,787 @@
+//! The thread that owns a consumer group member of a source topic and its group's retry topic.
+//!
+//! librdkafka wants one thread to poll a consumer, and the group membership holds only while it polls
+//! (`max.poll.interval.ms`), so the thread polls all the time — also while consumption is paused. It
+//! hands records to the subscription through a bounded channel, keeping the rest in a bounded backlog;
+//! while the backlog is full it stops reading (librdkafka's own prefetch is bounded too). When the
+//! runtime holds consumption for a blocking error, or the backlog stays full for long, it pauses every
+//! assigned partition and polls on (librdkafka drops what it fetched ahead and fetches again from the
+//! position after the last record read on resume).
+//!
+//! The group's retry topic comes first: its partitions are split off into queues of their own, which
+//! librdkafka fetches apart from the source's prefetch, and the thread reads them and hands their records
+//! out before the source's, so a due retry does not wait behind a backlog of the source.
+//!
+//! Receipts report settled offsets into the shared state (no wake-up per settle); the thread commits each partition's
+//! contiguous settled prefix (see [`crate::offsets`]). With transactional hops a retry or DLQ copy is
+//! handed to the thread with its settle, and a commit that passes a record with a copy is one
+//! transaction carrying both (see [`crate::txn`]); the receipt returns once it is committed. Losing partitions in a rebalance, it first waits
+//! (up to `revoke_grace`) for the work in flight on them, commits it, and forgets them, so a settle that
+//! comes later never commits for a partition this member no longer owns.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use event_retry_core::error::Error;
+use rdkafka::consumer::base_consumer::PartitionQueue;
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::BorrowedMessage;
+use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
+use tracing::{debug, warn};
+
+use crate::codec::{self, Decoded};
+use crate::error::consume_error;
+use crate::link::Link;
+use crate::offsets::{Offsets, Tp};
+use crate::txn::{Copy, Transactional};
+
+/// How often the settled offsets are committed.
+const COMMIT_INTERVAL: Duration = Duration::from_millis(50);
+/// How long a poll waits for records when none wait to be handed out.
+const IDLE_POLL: Duration = Duration::from_millis(50);
+/// The same with transactional hops: a copy handed over meanwhile waits at most this long for its
+/// transaction to start (a poll cannot be woken from another thread).
+const IDLE_POLL_TRANSACTIONAL: Duration = Duration::from_millis(5);
+
+/// Transactions that may fail in a row before their copies are answered with the error.
+const TRANSACTION_TRIES: u32 = 3;
+
+/// How long commits carrying copies wait after a transaction failed before the next try.
+const TRANSACTION_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The most records handed to the subscription at once.
+const HANDOUT_BATCH: usize = 256;
+/// The backlog of records read but not yet taken by the runtime at which the thread stops reading.
+const PENDING_HIGH: usize = 2_000;
+/// The backlog below which a stalled consumer's partitions resume.
+const PENDING_LOW: usize = 500;
+/// How long the backlog may stay full before the partitions are paused, so the thread can poll again
+/// (well within `max.poll.interval.ms`, 5 minutes by default).
+const STALL_AFTER: Duration = Duration::from_secs(3);
+
+/// What the subscription asks of the thread (receipts report settles straight into the shared state).
+pub(crate) enum Command {
+    /// The runtime holds consumption (a blocking error).
+    Pause,
+    /// The runtime consumes again.
+    Resume,
+    /// Commit what is settled and leave the group.
+    Close(tokio::sync::oneshot::Sender<()>),
+}
+
+/// A record handed to the subscription.
+pub(crate) struct Record {
+    pub(crate) tp: Tp,
+    pub(crate) offset: i64,
+    pub(crate) epoch: u64,
+    pub(crate) decoded: Decoded,
+}
+
+/// What the thread and the rebalance callbacks share.
+pub(crate) struct State {
+    pub(crate) offsets: Offsets,
+    /// Records received but not yet taken by the subscription's channel.
+    pending: VecDeque<Record>,
+    /// Records of the retry topic received but not yet taken: handed out before `pending`, so a due
+    /// retry does not wait behind a backlog of the source.
+    priority: VecDeque<Record>,
+    /// Set by a rebalance: the retry topic's partition queues are to be split off again.
+    reassigned: bool,
+    held_by_runtime: bool,
+    /// Whether the partitions are paused now.
+    paused: bool,
+    /// Since when the backlog has been full.
+    full_since: Option<Instant>,
+    /// The backlog stayed full too long: the partitions are paused until it drains.
+    stalled: bool,
+    /// Set once the consumer is leaving: a revoke then does not wait for work in flight.
+    closing: bool,
+    /// Who waits for the close to finish.
+    close_waiter: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Copies of settled records waiting for the transaction that commits past them.
+    copies: Vec<PendingCopy>,
+    /// After a failed transaction, when commits carrying copies are tried again.
+    transaction_retry_at: Option<Instant>,
+    /// Transactions failed in a row.
+    transaction_failures: u32,
+}
+
+/// A copy waiting for its transaction, and the receipt waiting for the outcome.
+struct PendingCopy {
+    tp: Tp,
+    offset: i64,
+    epoch: u64,
+    copy: Copy,
+    done: tokio::sync::oneshot::Sender<Result<(), Error>>,
+}
+
+/// The transactional producer of a consumer with transactional hops, and the link its records use.
+pub(crate) struct Hops {
+    link: Arc<Link>,
+    producer: Mutex<Transactional>,
+}
+
+impl Hops {
+    /// The transactional hops of the consumer named `owner`.
+    pub(crate) fn new(link: Arc<Link>, owner: &str) -> Self {
+        let producer = Mutex::new(Transactional::new(link.transactional.clone(), owner));
+        Self { link, producer }
+    }
+}
+
+/// The consumer's context: the shared state, and the commands (served inside a revoke too).
+pub(crate) struct Worker {
+    pub(crate) state: Mutex<State>,
+    commands: Mutex<Receiver<Command>>,
+    revoke_grace: Duration,
+    /// Set at the first assignment (the member joined its group).
+    pub(crate) joined: Arc<AtomicBool>,
+    /// Set with transactional hops.
+    hops: Option<Hops>,
+}
+
+impl Worker {
+    pub(crate) fn new(
+        commands: Receiver<Command>,
+        revoke_grace: Duration,
+        hops: Option<Hops>,
+    ) -> Self {
+        Self {
+            state: Mutex::new(State {
+                offsets: Offsets::default(),
+                pending: VecDeque::new(),
+                priority: VecDeque::new(),
+                reassigned: false,
+                held_by_runtime: false,
+                paused: false,
+                full_since: None,
+                stalled: false,
+                closing: false,
+                close_waiter: None,
+                copies: Vec::new(),
+                transaction_retry_at: None,
+                transaction_failures: 0,
+            }),
+            commands: Mutex::new(commands),
+            revoke_grace,
+            joined: Arc::new(AtomicBool::new(false)),
+            hops,
+        }
+    }
+
+    /// Whether copies wait for a transaction that can start now (not backing off after a failure).
+    fn copies_waiting(&self) -> bool {
+        let state = self.lock();
+        !state.copies.is_empty()
+            && state
+                .transaction_retry_at
+                .is_none_or(|at| Instant::now() >= at)
+    }
+
+    /// How long a poll waits for records when none wait to be handed out.
+    fn idle_poll(&self) -> Duration {
+        if self.hops.is_some() {
+            IDLE_POLL_TRANSACTIONAL
+        } else {
+            IDLE_POLL
+        }
+    }
+
+    /// Whether copies go through transactions with the offsets (`transactional_hops`).
+    pub(crate) fn transactional(&self) -> bool {
+        self.hops.is_some()
+    }
+
+    /// A receipt settled `offset` of `tp`, read in `epoch`, with `copy` to be produced in the transaction
+    /// that commits past it; the answer comes once that transaction committed, or failed for good: the
+    /// broker refused the copy itself (the record is then unsettled again, for the runtime to release),
+    /// or the partition moved to another member (which consumes the record again) or the consumer
+    /// closed.
+    pub(crate) fn settled_with_copy(
+        &self,
+        tp: &Tp,
+        offset: i64,
+        epoch: u64,
+        copy: Copy,
+    ) -> tokio::sync::oneshot::Receiver<Result<(), Error>> {
+        let (done, outcome) = tokio::sync::oneshot::channel();
+        let mut state = self.lock();
+        if state.offsets.settled(tp, offset, epoch) {
+            state.copies.push(PendingCopy {
+                tp: tp.clone(),
+                offset,
+                epoch,
+                copy,
+                done,
+            });
+        } else {
+            let _ = done.send(Err(moved(tp)));
+        }
+        outcome
+    }
+
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A receipt settled `offset` of `tp`, read in `epoch`; it is committed with the next commit if
+    /// everything before it is settled too and the partition is still this member's.
+    pub(crate) fn settled(&self, tp: &Tp, offset: i64, epoch: u64) {
+        self.lock().offsets.settled(tp, offset, epoch);
+    }
+
+    /// Keeps a record just read in the backlog, unless its partition is not assigned (any more): then it
+    /// is not this member's to hand out.
+    fn keep(&self, message: &BorrowedMessage<'_>, priority: bool) {
+        let offset = message.offset();
+        let decoded = codec::decode(message);
+        let mut state = self.lock();
+        let Some(topic) = state.offsets.topic(message.topic()) else {
+            return;
+        };
+        let tp = (topic, message.partition());
+        if let Some(epoch) = state.offsets.received(&tp, offset) {
+            let record = Record {
+                tp,
+                offset,
+                epoch,
+                decoded,
+            };
+            if priority {
+                state.priority.push_back(record);
+            } else {
+                state.pending.push_back(record);
+            }
+        }
+    }
+
+    /// Applies the commands waiting (waiting up to `wait` for the first); `true` once asked to close.
+    fn serve_commands(&self, consumer: &BaseConsumer<Worker>, wait: Duration) -> bool {
+        let commands = self.commands.lock().unwrap_or_else(|p| p.into_inner());
+        let mut first = true;
+        loop {
+            let command = if first && !wait.is_zero() {
+                match commands.recv_timeout(wait) {
+                    Ok(c) => c,
+                    // Disconnected: every sender is gone (the subscription and its receipts were
+                    // dropped); the main loop sees the closed channel.
+                    Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {
+                        return self.lock().closing;
+                    }
+                }
+            } else {
+                match commands.try_recv() {
+                    Ok(c) => c,
+                    Err(_) => return self.lock().closing,
+                }
+            };
+            first = false;
+            match command {
+                Command::Pause => {
+                    self.lock().held_by_runtime = true;
+                    self.apply_pause(consumer);
+                }
+                Command::Resume => {
+                    self.lock().held_by_runtime = false;
+                    self.apply_pause(consumer);
+                }
+                Command::Close(done) => {
+                    let mut state = self.lock();
+                    state.closing = true;
+                    state.close_waiter = Some(done);
+                }
+            }
+        }
+    }
+
+    /// Whether to read more now. A full backlog stops reading without pausing: a pause makes librdkafka
+    /// drop everything it fetched ahead and fetch it again, which costs far more than waiting while the
+    /// runtime catches up. Only a backlog full for `STALL_AFTER` pauses the partitions, so that polling
+    /// (and the group membership) can go on.
+    fn may_read(&self) -> bool {
+        let mut state = self.lock();
+        let backlog = state.pending.len();
+        if backlog < PENDING_HIGH {
+            state.full_since = None;
+            if backlog < PENDING_LOW {
+                state.stalled = false;
+            }
+            return true;
+        }
+        let since = *state.full_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= STALL_AFTER {
+            state.stalled = true;
+        }
+        state.stalled
+    }
+
+    /// Pauses or resumes every assigned partition as the runtime's hold and a stalled backlog say.
+    fn apply_pause(&self, consumer: &BaseConsumer<Worker>) {
+        let want = {
+            let state = self.lock();
+            let want = state.held_by_runtime || state.stalled;
+            if want == state.paused {
+                return;
+            }
+            want
+        };
+        let Ok(assignment) = consumer.assignment() else {
+            return;
+        };
+        let result = if want {
+            consumer.pause(&assignment)
+        } else {
+            consumer.resume(&assignment)
+        };
+        match result {
+            Ok(()) => self.lock().paused = want,
+            Err(e) => warn!(error = %e, "pausing or resuming the partitions failed"),
+        }
+    }
+
+    /// Commits the settled prefixes (of `only`, if given) not committed yet, without waiting.
+    fn commit(&self, consumer: &BaseConsumer<Worker>, only: Option<&[Tp]>, mode: CommitMode) {
+        let commits = self.lock().offsets.take_commits(only);
+        self.send_commits(consumer, commits, mode);
+    }
+
+    /// Commits the settled prefixes of partitions being let go (of `only`, if given) and waits for the
+    /// broker, also where an asynchronous commit of the same position is still in flight.
+    fn commit_before_letting_go(&self, consumer: &BaseConsumer<Worker>, only: Option<&[Tp]>) {
+        let commits = self.lock().offsets.final_commits(only);
+        self.send_commits(consumer, commits, CommitMode::Sync);
+    }
+
+    fn send_commits(
+        &self,
+        consumer: &BaseConsumer<Worker>,
+        mut commits: Vec<(Tp, i64)>,
+        mode: CommitMode,
+    ) {
+        if let Some(hops) = &self.hops {
+            let copies = self.copies_below(&commits);
+            if !copies.is_empty() {
+                // The partitions with copies commit in the transaction; the others go on plainly,
+                // whatever becomes of it.
+                let (with, without): (Vec<Commit>, Vec<Commit>) = commits
+                    .into_iter()
+                    .partition(|(tp, _)| copies.iter().any(|c| c.tp == *tp));
+                self.commit_in_transaction(hops, consumer, &with, copies);
+                commits = without;
+            }
+        }
+        if commits.is_empty() {
+            return;
+        }
+        // A process that dies here has settled (and copied) records and not committed them.
+        fail::fail_point!("kafka-before-commit", |_| std::process::abort());
+        if let Err(e) = consumer.commit(&offset_list(&commits), mode) {
+            debug!(error = %e, "commit failed; it is tried again");
+            self.lock().offsets.commit_failed(&commits);
+        }
+    }
+
+    /// Takes the copies waiting of the records `commits` pass.
+    fn copies_below(&self, commits: &[(Tp, i64)]) -> Vec<PendingCopy> {
+        let mut state = self.lock();
+        let (below, rest): (Vec<PendingCopy>, Vec<PendingCopy>) = std::mem::take(&mut state.copies)
+            .into_iter()
+            .partition(|c| {
+                commits
+                    .iter()
+                    .any(|(tp, point)| *tp == c.tp && c.offset < *point)
+            });
+        state.copies = rest;
+        below
+    }
+
+    /// Commits `commits` with `copies` in one transaction and answers each copy's receipt; after a
+    /// failure the copies wait for the next commit, and the offsets are tried again with them.
+    fn commit_in_transaction(
+        &self,
+        hops: &Hops,
+        consumer: &BaseConsumer<Worker>,
+        commits: &[(Tp, i64)],
+        copies: Vec<PendingCopy>,
+    ) {
+        let tpl = offset_list(commits);
+        let retry_at = self.lock().transaction_retry_at;
+        let outcome = match (retry_at, consumer.group_metadata()) {
+            (Some(at), _) if Instant::now() < at => Err(None),
+            (_, None) => Err(None),
+            (_, Some(group)) => {
+                let records: Vec<&Copy> = copies.iter().map(|c| &c.copy).collect();
+                let mut producer = hops.producer.lock().unwrap_or_else(|p| p.into_inner());
+                producer
+                    .commit(&hops.link, &records, &tpl, &group)
+                    .map_err(Some)
+            }
+        };
+        let mut state = self.lock();
+        match outcome {
+            Ok(()) => {
+                state.transaction_retry_at = None;
+                state.transaction_failures = 0;
+                drop(state);
+                for c in copies {
+                    let _ = c.done.send(Ok(()));
+                }
+            }
+            Err(aborted) => {
+                state.offsets.commit_failed(commits);
+                let mut refused = Vec::new();
+                let mut again = Vec::new();
+                match aborted {
+                    None => again = copies,
+                    Some(aborted) => {
+                        warn!(error = %aborted.error, "a transaction of copies and offsets failed");
+                        state.transaction_retry_at = Some(Instant::now() + TRANSACTION_BACKOFF);
+                        state.transaction_failures += 1;
+                        // Transactions that keep failing (the broker unreachable, transactions
+                        // refused) answer their copies with the error, as a send that fails would:
+                        // the runtime then holds, releases or tries again, and the failure shows.
+                        let give_up = state.transaction_failures >= TRANSACTION_TRIES;
+                        if give_up {
+                            state.transaction_failures = 0;
+                        }
+                        for (c, e) in copies.into_iter().zip(aborted.copies) {
+                            match e {
+                                // The broker refused this copy: it will not take it by trying again.
+                                Some(e) if !e.is_temporary() => refused.push((c, e)),
+                                _ if give_up => refused.push((
+                                    c,
+                                    Error::new(aborted.error.kind(), aborted.error.to_string())
+                                        .temporary(aborted.error.is_temporary()),
+                                )),
+                                _ => again.push(c),
+                            }
+                        }
+                    }
+                }
+                for (c, _) in &refused {
+                    state.offsets.unsettle(&c.tp, c.offset, c.epoch);
+                }
+                again.append(&mut state.copies);
+                state.copies = again;
+                drop(state);
+                for (c, e) in refused {
+                    let _ = c.done.send(Err(e));
+                }
+            }
+        }
+    }
+
+    /// Lets partitions go (all of them, closing): their copies waiting are answered with an error and
+    /// their records unsettled again — so no commit, the one leaving the group makes included, passes a
+    /// record whose copy was not produced; whoever owns the partitions next consumes them again — and
+    /// revoked partitions are forgotten in the same step, so no copy arrives in between.
+    fn let_go(&self, only: Option<&[Tp]>) {
+        let dropped: Vec<PendingCopy> = {
+            let mut state = self.lock();
+            let (dropped, kept): (Vec<PendingCopy>, Vec<PendingCopy>) =
+                std::mem::take(&mut state.copies)
+                    .into_iter()
+                    .partition(|c| only.is_none_or(|tps| tps.contains(&c.tp)));
+            state.copies = kept;
+            for c in &dropped {
+                state.offsets.unsettle(&c.tp, c.offset, c.epoch);
+            }
+            // Closing, the partitions stay: the revoke that leaving the group brings commits what was
+            // settled meanwhile, never past a record unsettled here.
+            for tp in only.unwrap_or_default() {
+                state.offsets.revoked(tp);
+            }
+            dropped
+        };
+        for c in dropped {
+            let _ = c.done.send(Err(moved(&c.tp)));
+        }
+    }
+}
+
+/// A partition and the offset to commit there.
+type Commit = (Tp, i64);
+
+/// `commits` as librdkafka's list of partition offsets.
+fn offset_list(commits: &[(Tp, i64)]) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    for ((topic, partition), offset) in commits {
+        if let Err(e) = tpl.add_partition_offset(topic, *partition, Offset::Offset(*offset)) {
+            warn!(error = %e, "building a commit failed");
+        }
+    }
+    tpl
+}
+
+/// The error of a copy whose record this member no longer owns.
+fn moved(tp: &Tp) -> Error {
+    Error::new(
+        event_retry_core::error::Kind::Closed,
+        format!(
+            "{} partition {} is no longer this member's: its copy was not committed, and the record is consumed again",
+            tp.0, tp.1
+        ),
+    )
+}
+
+impl ClientContext for Worker {}
+
+impl ConsumerContext for Worker {
+    /// An asynchronous commit that failed (e.g. during a rebalance) is tried again with the next one.
+    fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
+        if let Err(e) = result {
+            debug!(error = %e, "commit failed; it is tried again");
+            let failed: Vec<(Tp, i64)> = offsets
+                .elements()
+                .iter()
+                .filter_map(|e| match e.offset() {
+                    Offset::Offset(o) => Some(((Arc::from(e.topic()), e.partition()), o)),
+                    _ => None,
+                })
+                .collect();
+            self.lock().offsets.commit_failed(&failed);
+        }
+    }
+
+    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        let Rebalance::Revoke(tpl) = rebalance else {
+            return;
+        };
+        let revoked: Vec<Tp> = tpl
+            .elements()
+            .iter()
+            .map(|e| (Arc::from(e.topic()), e.partition()))
+            .collect();
+        {
+            // Records read but never handed out are not waited for: their new owner reads them again
+            // (the commit point goes back to the first of them).
+            let mut state = self.lock();
+            let State {
+                pending,
+                priority,
+                offsets,
+                reassigned,
+                ..
+            } = &mut *state;
+            for queue in [pending, priority] {
+                queue.retain(|r| {
+                    let keep = !revoked.contains(&r.tp);
+                    if !keep {
+                        offsets.unread(&r.tp, r.offset);
+                    }
+                    keep
+                });
+            }
+            *reassigned = true;
+        }
+        if !consumer.assignment_lost() {
+            // Let the work handed out on these partitions finish and commit it, unless the runtime holds
+            // consumption (a blocking hold may last long; that record is simply consumed again).
+            let deadline = Instant::now() + self.revoke_grace;
+            loop {
+                let busy = {
+                    let state = self.lock();
+                    !state.held_by_runtime
+                        && !state.closing
+                        && revoked.iter().any(|tp| state.offsets.in_flight(tp) > 0)
+                };
+                if !busy || Instant::now() > deadline {
+                    break;
+                }
+                // A close asked for meanwhile ends the wait and is seen again by the main loop.
+                self.serve_commands(consumer, Duration::from_millis(20));
+            }
+            self.commit_before_letting_go(consumer, Some(&revoked));
+        }
+        self.let_go(Some(&revoked));
+        debug!(partitions = ?revoked, "partitions revoked");
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                self.joined.store(true, Ordering::Release);
+                let mut state = self.lock();
+                state.reassigned = true;
+                for e in tpl.elements() {
+                    state
+                        .offsets
+                        .assigned((Arc::from(e.topic()), e.partition()));
+                }
+                let paused = state.paused;
+                drop(state);
+                // librdkafka keeps an application's pause of a partition across its revocation, so a
+                // partition coming back may still be paused: set every assigned one as it should be.
+                let result = if paused {
+                    consumer.pause(tpl)
+                } else {
+                    consumer.resume(tpl)
+                };
+                if let Err(e) = result {
+                    warn!(error = %e, "pausing or resuming newly assigned partitions failed");
+                }
+                debug!(partitions = tpl.count(), "partitions assigned");
+            }
+            Rebalance::Revoke(_) => {}
+            Rebalance::Error(e) => warn!(error = %e, "rebalance error"),
+        }
+    }
+}
+
+/// The retry topic's partitions, each split off into a queue of its own: librdkafka then fetches and
+/// queues them apart from the source's (whose prefetch, full during a backlog, would otherwise stop their
+/// fetches too), and the thread reads them first.
+struct PriorityQueues {
+    topic: String,
+    queues: Vec<PartitionQueue<Worker>>,
+}
+
+impl PriorityQueues {
+    /// Splits off every assigned partition of the retry topic (an assignment undoes earlier splits);
+    /// `false` if it could not, to be tried again.
+    fn split(&mut self, consumer: &Arc<BaseConsumer<Worker>>) -> bool {
+        self.queues.clear();
+        let Ok(assignment) = consumer.assignment() else {
+            return false;
+        };
+        for e in assignment.elements_for_topic(&self.topic) {
+            match consumer.split_partition_queue(&self.topic, e.partition()) {
+                Some(queue) => self.queues.push(queue),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    /// Reads what the split queues hold, up to a batch each, without waiting — none while the records
+    /// read from them wait in numbers for the runtime.
+    fn read(&self, worker: &Worker) {
+        if worker.lock().priority.len() >= PENDING_HIGH {
+            return;
+        }
+        for queue in &self.queues {
+            for _ in 0..HANDOUT_BATCH {
+                match queue.poll(Duration::ZERO) {
+                    Some(Ok(message)) => worker.keep(&message, true),
+                    Some(Err(e)) => {
+                        warn!(error = %e, "consumer error on the retry topic");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+    }
+}
+
+/// How long a poll waits when nothing waits to be handed out and retry partitions are split off: a
+/// record in a split queue does not end the main queue's wait.
+const IDLE_POLL_SPLIT: Duration = Duration::from_millis(10);
+
+/// Runs the consumer until the subscription closes or goes away; records of `retry_topic` are read and
+/// handed out before the source's.
+pub(crate) fn run(
+    consumer: BaseConsumer<Worker>,
+    out: tokio::sync::mpsc::Sender<Result<Vec<Record>, Error>>,
+    retry_topic: String,
+) {
+    let consumer = Arc::new(consumer);
+    let worker = consumer.context().clone();
+    let mut priority = PriorityQueues {
+        topic: retry_topic,
+        queues: Vec::new(),
+    };
+    let mut last_commit = Instant::now();
+    loop {
+        if worker.serve_commands(&consumer, Duration::ZERO) {
+            break;
+        }
+        if std::mem::take(&mut worker.lock().reassigned) && !priority.split(&consumer) {
+            warn!("splitting the retry topic's partitions off failed; trying again");
+            worker.lock().reassigned = true;
+        }
+        // A copy's receipt waits for its transaction: commit soon after one waits.
+        if last_commit.elapsed() >= COMMIT_INTERVAL
+            || (last_commit.elapsed() >= IDLE_POLL_TRANSACTIONAL && worker.copies_waiting())
+        {
+            worker.commit(&consumer, None, CommitMode::Async);
+            last_commit = Instant::now();
+        }
+        priority.read(&worker);
+        // Hand out what waits in batches (one wake-up of the runtime per batch), as far as the channel
+        // has room: the retry topic's records first.
+        {
+            let mut state = worker.lock();
+            let State {
+                pending,
+                priority: first,
+                ..
+            } = &mut *state;
+            for queue in [first, pending] {
+                while !queue.is_empty() {
+                    let Ok(permit) = out.try_reserve() else {
+                        break;
+                    };
+                    let n = queue.len().min(HANDOUT_BATCH);
+                    permit.send(Ok(queue.drain(..n).collect()));
+                }
+            }
+        }
+        if out.is_closed() {
+            break;
+        }
+        let read = worker.may_read();
+        worker.apply_pause(&consumer);
+        if !read {
+            // The runtime is behind: wait for its settles (which also wake this wait) and hand out more.
+            if worker.serve_commands(&consumer, Duration::from_millis(1)) {
+                break;
+            }
+            continue;
+        }
+        let wait = if !worker.lock().pending.is_empty() {
+            Duration::from_millis(1)
+        } else if priority.queues.is_empty() {
+            worker.idle_poll()
+        } else {
+            worker.idle_poll().min(IDLE_POLL_SPLIT)
+        };
+        // After a first record, what librdkafka already holds is read without waiting, up to a batch,
+        // before the commands, commits and backlog are looked at again (once per batch, not per record).
+        let mut polled = consumer.poll(wait);
+        let mut read = 0;
+        while let Some(Ok(message)) = &polled {
+            worker.keep(message, false);
+            read += 1;
+            if read == HANDOUT_BATCH {
+                break;
+            }
+            polled = consumer.poll(Duration::ZERO);
+        }
+        match polled {
+            None | Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                warn!(error = %e, "consumer error");
+                if out.try_send(Err(consume_error(e))).is_err() {
+                    debug!("the consumer error was not handed out: the channel is full");
+                }
+            }
+        }
+    }
+    // The split queues hold the consumer: gone before it is dropped (which leaves the group).
+    priority.queues.clear();
+    // Whatever was settled is committed before leaving, whether the subscription closed or was dropped.
+    worker.lock().closing = true;
+    worker.serve_commands(&consumer, Duration::ZERO);
+    worker.commit_before_letting_go(&consumer, None);
+    worker.let_go(None);
+    // Dropping leaves the group (the revoke commits again, without waiting).
+    drop(consumer);
+    if let Some(done) = worker.lock().close_waiter.take() {
+        let _ = done.send(());
+    }
+}

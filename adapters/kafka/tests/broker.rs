@@ -1,0 +1,938 @@
+//! Tests against the real broker beyond the conformance suite:
+//!
+//! * killing the consumer *process* (SIGKILL) while its retries wait in the delay ladder loses none of
+//!   them: a new process in the same group finishes every one, none before its delay;
+//! * a process that dies between producing its retry copies and committing the source offsets leaves
+//!   exactly one copy of each on the retry topic with transactional hops (read with rdkafka,
+//!   `read_committed`), and two of the copies it made without them (the crash point is a `fail`
+//!   failpoint, `kafka-before-commit-transaction` / `kafka-before-commit`);
+//! * DLQ replay progress is a committed offset: a replayed or purged entry is not seen again, also by a
+//!   new connection, and an entry left alone stays;
+//! * a policy with a delay beyond the ladder's maximum is refused when the consumer is built;
+//! * ladder partitions that move to another member while their heads wait, and come back, keep moving
+//!   (librdkafka keeps a paused partition paused across its revocation);
+//! * two ordered consumers of one group keep each key's order while its first event retries (a key's
+//!   source and retry records meet in one member);
+//! * with topic creation off, subscribing to a topic whose derived topics are missing is an error naming
+//!   them, and nothing is created.
+//!
+//! They run when `RETRY_TEST_KAFKA` names a broker started by `scripts/brokers`; otherwise they are listed
+//! as ignored with the reason, and fail when `RETRY_TEST_REQUIRE` names kafka. The killed process is this
+//! test binary itself, started again with `KAFKA_TEST_CHILD` set.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use event_retry_core::adapter::{Admin, Transport};
+use event_retry_core::broker::Broker;
+use event_retry_core::classify::HandlerError;
+use event_retry_core::dlq::DlqFilter;
+use event_retry_core::error::Kind;
+use event_retry_core::event::Event;
+use event_retry_core::policy::RetryPolicy;
+use event_retry_core::runtime::{Context, ParkedAfterDead, handler_fn};
+use event_retry_core::time::Timestamp;
+use event_retry_kafka::{KafkaConfig, KafkaTransport};
+use libtest_mimic::Arguments;
+use test_support::broker::{Test, runtime};
+
+const EVENTS: usize = 20;
+const DELAY: Duration = Duration::from_secs(5);
+const CHILD: &str = "KAFKA_TEST_CHILD";
+/// Set (to the topic) in the child that dies between its copies and their commit.
+const CRASH_CHILD: &str = "KAFKA_TEST_CRASH_CHILD";
+/// Whether that child's hops are transactional.
+const TRANSACTIONAL: &str = "KAFKA_TEST_TRANSACTIONAL";
+/// Events of the crash-before-commit tests.
+const CRASH_EVENTS: usize = 5;
+
+/// Per event id, when each call ran (ms since the epoch) and its attempt number.
+type Runs = HashMap<String, Vec<(u64, u32)>>;
+
+fn main() {
+    if let Ok(topic) = std::env::var(CRASH_CHILD) {
+        let url = std::env::var("RETRY_TEST_KAFKA").unwrap_or_default();
+        let transactional = std::env::var(TRANSACTIONAL).is_ok_and(|v| v == "true");
+        let _failpoints = fail::FailScenario::setup();
+        if let Err(e) = crash_child(url, topic, transactional) {
+            eprintln!("child failed: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    if let Ok(topic) = std::env::var(CHILD) {
+        let url = std::env::var("RETRY_TEST_KAFKA").unwrap_or_default();
+        if let Err(e) = child(url, topic) {
+            eprintln!("child failed: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let args = Arguments::from_args();
+    let tests: [(&str, Test); 9] = [
+        (
+            "killed_process_loses_no_delayed_retry",
+            killed_process_loses_no_delayed_retry,
+        ),
+        (
+            "transactional_hops_leave_one_copy_after_a_crash_before_commit",
+            transactional_hops_leave_one_copy_after_a_crash_before_commit,
+        ),
+        (
+            "plain_hops_copy_twice_after_a_crash_before_commit",
+            plain_hops_copy_twice_after_a_crash_before_commit,
+        ),
+        (
+            "dlq_marks_are_committed_offsets",
+            dlq_marks_are_committed_offsets,
+        ),
+        (
+            "delay_beyond_the_ladder_is_refused",
+            delay_beyond_the_ladder_is_refused,
+        ),
+        (
+            "missing_topics_are_named_when_not_created",
+            missing_topics_are_named_when_not_created,
+        ),
+        (
+            "ladder_partitions_given_back_keep_moving",
+            ladder_partitions_given_back_keep_moving,
+        ),
+        (
+            "ordered_group_keeps_key_order_across_members",
+            ordered_group_keeps_key_order_across_members,
+        ),
+        (
+            "a_second_member_takes_half_of_the_source_partitions",
+            a_second_member_takes_half_of_the_source_partitions,
+        ),
+    ];
+    let trials = test_support::broker::trials("kafka", "RETRY_TEST_KAFKA", &tests);
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// The settings of these tests: a 100 ms ladder up to 10 minutes, and a short session timeout so a
+/// killed member leaves its groups within seconds.
+fn config() -> KafkaConfig {
+    KafkaConfig {
+        max_delay: Duration::from_secs(600),
+        partitions: 2,
+        client: vec![
+            ("session.timeout.ms".into(), "6000".into()),
+            ("heartbeat.interval.ms".into(), "1000".into()),
+        ],
+        ..KafkaConfig::default()
+    }
+}
+
+/// Publishes one event per id, keyed and identified by it, one at a time.
+async fn publish_keyed(
+    transport: &KafkaTransport,
+    topic: &str,
+    ids: impl Iterator<Item = String>,
+) -> Result<(), String> {
+    for id in ids {
+        transport
+            .publish(
+                topic,
+                &Event::new(id.clone()).with_key(id.clone()).with_id(id),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+async fn connect(url: &str) -> Result<KafkaTransport, String> {
+    KafkaTransport::connect_with(url, config())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The child process: fails every event once (a retry after `DELAY`), prints `FAILED <id> <ms>` for each
+/// failure, and `LADDER` once every retry was accepted and committed; then waits to be killed.
+fn child(url: String, topic: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let handler = handler_fn(move |event: Event, _ctx: Context| async move {
+            println!(
+                "FAILED {} {}",
+                event.id().unwrap_or_default(),
+                Timestamp::now().as_millis()
+            );
+            Err::<(), _>(HandlerError::deferred("first try fails"))
+        });
+        let policy = RetryPolicy::parse(&format!("{}ms x1", DELAY.as_millis()))
+            .map_err(|e| e.to_string())?;
+        let consumer = Broker::new(transport)
+            .consumer(&topic)
+            .group("crash")
+            .policy(policy)
+            .concurrency(8)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        let reached = tokio::time::timeout(
+            Duration::from_secs(60),
+            consumer.wait_until(|s| s.retries_scheduled >= EVENTS as u64),
+        )
+        .await;
+        if reached.is_err() {
+            return Err(format!("retries not scheduled: {:?}", consumer.stats()));
+        }
+        // Offsets are committed within 50 ms of a settle.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        println!("LADDER");
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        Ok(())
+    })
+}
+
+fn killed_process_loses_no_delayed_retry(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("crash-{}", uuid::Uuid::new_v4().simple());
+        transport.declare(&topic, Some("crash")).await.map_err(|e| e.to_string())?;
+        for i in 0..EVENTS {
+            let id = format!("e{i:02}");
+            transport
+                .publish(&topic, &Event::new(id.clone()).with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut child = Command::new(exe)
+            .env(CHILD, &topic)
+            .env("RETRY_TEST_KAFKA", &url)
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        let stdout = child.stdout.take().ok_or("no child stdout")?;
+        let reader = std::thread::spawn(move || {
+            let mut failed = HashMap::new();
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let parts: Vec<&str> = line.split_whitespace().collect();
+                match parts[..] {
+                    ["FAILED", id, ms] => {
+                        failed.insert(id.to_string(), ms.parse::<u64>().unwrap_or(u64::MAX));
+                    }
+                    ["LADDER"] => return Ok(failed),
+                    _ => {}
+                }
+            }
+            Err(format!("the child ended before its retries were in the ladder ({} failures seen)", failed.len()))
+        });
+        let failed = tokio::task::spawn_blocking(move || reader.join())
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|_| "reader panicked".to_string())?;
+        // SIGKILL: no close, no commit, no leaving the group.
+        child.kill().map_err(|e| e.to_string())?;
+        let _ = child.wait();
+        let failed = failed?;
+        if failed.len() != EVENTS {
+            return Err(format!("{} first failures, want {EVENTS}", failed.len()));
+        }
+        let killed_at = Timestamp::now();
+
+        let calls: Arc<Mutex<Runs>> = Arc::default();
+        let seen = calls.clone();
+        let handler = handler_fn(move |event: Event, ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                let id = event.id().unwrap_or_default().to_string();
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(id)
+                    .or_default()
+                    .push((Timestamp::now().as_millis(), ctx.attempt));
+                Ok::<(), HandlerError>(())
+            }
+        });
+        let consumer = Broker::new(transport.clone()).consumer(&topic)
+            .group("crash")
+            .policy(RetryPolicy::parse(&format!("{}ms x1", DELAY.as_millis())).map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        wait_for_ids(&calls, EVENTS, "retries ran after the kill", || {
+            format!("{:?}", consumer.stats())
+        })
+        .await?;
+        // Let any duplicate show up before counting.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut late = Vec::new();
+        for (id, at) in &failed {
+            let runs = calls.get(id).cloned().unwrap_or_default();
+            let [(ran, attempt)] = runs[..] else {
+                return Err(format!("{id} ran {} times after the kill, want once", runs.len()));
+            };
+            if attempt != 2 {
+                return Err(format!("{id} ran as attempt {attempt}, want 2 (a retry, not the source record again)"));
+            }
+            if ran < at + DELAY.as_millis() as u64 {
+                return Err(format!("{id} ran {} ms early", at + DELAY.as_millis() as u64 - ran));
+            }
+            late.push(ran - at - DELAY.as_millis() as u64);
+        }
+        late.sort_unstable();
+        eprintln!(
+            "  all {EVENTS} retries ran once after the kill (killed {} ms after the last failure); lateness min {} ms, max {} ms",
+            killed_at.as_millis().saturating_sub(failed.values().copied().max().unwrap_or(0)),
+            late[0],
+            late[late.len() - 1]
+        );
+        Ok(())
+    })
+}
+
+fn dlq_marks_are_committed_offsets(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("marks-{}", uuid::Uuid::new_v4().simple());
+        let handler = handler_fn(|event: Event, _ctx: Context| async move {
+            if event.payload.starts_with(b"replayed") {
+                Ok(())
+            } else {
+                Err(HandlerError::non_retryable("bad"))
+            }
+        });
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
+            .group("marks")
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        for id in ["a", "b", "c", "d"] {
+            transport
+                .publish(&topic, &Event::new(id).with_key(id).with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let reached = tokio::time::timeout(
+            Duration::from_secs(30),
+            consumer.wait_until(|s| s.dead_lettered >= 4),
+        )
+        .await;
+        if reached.is_err() {
+            return Err(format!("{:?}", consumer.stats()));
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let dlq = Broker::new(transport.clone()).dead_letters();
+        let all = dlq
+            .list(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if all.len() != 4 {
+            return Err(format!("{} entries listed, want 4", all.len()));
+        }
+        // Purge one in the middle of the log (a mark above the committed offset), then one more.
+        let c = all
+            .iter()
+            .find(|e| e.event.key.as_deref() == Some(b"c"))
+            .ok_or("no c")?;
+        let purged = dlq
+            .purge(&topic, &DlqFilter::id(c.id.clone()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let b = all
+            .iter()
+            .find(|e| e.event.key.as_deref() == Some(b"b"))
+            .ok_or("no b")?;
+        let purged_b = dlq
+            .purge(
+                &topic,
+                &DlqFilter {
+                    key: Some(bytes_of("b")),
+                    ..DlqFilter::all()
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        if purged != 1 || purged_b != 1 {
+            return Err(format!("purged {purged} and {purged_b}, want 1 each"));
+        }
+        // A new connection (a new process, say) sees the marks.
+        let again = connect(&url).await?;
+        let again = Broker::new(again);
+        let left = again
+            .dead_letters()
+            .list(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut keys: Vec<String> = left
+            .iter()
+            .map(|e| {
+                String::from_utf8_lossy(e.event.key.as_deref().unwrap_or_default()).to_string()
+            })
+            .collect();
+        keys.sort();
+        if keys != ["a", "d"] {
+            return Err(format!(
+                "left after purging {} and {}: {keys:?}, want a and d",
+                c.id, b.id
+            ));
+        }
+        let report = again
+            .dead_letters()
+            .replay(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if report.replayed != 2 {
+            return Err(format!("replayed {}, want 2", report.replayed));
+        }
+        let after = again
+            .dead_letters()
+            .list(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if !after.is_empty() {
+            return Err(format!(
+                "{} entries still listed after the replay",
+                after.len()
+            ));
+        }
+        let second = again
+            .dead_letters()
+            .replay(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if second.replayed != 0 {
+            return Err(format!(
+                "a second replay replayed {} again",
+                second.replayed
+            ));
+        }
+        Ok(())
+    })
+}
+
+fn bytes_of(s: &'static str) -> bytes::Bytes {
+    bytes::Bytes::from_static(s.as_bytes())
+}
+
+fn delay_beyond_the_ladder_is_refused(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let built = Broker::new(transport)
+            .consumer("refused")
+            .policy(RetryPolicy::parse("5s x1, 11m x1").map_err(|e| e.to_string())?)
+            .build();
+        match built {
+            Ok(_) => {
+                Err("a policy with an 11 minute delay on a 10 minute ladder was accepted".into())
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if text.contains("refused") {
+                    Ok(())
+                } else {
+                    Err(format!("refused without saying which delay: {text}"))
+                }
+            }
+        }
+    })
+}
+
+fn missing_topics_are_named_when_not_created(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let creating = connect(&url).await?;
+        let topic = format!("manual-{}", uuid::Uuid::new_v4().simple());
+        // The source exists (made by hand, say); its ladder, DLQ and retry topic do not.
+        creating
+            .publish(&topic, &Event::new("x"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let strict = KafkaTransport::connect_with(
+            &url,
+            KafkaConfig {
+                create_topics: false,
+                ..config()
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let built = Broker::new(strict.clone())
+            .consumer(&topic)
+            .group("manual")
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler_fn(|_e: Event, _c: Context| async {
+                Ok::<(), HandlerError>(())
+            }))
+            .await;
+        let text = match built {
+            Ok(_) => return Err("a consumer started without its ladder and DLQ topics".into()),
+            Err(e) => e.to_string(),
+        };
+        let dlq = strict.config().dlq_topic(&topic);
+        let retry = strict.config().retry_topic(&topic, "manual");
+        if !(text.contains(&dlq) && text.contains(&retry) && text.contains("declare is off")) {
+            return Err(format!(
+                "the error does not name the missing topics: {text}"
+            ));
+        }
+        // Nothing was created: asking again gives the same answer.
+        let again = strict.declare(&topic, Some("manual")).await;
+        match again {
+            Err(e) if e.kind() == Kind::NotFound && e.to_string().contains(&dlq) => Ok(()),
+            other => Err(format!("declare with creation off: {other:?}")),
+        }
+    })
+}
+
+fn ladder_partitions_given_back_keep_moving(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("moving-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, Some("stays"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let calls: Arc<Mutex<Runs>> = Arc::default();
+        let seen = calls.clone();
+        let handler = handler_fn(move |event: Event, ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(event.id().unwrap_or_default().to_string())
+                    .or_default()
+                    .push((Timestamp::now().as_millis(), ctx.attempt));
+                if ctx.attempt == 1 {
+                    Err(HandlerError::deferred("once"))
+                } else {
+                    Ok(())
+                }
+            }
+        });
+        let stays = Broker::new(transport.clone())
+            .consumer(&topic)
+            .group("stays")
+            .policy(RetryPolicy::parse("6s x1").map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        publish_keyed(&transport, &topic, (0..EVENTS).map(|i| format!("e{i:02}"))).await?;
+        let reached = tokio::time::timeout(
+            Duration::from_secs(30),
+            stays.wait_until(|s| s.retries_scheduled >= EVENTS as u64),
+        )
+        .await;
+        if reached.is_err() {
+            return Err(format!("retries not scheduled: {:?}", stays.stats()));
+        }
+        // Heads now wait (paused) in the ladder. Another group's consumer joins the topic's ladder group,
+        // takes some of its partitions, and leaves again: they come back to the first member.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let visitor = Broker::new(transport.clone())
+            .consumer(&topic)
+            .group("visits")
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler_fn(|_e: Event, _c: Context| async {
+                Ok::<(), HandlerError>(())
+            }))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        visitor.shutdown().await.map_err(|e| e.to_string())?;
+        let reached = tokio::time::timeout(
+            Duration::from_secs(40),
+            stays.wait_until(|s| s.succeeded_after_retry >= EVENTS as u64),
+        )
+        .await;
+        if reached.is_err() {
+            return Err(format!(
+                "retries stuck after the ladder's partitions came back: {:?}",
+                stays.stats()
+            ));
+        }
+        stays.shutdown().await.map_err(|e| e.to_string())?;
+        let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for (id, runs) in &calls {
+            if let [(first, 1), (second, 2)] = runs[..] {
+                if second < first + 6_000 {
+                    return Err(format!("{id} retried {} ms early", first + 6_000 - second));
+                }
+            } else {
+                return Err(format!(
+                    "{id} ran {runs:?}, want one failure then one retry"
+                ));
+            }
+        }
+        Ok(())
+    })
+}
+
+fn ordered_group_keeps_key_order_across_members(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("ordered-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, Some("ord"))
+            .await
+            .map_err(|e| e.to_string())?;
+        // Successes in the order they happened, across both members.
+        let done: Arc<Mutex<Vec<String>>> = Arc::default();
+        let mut members = Vec::new();
+        for name in ["m1", "m2"] {
+            let done = done.clone();
+            let handler = handler_fn(move |event: Event, ctx: Context| {
+                let done = done.clone();
+                async move {
+                    let id = event.id().unwrap_or_default().to_string();
+                    if id.ends_with("-1") && ctx.attempt <= 2 {
+                        return Err(HandlerError::deferred("the first of each key fails twice"));
+                    }
+                    done.lock().unwrap_or_else(|p| p.into_inner()).push(id);
+                    Ok(())
+                }
+            });
+            members.push(
+                Broker::new(transport.clone())
+                    .consumer(&topic)
+                    .group("ord")
+                    .name(name)
+                    .policy(RetryPolicy::parse("1s x3").map_err(|e| e.to_string())?)
+                    .concurrency(8)
+                    .ordered_by_key(ParkedAfterDead::FollowToDlq)
+                    .build()
+                    .map_err(|e| e.to_string())?
+                    .start(handler)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+        }
+        let keys = 8;
+        for n in 1..=3 {
+            for k in 0..keys {
+                let id = format!("k{k}-{n}");
+                transport
+                    .publish(
+                        &topic,
+                        &Event::new(id.clone()).with_key(format!("k{k}")).with_id(id),
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while done.lock().unwrap_or_else(|p| p.into_inner()).len() < keys * 3 {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "only {:?} done",
+                    done.lock().unwrap_or_else(|p| p.into_inner())
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let busy: Vec<u64> = members.iter().map(|m| m.stats().received).collect();
+        for m in members {
+            m.shutdown().await.map_err(|e| e.to_string())?;
+        }
+        if busy.contains(&0) {
+            return Err(format!(
+                "one member received nothing ({busy:?}): not a two-member test"
+            ));
+        }
+        let done = done.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for k in 0..keys {
+            let prefix = format!("k{k}-");
+            let order: Vec<&String> = done.iter().filter(|id| id.starts_with(&prefix)).collect();
+            let want: Vec<String> = (1..=3).map(|n| format!("k{k}-{n}")).collect();
+            if order
+                .iter()
+                .map(|s| s.as_str())
+                .ne(want.iter().map(String::as_str))
+            {
+                return Err(format!("key k{k} ran {order:?}, want {want:?}"));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Scale-out: a member that joins a running member's group takes its share of the source topic's
+/// partitions (each member subscribes to the source and the group's retry topic; an assignor that
+/// balances only the total count could give the newcomer nothing but retry partitions).
+fn a_second_member_takes_half_of_the_source_partitions(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("share-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, Some("share"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut members = Vec::new();
+        for name in ["first", "second"] {
+            let handler = handler_fn(|_event: Event, _ctx: Context| async { Ok(()) });
+            members.push(
+                Broker::new(transport.clone())
+                    .consumer(&topic)
+                    .group("share")
+                    .name(name)
+                    .start(handler)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+            // The first member owns every partition before the second arrives.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        // Room for the rebalance the second member's arrival starts.
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let events = 200;
+        publish_keyed(&transport, &topic, (0..events).map(|n| format!("e{n}"))).await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let handled = |members: &[event_retry_core::runtime::ConsumerHandle]| -> Vec<u64> {
+            members.iter().map(|m| m.stats().succeeded).collect()
+        };
+        while handled(&members).iter().sum::<u64>() < events {
+            if Instant::now() > deadline {
+                return Err(format!("handled {:?} of {events}", handled(&members)));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let shares = handled(&members);
+        for m in members {
+            m.shutdown().await.map_err(|e| e.to_string())?;
+        }
+        if shares.contains(&0) {
+            return Err(format!(
+                "a member handled nothing of the source topic ({shares:?} of {events})"
+            ));
+        }
+        Ok(())
+    })
+}
+
+/// Waits up to 90 s until `seen` holds `want` ids; the error says how many did (`what`) and `state`.
+async fn wait_for_ids<V>(
+    seen: &Mutex<HashMap<String, V>>,
+    want: usize,
+    what: &str,
+    state: impl Fn() -> String,
+) -> Result<(), String> {
+    let count = || seen.lock().unwrap_or_else(|p| p.into_inner()).len();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while count() < want {
+        if Instant::now() > deadline {
+            return Err(format!("only {} of {want} {what}: {}", count(), state()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}
+
+fn transactional_config(transactional: bool) -> KafkaConfig {
+    KafkaConfig {
+        transactional_hops: transactional,
+        ..config()
+    }
+}
+
+/// The child that dies before committing: fails every event once (a retry after 1 s) and aborts at the
+/// failpoint the parent set, after its copies were produced and before their commit.
+fn crash_child(url: String, topic: String, transactional: bool) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = KafkaTransport::connect_with(&url, transactional_config(transactional))
+            .await
+            .map_err(|e| e.to_string())?;
+        let handler = handler_fn(|_event: Event, _ctx: Context| async move {
+            Err::<(), _>(HandlerError::deferred("first try fails"))
+        });
+        let _consumer = Broker::new(transport)
+            .consumer(&topic)
+            .group("txn")
+            .policy(RetryPolicy::parse("1s x1").map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        Err("the crash point was never reached within 60 s".into())
+    })
+}
+
+fn transactional_hops_leave_one_copy_after_a_crash_before_commit(
+    url: String,
+) -> Result<(), String> {
+    let copies = crash_before_commit(&url, true)?;
+    let twice: Vec<_> = copies.iter().filter(|(_, n)| **n != 1).collect();
+    if !twice.is_empty() {
+        return Err(format!(
+            "with transactional hops every event has one copy on the retry topic; these do not: {twice:?}"
+        ));
+    }
+    eprintln!(
+        "  one copy of each of the {CRASH_EVENTS} events on the retry topic (read_committed)"
+    );
+    Ok(())
+}
+
+/// The same crash without transactions: the copies made before it stay, and the record consumed again
+/// is copied once more — what transactional hops prevent, and proof the crash point lies between the
+/// two writes.
+fn plain_hops_copy_twice_after_a_crash_before_commit(url: String) -> Result<(), String> {
+    let copies = crash_before_commit(&url, false)?;
+    let twice = copies.values().filter(|n| **n == 2).count();
+    if twice == 0 || copies.values().any(|n| *n > 2) {
+        return Err(format!(
+            "without transactions the events copied before the crash should have two copies (and none more): {copies:?}"
+        ));
+    }
+    eprintln!(
+        "  {twice} of {CRASH_EVENTS} events have two copies on the retry topic without transactions"
+    );
+    Ok(())
+}
+
+/// Publishes `CRASH_EVENTS` events, runs a child that fails each once and dies after producing copies
+/// and before committing them, then a consumer in the same group that fails each attempt 1 and accepts
+/// attempt 2; once every event ran its attempt 2, counts each event's copies on the group's retry topic
+/// with a raw `read_committed` consumer.
+fn crash_before_commit(url: &str, transactional: bool) -> Result<HashMap<String, usize>, String> {
+    runtime()?.block_on(async move {
+        let transport = KafkaTransport::connect_with(url, transactional_config(transactional))
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("txn-crash-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, Some("txn"))
+            .await
+            .map_err(|e| e.to_string())?;
+        publish_keyed(
+            &transport,
+            &topic,
+            (0..CRASH_EVENTS).map(|i| format!("t{i}")),
+        )
+        .await?;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let failpoint = if transactional {
+            "kafka-before-commit-transaction=return"
+        } else {
+            "kafka-before-commit=return"
+        };
+        let status = tokio::task::spawn_blocking(move || {
+            Command::new(exe)
+                .env(CRASH_CHILD, &topic)
+                .env(TRANSACTIONAL, transactional.to_string())
+                .env("FAILPOINTS", failpoint)
+                .stdout(Stdio::null())
+                .status()
+                .map(|s| (s, topic))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        let (status, topic) = status;
+        if status.success() || status.code() == Some(1) {
+            return Err(format!(
+                "the child did not die at the crash point: {status}"
+            ));
+        }
+
+        let seconds: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+        let seen = seconds.clone();
+        let handler = handler_fn(move |event: Event, ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                if ctx.attempt == 1 {
+                    return Err(HandlerError::deferred("first try fails"));
+                }
+                *seen
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(event.id().unwrap_or_default().to_string())
+                    .or_default() += 1;
+                Ok::<(), HandlerError>(())
+            }
+        });
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
+            .group("txn")
+            .policy(RetryPolicy::parse("1s x1").map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        // A crashed transaction holds back read_committed readers until the coordinator aborts it.
+        wait_for_ids(
+            &seconds,
+            CRASH_EVENTS,
+            "events ran their attempt 2 after the crash",
+            || format!("{:?}", consumer.stats()),
+        )
+        .await?;
+        // Let a second copy come through the ladder before counting.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let retry_topic = transactional_config(transactional).retry_topic(&topic, "txn");
+        let bootstrap = event_retry_kafka::bootstrap_of(url).map_err(|e| e.to_string())?;
+        tokio::task::spawn_blocking(move || copies_on(&bootstrap, &retry_topic))
+            .await
+            .map_err(|e| e.to_string())?
+    })
+}
+
+/// Per event id, the records of `topic` a `read_committed` consumer reads from the beginning.
+fn copies_on(bootstrap: &str, topic: &str) -> Result<HashMap<String, usize>, String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set(
+            "group.id",
+            format!("count-{}", uuid::Uuid::new_v4().simple()),
+        )
+        .set("isolation.level", "read_committed")
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .map_err(|e| e.to_string())?;
+    consumer.subscribe(&[topic]).map_err(|e| e.to_string())?;
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut idle_since = Instant::now();
+    while Instant::now() < deadline && idle_since.elapsed() < Duration::from_secs(5) {
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                idle_since = Instant::now();
+                let id = m
+                    .headers()
+                    .and_then(|h| {
+                        h.iter()
+                            .find(|h| h.key == event_retry_core::metadata::names::EVENT_ID)
+                            .and_then(|h| h.value)
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                    })
+                    .unwrap_or_default();
+                *copies.entry(id).or_default() += 1;
+            }
+            Some(Err(e)) => return Err(e.to_string()),
+            None => {}
+        }
+    }
+    if copies.len() != CRASH_EVENTS {
+        return Err(format!(
+            "{} events have copies on {topic}, want {CRASH_EVENTS}: {copies:?}",
+            copies.len()
+        ));
+    }
+    Ok(copies)
+}

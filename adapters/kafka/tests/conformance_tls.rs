@@ -1,0 +1,45 @@
+//! A representative part of the conformance suite — success, retries, policy spent → DLQ,
+//! non-retryable → DLQ, and DLQ replay — over Kafka's SASL_SSL listener (`RETRY_TEST_KAFKA_TLS`,
+//! started by `scripts/brokers start --tls`): SCRAM-SHA-512, the password read from a file, the CA
+//! named in the URL. The report's column is `kafka-tls`.
+
+use std::time::Duration;
+
+use event_retry_core::broker::Broker;
+use event_retry_core::options::Options;
+use event_retry_kafka::{KafkaConfig, KafkaTransport};
+use event_retry_testkit::{Adapter, Fixture};
+
+/// The scenarios run over TLS: 1 success, 2 retries, 3 policy spent → DLQ, 4 non-retryable → DLQ,
+/// 9 DLQ replay.
+const SCENARIOS: [u8; 5] = [1, 2, 3, 4, 9];
+
+async fn connect(url: String) -> Result<Fixture, String> {
+    let (base, options) = Options::split_url(&url).map_err(|e| e.to_string())?;
+    let config = KafkaConfig {
+        granularity: Duration::from_millis(100),
+        max_delay: Duration::from_secs(600),
+        partitions: 2,
+        ..KafkaConfig::from_options(&options).map_err(|e| e.to_string())?
+    };
+    let transport = KafkaTransport::connect_with(&base, config)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Fixture::new(
+        "kafka-tls",
+        Broker::new(transport),
+        Duration::from_millis(300),
+    ))
+}
+
+fn main() {
+    event_retry_testkit::run_only(
+        Adapter {
+            name: "kafka-tls",
+            url_env: Some("RETRY_TEST_KAFKA_TLS"),
+            container: None,
+            connect: |url| Box::pin(connect(url)),
+        },
+        &SCENARIOS,
+    )
+}

@@ -1,0 +1,172 @@
+//! The Pulsar adapter against the raw `pulsar` client, on the local standalone, in one run:
+//!
+//! 1. happy-path throughput: the same topic drained on a Shared subscription by a raw consumer (receiver
+//!    queue P, up to P messages handled and acknowledged concurrently) and by the SDK's consumer
+//!    (concurrency P, same handler), three times each, alternating (the broker's JVM warms up and its
+//!    rate swings between rounds); the ratio compares the best run of each;
+//! 2. retry lateness: events fail once and retry after delays spread over 1–60 s through the retry topic;
+//!    lateness is the retry's start minus its due time (wall clock); an early retry fails the bench.
+//! 3. backlog: healthy-event latency and the consumer process's resident set, idle and while 1,000 and
+//!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
+//! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`).
+//!
+//! ```text
+//! scripts/brokers start pulsar && source target/brokers/env.sh
+//! cargo bench -p event-retry-pulsar --bench pulsar                 # every part
+//! cargo bench -p event-retry-pulsar --bench pulsar -- throughput   # or lateness, backlog, scale
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use event_retry_core::broker::Broker;
+use event_retry_pulsar::{PulsarConfig, PulsarTransport};
+use futures::StreamExt;
+use pulsar::consumer::InitialPosition;
+use pulsar::{Consumer, ConsumerOptions, Pulsar, SubType, TokioExecutor};
+use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
+
+const MESSAGES: usize = 20_000;
+const PREFETCH: usize = 64;
+const RETRIES: usize = 300;
+
+fn main() -> Result<(), Error> {
+    bench::main("RETRY_TEST_PULSAR", "pulsar", |url| async move {
+        run(&url).await
+    })
+}
+
+/// Subscribes (so the messages are kept), then publishes `MESSAGES` events.
+async fn prefill(
+    transport: &PulsarTransport,
+    client: &Pulsar<TokioExecutor>,
+    topic: &str,
+    group: &str,
+) -> Result<(), Error> {
+    let mut sub: Consumer<Vec<u8>, TokioExecutor> = client
+        .consumer()
+        .with_topic(transport.config().full_name(topic))
+        .with_subscription(group)
+        .with_subscription_type(SubType::Shared)
+        .build()
+        .await?;
+    sub.close().await?;
+    bench::publish_all(&Broker::new(transport.clone()), topic, MESSAGES, 256).await
+}
+
+async fn raw_run(
+    client: &Pulsar<TokioExecutor>,
+    transport: &PulsarTransport,
+    topic: &str,
+) -> Result<Rate, Error> {
+    prefill(transport, client, topic, "bench").await?;
+    let clock = Clock::start();
+    let consumer: Consumer<Vec<u8>, TokioExecutor> = client
+        .consumer()
+        .with_topic(transport.config().full_name(topic))
+        .with_subscription("bench")
+        .with_subscription_type(SubType::Shared)
+        .with_options(
+            ConsumerOptions::default()
+                .with_receiver_queue_size(PREFETCH as u32)
+                .with_initial_position(InitialPosition::Earliest),
+        )
+        .build()
+        .await?;
+    // The client needs `&mut` to acknowledge, so one loop owns the consumer: it takes messages while
+    // fewer than PREFETCH are in hand, and acknowledges those the handlers finished.
+    let mut consumer = consumer;
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
+    let sink = Arc::new(AtomicU64::new(0));
+    let (mut taken, mut acked, mut in_hand) = (0, 0, 0);
+    while acked < MESSAGES {
+        tokio::select! {
+            biased;
+            done = done_rx.recv() => {
+                let message: pulsar::consumer::Message<Vec<u8>> = done.ok_or("handlers gone")?;
+                consumer.ack(&message).await?;
+                acked += 1;
+                in_hand -= 1;
+            }
+            next = consumer.next(), if in_hand < PREFETCH && taken < MESSAGES => {
+                let message = next.ok_or("consumer ended")??;
+                clock.message();
+                taken += 1;
+                in_hand += 1;
+                let (sink, done_tx) = (sink.clone(), done_tx.clone());
+                tokio::spawn(async move {
+                    sink.fetch_add(work(&message.payload.data), Ordering::Relaxed);
+                    let _ = done_tx.send(message);
+                });
+            }
+        }
+    }
+    Ok(clock.rate(MESSAGES))
+}
+
+async fn sdk_run(
+    client: &Pulsar<TokioExecutor>,
+    transport: &PulsarTransport,
+    topic: &str,
+) -> Result<Rate, Error> {
+    prefill(transport, client, topic, &format!("{topic}-consumers")).await?;
+    bench::sdk_round(&Broker::new(transport.clone()), topic, MESSAGES, PREFETCH).await
+}
+
+async fn throughput(url: &str, transport: &PulsarTransport) -> Result<(), Error> {
+    let client: Pulsar<TokioExecutor> = Pulsar::builder(url, TokioExecutor).build().await?;
+    let mut rounds = Throughput::default();
+    for _ in 0..3 {
+        let id = uuid::Uuid::new_v4().simple();
+        let raw = raw_run(&client, transport, &format!("bench-raw-{id}")).await?;
+        let sdk = sdk_run(&client, transport, &format!("bench-sdk-{id}")).await?;
+        rounds.round(
+            raw,
+            sdk,
+            "raw pulsar",
+            &format!("{MESSAGES} messages, receiver queue/concurrency {PREFETCH}"),
+        );
+    }
+    rounds.report("pulsar");
+    Ok(())
+}
+
+async fn run(url: &str) -> Result<(), Error> {
+    let config = PulsarConfig {
+        tick: Duration::from_millis(100),
+        strict_deliver_at: true,
+        ..PulsarConfig::default()
+    };
+    let transport = PulsarTransport::connect_with(url, config).await?;
+    if let Some(done) = bench::helper_consumer(&Broker::new(transport.clone())).await {
+        return done;
+    }
+    bench::consumer_process_parts(
+        &Broker::new(transport.clone()),
+        "pulsar",
+        &format!("delayed delivery, tick {:?}", transport.config().tick),
+        &transport,
+        None,
+    )
+    .await?;
+    if bench::wants("throughput") {
+        throughput(url, &transport).await?;
+    }
+    if bench::wants("lateness") {
+        let topic = format!("bench-lateness-{}", uuid::Uuid::new_v4().simple());
+        let describe = format!(
+            "broker tick {:?}, strict deliverAt",
+            transport.config().tick
+        );
+        bench::lateness(
+            &Broker::new(transport),
+            &topic,
+            RETRIES,
+            Duration::from_secs(150),
+            &describe,
+        )
+        .await?;
+    }
+    Ok(())
+}

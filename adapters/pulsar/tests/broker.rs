@@ -1,0 +1,239 @@
+//! Tests against the real broker beyond the conformance suite:
+//!
+//! * two consumer groups on one topic retry on their own (each group has its own retry topic), and a
+//!   dead letter replays to the group that dead-lettered it;
+//! * a Pulsar restart (stop + start through the project's scripts, on the same data) while retries wait
+//!   in the retry topic: the client reconnects, and every retry runs once, no earlier than its delay;
+//! * with the admin API known (`RETRY_TEST_PULSAR_ADMIN`), the adapter reads the broker's delayed-delivery
+//!   settings and a namespace's policy: a retry policy beyond the namespace's longest delay, or any delay
+//!   where delayed delivery is off, is refused at start.
+//!
+//! They run when `RETRY_TEST_PULSAR` names a broker started by `scripts/brokers`; otherwise they are
+//! listed as ignored with the reason, and fail when `RETRY_TEST_REQUIRE` names pulsar.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use event_retry_core::adapter::Transport;
+use event_retry_core::broker::Broker;
+use event_retry_core::classify::HandlerError;
+use event_retry_core::event::Event;
+use event_retry_core::policy::RetryPolicy;
+use event_retry_core::runtime::{Context, handler_fn};
+use event_retry_pulsar::{PulsarConfig, PulsarTransport};
+use libtest_mimic::Arguments;
+use test_support::broker::Test;
+use test_support::restart::{Waits, delayed_retries_survive_restart};
+
+const EVENTS: usize = 20;
+const DELAY: Duration = Duration::from_secs(20);
+
+fn main() {
+    let mut args = Arguments::from_args();
+    // The restart would disturb the other test.
+    args.test_threads = Some(1);
+    let tests: [(&str, Test); 3] = [
+        ("groups_retry_on_their_own", groups_retry_on_their_own),
+        (
+            "delays_beyond_the_brokers_limit_are_refused",
+            delays_beyond_the_brokers_limit_are_refused,
+        ),
+        (
+            "restart_keeps_delayed_retries",
+            restart_keeps_delayed_retries,
+        ),
+    ];
+    let trials = test_support::broker::trials("pulsar", "RETRY_TEST_PULSAR", &tests);
+    libtest_mimic::run(&args, trials).exit();
+}
+
+fn config() -> PulsarConfig {
+    PulsarConfig {
+        tick: Duration::from_millis(100),
+        strict_deliver_at: true,
+        ..PulsarConfig::default()
+    }
+}
+
+/// Two consumer groups on one topic: one fails every event once and retries it, the other succeeds at
+/// once. Each group handles each event as often as its own policy says, never the other group's
+/// retries; a dead letter of one group replays to that group only.
+fn groups_retry_on_their_own(url: String) -> Result<(), String> {
+    let rt = test_support::broker::runtime()?;
+    rt.block_on(async move {
+        let transport = PulsarTransport::connect_with(&url, config()).await.map_err(|e| e.to_string())?;
+        let topic = format!("groups-{}", uuid::Uuid::new_v4().simple());
+        let mut handles = Vec::new();
+        let mut counts = Vec::new();
+        for (group, flaky) in [("billing", true), ("shipping", false)] {
+            let calls: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+            let seen = calls.clone();
+            let handler = handler_fn(move |event: Event, _ctx: Context| {
+                let seen = seen.clone();
+                async move {
+                    let id = event.id().unwrap_or_default().to_string();
+                    let n = {
+                        let mut calls = seen.lock().unwrap_or_else(|p| p.into_inner());
+                        let n = calls.entry(id.clone()).or_default();
+                        *n += 1;
+                        *n
+                    };
+                    match (flaky, id.as_str(), n) {
+                        (true, "dead", _) => Err(HandlerError::non_retryable("bad")),
+                        (true, _, 1) => Err(HandlerError::deferred("once")),
+                        _ => Ok(()),
+                    }
+                }
+            });
+            let consumer = Broker::new(transport.clone()).consumer(&topic)
+                .group(group)
+                .policy(RetryPolicy::parse("500ms x2").map_err(|e| e.to_string())?)
+                .build()
+                .map_err(|e| e.to_string())?
+                .start(handler)
+                .await
+                .map_err(|e| e.to_string())?;
+            handles.push(consumer);
+            counts.push(calls);
+        }
+        for id in ["a", "b", "c", "dead"] {
+            transport
+                .publish(&topic, &Event::new(id).with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while handles[0].stats().succeeded < 3 || handles[1].stats().succeeded < 4 || handles[0].stats().dead_lettered < 1 {
+            if Instant::now() > deadline {
+                return Err(format!("billing {:?}, shipping {:?}", handles[0].stats(), handles[1].stats()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let replayed = Broker::new(transport.clone())
+            .dead_letters()
+            .replay(&topic, &event_retry_core::dlq::DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if replayed.replayed != 1 {
+            return Err(format!("replayed {}", replayed.replayed));
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let billing = counts[0].lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let shipping = counts[1].lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let want_billing: HashMap<String, u32> =
+            [("a", 2), ("b", 2), ("c", 2), ("dead", 2)].map(|(k, v)| (k.to_string(), v)).into();
+        let want_shipping: HashMap<String, u32> =
+            [("a", 1), ("b", 1), ("c", 1), ("dead", 1)].map(|(k, v)| (k.to_string(), v)).into();
+        if billing != want_billing || shipping != want_shipping {
+            return Err(format!(
+                "calls per event: billing {billing:?} (want one retry each, and the replay), shipping {shipping:?} (want one each)"
+            ));
+        }
+        for h in handles {
+            h.shutdown().await.map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })
+}
+
+fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
+    test_support::broker::runtime()?.block_on(async move {
+        let transport = PulsarTransport::connect_with(&url, config())
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("restart-{}", uuid::Uuid::new_v4().simple());
+        let waits = Waits {
+            scheduled: Duration::from_secs(30),
+            after_due: Duration::from_secs(120),
+        };
+        delayed_retries_survive_restart(
+            &Broker::new(transport),
+            "pulsar",
+            &topic,
+            EVENTS,
+            DELAY,
+            waits,
+        )
+        .await
+        .map(drop)
+    })
+}
+
+/// Calls the admin API; `body` as JSON when given.
+fn admin_call(method: &str, url: &str, body: Option<&str>) -> Result<(), String> {
+    let mut args = vec!["-sS", "--fail", "--max-time", "30", "-X", method];
+    if let Some(body) = body {
+        args.extend(["-H", "Content-Type: application/json", "-d", body]);
+    }
+    args.push(url);
+    let out = std::process::Command::new("curl")
+        .args(&args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{method} {url}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// A namespace of its own whose policy limits delays to one minute, then turns delayed delivery off:
+/// the adapter, reading the policy through the admin API, refuses what the broker would not honour.
+fn delays_beyond_the_brokers_limit_are_refused(url: String) -> Result<(), String> {
+    let Some(admin) = test_support::broker::url("RETRY_TEST_PULSAR_ADMIN") else {
+        return Err("RETRY_TEST_PULSAR_ADMIN is not set (scripts/brokers sets it)".into());
+    };
+    let rt = test_support::broker::runtime()?;
+    let namespace = format!("public/limited-{}", uuid::Uuid::new_v4().simple());
+    let ns_url = format!("{admin}/admin/v2/namespaces/{namespace}");
+    admin_call("PUT", &ns_url, None)?;
+    let result = rt.block_on(async {
+        let refused = |policy: &'static str| {
+            let (url, admin, namespace) = (url.clone(), admin.clone(), namespace.clone());
+            async move {
+                let config = PulsarConfig {
+                    namespace,
+                    admin_url: Some(admin),
+                    ..PulsarConfig::default()
+                };
+                let transport = PulsarTransport::connect_with(&url, config)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let built = Broker::new(transport)
+                    .consumer("limited")
+                    .policy(RetryPolicy::parse(policy).map_err(|e| e.to_string())?)
+                    .build();
+                Ok::<_, String>(built.err().map(|e| e.to_string()))
+            }
+        };
+        admin_call(
+            "POST",
+            &format!("{ns_url}/delayedDelivery"),
+            Some(r#"{"active":true,"tickTime":100,"maxDeliveryDelayInMillis":60000}"#),
+        )?;
+        if let Some(e) = refused("30s x2").await? {
+            return Err(format!(
+                "a 30 s policy under a 1 min limit was refused: {e}"
+            ));
+        }
+        match refused("30s, 2m").await? {
+            Some(e) if e.contains("refused") || e.contains("cannot honour") => {}
+            other => return Err(format!("a 2 min delay under a 1 min limit: {other:?}")),
+        }
+        admin_call(
+            "POST",
+            &format!("{ns_url}/delayedDelivery"),
+            Some(r#"{"active":false,"tickTime":100,"maxDeliveryDelayInMillis":0}"#),
+        )?;
+        match refused("1s").await? {
+            Some(_) => Ok(()),
+            None => Err("a delay was accepted where delayed delivery is off".into()),
+        }
+    });
+    let deleted = admin_call("DELETE", &ns_url, None);
+    result.and(deleted)
+}

@@ -1,0 +1,245 @@
+//! How the adapter lays out its queues: granularity and depth of the delay ladder, queue type, names.
+//!
+//! The defaults suit most services: delays exact to 100 ms up to 19 days, classic durable queues, topology
+//! declared on first use. Quorum queues (`queue_type=quorum`) move a copy between delay levels at least
+//! once; they are not the default yet (see the adapter README's Limits). Everything the broker stores is named from these settings, so two services with
+//! the same settings share one ladder and a service with different ones gets its own.
+
+use std::time::Duration;
+
+use event_retry_core::error::{Error, Kind};
+use event_retry_core::options::Options;
+
+pub use crate::security::RabbitSecurity;
+
+/// The queue type for every queue the adapter declares.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QueueType {
+    /// Classic durable queues (the default): dead-lettering between delay levels is at most once, so a
+    /// broker crash can lose a retry copy on its way through the ladder.
+    #[default]
+    Classic,
+    /// Quorum queues: replicated; delay levels dead-letter at least once (`x-dead-letter-strategy`), the
+    /// ladder's exit keeps a copy whose work queue is gone in its `unroutable` queue instead of stalling,
+    /// and work queues carry an explicit `x-delivery-limit` whose overflow goes to the DLQ, never
+    /// dropped. After a broker crash the broker's dead-letter worker can hold copies for minutes.
+    Quorum,
+}
+
+impl QueueType {
+    /// The name used in queue names and `x-queue-type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueType::Classic => "classic",
+            QueueType::Quorum => "quorum",
+        }
+    }
+}
+
+/// The adapter's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RabbitConfig {
+    /// The ladder's step: every delay is rounded up to a multiple of it (never early). Default 100 ms.
+    pub granularity: Duration,
+    /// How many binary delay levels (queues with TTL granularity × 2ᵏ, k < levels); the longest delay is
+    /// granularity × (2^levels − 1). Default 24 (19.4 days at 100 ms).
+    pub levels: u32,
+    /// Queue type of the work queues, DLQs and delay levels. Default classic.
+    pub queue_type: QueueType,
+    /// `x-delivery-limit` of quorum work queues: deliveries (handler crashes, releases) after which the
+    /// broker moves a message to the DLQ. Default 1,000: far above any retry policy's attempts, because a
+    /// retry is a new copy and does not count.
+    pub delivery_limit: u32,
+    /// Prefix of the shared ladder's exchanges and queues. Default `event-retry`.
+    pub prefix: String,
+    /// Suffix of a topic's DLQ queue name. Default `.dlq`.
+    pub dlq_suffix: String,
+    /// Declare missing queues, exchanges and bindings (idempotently) on first use. Default true; when
+    /// false, a missing queue is an error naming it.
+    pub declare: bool,
+    /// The password, CA and client certificate ([`RabbitSecurity`]).
+    pub security: RabbitSecurity,
+}
+
+impl Default for RabbitConfig {
+    fn default() -> Self {
+        Self {
+            granularity: Duration::from_millis(100),
+            levels: 24,
+            queue_type: QueueType::Classic,
+            delivery_limit: 1_000,
+            prefix: "event-retry".to_string(),
+            dlq_suffix: ".dlq".to_string(),
+            declare: true,
+            security: RabbitSecurity::default(),
+        }
+    }
+}
+
+/// RabbitMQ refuses a TTL above 2³² − 1 ms.
+const MAX_TTL_MS: u128 = u32::MAX as u128;
+
+/// AMQP URI query parameters lapin itself reads; they pass through to the connection URL.
+pub(crate) const URI_PARAMETERS: [&str; 5] = [
+    "heartbeat",
+    "connection_timeout",
+    "channel_max",
+    "frame_max",
+    "auth_mechanism",
+];
+
+impl RabbitConfig {
+    /// The settings from text options (URL query parameters or the config file's `[broker]` section),
+    /// starting from the defaults: `granularity` (a duration such as `100ms`), `levels`, `queue_type`
+    /// (`classic` or `quorum`), `delivery_limit`, `prefix`, `dlq_suffix`, `declare` (true/false), and
+    /// [`RabbitSecurity`]'s `password` (or `password_env`, `password_file`), `tls_ca`, `tls_cert` and
+    /// `tls_key`. The
+    /// AMQP URI's own parameters (`heartbeat`, `connection_timeout`, `channel_max`, `frame_max`,
+    /// `auth_mechanism`) are returned apart, for the connection URL. An unknown key is an error.
+    pub fn from_options(options: &Options) -> Result<(Self, Vec<(String, String)>), Error> {
+        let mut c = Self::default();
+        let mut read = options.reader("RabbitMQ");
+        if let Some(v) = read.duration("granularity")? {
+            c.granularity = v;
+        }
+        if let Some(v) = read.number("levels")? {
+            c.levels = v;
+        }
+        if let Some(i) = read.choice("queue_type", &["classic", "quorum"])? {
+            c.queue_type = [QueueType::Classic, QueueType::Quorum][i];
+        }
+        if let Some(v) = read.number("delivery_limit")? {
+            c.delivery_limit = v;
+        }
+        if let Some(v) = read.string("prefix") {
+            c.prefix = v;
+        }
+        if let Some(v) = read.string("dlq_suffix") {
+            c.dlq_suffix = v;
+        }
+        if let Some(v) = read.bool("declare")? {
+            c.declare = v;
+        }
+        c.security = RabbitSecurity::read(&mut read)?;
+        let uri: Vec<(String, String)> = URI_PARAMETERS
+            .iter()
+            .filter_map(|k| read.string(k).map(|v| ((*k).to_string(), v)))
+            .collect();
+        read.finish()?;
+        c.validate()?;
+        Ok((c, uri))
+    }
+
+    /// The longest delay the ladder carries: granularity × (2^levels − 1).
+    pub fn max_delay(&self) -> Duration {
+        let units = (1u64 << self.levels.min(63)) - 1;
+        self.granularity
+            .checked_mul(u32::try_from(units).unwrap_or(u32::MAX))
+            .unwrap_or(Duration::MAX)
+    }
+
+    /// Checks the settings, with the reason when they cannot work.
+    pub fn validate(&self) -> Result<(), Error> {
+        self.security.validate()?;
+        let g = self.granularity.as_millis();
+        if g == 0 || !self.granularity.as_nanos().is_multiple_of(1_000_000) {
+            return Err(Error::new(
+                Kind::Config,
+                format!(
+                    "granularity must be a whole number of milliseconds ≥ 1 ms, got {:?}",
+                    self.granularity
+                ),
+            ));
+        }
+        if !(1..=32).contains(&self.levels) {
+            return Err(Error::new(
+                Kind::Config,
+                format!("levels must be between 1 and 32, got {}", self.levels),
+            ));
+        }
+        let top = g << (self.levels - 1);
+        if top > MAX_TTL_MS {
+            return Err(Error::new(
+                Kind::Config,
+                format!(
+                    "the top delay level would need a TTL of {top} ms, above RabbitMQ's limit of {MAX_TTL_MS} ms: \
+                 lower levels or granularity"
+                ),
+            ));
+        }
+        if self.prefix.is_empty() || self.dlq_suffix.is_empty() {
+            return Err(Error::new(
+                Kind::Config,
+                "prefix and dlq_suffix must not be empty",
+            ));
+        }
+        if self.queue_type == QueueType::Quorum && self.delivery_limit == 0 {
+            return Err(Error::new(
+                Kind::Config,
+                "a quorum work queue needs a delivery limit ≥ 1",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_reach_19_days() {
+        let c = RabbitConfig::default();
+        assert!(c.validate().is_ok());
+        assert_eq!(c.queue_type, QueueType::Classic);
+        assert_eq!(c.max_delay(), Duration::from_millis(100 * ((1 << 24) - 1)));
+    }
+
+    #[test]
+    fn options_set_every_field_and_pass_uri_parameters_through() {
+        let options = Options::new()
+            .set("granularity", "250ms")
+            .set("levels", "10")
+            .set("queue_type", "quorum")
+            .set("delivery_limit", "50")
+            .set("prefix", "svc")
+            .set("dlq_suffix", ".dead")
+            .set("declare", "false")
+            .set("heartbeat", "10");
+        let (c, uri) = RabbitConfig::from_options(&options).unwrap_or_default();
+        assert_eq!(c.granularity, Duration::from_millis(250));
+        assert_eq!((c.levels, c.delivery_limit), (10, 50));
+        assert_eq!(c.queue_type, QueueType::Quorum);
+        assert_eq!((c.prefix.as_str(), c.dlq_suffix.as_str()), ("svc", ".dead"));
+        assert!(!c.declare);
+        assert_eq!(uri, vec![("heartbeat".to_string(), "10".to_string())]);
+        let typo = RabbitConfig::from_options(&Options::new().set("granularty", "1s"));
+        assert_eq!(typo.err().map(|e| e.kind()), Some(Kind::Config));
+        let bad = RabbitConfig::from_options(&Options::new().set("queue_type", "stream"));
+        assert!(
+            bad.err()
+                .is_some_and(|e| e.to_string().contains("classic, quorum"))
+        );
+    }
+
+    #[test]
+    fn bad_settings_say_why() {
+        let too_deep = RabbitConfig {
+            granularity: Duration::from_secs(1),
+            levels: 32,
+            ..RabbitConfig::default()
+        };
+        let err = too_deep.validate().err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("RabbitMQ's limit")));
+        let fractional = RabbitConfig {
+            granularity: Duration::from_micros(1_500),
+            ..RabbitConfig::default()
+        };
+        assert!(fractional.validate().is_err());
+        let no_levels = RabbitConfig {
+            levels: 0,
+            ..RabbitConfig::default()
+        };
+        assert!(no_levels.validate().is_err());
+    }
+}

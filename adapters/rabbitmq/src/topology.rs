@@ -1,0 +1,487 @@
+//! The fixed topology: one shared ladder of binary delay levels; per topic a fanout exchange and a DLQ;
+//! per consumer group of a topic a work queue (`<topic>:<group>`) bound to the topic's exchange.
+//!
+//! A topic's exchange copies every event into the queue of each of its groups, so each group receives
+//! every event, as on Kafka and Pulsar; the consumers of one group share its queue. A topic is declared
+//! with its default group's queue, so that events published before the first consumer starts are kept;
+//! another group's queue is declared when its first consumer subscribes (or by `Admin::declare`), and it
+//! receives what is published from then on.
+//!
+//! Level `k` is a topic exchange and a queue of the same name whose `x-message-ttl` is granularity × 2ᵏ.
+//! A delay of `u` granularity units travels with a routing key that spells `u` in binary, least
+//! significant bit first, then the destination queue: `1.0.1.<queue>` is 5 units. Level `k`'s exchange
+//! sends a key whose word `k` is `1` into its queue and a `0` straight on to level `k − 1`'s exchange; the
+//! queue dead-letters (keeping the key) into level `k − 1`'s exchange when its TTL expires; level 0 hands
+//! on to the `out` exchange, which routes by destination to the work queue. Every message in one level
+//! waits the same time, so a level's head is always the next due: nothing waits behind a message that is
+//! not due, no per-message TTL, delays exact to the granularity with `levels` queues. This is the scheme
+//! NServiceBus uses, with the routing key's bit order fixed so that levels never depend on the ladder's
+//! depth.
+//!
+//! With quorum queues (`queue_type=quorum`) a level dead-letters at least once: the broker keeps a copy at the
+//! head of its level until the next hop has confirmed it, so a crash mid-hop loses nothing. The price is
+//! that a copy nothing can take would stay at the head for ever and hold up every copy behind it — which
+//! is what a copy whose work queue was deleted (a topic deleted while its retries wait) is at the exit.
+//! So a quorum ladder's `out` exchange has an alternate exchange: such a copy goes to the ladder's
+//! `unroutable` queue, kept for an operator, and the level moves on. A classic ladder dead-letters at most
+//! once and drops it instead (declared as before, since an exchange's arguments cannot change).
+
+use event_retry_core::error::{Error, Kind};
+use lapin::options::{
+    ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Channel, ExchangeKind};
+
+use crate::config::{QueueType, RabbitConfig};
+
+/// Names of everything the adapter declares, derived from the configuration.
+#[derive(Clone, Debug)]
+pub(crate) struct Names {
+    ladder: String,
+    dlq_suffix: String,
+    levels: u32,
+}
+
+impl Names {
+    pub(crate) fn new(config: &RabbitConfig) -> Self {
+        Self {
+            ladder: format!(
+                "{}.delay-{}ms-{}",
+                config.prefix,
+                config.granularity.as_millis(),
+                config.queue_type.as_str()
+            ),
+            dlq_suffix: config.dlq_suffix.clone(),
+            levels: config.levels,
+        }
+    }
+
+    /// The exchange and queue of delay level `k`.
+    pub(crate) fn level(&self, k: u32) -> String {
+        format!("{}.{k:02}", self.ladder)
+    }
+
+    /// The exchange a delayed copy is published to: the top level.
+    pub(crate) fn entry(&self) -> String {
+        self.level(self.levels - 1)
+    }
+
+    /// The exchange that routes a due copy to its work queue.
+    pub(crate) fn out(&self) -> String {
+        format!("{}.out", self.ladder)
+    }
+
+    /// The alternate exchange of a quorum ladder's exit, and the queue behind it: where a due copy whose
+    /// work queue no longer exists is kept.
+    pub(crate) fn unroutable(&self) -> String {
+        format!("{}.unroutable", self.ladder)
+    }
+
+    /// The DLQ queue of `topic`.
+    pub(crate) fn dlq(&self, topic: &str) -> String {
+        format!("{topic}{}", self.dlq_suffix)
+    }
+
+    /// The work queue of consumer group `group` of `topic`: `<topic>:<group>` (a topic name has no `:`,
+    /// so no two pairs share a queue).
+    pub(crate) fn group_queue(&self, topic: &str, group: &str) -> String {
+        format!("{topic}:{group}")
+    }
+
+    /// The group whose work queue `queue` of `topic` is, if it is one.
+    pub(crate) fn group_of_queue<'q>(&self, topic: &str, queue: &'q str) -> Option<&'q str> {
+        queue.strip_prefix(topic)?.strip_prefix(':')
+    }
+
+    /// The routing key that carries a copy `units` granularity steps to `queue`.
+    pub(crate) fn routing_key(&self, units: u64, queue: &str) -> String {
+        let mut key = String::with_capacity(2 * self.levels as usize + queue.len());
+        for k in 0..self.levels {
+            key.push(if units >> k & 1 == 1 { '1' } else { '0' });
+            key.push('.');
+        }
+        key.push_str(queue);
+        key
+    }
+
+    /// The binding of `queue` to the `out` exchange: any bits, then exactly the queue's name.
+    fn out_binding(&self, queue: &str) -> String {
+        let mut key = "*.".repeat(self.levels as usize);
+        key.push_str(queue);
+        key
+    }
+}
+
+/// Checks that `topic` can name a queue and travel in a routing key.
+pub(crate) fn check_topic(names: &Names, topic: &str) -> Result<(), Error> {
+    let bad = |why: &str| Err(Error::new(Kind::Config, format!("topic {topic:?}: {why}")));
+    let longest = topic.len() + names.dlq_suffix.len();
+    if topic.is_empty() {
+        return bad("empty");
+    }
+    if topic.starts_with("amq.") {
+        return bad("the amq. prefix is reserved by RabbitMQ");
+    }
+    if topic.contains(':') {
+        return bad("`:` separates a topic from its consumer group in queue names");
+    }
+    if topic
+        .split('.')
+        .any(|w| w.is_empty() || w == "*" || w == "#")
+    {
+        return bad(
+            "dot-separated words must be non-empty and not `*` or `#` (it travels in a routing key)",
+        );
+    }
+    if longest > 255 || topic.len() + 2 * names.levels as usize > 255 {
+        return bad("too long for a queue name or routing key (255 bytes with the ladder's bits)");
+    }
+    Ok(())
+}
+
+/// Checks that `group`'s queue of `topic` can be named and travel in a routing key.
+pub(crate) fn check_group(names: &Names, topic: &str, group: &str) -> Result<(), Error> {
+    let bad = |why: String| {
+        Err(Error::new(
+            Kind::Config,
+            format!("consumer group {group:?} of topic {topic:?}: {why}"),
+        ))
+    };
+    let queue = names.group_queue(topic, group);
+    if group
+        .split('.')
+        .any(|w| w.is_empty() || w == "*" || w == "#")
+    {
+        return bad(
+            "dot-separated words must be non-empty and not `*` or `#` (its queue's name travels in a \
+             routing key)"
+                .into(),
+        );
+    }
+    if queue == names.dlq(topic) {
+        return bad(format!("its queue would be the topic's DLQ, {queue}"));
+    }
+    if group.is_empty() {
+        return bad("empty".into());
+    }
+    if queue.len() > 255 || queue.len() + 2 * names.levels as usize > 255 {
+        return bad(format!(
+            "{queue} is too long for a queue name or routing key (255 bytes with the ladder's bits)"
+        ));
+    }
+    Ok(())
+}
+
+fn table(entries: &[(&str, AMQPValue)]) -> FieldTable {
+    let mut t = FieldTable::default();
+    for (k, v) in entries {
+        t.insert(ShortString::from(*k), v.clone());
+    }
+    t
+}
+
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    }
+}
+
+fn failed(what: String) -> impl FnOnce(lapin::Error) -> Error {
+    move |e| {
+        let hint = upgrade_hint(&e.to_string());
+        crate::error::amqp_error(e, format!("declare {what}{hint}"))
+    }
+}
+
+/// What to do when the broker refuses a declare because an earlier version (or other settings) declared
+/// the same name with other arguments, which RabbitMQ never changes in place.
+fn upgrade_hint(refusal: &str) -> &'static str {
+    if refusal.contains("inequivalent arg 'x-queue-type'") {
+        " (it exists with another queue type, and a queue's type never changes: set queue_type to the \
+         type it has, or drain and delete it so that it is declared again)"
+    } else if refusal.contains("inequivalent arg 'alternate-exchange'") {
+        " (a quorum ladder declared by an earlier version has no alternate exchange on its exit: see \
+         \"Upgrading\" in the RabbitMQ adapter's README)"
+    } else {
+        ""
+    }
+}
+
+fn type_args(queue_type: QueueType) -> Vec<(&'static str, AMQPValue)> {
+    match queue_type {
+        QueueType::Classic => vec![],
+        QueueType::Quorum => vec![("x-queue-type", text("quorum"))],
+    }
+}
+
+/// Declares the shared ladder (idempotent: the same settings declare the same things).
+pub(crate) async fn declare_ladder(
+    channel: &Channel,
+    names: &Names,
+    config: &RabbitConfig,
+) -> Result<(), Error> {
+    let topic = ExchangeKind::Topic;
+    let ex_opts = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    let out = names.out();
+    let mut out_args = FieldTable::default();
+    if config.queue_type == QueueType::Quorum {
+        let unroutable = names.unroutable();
+        declare_unroutable(channel, &unroutable, ex_opts).await?;
+        out_args.insert("alternate-exchange".into(), text(&unroutable));
+    }
+    channel
+        .exchange_declare(out.as_str().into(), topic.clone(), ex_opts, out_args)
+        .await
+        .map_err(failed(format!("exchange {out}")))?;
+    let g = u64::try_from(config.granularity.as_millis()).unwrap_or(u64::MAX);
+    for k in 0..config.levels {
+        let level = names.level(k);
+        let next = if k == 0 {
+            out.clone()
+        } else {
+            names.level(k - 1)
+        };
+        channel
+            .exchange_declare(
+                level.as_str().into(),
+                topic.clone(),
+                ex_opts,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(failed(format!("exchange {level}")))?;
+        let mut args = type_args(config.queue_type);
+        args.push(("x-message-ttl", AMQPValue::LongLongInt((g << k) as i64)));
+        args.push(("x-dead-letter-exchange", text(&next)));
+        if config.queue_type == QueueType::Quorum {
+            args.push(("x-dead-letter-strategy", text("at-least-once")));
+            args.push(("x-overflow", text("reject-publish")));
+        }
+        channel
+            .queue_declare(level.as_str().into(), durable(), table(&args))
+            .await
+            .map_err(failed(format!("delay level {level}")))?;
+        let skip = "*.".repeat(k as usize);
+        channel
+            .queue_bind(
+                level.as_str().into(),
+                level.as_str().into(),
+                format!("{skip}1.#").into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(failed(format!("binding of {level}")))?;
+        channel
+            .exchange_bind(
+                next.as_str().into(),
+                level.as_str().into(),
+                format!("{skip}0.#").into(),
+                ExchangeBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(failed(format!("binding {level} → {next}")))?;
+    }
+    Ok(())
+}
+
+/// Declares a quorum ladder's `unroutable` fanout exchange and the quorum queue bound to it.
+async fn declare_unroutable(
+    channel: &Channel,
+    unroutable: &str,
+    ex_opts: ExchangeDeclareOptions,
+) -> Result<(), Error> {
+    channel
+        .exchange_declare(
+            unroutable.into(),
+            ExchangeKind::Fanout,
+            ex_opts,
+            FieldTable::default(),
+        )
+        .await
+        .map_err(failed(format!("exchange {unroutable}")))?;
+    channel
+        .queue_declare(
+            unroutable.into(),
+            durable(),
+            table(&type_args(QueueType::Quorum)),
+        )
+        .await
+        .map_err(failed(format!("queue {unroutable}")))?;
+    channel
+        .queue_bind(
+            unroutable.into(),
+            unroutable.into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(failed(format!("binding of {unroutable}")))
+}
+
+/// Declares `topic`'s exchange and its DLQ.
+pub(crate) async fn declare_topic(
+    channel: &Channel,
+    names: &Names,
+    config: &RabbitConfig,
+    topic: &str,
+) -> Result<(), Error> {
+    declare_dlq(channel, names, config, topic).await?;
+    channel
+        .exchange_declare(
+            topic.into(),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(failed(format!("exchange {topic}")))
+}
+
+/// Declares the work queue of `group` of `topic`, bound to the topic's exchange and to the ladder's exit.
+pub(crate) async fn declare_group(
+    channel: &Channel,
+    names: &Names,
+    config: &RabbitConfig,
+    topic: &str,
+    group: &str,
+) -> Result<(), Error> {
+    let dlq = names.dlq(topic);
+    let queue = names.group_queue(topic, group);
+    let mut args = type_args(config.queue_type);
+    if config.queue_type == QueueType::Quorum {
+        // RabbitMQ 4 gives quorum queues a delivery limit of 20 and drops what exceeds it; an explicit
+        // limit whose overflow dead-letters into our DLQ means the broker never drops a message.
+        args.push((
+            "x-delivery-limit",
+            AMQPValue::LongLongInt(i64::from(config.delivery_limit)),
+        ));
+        args.push(("x-dead-letter-exchange", text("")));
+        args.push(("x-dead-letter-routing-key", text(&dlq)));
+        args.push(("x-dead-letter-strategy", text("at-least-once")));
+        args.push(("x-overflow", text("reject-publish")));
+    }
+    channel
+        .queue_declare(queue.as_str().into(), durable(), table(&args))
+        .await
+        .map_err(failed(format!("work queue {queue}")))?;
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            topic.into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(failed(format!("binding of {queue} to {topic}")))?;
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            names.out().as_str().into(),
+            names.out_binding(&queue).into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(failed(format!("binding of {queue} to {}", names.out())))
+}
+
+/// Declares `topic`'s DLQ queue.
+pub(crate) async fn declare_dlq(
+    channel: &Channel,
+    names: &Names,
+    config: &RabbitConfig,
+    topic: &str,
+) -> Result<(), Error> {
+    let dlq = names.dlq(topic);
+    channel
+        .queue_declare(
+            dlq.as_str().into(),
+            durable(),
+            table(&type_args(config.queue_type)),
+        )
+        .await
+        .map(drop)
+        .map_err(failed(format!("DLQ {dlq}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(levels: u32) -> Names {
+        Names::new(&RabbitConfig {
+            levels,
+            ..RabbitConfig::default()
+        })
+    }
+
+    #[test]
+    fn routing_key_spells_the_delay_lsb_first() {
+        let n = names(4);
+        assert_eq!(n.routing_key(5, "orders"), "1.0.1.0.orders");
+        assert_eq!(n.routing_key(0, "a.b"), "0.0.0.0.a.b");
+        assert_eq!(n.routing_key(15, "q"), "1.1.1.1.q");
+        assert_eq!(n.out_binding("a.b"), "*.*.*.*.a.b");
+        assert_eq!(n.entry(), "event-retry.delay-100ms-classic.03");
+        assert_eq!(n.unroutable(), "event-retry.delay-100ms-classic.unroutable");
+        assert_eq!(n.dlq("orders"), "orders.dlq");
+    }
+
+    #[test]
+    fn a_refused_redeclare_says_how_to_upgrade() {
+        let queue = "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'orders:billing' \
+                     in vhost '/': received the value 'quorum' of type 'longstr' but current is none";
+        assert!(upgrade_hint(queue).contains("set queue_type"));
+        let exit = "PRECONDITION_FAILED - inequivalent arg 'alternate-exchange' for exchange \
+                    'event-retry.delay-100ms-quorum.out' in vhost '/'";
+        assert!(upgrade_hint(exit).contains("Upgrading"));
+        assert_eq!(upgrade_hint("NOT_FOUND - no queue 'x'"), "");
+    }
+
+    #[test]
+    fn groups_get_queues_of_their_own() {
+        let n = names(24);
+        assert_eq!(n.group_queue("orders", "billing"), "orders:billing");
+        assert_eq!(
+            n.group_of_queue("orders", "orders:eu.billing"),
+            Some("eu.billing")
+        );
+        assert_eq!(n.group_of_queue("orders", "orders.dlq"), None);
+        // No two (topic, group) pairs share a queue: a topic name has no `:`.
+        assert_ne!(
+            n.group_queue("orders", "eu.billing"),
+            n.group_queue("orders.eu", "billing")
+        );
+        assert!(check_topic(&n, "orders:eu").is_err());
+        assert!(check_group(&n, "orders", "orders-consumers").is_ok());
+        assert!(check_group(&n, "orders", "com.acme.billing").is_ok());
+        for bad in ["", "a..b", "*", &"x".repeat(240)] {
+            assert!(check_group(&n, "orders", bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn topics_that_cannot_route_are_refused() {
+        let n = names(24);
+        assert!(check_topic(&n, "orders.v1").is_ok());
+        for bad in ["", "a..b", "a.*", "#", ".a", "amq.x", &"x".repeat(220)] {
+            assert!(check_topic(&n, bad).is_err(), "{bad:?}");
+        }
+    }
+}

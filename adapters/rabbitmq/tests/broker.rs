@@ -1,0 +1,767 @@
+//! Tests against the real broker that the conformance suite does not cover:
+//!
+//! * a RabbitMQ restart (stop + start through the project's scripts, on the same data) while retries sit
+//!   in the delay ladder loses none of them: durable queues and persistent messages keep them, the
+//!   consumer reconnects, and every retry runs once, no earlier than its delay;
+//! * under concurrent publishing, a return (unroutable copy) fails its own publish and no other;
+//! * with quorum queues (replicated work queue, DLQ and ladder, at-least-once dead-lettering) retries and
+//!   dead letters behave the same;
+//! * a topic deleted while its retries wait in the quorum ladder stalls no other topic's retries: its
+//!   copies, due at an exit that routes them nowhere, go to the ladder's `unroutable` queue (read with
+//!   lapin), and a live topic's retry behind them comes back on time;
+//! * acknowledgements sent in batches (`basic.ack` with `multiple`) settle every delivery once, with
+//!   handlers finishing out of order, retries through the ladder, and deliveries requeued at a shutdown
+//!   cut in the middle: every event succeeds exactly once and the queue, read with lapin, ends empty;
+//! * a connection lost while a DLQ outage holds consumption ends the hold: the delivery's channel died
+//!   with it, so the broker gives the event again; once the DLQ is back the event lands there once and
+//!   consumption goes on (before, the held dead letter was retried on the dead channel for ever).
+//!
+//! They run one at a time (the restart would disturb the other) when `RETRY_TEST_AMQP` names a broker
+//! started by `scripts/brokers`; otherwise they are listed as ignored with the reason, and fail when
+//! `RETRY_TEST_REQUIRE` names rabbitmq.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use event_retry_core::adapter::{Admin, Transport};
+use event_retry_core::broker::Broker;
+use event_retry_core::classify::HandlerError;
+use event_retry_core::dlq::{DeadLetter, DlqFilter};
+use event_retry_core::event::Event;
+use event_retry_core::policy::RetryPolicy;
+use event_retry_core::runtime::{Context, handler_fn};
+use event_retry_rabbitmq::{QueueType, RabbitConfig, RabbitTransport};
+use libtest_mimic::Arguments;
+use test_support::broker::{Test, runtime};
+use test_support::restart::{Waits, delayed_retries_survive_restart};
+
+const EVENTS: usize = 20;
+const DELAY: Duration = Duration::from_secs(20);
+
+fn main() {
+    let mut args = Arguments::from_args();
+    args.test_threads = Some(1);
+    let tests: [(&str, Test); 6] = [
+        (
+            "a_deleted_topics_waiting_retries_stall_no_other_topic",
+            a_deleted_topics_waiting_retries_stall_no_other_topic,
+        ),
+        (
+            "a_connection_lost_in_a_dlq_outage_ends_the_hold",
+            a_connection_lost_in_a_dlq_outage_ends_the_hold,
+        ),
+        (
+            "batched_acks_settle_every_delivery_once",
+            batched_acks_settle_every_delivery_once,
+        ),
+        (
+            "returns_are_paired_with_their_own_publish",
+            returns_are_paired_with_their_own_publish,
+        ),
+        (
+            "quorum_queues_retry_and_dead_letter",
+            quorum_queues_retry_and_dead_letter,
+        ),
+        (
+            "restart_keeps_delayed_retries",
+            restart_keeps_delayed_retries,
+        ),
+    ];
+    let trials = test_support::broker::trials("rabbitmq", "RETRY_TEST_AMQP", &tests);
+    libtest_mimic::run(&args, trials).exit();
+}
+
+/// Deletes `topic`'s DLQ queue with lapin: dead-lettering from it fails until the topic is declared
+/// again (the SDK still takes it as declared).
+async fn delete_dlq(url: &str, transport: &RabbitTransport, topic: &str) -> Result<(), String> {
+    let dlq = transport
+        .names(topic, None)
+        .await
+        .map_err(|e| e.to_string())?
+        .dlq;
+    raw_brokers::RawRabbit::new(url)
+        .delete_queue(&dlq)
+        .await
+        .map_err(|e| format!("delete {dlq}: {e}"))
+}
+
+/// The DLQ entries of `topic`, read through the SDK's DLQ operations.
+async fn dead_letters(transport: &RabbitTransport, topic: &str) -> Result<Vec<DeadLetter>, String> {
+    Broker::new(transport.clone())
+        .dead_letters()
+        .list(topic, &DlqFilter::all())
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Closes every client connection to the node `RETRY_TEST_AMQP_NODE` names, with `rabbitmqctl`.
+async fn close_all_connections() -> Result<(), String> {
+    let node = test_support::broker::url("RETRY_TEST_AMQP_NODE")
+        .ok_or("RETRY_TEST_AMQP_NODE is not set (scripts/brokers writes it)")?;
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "-n",
+            &node,
+            "close_all_connections",
+            "test: connection lost",
+        ])
+        .output()
+        .await
+        .map_err(|e| format!("run rabbitmqctl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "rabbitmqctl close_all_connections: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// The DLQ refuses the victim's dead letter, so the runtime holds consumption and tries again; then every
+/// connection is closed (as a broker restart does) and the DLQ comes back. The held delivery's channel
+/// died, so the broker gives the victim again: it must land in the DLQ exactly once and the event
+/// published behind it must be handled, within 30 s.
+fn a_connection_lost_in_a_dlq_outage_ends_the_hold(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = RabbitTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("lost-in-outage-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        delete_dlq(&url, &transport, &topic).await?;
+        let handler = handler_fn(|event: Event, _ctx: Context| async move {
+            match event.id() {
+                Some("victim") => Err(HandlerError::non_retryable("bad input")),
+                _ => Ok(()),
+            }
+        });
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
+            .blocking(RetryPolicy::parse("200ms").map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        transport
+            .publish(&topic, &Event::new("victim").with_id("victim"))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::time::timeout(
+            Duration::from_secs(15),
+            consumer.wait_until(|s| s.settle_errors >= 2),
+        )
+        .await
+        .map_err(|_| format!("the DLQ outage was not met: {:?}", consumer.stats()))?;
+        close_all_connections().await?;
+        transport
+            .declare(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        transport
+            .publish(&topic, &Event::new("after").with_id("after"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let dead = loop {
+            let dead = dead_letters(&transport, &topic).await?;
+            if consumer.stats().succeeded == 1 && !dead.is_empty() {
+                break dead;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "30 s after the connections closed and the DLQ came back: {} DLQ entries, {:?} \
+                     (consumption still held?)",
+                    dead.len(),
+                    consumer.stats()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        // A dead letter repeated on the dead channel would show as a second entry.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let dead = if dead.len() == 1 {
+            dead_letters(&transport, &topic).await?
+        } else {
+            dead
+        };
+        let ids: Vec<_> = dead
+            .iter()
+            .map(|d| d.event.metadata().event_id.clone().unwrap_or_default())
+            .collect();
+        if ids != ["victim"] {
+            return Err(format!("DLQ entries {ids:?}, want the victim once"));
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        transport.delete(&topic).await.map_err(|e| e.to_string())?;
+        Ok(())
+    })
+}
+
+/// A quorum-queue transport: an event failing twice retries through the quorum ladder (never early) and
+/// succeeds; a non-retryable one lands in the quorum DLQ with its metadata and replays from it.
+fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let config = RabbitConfig {
+            queue_type: QueueType::Quorum,
+            ..RabbitConfig::default()
+        };
+        let transport = RabbitTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("quorum-{}", uuid::Uuid::new_v4().simple());
+        let calls: Arc<Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
+        let seen = calls.clone();
+        let handler = handler_fn(move |event: Event, _ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                let id = event.id().unwrap_or_default().to_string();
+                let n = {
+                    let mut calls = seen.lock().unwrap_or_else(|p| p.into_inner());
+                    let mine = calls.entry(id.clone()).or_default();
+                    mine.push(Instant::now());
+                    mine.len()
+                };
+                match (id.as_str(), n) {
+                    ("bad", 1) => Err(HandlerError::non_retryable("bad input")),
+                    ("flaky", 1 | 2) => Err(HandlerError::deferred("not yet")),
+                    _ => Ok(()),
+                }
+            }
+        });
+        let policy = RetryPolicy::parse("700ms x3").map_err(|e| e.to_string())?;
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
+            .policy(policy)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        for id in ["flaky", "bad"] {
+            transport
+                .publish(&topic, &Event::new(id).with_id(id).with_key("k"))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let dead = loop {
+            let dead = dead_letters(&transport, &topic).await?;
+            if consumer.stats().succeeded_after_retry == 1 && dead.len() == 1 {
+                break dead;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "no retry success and DLQ entry: {:?}, DLQ {}",
+                    consumer.stats(),
+                    dead.len()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let flaky = calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get("flaky")
+            .cloned()
+            .unwrap_or_default();
+        if flaky.len() != 3 {
+            return Err(format!("flaky was handled {} times, want 3", flaky.len()));
+        }
+        for pair in flaky.windows(2) {
+            if pair[1] - pair[0] < Duration::from_millis(700) {
+                return Err(format!(
+                    "a quorum-ladder retry ran after {:?}, before its 700 ms delay",
+                    pair[1] - pair[0]
+                ));
+            }
+        }
+        let meta = dead[0].event.metadata();
+        if meta.event_id.as_deref() != Some("bad")
+            || dead[0].event.key.as_deref() != Some(&b"k"[..])
+        {
+            return Err(format!("wrong DLQ entry: {:?}", dead[0]));
+        }
+        let report = Broker::new(transport.clone())
+            .dead_letters()
+            .replay(&topic, &DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        if report.replayed != 1 {
+            return Err(format!("replayed {}", report.replayed));
+        }
+        let replayed = tokio::time::timeout(
+            Duration::from_secs(15),
+            consumer.wait_until(|s| s.succeeded >= 2),
+        )
+        .await;
+        if replayed.is_err() {
+            return Err(format!(
+                "the replayed event did not succeed: {:?}",
+                consumer.stats()
+            ));
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        transport.delete(&topic).await.map_err(|e| e.to_string())?;
+        Ok(())
+    })
+}
+
+/// Copies of the deleted topic: more than the 32 a quorum queue's dead-letter worker keeps in flight, so
+/// that without somewhere to go they would fill it and hold up its level.
+const ORPHANS: usize = 50;
+
+/// A ladder of its own (a fresh prefix, 6 levels): `ORPHANS` events of one topic fail and wait 2 s in
+/// the quorum ladder; the topic is deleted; then an event of a live topic fails and waits 2 s behind
+/// them. The live retry must run within 10 s of its first attempt, the `unroutable` queue must hold
+/// exactly the deleted topic's copies, and every delay level must end empty (each read with lapin).
+fn a_deleted_topics_waiting_retries_stall_no_other_topic(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let prefix = format!("stall-{}", uuid::Uuid::new_v4().simple());
+        let config = RabbitConfig {
+            prefix: prefix.clone(),
+            levels: 6,
+            queue_type: QueueType::Quorum,
+            ..RabbitConfig::default()
+        };
+        let ladder = format!("{prefix}.delay-100ms-quorum");
+        let transport = RabbitTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let result = deleted_topic_then_live_retry(&transport, &url, &ladder).await;
+        transport.close().await;
+        let cleanup = delete_ladder(&url, &ladder, 6).await;
+        result.and(cleanup)
+    })
+}
+
+async fn deleted_topic_then_live_retry(
+    transport: &RabbitTransport,
+    url: &str,
+    ladder: &str,
+) -> Result<(), String> {
+    let suffix = uuid::Uuid::new_v4().simple();
+    let (gone, live) = (format!("gone-{suffix}"), format!("live-{suffix}"));
+    let policy = RetryPolicy::parse("2s x1").map_err(|e| e.to_string())?;
+    let broker = Broker::new(transport.clone());
+
+    let always_fails = handler_fn(|_event: Event, _ctx: Context| async move {
+        Err::<(), _>(HandlerError::deferred("waits in the ladder"))
+    });
+    let doomed = broker
+        .consumer(&gone)
+        .policy(policy.clone())
+        .build()
+        .map_err(|e| e.to_string())?
+        .start(always_fails)
+        .await
+        .map_err(|e| e.to_string())?;
+    for i in 0..ORPHANS {
+        let id = format!("orphan-{i:02}");
+        transport
+            .publish(&gone, &Event::new(id.clone()).with_id(id))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let in_ladder = tokio::time::timeout(
+        Duration::from_secs(30),
+        doomed.wait_until(|s| s.retries_scheduled >= ORPHANS as u64),
+    )
+    .await;
+    if in_ladder.is_err() {
+        return Err(format!(
+            "the copies never reached the ladder: {:?}",
+            doomed.stats()
+        ));
+    }
+    doomed.shutdown().await.map_err(|e| e.to_string())?;
+    transport.delete(&gone).await.map_err(|e| e.to_string())?;
+
+    let first_call: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let seen = first_call.clone();
+    let fails_once = handler_fn(move |_event: Event, ctx: Context| {
+        let seen = seen.clone();
+        async move {
+            if ctx.attempt == 1 {
+                *seen.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+                Err(HandlerError::deferred("comes back in 2 s"))
+            } else {
+                Ok(())
+            }
+        }
+    });
+    let consumer = broker
+        .consumer(&live)
+        .policy(policy)
+        .build()
+        .map_err(|e| e.to_string())?
+        .start(fails_once)
+        .await
+        .map_err(|e| e.to_string())?;
+    transport
+        .publish(&live, &Event::new("late").with_id("late"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let came_back = tokio::time::timeout(
+        Duration::from_secs(20),
+        consumer.wait_until(|s| s.succeeded_after_retry == 1),
+    )
+    .await;
+    let took = first_call
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .map(|t| t.elapsed());
+    consumer.shutdown().await.map_err(|e| e.to_string())?;
+    transport.delete(&live).await.map_err(|e| e.to_string())?;
+    match (came_back, took) {
+        (Ok(_), Some(took)) if took <= Duration::from_secs(10) => {}
+        (_, took) => {
+            return Err(format!(
+                "the live topic's 2 s retry did not run within 10 s of its first attempt (first \
+                 attempt {took:?} ago): the deleted topic's copies hold up the ladder"
+            ));
+        }
+    }
+
+    let raw = raw_brokers::RawRabbit::new(url);
+    let unroutable = raw_brokers::RawBroker::messages(&raw, &format!("{ladder}.unroutable"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut ids: Vec<String> = unroutable
+        .iter()
+        .map(|m| {
+            String::from_utf8_lossy(
+                m.header(event_retry_core::metadata::names::EVENT_ID)
+                    .unwrap_or_default(),
+            )
+            .into_owned()
+        })
+        .collect();
+    ids.sort();
+    let want: Vec<String> = (0..ORPHANS).map(|i| format!("orphan-{i:02}")).collect();
+    if ids != want {
+        return Err(format!(
+            "the unroutable queue holds {} copies ({:?}…), want the {ORPHANS} of the deleted topic",
+            ids.len(),
+            ids.first()
+        ));
+    }
+    for k in 0..6 {
+        let level = format!("{ladder}.{k:02}");
+        let depth = raw.depth(&level).await.map_err(|e| e.to_string())?;
+        if depth != 0 {
+            return Err(format!("delay level {level} still holds {depth} copies"));
+        }
+    }
+    Ok(())
+}
+
+/// Deletes a test's own ladder: its levels' queues and exchanges, its exit and its unroutable queue.
+async fn delete_ladder(url: &str, ladder: &str, levels: u32) -> Result<(), String> {
+    use lapin::options::{ExchangeDeleteOptions, QueueDeleteOptions};
+    let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut names: Vec<String> = (0..levels).map(|k| format!("{ladder}.{k:02}")).collect();
+    names.push(format!("{ladder}.unroutable"));
+    for name in &names {
+        channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .map_err(|e| format!("delete queue {name}: {e}"))?;
+    }
+    names.push(format!("{ladder}.out"));
+    for name in &names {
+        channel
+            .exchange_delete(name.as_str().into(), ExchangeDeleteOptions::default())
+            .await
+            .map_err(|e| format!("delete exchange {name}: {e}"))?;
+    }
+    let _ = connection.close(200, "cleaned up".into()).await;
+    Ok(())
+}
+
+fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = RabbitTransport::connect(&url).await.map_err(|e| e.to_string())?;
+        let topic = format!("restart-{}", uuid::Uuid::new_v4().simple());
+        let waits = Waits {
+            scheduled: Duration::from_secs(15),
+            after_due: Duration::from_secs(60),
+        };
+        let stats = delayed_retries_survive_restart(
+            &Broker::new(transport.clone()),
+            "rabbitmq",
+            &topic,
+            EVENTS,
+            DELAY,
+            waits,
+        )
+        .await?;
+        if stats.receive_errors == 0 || stats.succeeded_after_retry != EVENTS as u64 {
+            return Err(format!(
+                "the consumer should have lost its connection and reconnected, then finished every retry: {stats:?}"
+            ));
+        }
+        let _ = transport.delete(&topic).await;
+        Ok(())
+    })
+}
+
+/// Under concurrent publishing, an unroutable copy's return is paired with its own publish: dead letters
+/// to a deleted DLQ all fail (none is "confirmed" and acknowledged), while publishes to a healthy queue
+/// made at the same time all succeed (none is failed by another message's return).
+fn returns_are_paired_with_their_own_publish(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = RabbitTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let broken = format!("returns-broken-{}", uuid::Uuid::new_v4().simple());
+        let healthy = format!("returns-healthy-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&broken, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        transport
+            .declare(&healthy, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        delete_dlq(&url, &transport, &broken).await?;
+        let handler = handler_fn(|_event: Event, _ctx: Context| async {
+            Err::<(), _>(HandlerError::non_retryable("bad"))
+        });
+        let consumer = Broker::new(transport.clone())
+            .consumer(&broken)
+            .concurrency(16)
+            .settle_backoff(Duration::from_millis(50))
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        for i in 0..50 {
+            let id = format!("b{i}");
+            transport
+                .publish(&broken, &Event::new(id.clone()).with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let sends = (0..400).map(|i| {
+            let (transport, healthy) = (transport.clone(), healthy.clone());
+            async move {
+                transport
+                    .publish(&healthy, &Event::new(format!("h{i}")))
+                    .await
+            }
+        });
+        let results = futures::future::join_all(sends).await;
+        let failed: Vec<String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+            .collect();
+        let stats = consumer.stats();
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        if !failed.is_empty() {
+            return Err(format!(
+                "{} publishes to a healthy queue failed, e.g. {}",
+                failed.len(),
+                failed[0]
+            ));
+        }
+        if stats.dead_lettered != 0 || stats.settle_errors == 0 {
+            return Err(format!(
+                "dead letters to a deleted DLQ must all fail: {stats:?}"
+            ));
+        }
+        transport
+            .declare(&broken, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let handler = handler_fn(|_event: Event, _ctx: Context| async {
+            Err::<(), _>(HandlerError::non_retryable("bad"))
+        });
+        let consumer = Broker::new(transport.clone())
+            .consumer(&broken)
+            .concurrency(16)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        loop {
+            let dead = dead_letters(&transport, &broken).await?;
+            if dead.len() == 50 {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} of 50 events reached the DLQ once it was back",
+                    dead.len()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        for topic in [&broken, &healthy] {
+            transport.delete(topic).await.map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    })
+}
+
+/// 600 events on one queue; every 7th handler takes 40 ms (acks complete out of order, so a batch meets
+/// open deliveries), every 11th fails its first try (a ladder retry: a publish, then the ack). The first
+/// consumer stops with a 50 ms grace once 200 have succeeded, so handlers still running are cut and their
+/// deliveries requeued beside batched acks; a second consumer handles the rest. A `multiple` ack that
+/// passed a requeued delivery would lose it (one event short), and an ack sent twice would close the
+/// channel (a receive error).
+fn batched_acks_settle_every_delivery_once(url: String) -> Result<(), String> {
+    const N: usize = 600;
+    runtime()?.block_on(async move {
+        let transport = RabbitTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let broker = Broker::new(transport.clone());
+        let topic = format!("batched-acks-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let successes: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let tries: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+        let handler = {
+            let (successes, tries) = (successes.clone(), tries.clone());
+            move || {
+                let (successes, tries) = (successes.clone(), tries.clone());
+                handler_fn(move |event: Event, _ctx: Context| {
+                    let (successes, tries) = (successes.clone(), tries.clone());
+                    async move {
+                        let id = event.id().unwrap_or_default().to_string();
+                        let n: usize = id.parse().unwrap_or(0);
+                        let nth = {
+                            let mut t = tries.lock().unwrap_or_else(|p| p.into_inner());
+                            let e = t.entry(id.clone()).or_default();
+                            *e += 1;
+                            *e
+                        };
+                        if n.is_multiple_of(7) {
+                            tokio::time::sleep(Duration::from_millis(40)).await;
+                        }
+                        if n.is_multiple_of(11) && nth == 1 {
+                            return Err(HandlerError::deferred("first try"));
+                        }
+                        *successes
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .entry(id)
+                            .or_default() += 1;
+                        Ok(())
+                    }
+                })
+            }
+        };
+        let start = |grace: Duration| {
+            let broker = broker.clone();
+            let handler = handler();
+            let topic = topic.clone();
+            async move {
+                broker
+                    .consumer(&topic)
+                    .concurrency(32)
+                    .policy(RetryPolicy::parse("200ms x3").map_err(|e| e.to_string())?)
+                    .shutdown_grace(grace)
+                    .build()
+                    .map_err(|e| e.to_string())?
+                    .start(handler)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        };
+        let first = start(Duration::from_millis(50)).await?;
+        let producer = broker.producer();
+        for i in 0..N {
+            let id = i.to_string();
+            producer
+                .publish(&topic, Event::new(id.clone()).with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            first.wait_until(|s| s.succeeded >= 200),
+        )
+        .await
+        .map_err(|_| format!("the first consumer did not get to 200: {:?}", first.stats()))?;
+        let first_stats = first.stats();
+        first.shutdown().await.map_err(|e| e.to_string())?;
+        let second = start(Duration::from_secs(5)).await?;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while successes.lock().unwrap_or_else(|p| p.into_inner()).len() < N {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "{} of {N} succeeded; first {first_stats:?}, second {:?}",
+                    successes.lock().unwrap_or_else(|p| p.into_inner()).len(),
+                    second.stats()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let second_stats = second.stats();
+        second.shutdown().await.map_err(|e| e.to_string())?;
+        let twice: Vec<(String, usize)> = successes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, n)| **n != 1)
+            .map(|(id, n)| (id.clone(), *n))
+            .collect();
+        if !twice.is_empty() {
+            return Err(format!("events that succeeded more than once: {twice:?}"));
+        }
+        if first_stats.receive_errors + second_stats.receive_errors > 0 {
+            return Err(format!(
+                "a channel failed: first {first_stats:?}, second {second_stats:?}"
+            ));
+        }
+        // With both consumers gone, whatever was left unacknowledged is ready again: none may be.
+        let queue = transport
+            .names(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?
+            .topic;
+        let conn = lapin::Connection::connect(&url, lapin::ConnectionProperties::default())
+            .await
+            .map_err(|e| e.to_string())?;
+        let ch = conn.create_channel().await.map_err(|e| e.to_string())?;
+        let q = ch
+            .queue_declare(
+                queue.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                lapin::types::FieldTable::default(),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = conn.close(200, "done".into()).await;
+        if q.message_count() != 0 {
+            return Err(format!(
+                "{} messages left in {queue} after every event succeeded once",
+                q.message_count()
+            ));
+        }
+        transport.delete(&topic).await.map_err(|e| e.to_string())?;
+        Ok(())
+    })
+}

@@ -1,0 +1,36 @@
+//! A representative part of the conformance suite — success, retries, policy spent → DLQ,
+//! non-retryable → DLQ, and DLQ replay — over RabbitMQ's TLS listener (`RETRY_TEST_AMQP_TLS`, started
+//! by `scripts/brokers start --tls`): `amqps://`, a user of its own, the password read from a file,
+//! the CA named in the URL. The report's column is `rabbitmq-tls`.
+
+use std::time::Duration;
+
+use event_retry_rabbitmq::SCHEME;
+use event_retry_testkit::{Adapter, Fixture};
+
+/// The scenarios run over TLS: 1 success, 2 retries, 3 policy spent → DLQ, 4 non-retryable → DLQ,
+/// 9 DLQ replay.
+const SCENARIOS: [u8; 5] = [1, 2, 3, 4, 9];
+
+async fn connect(url: String) -> Result<Fixture, String> {
+    let broker = test_support::security::connect(&SCHEME, &url)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Fixture::new(
+        "rabbitmq-tls",
+        broker,
+        Duration::from_millis(250),
+    ))
+}
+
+fn main() {
+    event_retry_testkit::run_only(
+        Adapter {
+            name: "rabbitmq-tls",
+            url_env: Some("RETRY_TEST_AMQP_TLS"),
+            container: None,
+            connect: |url| Box::pin(connect(url)),
+        },
+        &SCENARIOS,
+    )
+}

@@ -1,0 +1,285 @@
+//! The link to SQS shared by a transport's subscriptions, receipts and DLQ sessions: the client and the
+//! queues, sending, and the metadata of visibility retries this process scheduled (a visibility retry cannot rewrite the message, so the process keeps it).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use event_retry_core::error::{Error, Kind};
+use event_retry_core::metadata::RetryMetadata;
+
+use crate::codec::Outgoing;
+use crate::error::sdk_error;
+use crate::queues::{QueueInfo, Queues};
+
+/// Everything a transport's parts share.
+pub(crate) struct Link {
+    pub(crate) queues: Queues,
+    recall: Mutex<HashMap<String, (RetryMetadata, Instant)>>,
+}
+
+impl Link {
+    pub(crate) fn new(queues: Queues) -> Self {
+        Self {
+            queues,
+            recall: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Sends `out` to `url`, a queue of the same kind as `queue` (its own, or its DLQ).
+    pub(crate) async fn send(
+        &self,
+        queue: &QueueInfo,
+        url: &str,
+        out: Outgoing,
+        options: SendOptions,
+        operation: &str,
+    ) -> Result<String, Error> {
+        let SendOptions {
+            group,
+            delay,
+            deduplication,
+        } = options;
+        let mut req = self
+            .queues
+            .client
+            .send_message()
+            .queue_url(url)
+            .message_body(out.body)
+            .set_message_attributes(Some(out.attributes));
+        if queue.fifo {
+            req =
+                req.message_group_id(group.unwrap_or_else(|| {
+                    format!("{UNKEYED_GROUP}{}", uuid::Uuid::new_v4().simple())
+                }))
+                .message_deduplication_id(
+                    deduplication.unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string()),
+                );
+        } else if !delay.is_zero() {
+            let secs = seconds_up(delay.min(self.queues.config.max_send_delay));
+            req = req.delay_seconds(secs);
+        }
+        let sent = req.send().await.map_err(|e| sdk_error(operation, e))?;
+        Ok(sent.message_id().unwrap_or_default().to_string())
+    }
+
+    /// Sends `event` to `topic`'s queue — a new message, or (a DLQ replay) a copy of one whose
+    /// attributes are `native` — and returns SQS's message id.
+    /// Sends `event` to `queue`'s DLQ as a dead letter (a copy of a message whose attributes are
+    /// `native`, when given) and returns once SQS accepted it.
+    pub(crate) async fn send_dead_letter(
+        &self,
+        queue: &QueueInfo,
+        event: &event_retry_core::event::Event,
+        native: Option<&crate::codec::Attributes>,
+    ) -> Result<(), Error> {
+        let out = crate::codec::encode(event, native, false, queue.fifo)?;
+        let options = SendOptions {
+            group: group_of(event.key.as_deref()),
+            deduplication: dead_lettering_id(event.metadata()),
+            ..SendOptions::default()
+        };
+        let operation = format!("dead-letter to {}", queue.dlq_name);
+        self.send(queue, &queue.dlq_url, out, options, &operation)
+            .await
+            .map(drop)
+    }
+
+    pub(crate) async fn send_event(
+        &self,
+        topic: &str,
+        event: &event_retry_core::event::Event,
+        native: Option<&crate::codec::Attributes>,
+        operation: &str,
+    ) -> Result<String, Error> {
+        let queue = self.queues.resolve(topic).await?;
+        let out = crate::codec::encode(event, native, false, queue.fifo)?;
+        let options = SendOptions {
+            group: group_of(event.key.as_deref()),
+            ..SendOptions::default()
+        };
+        let sent = self.send(&queue, &queue.url, out, options, operation).await;
+        if sent.as_ref().is_err_and(|e| e.kind() == Kind::NotFound) {
+            // The queue is gone: the next send looks it up again (and creates it when allowed).
+            self.queues.forget(topic);
+        }
+        sent
+    }
+
+    /// Remembers the metadata of a visibility retry of `message_id` until `until`, to give it back when
+    /// the message returns to this process; `false` (nothing kept) when `remembered_retries` are
+    /// already waiting.
+    pub(crate) fn remember(&self, message_id: &str, meta: &RetryMetadata, until: Instant) -> bool {
+        let capacity = self.queues.config.remembered_retries;
+        let mut recall = self.recall.lock().unwrap_or_else(|p| p.into_inner());
+        if recall.len() >= capacity {
+            // Entries of messages that went to another process, or never came back, expire.
+            let now = Instant::now();
+            recall.retain(|_, (_, until)| *until > now);
+        }
+        if recall.len() >= capacity {
+            return false;
+        }
+        recall.insert(message_id.to_string(), (meta.clone(), until));
+        true
+    }
+
+    /// Takes what [`Link::remember`] kept for `message_id`.
+    pub(crate) fn recall(&self, message_id: &str) -> Option<RetryMetadata> {
+        let mut recall = self.recall.lock().unwrap_or_else(|p| p.into_inner());
+        recall.remove(message_id).map(|(meta, _)| meta)
+    }
+
+    /// Forgets a visibility retry that did not happen.
+    pub(crate) fn forget(&self, message_id: &str) {
+        self.recall
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(message_id);
+    }
+}
+
+/// How to send one message.
+#[derive(Debug, Default)]
+pub(crate) struct SendOptions {
+    /// The FIFO message group (a new one per message when `None`).
+    pub(crate) group: Option<String>,
+    /// `DelaySeconds` (capped at the send limit; ignored on FIFO queues, which refuse it).
+    pub(crate) delay: Duration,
+    /// The FIFO deduplication id (a new one per message when `None`).
+    pub(crate) deduplication: Option<String>,
+}
+
+/// The FIFO deduplication id of a dead letter: one per event id and replay count, so a FIFO DLQ drops
+/// a second dead letter of the same dead-lettering (an event delivered again before its first dead
+/// letter was settled) within SQS's five-minute window, and keeps the dead letter of a replayed event
+/// that failed again (its replay count is higher). A hash, since SQS allows only 128 ASCII characters
+/// and an event id may be anything; `None` for an event without an id.
+fn dead_lettering_id(meta: &RetryMetadata) -> Option<String> {
+    let id = meta.event_id.as_deref()?;
+    let name = format!("{}\u{0}{id}", meta.replay_count);
+    Some(
+        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, name.as_bytes())
+            .simple()
+            .to_string(),
+    )
+}
+
+/// The prefix of the message group the adapter gives a FIFO message without a key (a group of its own,
+/// so it waits behind nothing), which a receive reads as "no key".
+pub(crate) const UNKEYED_GROUP: &str = "x-retry-unkeyed-";
+
+/// The FIFO message group for a key: the key itself when SQS accepts it, its hex digits otherwise.
+pub(crate) fn group_of(key: Option<&[u8]>) -> Option<String> {
+    let key = key?;
+    let printable =
+        !key.is_empty() && key.len() <= 128 && key.iter().all(|b| (0x21..=0x7e).contains(b));
+    Some(if printable {
+        String::from_utf8_lossy(key).into_owned()
+    } else {
+        key.iter().take(64).map(|b| format!("{b:02x}")).collect()
+    })
+}
+
+/// A receive that asks for the system attributes the adapter reads (receive count, sent time, message
+/// group), by both names the list has had: `MessageSystemAttributeNames`, and the older
+/// `AttributeNames` that SQS still accepts and SQS-compatible servers (ElasticMQ 1.7) still read alone.
+#[allow(deprecated)]
+pub(crate) fn asking_system_attributes(
+    receive: aws_sdk_sqs::operation::receive_message::builders::ReceiveMessageFluentBuilder,
+) -> aws_sdk_sqs::operation::receive_message::builders::ReceiveMessageFluentBuilder {
+    use aws_sdk_sqs::types::{MessageSystemAttributeName as System, QueueAttributeName as Old};
+    receive
+        .message_system_attribute_names(System::ApproximateReceiveCount)
+        .message_system_attribute_names(System::SentTimestamp)
+        .message_system_attribute_names(System::MessageGroupId)
+        .attribute_names(Old::from("ApproximateReceiveCount"))
+        .attribute_names(Old::from("SentTimestamp"))
+        .attribute_names(Old::from("MessageGroupId"))
+}
+
+/// Whole seconds, rounded up (a delay is never shortened).
+pub(crate) fn seconds_up(d: Duration) -> i32 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i32::try_from(secs).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dead_letter_s_deduplication_id_is_one_per_dead_lettering() {
+        let mut meta = RetryMetadata {
+            event_id: Some("order-7 ✓".into()),
+            ..RetryMetadata::default()
+        };
+        let first = dead_lettering_id(&meta).unwrap();
+        assert_eq!(dead_lettering_id(&meta).as_deref(), Some(first.as_str()));
+        assert!(first.len() <= 128 && first.chars().all(|c| c.is_ascii_alphanumeric()));
+        meta.replay_count = 1;
+        assert_ne!(
+            dead_lettering_id(&meta).unwrap(),
+            first,
+            "a replay dead-letters anew"
+        );
+        meta.event_id = None;
+        assert_eq!(dead_lettering_id(&meta), None);
+    }
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(seconds_up(Duration::from_millis(1)), 1);
+        assert_eq!(seconds_up(Duration::from_secs(2)), 2);
+        assert_eq!(seconds_up(Duration::from_millis(2_001)), 3);
+        assert_eq!(seconds_up(Duration::ZERO), 0);
+    }
+
+    #[test]
+    fn groups_are_keys_sqs_accepts() {
+        assert_eq!(
+            group_of(Some(b"customer-7")),
+            Some("customer-7".to_string())
+        );
+        assert_eq!(group_of(Some(&[0, 255])), Some("00ff".to_string()));
+        assert_eq!(group_of(None), None);
+    }
+
+    fn link_remembering(remembered_retries: usize) -> Link {
+        let conf = aws_sdk_sqs::Config::builder()
+            .behavior_version(aws_sdk_sqs::config::BehaviorVersion::latest())
+            .region(aws_sdk_sqs::config::Region::new("eu-west-1"))
+            .build();
+        let config = crate::SqsConfig {
+            remembered_retries,
+            ..crate::SqsConfig::default()
+        };
+        Link::new(Queues::new(aws_sdk_sqs::Client::from_conf(conf), config))
+    }
+
+    #[test]
+    fn remembers_up_to_its_bound_and_makes_room_as_retries_expire() {
+        let link = link_remembering(2);
+        let meta = RetryMetadata {
+            last_error: Some("boom".into()),
+            ..RetryMetadata::default()
+        };
+        let later = Instant::now() + Duration::from_secs(600);
+        assert!(link.remember("a", &meta, later));
+        assert!(link.remember("b", &meta, Instant::now()));
+        // Full: "b" has expired and makes room; then full with two live entries.
+        assert!(link.remember("c", &meta, later));
+        assert!(!link.remember("d", &meta, later), "beyond the bound");
+        assert_eq!(
+            link.recall("a").and_then(|m| m.last_error),
+            Some("boom".into())
+        );
+        assert!(link.recall("b").is_none(), "expired entries are dropped");
+        assert!(link.remember("d", &meta, later), "a recall makes room");
+        assert!(
+            !link_remembering(0).remember("x", &meta, later),
+            "0 remembers nothing"
+        );
+    }
+}

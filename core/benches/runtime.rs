@@ -1,0 +1,109 @@
+//! The runtime alone: events through the in-memory transport to a no-op handler, on one core (a
+//! current-thread Tokio runtime), with the consumer's defaults and with concurrency 64. What it reports is
+//! the SDK's own cost per event — receive, decode, classify, settle, count — with no broker to wait for;
+//! an adapter on a real broker cannot go faster than this. Target (DESIGN §8 and the performance issue):
+//! at least 1,000,000 events/s, i.e. at most 1 µs per event.
+//!
+//! ```text
+//! cargo bench -p event-retry-core --bench runtime
+//! ```
+//!
+//! Three rounds of each setting; the report gives every round and the median.
+//!
+//! The bench waits for the last handler call through a signal the handler raises, and only then for the
+//! last acknowledgement through `wait_until`: a `wait_until` for all of them would be woken at every
+//! change of the counters — several times per event, a cost of the waiting bench, not of a consumer.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use tokio::sync::Notify;
+
+use event_retry_core::broker::Broker;
+use event_retry_core::classify::HandlerError;
+use event_retry_core::event::Event;
+use event_retry_core::runtime::{Context, handler_fn};
+
+/// Events per round.
+const EVENTS: usize = 200_000;
+/// Rounds per setting.
+const ROUNDS: usize = 3;
+/// Payload size of each event, in bytes.
+const PAYLOAD: usize = 100;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// One round: `EVENTS` events published to a fresh in-memory topic, then consumed by a consumer with
+/// `concurrency` (the default when `None`); the rate from the consumer's start to the last success.
+async fn round(concurrency: Option<usize>) -> Result<f64, Error> {
+    let broker = Broker::memory();
+    let producer = broker.producer();
+    let body = "x".repeat(PAYLOAD);
+    for i in 0..EVENTS {
+        producer
+            .publish("bench", Event::new(body.clone()).with_id(format!("m{i}")))
+            .await?;
+    }
+    let (calls, last_call) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
+    let handler = handler_fn({
+        let (calls, last_call) = (calls.clone(), last_call.clone());
+        move |_event: Event, _ctx: Context| {
+            if calls.fetch_add(1, Ordering::Relaxed) + 1 == EVENTS {
+                last_call.notify_one();
+            }
+            async { Ok::<(), HandlerError>(()) }
+        }
+    });
+    let mut builder = broker.consumer("bench");
+    if let Some(n) = concurrency {
+        builder = builder.concurrency(n);
+    }
+    let started = Instant::now();
+    let consumer = builder.start(handler).await?;
+    // A consumer that stopped early is reported below.
+    while !consumer.is_finished() {
+        tokio::select! {
+            () = last_call.notified() => break,
+            () = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+        }
+    }
+    let stats = consumer.wait_until(|s| s.succeeded >= EVENTS as u64).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    consumer.shutdown().await?;
+    if stats.succeeded < EVENTS as u64 {
+        return Err(format!(
+            "the consumer stopped after {} of {EVENTS} events",
+            stats.succeeded
+        )
+        .into());
+    }
+    Ok(EVENTS as f64 / elapsed)
+}
+
+fn main() -> Result<(), Error> {
+    if std::env::args().any(|a| a == "--test" || a == "--list") {
+        return Ok(());
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    for (name, concurrency) in [("defaults", None), ("concurrency 64", Some(64))] {
+        let mut rates = Vec::with_capacity(ROUNDS);
+        for r in 1..=ROUNDS {
+            let rate = runtime.block_on(round(concurrency))?;
+            println!(
+                "{name}, round {r}: {rate:.0} events/s ({:.2} µs per event)",
+                1e6 / rate
+            );
+            rates.push(rate);
+        }
+        rates.sort_by(f64::total_cmp);
+        let median = rates[ROUNDS / 2];
+        println!(
+            "{name}: median {median:.0} events/s, {:.2} µs per event, on one core ({EVENTS} events of {PAYLOAD} B, no-op handler, in-memory transport)",
+            1e6 / median
+        );
+    }
+    Ok(())
+}

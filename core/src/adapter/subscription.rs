@@ -1,0 +1,186 @@
+//! A stream of deliveries, and the receipt that settles each one exactly once.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Error;
+use crate::event::{Event, RawMessage};
+use crate::metadata::Origin;
+
+/// Facts about one delivery, from the broker.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeliveryInfo {
+    /// The broker's id for the message; the event id when the producer set none.
+    pub message_id: String,
+    /// Where it was consumed (topic, and partition/offset where the broker has them).
+    pub origin: Origin,
+    /// Failed attempts as the broker counts them, for brokers where a retry is the same message coming
+    /// back rather than a copy carrying new metadata (SQS: `ApproximateReceiveCount - 1`); the runtime
+    /// takes the larger of this and the metadata's count. Such a broker also counts a release or a crash
+    /// as a receive, so there they count as attempts (the runtime handles a delivery it has taken even
+    /// when shutdown comes, so only what the adapter prefetched and gives back at close is counted so).
+    pub broker_attempts: Option<u32>,
+    /// Retries scheduled through the broker, as the broker counts them, for the same brokers (SQS:
+    /// `ApproximateReceiveCount - 1`); the runtime takes the larger of this and the metadata's count, so
+    /// the policy advances even though the message's metadata could not be rewritten.
+    pub broker_retries: Option<u32>,
+}
+
+impl DeliveryInfo {
+    /// A delivery of the message `message_id`, consumed at `origin`.
+    pub fn new(message_id: impl Into<String>, origin: Origin) -> Self {
+        Self {
+            message_id: message_id.into(),
+            origin,
+            broker_attempts: None,
+            broker_retries: None,
+        }
+    }
+
+    /// Sets the broker's own count of failed attempts and retries (see the fields).
+    pub fn with_broker_counts(mut self, attempts: u32, retries: u32) -> Self {
+        self.broker_attempts = Some(attempts);
+        self.broker_retries = Some(retries);
+        self
+    }
+}
+
+/// One message handed to the runtime, with the means to settle it (built with [`Delivery::new`]).
+#[non_exhaustive]
+pub struct Delivery {
+    /// The message as it travelled (the runtime decodes the metadata).
+    pub message: RawMessage,
+    /// Facts from the broker.
+    pub info: DeliveryInfo,
+    /// Settles the delivery.
+    pub receipt: Box<dyn Receipt>,
+}
+
+impl Delivery {
+    /// `message`, with the broker's facts about it and the receipt that settles it.
+    pub fn new(message: RawMessage, info: DeliveryInfo, receipt: Box<dyn Receipt>) -> Self {
+        Self {
+            message,
+            info,
+            receipt,
+        }
+    }
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("message", &self.message)
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settles one delivery. Every method returns after the broker durably accepted the result; a second
+/// settle is an [`Error`] of kind [`AlreadySettled`](crate::error::Kind::AlreadySettled) (keep what
+/// settles in an [`Unsettled`]). Dropping an unsettled receipt releases it.
+#[async_trait]
+pub trait Receipt: Send {
+    /// The handler succeeded (or the event was a duplicate): let go of the message for good.
+    async fn ack(&mut self) -> Result<(), Error>;
+
+    /// Make `event` (the same payload, key and headers, with updated metadata) come back after `delay` at
+    /// the earliest, durably, then let go of the original.
+    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error>;
+
+    /// Put `event` (with its dead-letter metadata) in the DLQ, durably, then let go of the original. An
+    /// unwritable DLQ is an error and the original stays unsettled.
+    async fn dead_letter(&mut self, event: &Event) -> Result<(), Error>;
+
+    /// Give the message back unchanged, to be delivered again after `after` at the earliest; not a failed
+    /// attempt (shutdown, or a settle that failed).
+    async fn release(&mut self, after: Duration) -> Result<(), Error>;
+
+    /// Keep the message leased for at least `for_at_least` more (a long handler or a blocking hold);
+    /// brokers without leases do nothing.
+    async fn keep_alive(&mut self, for_at_least: Duration) -> Result<(), Error> {
+        let _ = for_at_least;
+        Ok(())
+    }
+}
+
+/// A stream of deliveries for one consumer.
+#[async_trait]
+pub trait Subscription: Send {
+    /// The next delivery, waiting until one is due; `None` once the subscription is closed. Must be
+    /// cancel-safe: dropping the future before it completes loses no message.
+    async fn next(&mut self) -> Result<Option<Delivery>, Error>;
+
+    /// A delivery already received and due, handed out without waiting; `None` when there is none at
+    /// hand (then the runtime awaits [`Subscription::next`]). A subscription that receives in batches
+    /// implements it to spare the runtime a boxed `next` future and a poll per delivery; the default
+    /// has none.
+    fn next_ready(&mut self) -> Option<Delivery> {
+        None
+    }
+
+    /// Stop fetching new deliveries (a blocking error holds consumption) while keeping membership alive.
+    async fn pause(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Fetch again after [`Subscription::pause`].
+    async fn resume(&mut self) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Leave cleanly (commit what is settled, leave the group).
+    async fn close(self: Box<Self>) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+/// What a receipt holds until it settles — the broker's handle on the original (an acker, a receipt
+/// handle, an offset) — so that it settles exactly once.
+///
+/// ```
+/// use event_retry_core::adapter::Unsettled;
+/// use event_retry_core::error::Kind;
+///
+/// let mut handle = Unsettled::new("receipt-handle-1");
+/// assert_eq!(*handle.get().unwrap(), "receipt-handle-1");
+/// assert_eq!(handle.take().unwrap(), "receipt-handle-1");
+/// assert_eq!(handle.take().unwrap_err().kind(), Kind::AlreadySettled);
+/// assert!(handle.is_settled());
+/// ```
+#[derive(Debug)]
+pub struct Unsettled<T>(Option<T>);
+
+impl<T> Unsettled<T> {
+    /// Holds `handle` until the delivery settles.
+    pub fn new(handle: T) -> Self {
+        Self(Some(handle))
+    }
+
+    /// The handle, or [`Error::already_settled`].
+    pub fn get(&self) -> Result<&T, Error> {
+        self.0.as_ref().ok_or_else(Error::already_settled)
+    }
+
+    /// The handle, writable, or [`Error::already_settled`].
+    pub fn get_mut(&mut self) -> Result<&mut T, Error> {
+        self.0.as_mut().ok_or_else(Error::already_settled)
+    }
+
+    /// Takes the handle to settle with it, or [`Error::already_settled`] when a settle already took it.
+    pub fn take(&mut self) -> Result<T, Error> {
+        self.0.take().ok_or_else(Error::already_settled)
+    }
+
+    /// Takes the handle if it is still there — for `Drop`, which releases an unsettled delivery.
+    pub fn take_unsettled(&mut self) -> Option<T> {
+        self.0.take()
+    }
+
+    /// Whether a settle took the handle.
+    pub fn is_settled(&self) -> bool {
+        self.0.is_none()
+    }
+}

@@ -1,0 +1,122 @@
+//! A running consumer: awaitable, stoppable from anywhere, observable without polling.
+
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::builder::ConsumerError;
+use super::stats::{Counters, Stats};
+
+/// A running consumer.
+///
+/// Await it (`handle.await`) to wait until it stops — after [`ConsumerHandle::shutdown`], a
+/// [`Shutdown::trigger`] from elsewhere, or a failure of its own — with the reason it stopped.
+#[must_use = "a consumer stops when asked to; keep the handle to stop it or wait for it"]
+pub struct ConsumerHandle {
+    task: tokio::task::JoinHandle<Result<(), ConsumerError>>,
+    shutdown: CancellationToken,
+    counters: Arc<Counters>,
+}
+
+impl std::fmt::Debug for ConsumerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConsumerHandle")
+            .field("stats", &self.stats())
+            .field("finished", &self.is_finished())
+            .finish()
+    }
+}
+
+/// Asks a consumer (or an [`App`](super::App)) to stop gracefully; cheap to clone and to send anywhere.
+#[derive(Clone, Debug)]
+pub struct Shutdown(CancellationToken);
+
+impl Shutdown {
+    /// Starts the graceful shutdown: receiving stops, in-flight handlers finish within the grace period,
+    /// the rest is released to the broker.
+    pub fn trigger(&self) {
+        self.0.cancel();
+    }
+
+    /// Whether shutdown was asked for.
+    pub fn is_triggered(&self) -> bool {
+        self.0.is_cancelled()
+    }
+}
+
+impl ConsumerHandle {
+    pub(super) fn new(
+        task: tokio::task::JoinHandle<Result<(), ConsumerError>>,
+        shutdown: CancellationToken,
+        counters: Arc<Counters>,
+    ) -> Self {
+        Self {
+            task,
+            shutdown,
+            counters,
+        }
+    }
+
+    /// A snapshot of the consumer's counters.
+    pub fn stats(&self) -> Stats {
+        self.counters.snapshot()
+    }
+
+    /// Waits until `done` holds for the consumer's counters, re-checking each time they change (no
+    /// polling); returns the counters that satisfied it. Returns early, with the last counters, if the
+    /// consumer stops first.
+    ///
+    /// ```
+    /// # async fn demo(handle: event_retry_core::runtime::ConsumerHandle) {
+    /// // Wait until 10 events were acknowledged or dead-lettered.
+    /// let stats = handle.wait_until(|s| s.succeeded + s.dead_lettered >= 10).await;
+    /// # }
+    /// ```
+    pub async fn wait_until(&self, mut done: impl FnMut(&Stats) -> bool) -> Stats {
+        let mut last = None;
+        self.counters
+            .wait_for(|| {
+                let stats = self.stats();
+                let finished = done(&stats) || self.counters.is_stopped();
+                last = Some(stats);
+                finished
+            })
+            .await;
+        last.unwrap_or_else(|| self.stats())
+    }
+
+    /// Whether the consumer has stopped.
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// A value that stops this consumer gracefully from anywhere (a signal handler, another task).
+    pub fn shutdown_trigger(&self) -> Shutdown {
+        Shutdown(self.shutdown.clone())
+    }
+
+    /// Stops receiving, lets in-flight handlers finish within the grace period, releases the rest to the
+    /// broker, leaves the subscription, and returns how the consumer ended.
+    pub async fn shutdown(self) -> Result<(), ConsumerError> {
+        self.shutdown.cancel();
+        self.await
+    }
+
+    /// Stops at once, as a crash would: nothing more is settled, and the broker delivers whatever was in
+    /// flight again. For tests of crash safety.
+    pub async fn abort(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+impl IntoFuture for ConsumerHandle {
+    type Output = Result<(), ConsumerError>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move { self.task.await? })
+    }
+}
