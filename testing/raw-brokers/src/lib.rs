@@ -1,8 +1,10 @@
 //! The four brokers through their own clients (rdkafka, lapin, aws-sdk-sqs, pulsar), for tests and
 //! harnesses that claim something about a broker's state: what a queue or topic holds — payload, key and
-//! headers as the broker stores them — and a DLQ made unwritable. Nothing here goes through the SDK, so a
-//! claim read here cannot be an echo of the SDK's own view.
+//! headers as the broker stores them — and a DLQ made unwritable. Nothing here reads through the SDK, so a
+//! claim read here cannot be an echo of the SDK's own view. [`fixture`] puts the same clients behind the
+//! testkit's fixture traits (taking only names from the adapter).
 
+pub mod fixture;
 mod kafka;
 mod pulsar;
 mod rabbitmq;
