@@ -9,7 +9,7 @@ use std::time::Duration;
 use rand::RngCore;
 
 use crate::classify::FailureKind;
-use crate::lifecycle::Input;
+use crate::lifecycle::{Input, State, TransitionError};
 use crate::metadata::{DeadReason, RetryMetadata};
 use crate::policy::RetryPolicy;
 use crate::time::Timestamp;
@@ -44,6 +44,42 @@ impl Outcome {
             Outcome::Dead(_) => Some(Input::Die),
         }
     }
+
+    /// The state this outcome's action leads to from `from`, decided at `now`, or the lifecycle's
+    /// refusal. An in-place retry leaves the event where it is (in flight: the handler just ran).
+    pub fn transition(&self, from: State, now: Timestamp) -> Result<State, TransitionError> {
+        match self.input(now) {
+            Some(input) => from.on(input),
+            None => Ok(from),
+        }
+    }
+}
+
+/// A decision: the outcome and the lifecycle state its action leads to. The runtime takes the action
+/// only when the lifecycle allowed the transition, and moves the event to `next` once the broker has
+/// accepted the action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// What to do.
+    pub outcome: Outcome,
+    /// Where the event is once it is done (a retry's `available_at` is the decision's time plus its
+    /// delay: the due time the runtime records).
+    pub next: State,
+}
+
+/// Decides the outcome of a handler call for an event in state `from` ([`decide`]) together with the
+/// state it leads to; a refusal means the runtime must not act (a bug: see the runtime's
+/// `lifecycle_violations`).
+pub fn decide_in(
+    from: State,
+    result: Result<(), FailureKind>,
+    attempt: &Attempt<'_>,
+    policies: &Policies,
+    rng: &mut dyn RngCore,
+) -> Result<Decision, TransitionError> {
+    let outcome = decide(result, attempt, policies, rng);
+    let next = outcome.transition(from, attempt.now)?;
+    Ok(Decision { outcome, next })
 }
 
 /// The three policies an event's failures draw on.
@@ -163,6 +199,57 @@ mod tests {
             }
         }
     }
+    /// The decision carries the state its action leads to, and a decision for an event the lifecycle
+    /// has finished with is refused instead of acted on.
+    #[test]
+    fn a_decision_names_its_next_state_and_is_refused_for_a_finished_event() {
+        let meta = meta(0);
+        let attempt = Attempt {
+            meta: &meta,
+            in_place_retries: 3,
+            holds: 0,
+            now: Timestamp::from_millis(100_000),
+        };
+        let policies = policies("5000x3,10000x5");
+        let mut rng = StdRng::seed_from_u64(7);
+        let in_flight = crate::lifecycle::State::InFlight { held: false };
+        let cases = [
+            (Ok(()), crate::lifecycle::State::Succeeded),
+            (
+                Err(FailureKind::Transient),
+                crate::lifecycle::State::RetryScheduled {
+                    available_at: Timestamp::from_millis(105_000),
+                },
+            ),
+            (
+                Err(FailureKind::NonRetryable),
+                crate::lifecycle::State::Dead,
+            ),
+            (
+                Err(FailureKind::Blocking),
+                crate::lifecycle::State::InFlight { held: true },
+            ),
+        ];
+        for (result, want) in cases {
+            let decision = decide_in(in_flight, result, &attempt, &policies, &mut rng).unwrap();
+            assert_eq!(decision.next, want, "{result:?}");
+        }
+        for finished in [
+            crate::lifecycle::State::Succeeded,
+            crate::lifecycle::State::Dead,
+            crate::lifecycle::State::Pending,
+        ] {
+            let refused = decide_in(finished, Ok(()), &attempt, &policies, &mut rng);
+            assert_eq!(
+                refused,
+                Err(TransitionError {
+                    from: finished,
+                    input: Input::Ack
+                })
+            );
+        }
+    }
+
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 

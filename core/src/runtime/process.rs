@@ -26,11 +26,11 @@ use super::ordering::Verdict;
 use super::receive::Shared;
 use crate::adapter::{Delivery, DeliveryInfo, Receipt};
 use crate::classify::{FailureKind, HandlerError, chain};
-use crate::decide::{Attempt, Outcome, decide};
+use crate::decide::{Attempt, Decision, Outcome, decide_in};
 use crate::error::Kind;
 use crate::event::Event;
 use crate::idempotency::Begin;
-use crate::lifecycle::{Input, State};
+use crate::lifecycle::{Input, State, TransitionError};
 use crate::metadata::{self, DeadInfo, DeadReason};
 use crate::time::Timestamp;
 
@@ -178,18 +178,24 @@ impl Handling<'_> {
         match self.state.on(input) {
             Ok(next) => Some(next),
             Err(e) => {
-                if cfg!(debug_assertions) {
-                    panic!("{e}");
-                }
-                let shared = self.shared;
-                shared
-                    .counters
-                    .error(&shared.counters.lifecycle_violations, e.to_string());
-                shared.telemetry.lifecycle_violation();
-                tracing::error!(error = %e, "lifecycle transition refused: the action is not taken");
+                self.refused(e);
                 None
             }
         }
+    }
+
+    /// Reports a transition the lifecycle refused: a panic in debug builds, counted and logged in
+    /// production; the caller then gives the delivery back instead of acting.
+    fn refused(&self, e: TransitionError) {
+        if cfg!(debug_assertions) {
+            panic!("{e}");
+        }
+        let shared = self.shared;
+        shared
+            .counters
+            .error(&shared.counters.lifecycle_violations, e.to_string());
+        shared.telemetry.lifecycle_violation();
+        tracing::error!(error = %e, "lifecycle transition refused: the action is not taken");
     }
 
     /// Moves the lifecycle on with `input`, an input that changes nothing at the broker (a claim, a
@@ -271,22 +277,35 @@ impl Handling<'_> {
                 self.event.meta.set_last_error(&e.message());
                 self.event.meta.error_kind = kind;
             }
-            let outcome = if poison {
-                Outcome::Dead(DeadReason::Poison)
+            let now = Timestamp::now();
+            let decided = if poison {
+                let outcome = Outcome::Dead(DeadReason::Poison);
+                outcome
+                    .transition(self.state, now)
+                    .map(|next| Decision { outcome, next })
             } else {
                 let attempt = Attempt {
                     meta: &self.event.meta,
                     in_place_retries,
                     holds,
-                    now: Timestamp::now(),
+                    now,
                 };
                 let mut rng = shared.rng.lock().unwrap_or_else(|p| p.into_inner());
-                decide(
+                decide_in(
+                    self.state,
                     kind.map_or(Ok(()), Err),
                     &attempt,
                     &shared.policies,
                     &mut *rng as &mut dyn RngCore,
                 )
+            };
+            // The decision carries the state its action leads to; a refused one is not acted on.
+            let Decision { outcome, next } = match decided {
+                Ok(decision) => decision,
+                Err(e) => {
+                    self.refused(e);
+                    return Box::pin(self.give_back()).await;
+                }
             };
             debug!(?outcome, "decided");
             match outcome {
@@ -300,9 +319,7 @@ impl Handling<'_> {
                 }
                 Outcome::Hold(backoff) => {
                     if pause.is_none() {
-                        if !self.step(Input::Block) {
-                            return Box::pin(self.give_back()).await;
-                        }
+                        self.state = next;
                         warn!(error = ?self.event.meta.last_error, "blocking error: pausing consumption");
                         pause = Some(shared.pause.hold());
                     }
@@ -324,23 +341,20 @@ impl Handling<'_> {
                     if pause.take().is_some() && !self.step(Input::Unblock) {
                         return Box::pin(self.give_back()).await;
                     }
-                    self.ack().await;
+                    self.ack(next).await;
                     return;
                 }
                 Outcome::RetryAfter(delay) => {
                     if pause.take().is_some() && !self.step(Input::Unblock) {
                         return Box::pin(self.give_back()).await;
                     }
-                    return Box::pin(self.retry_later(delay)).await;
+                    return Box::pin(self.retry_later(delay, next)).await;
                 }
                 Outcome::Dead(reason) => {
                     if pause.take().is_some() && !self.step(Input::Unblock) {
                         return Box::pin(self.give_back()).await;
                     }
-                    let Some(dead) = self.permit(Input::Die) else {
-                        return Box::pin(self.give_back()).await;
-                    };
-                    self.state = dead;
+                    self.state = next;
                     self.abandon_idempotency().await;
                     let key = self.ordered_key();
                     let accepted =
@@ -468,11 +482,9 @@ impl Handling<'_> {
         }
     }
 
-    async fn ack(&mut self) {
+    /// Acknowledges the event and moves it to `succeeded` (the decision's next state).
+    async fn ack(&mut self, succeeded: State) {
         let shared = self.shared;
-        let Some(succeeded) = self.permit(Input::Ack) else {
-            return self.give_back().await;
-        };
         // The handler succeeded: record it before acknowledging, so a redelivery after a failed ack (or a
         // crash in between) is skipped as a duplicate instead of repeating the side effects.
         if let Some(store) = &shared.idempotency
@@ -505,14 +517,15 @@ impl Handling<'_> {
         }
     }
 
-    async fn retry_later(mut self, delay: Duration) {
+    /// Hands the event to the broker's delay mechanism and moves it to `scheduled` (the decision's
+    /// next state, whose `available_at` is the due time recorded in the metadata).
+    async fn retry_later(mut self, delay: Duration, scheduled: State) {
         let shared = self.shared;
-        let now = Timestamp::now();
-        let due = now.plus(delay);
-        tracing::Span::current().record("next_delay_ms", crate::time::duration_ms(delay));
-        let Some(scheduled) = self.permit(Input::Retry { available_at: due }) else {
-            return self.give_back().await;
+        let due = match scheduled {
+            State::RetryScheduled { available_at } => available_at,
+            _ => Timestamp::now().plus(delay),
         };
+        tracing::Span::current().record("next_delay_ms", crate::time::duration_ms(delay));
         self.state = scheduled;
         let meta = &mut self.event.meta;
         meta.retries = meta.retries.saturating_add(1);
