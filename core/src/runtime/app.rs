@@ -32,8 +32,9 @@ use std::sync::Arc;
 use futures::future::{FutureExt, select_all};
 
 use super::builder::{ConsumerBuilder, ConsumerError};
-use super::handle::ConsumerHandle;
+use super::handle::{ConsumerHandle, HealthWatch};
 use super::handler::Handler;
+use super::health::Health;
 
 /// Why an [`App`] stopped with an error: which consumer, and what happened to it.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +52,47 @@ pub struct AppError {
 #[must_use = "an app does nothing until it runs"]
 pub struct App {
     consumers: Vec<(ConsumerBuilder, Arc<dyn Handler>)>,
+    health: AppHealth,
+}
+
+/// The health of an [`App`]'s consumers, readable from anywhere while it runs ([`App::health`]): what a
+/// liveness and a readiness endpoint report for the whole service.
+#[derive(Clone, Debug, Default)]
+pub struct AppHealth(Arc<std::sync::Mutex<Option<Vec<Watched>>>>);
+
+/// A consumer's topic and its health.
+type Watched = (String, HealthWatch);
+
+impl AppHealth {
+    /// Each consumer's topic and health, once the app started them (empty before).
+    pub fn consumers(&self) -> Vec<(String, Health)> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .flatten()
+            .map(|(topic, watch)| (topic.clone(), watch.health()))
+            .collect()
+    }
+
+    /// Whether the app started its consumers.
+    pub fn started(&self) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Liveness: no consumer stopped by failing ([`Health::is_live`]).
+    pub fn is_live(&self) -> bool {
+        self.consumers().iter().all(|(_, h)| h.is_live())
+    }
+
+    /// Readiness: started, and every consumer runs unhindered ([`Health::is_ready`]).
+    pub fn is_ready(&self) -> bool {
+        self.started() && self.consumers().iter().all(|(_, h)| h.is_ready())
+    }
+
+    fn set(&self, consumers: Vec<Watched>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(consumers);
+    }
 }
 
 impl std::fmt::Debug for App {
@@ -68,6 +110,12 @@ impl App {
     /// An app with no consumers yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A reader of the app's health (each consumer's, once started), to serve from a probe endpoint
+    /// while [`App::run`] runs.
+    pub fn health(&self) -> AppHealth {
+        self.health.clone()
     }
 
     /// Adds a consumer and the handler for its events.
@@ -99,6 +147,12 @@ impl App {
                 }
             }
         }
+        self.health.set(
+            running
+                .iter()
+                .map(|(topic, handle)| (topic.clone(), handle.health_watch()))
+                .collect(),
+        );
         if running.is_empty() {
             signal.await;
             return Ok(());

@@ -127,6 +127,7 @@ pub struct ConsumerBuilder {
     pub(super) settle_backoff: Duration,
     pub(super) give_up: GiveUp,
     pub(super) seed: Option<u64>,
+    pub(super) probes: super::probe::Probes,
     #[cfg(feature = "tower")]
     pub(super) layers: super::tower::Layers,
 }
@@ -159,6 +160,7 @@ impl ConsumerBuilder {
             settle_backoff: Duration::from_secs(1),
             give_up: GiveUp::default(),
             seed: None,
+            probes: super::probe::Probes::default(),
             #[cfg(feature = "tower")]
             layers: super::tower::Layers::default(),
         }
@@ -197,6 +199,40 @@ impl ConsumerBuilder {
     /// Sets the backoff while a blocking error holds consumption.
     pub fn blocking(mut self, policy: RetryPolicy) -> Self {
         self.policies.blocking = policy;
+        self
+    }
+
+    /// Probes the dependency behind every blocking error: while an event is held, `probe` is called on
+    /// the blocking backoff instead of the handler, and the held event runs again once it returns `Ok`
+    /// (see [`super::probe`]). Probes registered with [`ConsumerBuilder::blocking_probe_when`] before it
+    /// take precedence for the errors they accept.
+    ///
+    /// ```
+    /// # use event_retry_core::broker::Broker;
+    /// # async fn ping() -> Result<(), std::io::Error> { Ok(()) }
+    /// let consumer = Broker::memory().consumer("orders").blocking_probe(|| async { ping().await });
+    /// ```
+    pub fn blocking_probe<F, Fut, E>(mut self, probe: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<crate::classify::BoxError>,
+    {
+        self.probes.push(None, probe);
+        self
+    }
+
+    /// Probes the dependency behind the blocking errors `applies` accepts (by type, with
+    /// [`HandlerError::as_error`](crate::classify::HandlerError::as_error)'s chain, or by message);
+    /// rules are tried in the order they were added.
+    pub fn blocking_probe_when<P, F, Fut, E>(mut self, applies: P, probe: F) -> Self
+    where
+        P: Fn(&crate::classify::HandlerError) -> bool + Send + Sync + 'static,
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<(), E>> + Send + 'static,
+        E: Into<crate::classify::BoxError>,
+    {
+        self.probes.push_when(applies, probe);
         self
     }
 

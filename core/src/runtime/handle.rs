@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::builder::ConsumerError;
+use super::health::{Health, HealthState};
 use super::stats::{Counters, Stats};
 
 /// A running consumer.
@@ -18,6 +19,7 @@ pub struct ConsumerHandle {
     task: tokio::task::JoinHandle<Result<(), ConsumerError>>,
     shutdown: CancellationToken,
     counters: Arc<Counters>,
+    health: Arc<HealthState>,
 }
 
 impl std::fmt::Debug for ConsumerHandle {
@@ -51,12 +53,26 @@ impl ConsumerHandle {
         task: tokio::task::JoinHandle<Result<(), ConsumerError>>,
         shutdown: CancellationToken,
         counters: Arc<Counters>,
+        health: Arc<HealthState>,
     ) -> Self {
         Self {
             task,
             shutdown,
             counters,
+            health,
         }
+    }
+
+    /// The consumer's health now: running, held by a blocking error, unable to receive, or stopped
+    /// (and why) — what a liveness or readiness probe reports ([`Health::is_live`], [`Health::is_ready`]).
+    pub fn health(&self) -> Health {
+        self.health.health()
+    }
+
+    /// A cheap, cloneable reader of this consumer's health, for a probe endpoint that outlives a
+    /// borrow of the handle.
+    pub fn health_watch(&self) -> HealthWatch {
+        HealthWatch(self.health.clone())
     }
 
     /// A snapshot of the consumer's counters.
@@ -109,6 +125,17 @@ impl ConsumerHandle {
     pub async fn abort(self) {
         self.task.abort();
         let _ = self.task.await;
+    }
+}
+
+/// Reads one consumer's health from anywhere ([`ConsumerHandle::health_watch`]).
+#[derive(Clone, Debug)]
+pub struct HealthWatch(Arc<HealthState>);
+
+impl HealthWatch {
+    /// The consumer's health now.
+    pub fn health(&self) -> Health {
+        self.0.health()
     }
 }
 

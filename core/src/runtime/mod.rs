@@ -29,20 +29,23 @@ mod app;
 mod builder;
 mod handle;
 mod handler;
+mod health;
 mod ordering;
+pub mod probe;
 mod process;
 mod receive;
 mod stats;
 #[cfg(feature = "tower")]
 pub mod tower;
 
-pub use app::{App, AppError, shutdown_signal};
+pub use app::{App, AppError, AppHealth, shutdown_signal};
 pub use builder::{Consumer, ConsumerBuilder, ConsumerError, ParkedAfterDead};
-pub use handle::{ConsumerHandle, Shutdown};
+pub use handle::{ConsumerHandle, HealthWatch, Shutdown};
 pub use handler::{
     Context, FnHandler, Handler, JsonHandler, UndecodablePayload, decode_json, handler_fn,
     json_handler,
 };
+pub use health::{Health, UNREACHABLE_AFTER_LAST_ERROR};
 pub use stats::Stats;
 
 #[cfg(test)]

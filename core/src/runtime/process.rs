@@ -27,6 +27,8 @@ use super::receive::Shared;
 use crate::adapter::{Delivery, DeliveryInfo, Receipt};
 use crate::classify::{FailureKind, HandlerError, chain};
 use crate::decide::{Attempt, Decision, Outcome, decide_in};
+
+use super::probe::ProbeFn;
 use crate::error::Kind;
 use crate::event::Event;
 use crate::idempotency::Begin;
@@ -321,7 +323,8 @@ impl Handling<'_> {
                     if pause.is_none() {
                         self.state = next;
                         warn!(error = ?self.event.meta.last_error, "blocking error: pausing consumption");
-                        pause = Some(shared.pause.hold());
+                        let reason = self.event.meta.last_error.as_deref().unwrap_or("blocking");
+                        pause = Some(shared.pause.hold(reason));
                     }
                     holds += 1;
                     shared.counters.bump(&shared.counters.holds);
@@ -334,6 +337,15 @@ impl Handling<'_> {
                             .error(&shared.counters.settle_errors, e.to_string());
                     }
                     if !Box::pin(self.wait(backoff)).await {
+                        return Box::pin(self.release_on_shutdown()).await;
+                    }
+                    let probe = result
+                        .as_ref()
+                        .err()
+                        .and_then(|e| shared.probes.for_error(e));
+                    if let Some(probe) = probe
+                        && !Box::pin(self.probe_until_healed(&probe, &mut holds)).await
+                    {
                         return Box::pin(self.release_on_shutdown()).await;
                     }
                 }
@@ -364,6 +376,44 @@ impl Handling<'_> {
                     }
                     return;
                 }
+            }
+        }
+    }
+
+    /// Calls the dependency's probe on the blocking backoff until it answers `Ok` (the held event then
+    /// runs again) or its backoff is spent (the handler runs again, and the decision falls through as
+    /// without a probe); the handler is not run meanwhile. `false` on shutdown.
+    async fn probe_until_healed(&mut self, probe: &ProbeFn, holds: &mut u32) -> bool {
+        let shared = self.shared;
+        loop {
+            match probe().await {
+                Ok(()) => return true,
+                Err(e) => debug!(error = %e, "the blocking dependency's probe failed"),
+            }
+            let backoff = {
+                let mut rng = shared.rng.lock().unwrap_or_else(|p| p.into_inner());
+                shared
+                    .policies
+                    .blocking
+                    .delay(*holds, None, &mut *rng as &mut dyn RngCore)
+            };
+            let Some(backoff) = backoff else {
+                return true;
+            };
+            *holds += 1;
+            shared.counters.bump(&shared.counters.holds);
+            shared.telemetry.hold();
+            if let Err(e) = self
+                .receipt
+                .keep_alive(backoff + Duration::from_secs(30))
+                .await
+            {
+                shared
+                    .counters
+                    .error(&shared.counters.settle_errors, e.to_string());
+            }
+            if !self.wait(backoff).await {
+                return false;
             }
         }
     }
@@ -412,7 +462,11 @@ impl Handling<'_> {
                         .error(&shared.counters.settle_errors, e.to_string());
                     if outage.is_none() {
                         warn!(error = %e, "idempotency store unavailable: pausing consumption");
-                        outage = Some(shared.pause.hold());
+                        outage = Some(
+                            shared
+                                .pause
+                                .hold(&format!("idempotency store unavailable: {e}")),
+                        );
                     }
                     let backoff = outage_backoff(shared, holds);
                     holds = holds.saturating_add(1);
@@ -618,7 +672,7 @@ async fn dead_letter(
         let message = format!("dead-letter failed: {error}");
         if hold.is_none() {
             tracing::error!(%message, "the DLQ does not accept the entry: holding consumption until it does");
-            hold = Some(shared.pause.hold());
+            hold = Some(shared.pause.hold(&message));
         }
         shared.telemetry.settle_error();
         shared.telemetry.hold();

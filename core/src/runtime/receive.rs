@@ -44,6 +44,8 @@ use crate::error::Kind;
 use crate::idempotency::IdempotencyStore;
 use crate::telemetry::Telemetry;
 
+use super::health::HealthState;
+
 /// Subscribes and spawns the receive loop.
 pub(super) async fn start(
     b: ConsumerBuilder,
@@ -61,6 +63,7 @@ pub(super) async fn start(
     );
     let shutdown = CancellationToken::new();
     let counters = Arc::new(Counters::default());
+    let health = HealthState::new();
     let (pause_tx, pause_rx) = watch::channel(0usize);
     let shared = Arc::new(Shared {
         topic: Arc::from(b.spec.topic.as_str()),
@@ -78,13 +81,18 @@ pub(super) async fn start(
         handler,
         counters: counters.clone(),
         telemetry: Telemetry::new(&b.spec.topic),
-        pause: PauseGate { holds: pause_tx },
+        health: health.clone(),
+        pause: PauseGate {
+            holds: pause_tx,
+            health: health.clone(),
+        },
         shutdown: shutdown.clone(),
         rng: Mutex::new(
             b.seed
                 .map_or_else(|| StdRng::from_rng(&mut rand::rng()), StdRng::seed_from_u64),
         ),
         settle_backoff: b.settle_backoff,
+        probes: b.probes,
     });
     let run = ReceiveLoop {
         shared,
@@ -101,19 +109,25 @@ pub(super) async fn start(
         ),
         permanent: PermanentErrors::new(b.give_up),
     };
-    let stopped = StopGuard(counters.clone());
+    let stopped = StopGuard(counters.clone(), health.clone());
+    let task_health = health.clone();
     let task = tokio::spawn(async move {
         let _stopped = stopped;
-        run.run().await
+        let result = run.run().await;
+        task_health.stopped(result.as_ref().err().map(ToString::to_string));
+        result
     });
-    Ok(ConsumerHandle::new(task, shutdown, counters))
+    Ok(ConsumerHandle::new(task, shutdown, counters, health))
 }
 
 /// Marks the consumer stopped when its task ends, however it ends (returned, panicked, aborted).
-struct StopGuard(Arc<Counters>);
+struct StopGuard(Arc<Counters>, Arc<HealthState>);
 
 impl Drop for StopGuard {
     fn drop(&mut self) {
+        // A task that returned has said how it ended already; this covers a panic or an abort.
+        self.1
+            .stopped(Some("the consumer's task ended without a result".into()));
         self.0.stop();
     }
 }
@@ -131,21 +145,29 @@ pub(crate) struct Shared {
     pub(super) counters: Arc<Counters>,
     pub(super) telemetry: Telemetry,
     pub(super) pause: PauseGate,
+    /// What the consumer's health is made of.
+    pub(super) health: Arc<HealthState>,
     pub(super) shutdown: CancellationToken,
     pub(super) rng: Mutex<StdRng>,
     pub(super) settle_backoff: Duration,
+    /// Dependency probes for blocking errors.
+    pub(super) probes: super::probe::Probes,
 }
 
-/// Counts blocking holds; the receive loop pauses while any is active.
+/// Counts blocking holds; the receive loop pauses while any is active, and the consumer's health says
+/// since when and why.
 pub(super) struct PauseGate {
     holds: watch::Sender<usize>,
+    health: Arc<HealthState>,
 }
 
 /// One active hold; dropping it ends the hold.
 pub(super) struct PauseGuard<'a>(&'a PauseGate);
 
 impl PauseGate {
-    pub(super) fn hold(&self) -> PauseGuard<'_> {
+    /// Holds consumption for `reason` (the blocking error) until the guard is dropped.
+    pub(super) fn hold(&self, reason: &str) -> PauseGuard<'_> {
+        self.health.held(reason);
         self.holds.send_modify(|n| *n += 1);
         PauseGuard(self)
     }
@@ -153,7 +175,13 @@ impl PauseGate {
 
 impl Drop for PauseGuard<'_> {
     fn drop(&mut self) {
-        self.0.holds.send_modify(|n| *n = n.saturating_sub(1));
+        let health = &self.0.health;
+        self.0.holds.send_modify(|n| {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                health.released();
+            }
+        });
     }
 }
 
@@ -268,6 +296,8 @@ impl ReceiveLoop {
     async fn run(mut self) -> Result<(), ConsumerError> {
         let shutdown = self.shared.shutdown.clone();
         let mut receive_backoff = Duration::from_millis(100);
+        // Whether the last receive failed (the health says so until one succeeds).
+        let mut failing = false;
         loop {
             self.reap_finished_tasks();
             if shutdown.is_cancelled() {
@@ -318,6 +348,10 @@ impl ReceiveLoop {
             }
             match next {
                 Ok(Some(delivery)) => {
+                    if failing {
+                        failing = false;
+                        self.shared.health.received();
+                    }
                     receive_backoff = Duration::from_millis(100);
                     self.permanent.reset();
                     let start = self.inlining.next();
@@ -336,6 +370,8 @@ impl ReceiveLoop {
                 Ok(None) => break,
                 Err(e) if e.kind() == Kind::Closed => break,
                 Err(e) => {
+                    failing = true;
+                    self.shared.health.receive_failed(&e.to_string());
                     self.shared
                         .counters
                         .error(&self.shared.counters.receive_errors, e.to_string());
