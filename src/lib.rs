@@ -140,8 +140,9 @@ pub use event_retry_core::options::Options;
 pub use event_retry_core::policy::RetryPolicy;
 pub use event_retry_core::producer::Producer;
 pub use event_retry_core::runtime::{
-    App, AppError, Consumer, ConsumerBuilder, ConsumerError, ConsumerHandle, Context, Handler,
-    ParkedAfterDead, Shutdown, Stats, decode_json, handler_fn, json_handler, shutdown_signal,
+    App, AppError, AppHealth, Consumer, ConsumerBuilder, ConsumerError, ConsumerHandle, Context,
+    Handler, Health, HealthWatch, ParkedAfterDead, Shutdown, Stats, decode_json, handler_fn,
+    json_handler, shutdown_signal,
 };
 pub use event_retry_core::{
     adapter, check, classify, config, dlq, error, metadata, options, policy, secret, telemetry,
@@ -154,6 +155,9 @@ pub use event_retry_core::runtime::tower;
 
 #[cfg(feature = "prometheus")]
 pub mod prometheus;
+
+#[cfg(feature = "health")]
+pub mod health;
 
 /// Lets a retry policy drive `backoff::backoff::Backoff` (feature `backoff`; the crate is unmaintained).
 #[cfg(feature = "backoff")]
