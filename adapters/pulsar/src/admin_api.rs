@@ -18,7 +18,16 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The body of a GET of `url`.
 pub(crate) fn get(url: &str, security: &PulsarSecurity) -> Result<String, Error> {
-    request("GET", url, security)
+    request("GET", url, security, TIMEOUT)
+}
+
+/// The body of a GET of `url`, given up after `timeout`.
+pub(crate) fn get_within(
+    url: &str,
+    security: &PulsarSecurity,
+    timeout: Duration,
+) -> Result<String, Error> {
+    request("GET", url, security, timeout)
 }
 
 /// Creates subscription `subscription` on `topic` (its full name, `persistent://tenant/ns/topic`) at
@@ -31,7 +40,7 @@ pub(crate) fn create_subscription(
 ) -> Result<(), Error> {
     let path = topic.replacen("://", "/", 1);
     let url = format!("{admin}/admin/v2/{path}/subscription/{subscription}");
-    match request("PUT", &url, security) {
+    match request("PUT", &url, security, TIMEOUT) {
         Ok(_) => Ok(()),
         Err(e) if e.kind() == Kind::AlreadyExists => Ok(()),
         Err(e) => Err(e),
@@ -70,9 +79,14 @@ fn tls_config(security: &PulsarSecurity) -> Result<TlsConfig, Error> {
 
 /// A request's body, or an error naming the URL (a 409 Conflict is [`Kind::AlreadyExists`]: what was
 /// asked for exists already).
-fn request(method: &str, url: &str, security: &PulsarSecurity) -> Result<String, Error> {
+fn request(
+    method: &str,
+    url: &str,
+    security: &PulsarSecurity,
+    timeout: Duration,
+) -> Result<String, Error> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_global(Some(TIMEOUT))
+        .timeout_global(Some(timeout))
         .http_status_as_error(true)
         .tls_config(tls_config(security)?)
         .build()

@@ -3,40 +3,85 @@
 //! How a Pulsar broker honours `deliverAt` is its configuration: whether delayed delivery is on, the tick
 //! it dispatches on, whether it may dispatch a tick early, and the longest delay it accepts — each set for
 //! the broker (`broker.conf`) and overridable per namespace. A consumer must check its retry policy
-//! against the settings that really apply, not against what the service was told, so when the admin URL
-//! is known the adapter reads them: the broker's runtime configuration, then the namespace's policy.
+//! against the settings that really apply, not against what the service was told, so the adapter reads
+//! them: the broker's runtime configuration, then the namespace's policy. Without an `admin_url` it asks
+//! the admin API a bare service URL implies (the same host on Pulsar's web port, 8080, or 8443 over TLS);
+//! where nothing answers there within [`IMPLIED_ADMIN_TIMEOUT`], it keeps the conservative assumption (a
+//! 1 s tick that may dispatch a tick early), which costs every retry up to about a second.
 
 use std::time::Duration;
 
 use event_retry_core::error::{Error, Kind};
 
-use crate::admin_api::get;
+use crate::admin_api::{get, get_within};
 use crate::config::PulsarConfig;
 
-/// Reads the delayed-delivery settings that apply to `config.namespace` from the admin API at
-/// `config.admin_url` and writes them into `config` (nothing is read without an admin URL).
-pub(crate) async fn apply(config: &mut PulsarConfig) -> Result<(), Error> {
-    let Some(admin) = config.admin_url.clone() else {
-        return Ok(());
+/// How long the admin API a bare service URL implies is given to answer before the adapter keeps its
+/// conservative assumption.
+pub(crate) const IMPLIED_ADMIN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Reads the delayed-delivery settings that apply to `config.namespace` and writes them into `config`:
+/// from the admin API at `config.admin_url` (an error if it does not answer), or else from the one
+/// `service_url` implies (nothing changes if that one does not answer).
+pub(crate) async fn apply(config: &mut PulsarConfig, service_url: &str) -> Result<(), Error> {
+    let (admin, implied) = match config.admin_url.clone() {
+        Some(admin) => (admin, false),
+        None => match implied_admin_url(service_url) {
+            Some(admin) => (admin, true),
+            None => return Ok(()),
+        },
     };
     let namespace = config.namespace.clone();
     let security = config.security.clone();
-    let (broker, policy) = tokio::task::spawn_blocking(move || {
-        let broker = get(
-            &format!("{admin}/admin/v2/brokers/configuration/runtime"),
-            &security,
-        )?;
-        let policy = get(
-            &format!("{admin}/admin/v2/namespaces/{namespace}/delayedDelivery"),
-            &security,
-        )?;
+    let url = admin.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        let get = |path: &str| {
+            if implied {
+                get_within(&format!("{url}{path}"), &security, IMPLIED_ADMIN_TIMEOUT)
+            } else {
+                get(&format!("{url}{path}"), &security)
+            }
+        };
+        let broker = get("/admin/v2/brokers/configuration/runtime")?;
+        let policy = get(&format!("/admin/v2/namespaces/{namespace}/delayedDelivery"))?;
         Ok::<_, Error>((broker, policy))
     })
     .await
-    .map_err(|e| {
-        Error::from_source(Kind::Other, e).with_operation("read the broker's settings")
-    })??;
-    merge(config, &broker, &policy)
+    .map_err(|e| Error::from_source(Kind::Other, e).with_operation("read the broker's settings"))?;
+    match read {
+        Ok((broker, policy)) => merge(config, &broker, &policy),
+        Err(e) if implied => {
+            tracing::warn!(
+                admin = %admin,
+                error = %e,
+                tick = ?config.tick,
+                strict = config.strict_deliver_at,
+                "the broker's delayed-delivery settings could not be read (set admin_url): assuming \
+                 the tick above, which makes every retry up to a tick late"
+            );
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The admin URL a service URL implies: its first host on Pulsar's default web port — `http://host:8080`
+/// for `pulsar://`, `https://host:8443` for `pulsar+ssl://`; `None` for anything else.
+pub(crate) fn implied_admin_url(service_url: &str) -> Option<String> {
+    let (scheme, rest) = service_url.split_once("://")?;
+    let (web, port) = match scheme {
+        "pulsar" => ("http", 8080),
+        "pulsar+ssl" => ("https", 8443),
+        _ => return None,
+    };
+    let first = rest.split([',', '/', '?']).next()?;
+    // The host: without its port (an IPv6 literal keeps its brackets).
+    let host = match first.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.chars().all(|c| c.is_ascii_digit()) => host,
+        _ => first,
+    };
+    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+    (!host.is_empty()).then(|| format!("{web}://{host}:{port}"))
 }
 
 /// Applies the broker's runtime configuration (`broker`, a JSON object of strings) and the namespace's
@@ -90,6 +135,26 @@ fn set_max(config: &mut PulsarConfig, ms: i64) {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_service_url_implies_its_hosts_admin_api() {
+        let cases = [
+            ("pulsar://127.0.0.1:6650", Some("http://127.0.0.1:8080")),
+            (
+                "pulsar://broker.internal:6650,b2:6650",
+                Some("http://broker.internal:8080"),
+            ),
+            ("pulsar+ssl://broker:6651/?x=1", Some("https://broker:8443")),
+            ("pulsar://broker", Some("http://broker:8080")),
+            ("pulsar://[::1]:6650", Some("http://[::1]:8080")),
+            ("pulsar://", None),
+            ("http://broker:8080", None),
+            ("broker:6650", None),
+        ];
+        for (service, want) in cases {
+            assert_eq!(implied_admin_url(service).as_deref(), want, "{service}");
+        }
+    }
 
     #[test]
     fn the_namespace_policy_overrides_the_broker() {

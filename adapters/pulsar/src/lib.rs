@@ -76,7 +76,7 @@ impl PulsarTransport {
     /// Connects with explicit settings.
     pub async fn connect_with(url: &str, mut config: PulsarConfig) -> Result<Self, Error> {
         config.validate()?;
-        broker_delays::apply(&mut config).await?;
+        broker_delays::apply(&mut config, url).await?;
         let client = security::connect(url, &config.security).await?;
         let link = Arc::new(Link::new(client, config));
         Ok(Self {

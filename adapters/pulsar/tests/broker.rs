@@ -33,8 +33,12 @@ fn main() {
     let mut args = Arguments::from_args();
     // The restart would disturb the other test.
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 3] = [
+    let tests: [(&str, Test); 4] = [
         ("groups_retry_on_their_own", groups_retry_on_their_own),
+        (
+            "a_bare_url_reads_the_brokers_tick_from_its_admin_api",
+            a_bare_url_reads_the_brokers_tick_from_its_admin_api,
+        ),
         (
             "delays_beyond_the_brokers_limit_are_refused",
             delays_beyond_the_brokers_limit_are_refused,
@@ -179,6 +183,29 @@ fn admin_call(method: &str, url: &str, body: Option<&str>) -> Result<(), String>
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
+}
+
+/// A bare service URL (no `admin_url`): the adapter reads the broker's delayed-delivery settings from the
+/// admin API the URL implies (the same host, port 8080) — the 100 ms strict tick `scripts/brokers`
+/// configures — instead of assuming a 1 s tick that may dispatch early.
+fn a_bare_url_reads_the_brokers_tick_from_its_admin_api(url: String) -> Result<(), String> {
+    let rt = test_support::broker::runtime()?;
+    rt.block_on(async {
+        let transport = PulsarTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let config = transport.config();
+        if config.admin_url.is_some() {
+            return Err("a bare URL set admin_url".into());
+        }
+        match (config.tick, config.strict_deliver_at) {
+            (tick, true) if tick == Duration::from_millis(100) => Ok(()),
+            (tick, strict) => Err(format!(
+                "with {url} the adapter assumes a {tick:?} tick, strict {strict}; the broker ticks \
+                 every 100 ms, strictly"
+            )),
+        }
+    })
 }
 
 /// A namespace of its own whose policy limits delays to one minute, then turns delayed delivery off:
