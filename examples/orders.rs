@@ -7,6 +7,8 @@
 //! cargo run --example orders --features kafka -- kafka://127.0.0.1:19092 serve   # until SIGTERM/ctrl-c
 //! cargo run --example orders --features kafka,prometheus -- kafka://127.0.0.1:19092 serve \
 //!     --metrics 127.0.0.1:9464                    # Prometheus scrapes http://127.0.0.1:9464/metrics
+//! cargo run --example orders --features kafka,health -- kafka://127.0.0.1:19092 serve \
+//!     --health 127.0.0.1:8081                     # probes: http://127.0.0.1:8081/livez, /readyz
 //! ```
 //!
 //! Each broker adapter adds its scheme to `event_retry::connect` behind its cargo feature; without the
@@ -54,16 +56,17 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-/// `--metrics ADDR`, taken out of `args`: where to serve the SDK's metrics for Prometheus.
-fn take_metrics_flag(args: &mut Vec<String>) -> Result<Option<String>, String> {
-    let Some(at) = args.iter().position(|a| a == "--metrics") else {
+/// `FLAG ADDR`, taken out of `args`: `--metrics` (where to serve the SDK's metrics for Prometheus) or
+/// `--health` (where to serve `/livez` and `/readyz`).
+fn take_address_flag(args: &mut Vec<String>, flag: &str) -> Result<Option<String>, String> {
+    let Some(at) = args.iter().position(|a| a == flag) else {
         return Ok(None);
     };
     args.remove(at);
     if at < args.len() {
         Ok(Some(args.remove(at)))
     } else {
-        Err("--metrics needs an address, e.g. 127.0.0.1:9464".into())
+        Err(format!("{flag} needs an address, e.g. 127.0.0.1:9464"))
     }
 }
 
@@ -79,11 +82,25 @@ fn serve_metrics(_addr: &str) -> Result<(), Box<dyn std::error::Error>> {
     Err("--metrics needs the example built with --features prometheus".into())
 }
 
+#[cfg(feature = "health")]
+async fn serve_health(addr: &str, app: &App) -> Result<(), Box<dyn std::error::Error>> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    println!("probes on http://{addr}/livez and http://{addr}/readyz");
+    tokio::spawn(event_retry::health::serve(listener, app.health()));
+    Ok(())
+}
+
+#[cfg(not(feature = "health"))]
+async fn serve_health(_addr: &str, _app: &App) -> Result<(), Box<dyn std::error::Error>> {
+    Err("--health needs the example built with --features health".into())
+}
+
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut argv: Vec<String> = std::env::args().skip(1).collect();
-    if let Some(addr) = take_metrics_flag(&mut argv)? {
+    if let Some(addr) = take_address_flag(&mut argv, "--metrics")? {
         serve_metrics(&addr)?;
     }
+    let health = take_address_flag(&mut argv, "--health")?;
     let mut args = argv.into_iter();
     let url = args
         .next()
@@ -104,14 +121,18 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
 
     if mode == "serve" {
         println!("serving {topic} until SIGTERM or ctrl-c");
-        App::new()
-            .consumer(orders, json_handler(handle_order))
-            .run_until(event_retry::shutdown_signal())
-            .await?;
+        let app = App::new().consumer(orders, json_handler(handle_order));
+        if let Some(addr) = &health {
+            serve_health(addr, &app).await?;
+        }
+        app.run_until(event_retry::shutdown_signal()).await?;
         println!("stopped");
         return Ok(());
     }
 
+    if health.is_some() {
+        return Err("--health is for `serve`".into());
+    }
     let count: u64 = mode.parse()?;
     let consumer = orders.build()?;
     print!("{}", consumer.delay_report());
