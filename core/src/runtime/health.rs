@@ -135,10 +135,7 @@ impl HealthState {
 
     /// A receive succeeded (a delivery, or nothing to deliver).
     pub(crate) fn received(&self) {
-        let mut facts = self.facts();
-        if facts.unreachable.is_some() {
-            facts.unreachable = None;
-        }
+        self.facts().unreachable = None;
     }
 
     /// The consumer stopped, with its failure if it failed.
