@@ -1,10 +1,10 @@
 //! Declaring, deleting and naming a topic's queues.
 //!
-//! A topic is a fanout exchange of its name with a DLQ queue beside it, and a work queue per consumer
-//! group (`<topic>:<group>`); the delay ladder is shared by every topic of a transport's settings (its
+//! A topic is a fanout exchange of its name with a DLQ queue beside it, and a work queue and a retry queue
+//! per consumer group (`<topic>:<group>`, `<topic>:<group>:retries`); the delay ladder is shared by every topic of a transport's settings (its
 //! queues are named from the prefix, granularity and queue type). Declaring is idempotent and also
 //! declares the ladder and the default group's queue; deleting removes the exchange, the DLQ and the
-//! group queues this transport knows of (the default group's and those it declared) with their messages,
+//! groups' queues this transport knows of (the default group's and those it declared) with their messages,
 //! never the shared ladder.
 
 use async_trait::async_trait;
@@ -34,12 +34,14 @@ impl Admin for RabbitTransport {
         groups.dedup();
         for group in groups {
             self.delete_queue(&names.group_queue(topic, &group)).await?;
+            self.delete_queue(&names.retry_queue(topic, &group)).await?;
         }
         self.delete_queue(&names.dlq(topic)).await?;
         self.delete_exchange(topic).await
     }
 
-    /// The work queue of `group` (the default group's when `None`), the DLQ and the delay levels.
+    /// The work queue of `group` (the default group's when `None`), the DLQ, the group's retry queue (the
+    /// retry route) and the delay levels.
     async fn names(&self, topic: &str, group: Option<&str>) -> Result<TopicNames, Error> {
         check_topic(&self.link.names, topic)?;
         let names = &self.link.names;
@@ -47,6 +49,10 @@ impl Admin for RabbitTransport {
         let levels = (0..self.link.config.levels)
             .map(|k| names.level(k))
             .collect();
-        Ok(TopicNames::new(names.group_queue(topic, &group), names.dlq(topic)).with_delay(levels))
+        Ok(
+            TopicNames::new(names.group_queue(topic, &group), names.dlq(topic))
+                .with_retry(names.retry_queue(topic, &group))
+                .with_delay(levels),
+        )
     }
 }

@@ -1,12 +1,14 @@
 //! The RabbitMQ adapter of event-retry.
 //!
-//! A topic is a durable work queue of that name; every consumer of it shares its messages (the queue is
-//! the consumer group). A retry is a copy sent through a fixed ladder of delay levels — queues with a
-//! fixed TTL that dead-letter into the next level and finally back to the work queue (see the `topology` module's
-//! docs in the source) — so any delay up to the ladder's maximum is exact to its granularity, and is
-//! acknowledged only after the broker confirmed the copy. Dead letters go to `<topic>.dlq` with their
-//! metadata as headers. A blocking error cancels the consumer until the dependency heals. An ordered
-//! consumer (per-key order) consumes exclusively; another one stands by until it leaves.
+//! A topic is a fanout exchange of that name; each consumer group has a durable work queue bound to it
+//! (`<topic>:<group>`), whose consumers share its messages. A retry is a copy sent through a fixed ladder
+//! of delay levels — queues with a fixed TTL that dead-letter into the next level and finally into the
+//! group's retry queue (`<topic>:<group>:retries`), which its consumers read before the work queue (see
+//! the `topology` module's docs in the source) — so any delay up to the ladder's maximum is exact to its
+//! granularity, a due retry does not wait behind a backlog, and the original is acknowledged only after
+//! the broker confirmed the copy. Dead letters go to `<topic>.dlq` with their metadata as headers. A
+//! blocking error cancels the consumers until the dependency heals. An ordered consumer (per-key order)
+//! consumes exclusively; another one stands by until it leaves.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {

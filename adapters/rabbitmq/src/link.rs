@@ -286,6 +286,7 @@ impl Link {
                     self.names.dlq(topic),
                     self.names.entry(),
                     self.names.group_queue(topic, group),
+                    self.names.retry_queue(topic, group),
                 ];
                 check_queues(&ch, &queues).await
             }
@@ -307,7 +308,11 @@ impl Link {
             if self.config.declare {
                 topology::declare_group(&ch, &self.names, &self.config, topic, group).await
             } else {
-                check_queues(&ch, &[self.names.group_queue(topic, group)]).await
+                let queues = [
+                    self.names.group_queue(topic, group),
+                    self.names.retry_queue(topic, group),
+                ];
+                check_queues(&ch, &queues).await
             }
         })
         .await?;

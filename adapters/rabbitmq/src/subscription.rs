@@ -1,5 +1,9 @@
-//! Consuming a work queue: manual acks, prefetch bound to the runtime's concurrency, and receipts that
-//! settle a delivery only after its retry or DLQ copy was confirmed.
+//! Consuming a group's work queue and retry queue: manual acks, prefetch bound to the runtime's
+//! concurrency, and receipts that settle a delivery only after its retry or DLQ copy was confirmed.
+//!
+//! Both queues are consumed on one channel, and a delivery from the retry queue is handed out before one
+//! from the work queue: the runtime asks for the next delivery only when a handler slot is free, so a
+//! retry that fell due waits for one slot, never for the backlog in the work queue.
 //!
 //! A blocking pause cancels the consumer (the broker stops sending) and hands out what was already
 //! prefetched after the resume, in order, then consumes again on the same channel (deliveries in hand
@@ -50,9 +54,10 @@ pub(crate) struct RabbitSubscription {
     channel: Option<Arc<Channel>>,
     /// The acknowledgements of the current channel's deliveries, sent in batches.
     acks: Arc<Acks>,
-    consumer: Option<Consumer>,
-    /// A consumer cancelled by `pause`, still handing out what it had prefetched.
-    draining: Option<Consumer>,
+    /// The consumers of the retry queue and the work queue, both on `channel` (both or neither).
+    consumers: Option<Consumers>,
+    /// Consumers cancelled by `pause`, still handing out what they had prefetched.
+    draining: Option<Consumers>,
     paused: bool,
     /// A `basic_consume` was sent and its answer not yet received (the call may have been cancelled).
     consume_pending: bool,
@@ -66,7 +71,7 @@ impl RabbitSubscription {
             spec,
             channel: None,
             acks: Acks::new(None),
-            consumer: None,
+            consumers: None,
             draining: None,
             paused: false,
             consume_pending: false,
@@ -74,7 +79,8 @@ impl RabbitSubscription {
         }
     }
 
-    /// Consumes the queue on a new channel (after closing a half-started one).
+    /// Consumes the work queue and the retry queue, on a new channel (after closing a half-started one)
+    /// or on the current one after a pause.
     async fn start(&mut self) -> Result<(), Error> {
         loop {
             // After a pause the channel still carries deliveries in hand (and their acks): consume on it
@@ -110,32 +116,26 @@ impl RabbitSubscription {
                 }
             };
             self.generation += 1;
-            let tag = format!(
-                "{}-{}-{}",
-                self.spec.consumer,
-                uuid::Uuid::new_v4().simple(),
-                self.generation
-            );
             self.consume_pending = true;
-            let consumed = channel
-                .basic_consume(
-                    self.queue().as_str().into(),
-                    tag.into(),
-                    BasicConsumeOptions {
-                        exclusive: self.spec.ordered,
-                        ..BasicConsumeOptions::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await;
+            // The work queue first, then the retry queue: ordered consumers all take them in this order,
+            // so the one holding the work queue is the one that gets the retry queue.
+            let consumed = match self.consume(&channel, &self.queue(), "work").await {
+                Ok(work) => self
+                    .consume(&channel, &self.retry_queue(), "retries")
+                    .await
+                    .map(|retries| Consumers { retries, work }),
+                Err(e) => Err(e),
+            };
             self.consume_pending = false;
             match consumed {
-                Ok(consumer) => {
-                    self.consumer = Some(consumer);
+                Ok(consumers) => {
+                    self.consumers = Some(consumers);
                     return Ok(());
                 }
+                // A refused consume closes its channel at the broker, and with it a consumer already
+                // started there on the other queue (the broker gives back what it was sent).
                 Err(e) if self.spec.ordered && is_soft_error(&e, AMQPSoftError::ACCESSREFUSED) => {
-                    debug!(topic = %self.spec.topic, "another ordered consumer holds the queue; standing by");
+                    debug!(topic = %self.spec.topic, "another ordered consumer holds the queues; standing by");
                     self.channel = None;
                     tokio::time::sleep(STANDBY_INTERVAL).await;
                 }
@@ -147,6 +147,32 @@ impl RabbitSubscription {
                 }
             }
         }
+    }
+
+    /// Starts a consumer of `queue` on `channel` (exclusive for an ordered subscription).
+    async fn consume(
+        &self,
+        channel: &Channel,
+        queue: &str,
+        role: &str,
+    ) -> Result<Consumer, lapin::Error> {
+        let tag = format!(
+            "{}-{role}-{}-{}",
+            self.spec.consumer,
+            uuid::Uuid::new_v4().simple(),
+            self.generation
+        );
+        channel
+            .basic_consume(
+                queue.into(),
+                tag.into(),
+                BasicConsumeOptions {
+                    exclusive: self.spec.ordered,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
     }
 
     fn deliver(&self, d: AmqpDelivery) -> Delivery {
@@ -169,7 +195,7 @@ impl RabbitSubscription {
             tag: d.delivery_tag,
             topic: self.spec.topic.clone(),
             group: self.spec.group.clone(),
-            queue: self.queue(),
+            retry_queue: self.retry_queue(),
             body,
             native: d.properties,
             message_id,
@@ -184,8 +210,15 @@ impl RabbitSubscription {
             .group_queue(&self.spec.topic, &self.spec.group)
     }
 
+    /// The retry queue of this subscription's group.
+    fn retry_queue(&self) -> String {
+        self.link
+            .names
+            .retry_queue(&self.spec.topic, &self.spec.group)
+    }
+
     fn reset(&mut self) {
-        self.consumer = None;
+        self.consumers = None;
         self.channel = None;
     }
 }
@@ -195,22 +228,22 @@ impl Subscription for RabbitSubscription {
     async fn next(&mut self) -> Result<Option<Delivery>, Error> {
         loop {
             if let Some(draining) = self.draining.as_mut() {
-                match draining.next().await {
-                    Some(Ok(d)) => return Ok(Some(self.deliver(d))),
-                    _ => self.draining = None,
+                match draining.next_prefetched().await {
+                    Some(d) => return Ok(Some(self.deliver(d))),
+                    None => self.draining = None,
                 }
                 continue;
             }
             if self.paused {
                 return std::future::pending().await;
             }
-            if self.consumer.is_none() {
+            if self.consumers.is_none() {
                 self.start().await?;
             }
-            let Some(consumer) = self.consumer.as_mut() else {
+            let Some(consumers) = self.consumers.as_mut() else {
                 continue;
             };
-            match consumer.next().await {
+            match consumers.next().await {
                 Some(Ok(d)) => return Ok(Some(self.deliver(d))),
                 Some(Err(e)) => {
                     self.reset();
@@ -224,7 +257,7 @@ impl Subscription for RabbitSubscription {
                     return Err(Error::new(
                         Kind::Connection,
                         format!(
-                            "the broker ended the consumer of {} (queue deleted or channel closed)",
+                            "the broker ended a consumer of {} (queue deleted or channel closed)",
                             self.spec.topic
                         ),
                     ));
@@ -235,19 +268,21 @@ impl Subscription for RabbitSubscription {
 
     async fn pause(&mut self) -> Result<(), Error> {
         self.paused = true;
-        // An ordered (exclusive) consumer keeps its consumer: cancelling it would hand the queue to a
-        // standby consumer, and later events of the held key with it. Prefetch bounds what it is sent.
+        // An ordered (exclusive) consumer keeps its consumers: cancelling them would hand the queues to
+        // a standby consumer, and later events of the held key with them. Prefetch bounds what it is sent.
         if self.spec.ordered {
             return Ok(());
         }
-        if let (Some(consumer), Some(channel)) = (self.consumer.take(), self.channel.as_ref()) {
-            let tag = consumer.tag();
-            // What the cancelled consumer already holds is handed out after the resume, in order.
-            self.draining = Some(consumer);
-            channel
-                .basic_cancel(tag, BasicCancelOptions::default())
-                .await
-                .map_err(connection_error("pause (cancel the consumer)"))?;
+        if let (Some(consumers), Some(channel)) = (self.consumers.take(), self.channel.clone()) {
+            let tags = [consumers.retries.tag(), consumers.work.tag()];
+            // What the cancelled consumers already hold is handed out after the resume, in order.
+            self.draining = Some(consumers);
+            for tag in tags {
+                channel
+                    .basic_cancel(tag, BasicCancelOptions::default())
+                    .await
+                    .map_err(connection_error("pause (cancel the consumer)"))?;
+            }
         }
         Ok(())
     }
@@ -278,10 +313,11 @@ impl RabbitSubscription {
     fn give_back(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
         let channel = self.channel.clone()?;
         let consumers: Vec<Consumer> = self
-            .consumer
+            .consumers
             .take()
             .into_iter()
             .chain(self.draining.take())
+            .flat_map(|c| [c.retries, c.work])
             .collect();
         if consumers.is_empty() {
             return None;
@@ -323,6 +359,36 @@ impl Drop for RabbitSubscription {
     }
 }
 
+/// The consumers of a group's two queues on one channel.
+struct Consumers {
+    retries: Consumer,
+    work: Consumer,
+}
+
+impl Consumers {
+    /// The next delivery, the retry queue's first when both have one; `None` when either consumer ended
+    /// (its channel closed or its queue was deleted).
+    async fn next(&mut self) -> Option<Result<AmqpDelivery, lapin::Error>> {
+        tokio::select! {
+            biased;
+            d = self.retries.next() => d,
+            d = self.work.next() => d,
+        }
+    }
+
+    /// After a cancel: what either consumer had been sent and not yet handed out, the retry queue's
+    /// first; `None` once both have handed out everything.
+    async fn next_prefetched(&mut self) -> Option<AmqpDelivery> {
+        if let Some(Ok(d)) = self.retries.next().await {
+            return Some(d);
+        }
+        match self.work.next().await {
+            Some(Ok(d)) => Some(d),
+            _ => None,
+        }
+    }
+}
+
 /// Settles one delivery. Dropping it unsettled gives the message back to the queue (nack with requeue).
 struct RabbitReceipt {
     link: Arc<Link>,
@@ -336,8 +402,8 @@ struct RabbitReceipt {
     topic: String,
     /// The consumer group, recorded on dead letters so a replay goes back to this group only.
     group: String,
-    /// The group's work queue, where retries come back.
-    queue: String,
+    /// The group's retry queue, where its retries come back.
+    retry_queue: String,
     /// The original's body and properties: a release sends them back unchanged, and every other copy
     /// keeps the properties and typed headers the producer set.
     body: Bytes,
@@ -375,8 +441,8 @@ impl RabbitReceipt {
         sent.map(drop).map_err(connection_error("requeue"))
     }
 
-    /// Sends `body` with `props` into the delay ladder, to come back to the work queue after `delay`
-    /// (rounded up).
+    /// Sends `body` with `props` into the delay ladder, to come back to the group's retry queue after
+    /// `delay` (rounded up).
     async fn delay_copy(
         &self,
         body: &[u8],
@@ -398,7 +464,7 @@ impl RabbitReceipt {
             )
             .with_operation(operation.to_string()));
         }
-        let key = self.link.names.routing_key(units as u64, &self.queue);
+        let key = self.link.names.routing_key(units as u64, &self.retry_queue);
         self.link
             .publish(&self.link.names.entry(), &key, body, props, operation)
             .await

@@ -7,6 +7,13 @@
 //! another group's queue is declared when its first consumer subscribes (or by `Admin::declare`), and it
 //! receives what is published from then on.
 //!
+//! Each group also has a retry queue (`<topic>:<group>:retries`) where its due retries come back: the
+//! group's consumers read it beside the work queue and take from it first, so a retry that fell due runs
+//! at the next free handler slot instead of waiting at the tail of the work queue behind a backlog of
+//! healthy events (what sending it back to the work queue meant: seconds late under a backlog of
+//! seconds, hours under an outage's). The work queue stays bound to the ladder's exit too, so copies sent
+//! there by an earlier version of the adapter still arrive.
+//!
 //! Level `k` is a topic exchange and a queue of the same name whose `x-message-ttl` is granularity × 2ᵏ.
 //! A delay of `u` granularity units travels with a routing key that spells `u` in binary, least
 //! significant bit first, then the destination queue: `1.0.1.<queue>` is 5 units. Level `k`'s exchange
@@ -34,6 +41,9 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, ExchangeKind};
 
 use crate::config::{QueueType, RabbitConfig};
+
+/// What a group's work queue name gets to name its retry queue.
+const RETRY_QUEUE_SUFFIX: &str = ":retries";
 
 /// Names of everything the adapter declares, derived from the configuration.
 #[derive(Clone, Debug)]
@@ -89,9 +99,16 @@ impl Names {
         format!("{topic}:{group}")
     }
 
-    /// The group whose work queue `queue` of `topic` is, if it is one.
+    /// The retry queue of consumer group `group` of `topic`: `<topic>:<group>:retries`, where the group's
+    /// due retries come back (no group's name ends in `:retries`, so no work queue has this name).
+    pub(crate) fn retry_queue(&self, topic: &str, group: &str) -> String {
+        format!("{topic}:{group}{RETRY_QUEUE_SUFFIX}")
+    }
+
+    /// The group whose work queue or retry queue `queue` of `topic` is, if it is one.
     pub(crate) fn group_of_queue<'q>(&self, topic: &str, queue: &'q str) -> Option<&'q str> {
-        queue.strip_prefix(topic)?.strip_prefix(':')
+        let group = queue.strip_prefix(topic)?.strip_prefix(':')?;
+        Some(group.strip_suffix(RETRY_QUEUE_SUFFIX).unwrap_or(group))
     }
 
     /// The routing key that carries a copy `units` granularity steps to `queue`.
@@ -148,7 +165,13 @@ pub(crate) fn check_group(names: &Names, topic: &str, group: &str) -> Result<(),
             format!("consumer group {group:?} of topic {topic:?}: {why}"),
         ))
     };
-    let queue = names.group_queue(topic, group);
+    // The longer of the group's two queues.
+    let queue = names.retry_queue(topic, group);
+    if group.ends_with(RETRY_QUEUE_SUFFIX) {
+        return bad(format!(
+            "a group's name cannot end in `{RETRY_QUEUE_SUFFIX}` (another group's retry queue ends so)"
+        ));
+    }
     if group
         .split('.')
         .any(|w| w.is_empty() || w == "*" || w == "#")
@@ -159,8 +182,11 @@ pub(crate) fn check_group(names: &Names, topic: &str, group: &str) -> Result<(),
                 .into(),
         );
     }
-    if queue == names.dlq(topic) {
-        return bad(format!("its queue would be the topic's DLQ, {queue}"));
+    if names.group_queue(topic, group) == names.dlq(topic) {
+        return bad(format!(
+            "its queue would be the topic's DLQ, {}",
+            names.dlq(topic)
+        ));
     }
     if group.is_empty() {
         return bad("empty".into());
@@ -352,7 +378,8 @@ pub(crate) async fn declare_topic(
         .map_err(failed(format!("exchange {topic}")))
 }
 
-/// Declares the work queue of `group` of `topic`, bound to the topic's exchange and to the ladder's exit.
+/// Declares the work queue of `group` of `topic`, bound to the topic's exchange and to the ladder's exit,
+/// and its retry queue, bound to the ladder's exit.
 pub(crate) async fn declare_group(
     channel: &Channel,
     names: &Names,
@@ -360,8 +387,32 @@ pub(crate) async fn declare_group(
     topic: &str,
     group: &str,
 ) -> Result<(), Error> {
-    let dlq = names.dlq(topic);
     let queue = names.group_queue(topic, group);
+    declare_consumed_queue(channel, names, config, topic, &queue).await?;
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            topic.into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(failed(format!("binding of {queue} to {topic}")))?;
+    let retries = names.retry_queue(topic, group);
+    declare_consumed_queue(channel, names, config, topic, &retries).await
+}
+
+/// Declares `queue`, which a group's consumers read, and binds it to the ladder's exit. On quorum queues
+/// it gets an explicit delivery limit over which the broker dead-letters into `topic`'s DLQ.
+async fn declare_consumed_queue(
+    channel: &Channel,
+    names: &Names,
+    config: &RabbitConfig,
+    topic: &str,
+    queue: &str,
+) -> Result<(), Error> {
+    let dlq = names.dlq(topic);
     let mut args = type_args(config.queue_type);
     if config.queue_type == QueueType::Quorum {
         // RabbitMQ 4 gives quorum queues a delivery limit of 20 and drops what exceeds it; an explicit
@@ -376,24 +427,14 @@ pub(crate) async fn declare_group(
         args.push(("x-overflow", text("reject-publish")));
     }
     channel
-        .queue_declare(queue.as_str().into(), durable(), table(&args))
+        .queue_declare(queue.into(), durable(), table(&args))
         .await
-        .map_err(failed(format!("work queue {queue}")))?;
+        .map_err(failed(format!("queue {queue}")))?;
     channel
         .queue_bind(
-            queue.as_str().into(),
-            topic.into(),
-            "".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(failed(format!("binding of {queue} to {topic}")))?;
-    channel
-        .queue_bind(
-            queue.as_str().into(),
+            queue.into(),
             names.out().as_str().into(),
-            names.out_binding(&queue).into(),
+            names.out_binding(queue).into(),
             QueueBindOptions::default(),
             FieldTable::default(),
         )
@@ -463,6 +504,17 @@ mod tests {
             Some("eu.billing")
         );
         assert_eq!(n.group_of_queue("orders", "orders.dlq"), None);
+        assert_eq!(n.retry_queue("orders", "billing"), "orders:billing:retries");
+        assert_eq!(
+            n.group_of_queue("orders", "orders:eu.billing:retries"),
+            Some("eu.billing")
+        );
+        // A group whose work queue would be another group's retry queue is refused.
+        assert!(check_group(&n, "orders", "billing:retries").is_err());
+        assert!(check_group(&n, "orders", "billing:retries.eu").is_ok());
+        // The longer retry queue's name counts towards the limit.
+        assert!(check_group(&n, "orders", &"x".repeat(190)).is_ok());
+        assert!(check_group(&n, "orders", &"x".repeat(200)).is_err());
         // No two (topic, group) pairs share a queue: a topic name has no `:`.
         assert_ne!(
             n.group_queue("orders", "eu.billing"),

@@ -16,6 +16,9 @@
 //!   with it, so the broker gives the event again; once the DLQ is back the event lands there once and
 //!   consumption goes on (before, the held dead letter was retried on the dead channel for ever).
 //!
+//! * a due retry runs while a backlog of healthy events waits in the work queue (it comes back to the
+//!   group's retry queue, read first), with classic and with quorum queues;
+//!
 //! They run one at a time (the restart would disturb the other) when `RETRY_TEST_AMQP` names a broker
 //! started by `scripts/brokers`; otherwise they are listed as ignored with the reason, and fail when
 //! `RETRY_TEST_REQUIRE` names rabbitmq.
@@ -42,7 +45,15 @@ const DELAY: Duration = Duration::from_secs(20);
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 6] = [
+    let tests: [(&str, Test); 8] = [
+        (
+            "a_due_retry_overtakes_the_backlog",
+            a_due_retry_overtakes_the_backlog,
+        ),
+        (
+            "a_due_retry_overtakes_the_backlog_on_quorum_queues",
+            a_due_retry_overtakes_the_backlog_on_quorum_queues,
+        ),
         (
             "a_deleted_topics_waiting_retries_stall_no_other_topic",
             a_deleted_topics_waiting_retries_stall_no_other_topic,
@@ -488,6 +499,30 @@ async fn delete_ladder(url: &str, ladder: &str, levels: u32) -> Result<(), Strin
     }
     let _ = connection.close(200, "cleaned up".into()).await;
     Ok(())
+}
+
+fn a_due_retry_overtakes_the_backlog(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = RabbitTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("overtake-{}", uuid::Uuid::new_v4().simple());
+        test_support::busy::a_due_retry_overtakes_the_backlog(&Broker::new(transport), &topic).await
+    })
+}
+
+fn a_due_retry_overtakes_the_backlog_on_quorum_queues(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let config = RabbitConfig {
+            queue_type: QueueType::Quorum,
+            ..RabbitConfig::default()
+        };
+        let transport = RabbitTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("overtake-quorum-{}", uuid::Uuid::new_v4().simple());
+        test_support::busy::a_due_retry_overtakes_the_backlog(&Broker::new(transport), &topic).await
+    })
 }
 
 fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {

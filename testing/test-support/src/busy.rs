@@ -9,7 +9,11 @@
 //! healthy backlog is being consumed. Each retry's lateness is its second attempt's start minus its due
 //! time; the report also counts the retries that ran before the last healthy event — a consumer that
 //! gives the retry route no share while the source has records runs none of them before the backlog
-//! drains.
+//! drains. A first round without the backlog gives the idle lateness the busy one is compared with
+//! (`ratio backlog/idle retry lateness p99 <broker>`).
+//!
+//! [`a_due_retry_overtakes_the_backlog`] is the same question asked as a broker test: it counts where
+//! each retry ran in the backlog instead of timing it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,10 +43,57 @@ struct Seen {
     last_healthy: u64,
 }
 
-/// Runs the part on `topic` (fresh) and prints the lateness of the retries under the backlog and how
-/// many ran before it drained. `describe` says how the broker delays.
+/// Runs the part on `topic` (fresh): a round without a backlog, then one with it; prints each round's
+/// retry lateness, how many retries ran before the backlog drained, and the ratio of the two rounds' p99
+/// (`ratio backlog/idle retry lateness p99 <name>: …`). `describe` says how the broker delays.
 pub async fn run(broker: &Broker, topic: &str, name: &str, describe: &str) -> Result<(), Error> {
     let backlog = count_from_env("RETRY_BENCH_BUSY", BACKLOG, 1)?;
+    let idle = round(broker, &format!("{topic}-idle"), 0).await?;
+    println!(
+        "busy {name}: retry lateness without a backlog ({describe}): p50 {} ms, p99 {} ms, max {} ms",
+        idle.p(50),
+        idle.p(99),
+        idle.max(),
+    );
+    let busy = round(broker, topic, backlog).await?;
+    println!(
+        "busy {name}: retry lateness under a backlog of {backlog} healthy events ({describe}): p50 {} ms, p99 {} ms, max {} ms; {} of {RETRIES} retries ran before the backlog drained ({:.1} s after the consumer started)",
+        busy.p(50),
+        busy.p(99),
+        busy.max(),
+        busy.before_drain,
+        busy.drained_after_ms as f64 / 1000.0,
+    );
+    // A p99 of 0 ms (a retry exactly on time) counts as 1 ms: the ratio stays finite.
+    println!(
+        "ratio backlog/idle retry lateness p99 {name}: {:.2}",
+        busy.p(99).max(1) as f64 / idle.p(99).max(1) as f64
+    );
+    Ok(())
+}
+
+/// One round's figures.
+struct Round {
+    /// Each retry's lateness in ms, sorted.
+    late: Vec<i64>,
+    /// Retries that ran before the last healthy event.
+    before_drain: usize,
+    /// When the last healthy event ran, after the consumer started.
+    drained_after_ms: u64,
+}
+
+impl Round {
+    fn p(&self, q: usize) -> i64 {
+        percentile(&self.late, q)
+    }
+
+    fn max(&self) -> i64 {
+        self.late.last().copied().unwrap_or_default()
+    }
+}
+
+/// [`RETRIES`] events failing once, then `backlog` healthy events, consumed with defaults on `topic`.
+async fn round(broker: &Broker, topic: &str, backlog: usize) -> Result<Round, Error> {
     broker
         .admin()
         .declare(
@@ -128,18 +179,138 @@ pub async fn run(broker: &Broker, topic: &str, name: &str, describe: &str) -> Re
     if late.len() != RETRIES {
         return Err(format!("busy: {} retries measured, want {RETRIES}", late.len()).into());
     }
-    let before_drain = retry_starts.iter().filter(|&&t| t < last_healthy).count();
     let early = late.iter().filter(|&&l| l < 0).count();
-    println!(
-        "busy {name}: retry lateness under a backlog of {backlog} healthy events ({describe}): p50 {} ms, p99 {} ms, max {} ms; {before_drain} of {RETRIES} retries ran before the backlog drained ({:.1} s after the consumer started); early {early}",
-        percentile(&late, 50),
-        percentile(&late, 99),
-        late[late.len() - 1],
-        last_healthy.saturating_sub(started) as f64 / 1000.0,
-    );
     if early > 0 {
         return Err(format!("busy: {early} retries ran before their due time").into());
     }
     broker.admin().delete(topic).await.ok();
+    Ok(Round {
+        late,
+        before_drain: retry_starts.iter().filter(|&&t| t < last_healthy).count(),
+        drained_after_ms: last_healthy.saturating_sub(started),
+    })
+}
+
+/// Events that fail once in [`a_due_retry_overtakes_the_backlog`].
+const OVERTAKING: usize = 20;
+/// Healthy events behind them.
+const OVERTAKEN: usize = 3_000;
+/// What a healthy event's handler waits there: with the default concurrency of 16 the backlog lasts
+/// about 3.75 s, three times the retries' delay.
+const OVERTAKEN_WORK: Duration = Duration::from_millis(20);
+
+/// A broker test (not a bench: it counts, it does not time): [`OVERTAKING`] events fail once under
+/// `1s x2`, [`OVERTAKEN`] healthy events wait behind them, and the consumer starts with its defaults. A
+/// due retry must run while the backlog is still being consumed — each retry's second attempt sees
+/// fewer than three quarters of the healthy events done — and never before its due time. A retry that
+/// came back behind the backlog (the tail of the source queue, or a retry route read only when the source
+/// has nothing) sees all of them done and fails the check.
+pub async fn a_due_retry_overtakes_the_backlog(broker: &Broker, topic: &str) -> Result<(), String> {
+    let admin = broker.admin();
+    admin
+        .declare(
+            topic,
+            Some(&event_retry_core::adapter::default_group(topic)),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let producer = broker.producer();
+    for i in 0..OVERTAKING {
+        let id = format!("r-{i}");
+        producer
+            .publish(topic, Event::new(id.clone()).with_id(id))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let producer = &producer;
+    futures::stream::iter(0..OVERTAKEN)
+        .map(|i| async move {
+            producer
+                .publish(topic, Event::new("h").with_id(format!("h-{i}")))
+                .await
+                .map(drop)
+        })
+        .buffer_unordered(256)
+        .try_collect::<Vec<()>>()
+        .await
+        .map_err(|e| e.to_string())?;
+    let healthy_done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Per retried event: the healthy events done when its second attempt started, and whether it was early.
+    let seen: Arc<Mutex<Vec<(String, usize, bool)>>> = Arc::default();
+    let (done, record) = (healthy_done.clone(), seen.clone());
+    let handler = handler_fn(move |event: Event, ctx: Context| {
+        let (done, record) = (done.clone(), record.clone());
+        async move {
+            let id = event.id().unwrap_or_default().to_string();
+            if !id.starts_with("r-") {
+                tokio::time::sleep(OVERTAKEN_WORK).await;
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                return Ok(());
+            }
+            if ctx.attempt == 1 {
+                return Err(HandlerError::deferred("fails once"));
+            }
+            let early = ctx
+                .due_at
+                .is_some_and(|due| Timestamp::now().as_millis() < due.as_millis());
+            let healthy = done.load(std::sync::atomic::Ordering::SeqCst);
+            record
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((id, healthy, early));
+            Ok(())
+        }
+    });
+    let consumer = broker
+        .consumer(topic)
+        .policy(RetryPolicy::parse("1s x2").map_err(|e| e.to_string())?)
+        .start(handler)
+        .await
+        .map_err(|e| e.to_string())?;
+    let finished = tokio::time::timeout(
+        Duration::from_secs(120),
+        consumer.wait_until(|s| {
+            s.succeeded_after_retry >= OVERTAKING as u64
+                && s.succeeded >= (OVERTAKING + OVERTAKEN) as u64
+        }),
+    )
+    .await;
+    let stats = consumer.stats();
+    consumer.shutdown().await.map_err(|e| e.to_string())?;
+    if finished.is_err() {
+        return Err(format!("not every event finished within 120 s: {stats:?}"));
+    }
+    let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut retried: Vec<&str> = seen.iter().map(|(id, _, _)| id.as_str()).collect();
+    retried.sort_unstable();
+    retried.dedup();
+    if retried.len() != OVERTAKING {
+        return Err(format!(
+            "{} of {OVERTAKING} events ran their retry: {retried:?}",
+            retried.len()
+        ));
+    }
+    let early: Vec<&str> = seen
+        .iter()
+        .filter(|(_, _, early)| *early)
+        .map(|(id, _, _)| id.as_str())
+        .collect();
+    if !early.is_empty() {
+        return Err(format!("retries ran before their due time: {early:?}"));
+    }
+    let bound = OVERTAKEN * 3 / 4;
+    let behind: Vec<(&str, usize)> = seen
+        .iter()
+        .filter(|(_, healthy, _)| *healthy >= bound)
+        .map(|(id, healthy, _)| (id.as_str(), *healthy))
+        .collect();
+    if !behind.is_empty() {
+        return Err(format!(
+            "{} of {OVERTAKING} retries waited behind the backlog: each ran after {bound} or more of the \
+             {OVERTAKEN} healthy events behind it were done (id, healthy events done): {behind:?}",
+            behind.len()
+        ));
+    }
+    admin.delete(topic).await.ok();
     Ok(())
 }
