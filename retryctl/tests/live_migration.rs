@@ -182,14 +182,17 @@ fn live_migration(amqp: &str, kafka: &str) -> Result<(), String> {
 
         // 3. The old broker drains: its retries finish there.
         settled(&on_rabbit, half, "RabbitMQ").await?;
-        let work_queue = format!("{topic}:{}", event_retry::adapter::default_group(&topic));
+        let names = rabbit.admin().names(&topic, None).await.map_err(fail)?;
+        let retry_queue = names.retry.ok_or("RabbitMQ names no retry queue")?;
         let raw_rabbit = RawRabbit::new(amqp);
         let deadline = Instant::now() + Duration::from_secs(30);
-        while raw_rabbit.depth(&work_queue).await.map_err(fail)? != 0 {
-            if Instant::now() > deadline {
-                return Err("RabbitMQ's work queue did not drain".into());
+        for queue in [&names.topic, &retry_queue] {
+            while raw_rabbit.depth(queue).await.map_err(fail)? != 0 {
+                if Instant::now() > deadline {
+                    return Err(format!("RabbitMQ's queue {queue} did not drain"));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let rabbit_stats = on_rabbit.stats();
 

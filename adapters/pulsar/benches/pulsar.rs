@@ -9,11 +9,13 @@
 //! 3. backlog: healthy-event latency and the consumer process's resident set, idle and while 1,000 and
 //!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
 //! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`).
+//! 5. busy: retry lateness while a backlog of healthy events waits in the same topic, against the idle
+//!    lateness (`test_support::busy`).
 //!
 //! ```text
 //! scripts/brokers start pulsar && source target/brokers/env.sh
 //! cargo bench -p event-retry-pulsar --bench pulsar                 # every part
-//! cargo bench -p event-retry-pulsar --bench pulsar -- throughput   # or lateness, backlog, scale
+//! cargo bench -p event-retry-pulsar --bench pulsar -- throughput   # or lateness, backlog, scale, busy
 //! ```
 
 use std::sync::Arc;
@@ -152,6 +154,15 @@ async fn run(url: &str) -> Result<(), Error> {
     .await?;
     if bench::wants("throughput") {
         throughput(url, &transport).await?;
+    }
+    if bench::wants("busy") {
+        let topic = format!("bench-busy-{}", uuid::Uuid::new_v4().simple());
+        let describe = format!(
+            "broker tick {:?}, strict deliverAt",
+            transport.config().tick
+        );
+        test_support::busy::run(&Broker::new(transport.clone()), &topic, "pulsar", &describe)
+            .await?;
     }
     if bench::wants("lateness") {
         let topic = format!("bench-lateness-{}", uuid::Uuid::new_v4().simple());

@@ -47,136 +47,235 @@ const ACKS_SENT_WITHIN: Duration = Duration::from_secs(10);
 /// How often a standby (ordered) consumer asks again for the queue.
 const STANDBY_INTERVAL: Duration = Duration::from_millis(500);
 
-/// One consumer of a work queue.
+/// One consumer of a group's work queue and retry queue.
 pub(crate) struct RabbitSubscription {
     link: Arc<Link>,
     spec: SubscriptionSpec,
-    channel: Option<Arc<Channel>>,
-    /// The acknowledgements of the current channel's deliveries, sent in batches.
-    acks: Arc<Acks>,
-    /// The consumers of the retry queue and the work queue, both on `channel` (both or neither).
-    consumers: Option<Consumers>,
-    /// Consumers cancelled by `pause`, still handing out what they had prefetched.
-    draining: Option<Consumers>,
+    /// The retry queue's consumer, read first.
+    retries: Lane,
+    /// The work queue's consumer.
+    work: Lane,
     paused: bool,
-    /// A `basic_consume` was sent and its answer not yet received (the call may have been cancelled).
-    consume_pending: bool,
     generation: u64,
 }
 
-impl RabbitSubscription {
-    pub(crate) fn new(link: Arc<Link>, spec: SubscriptionSpec) -> Self {
+/// Which of a group's queues a lane consumes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Role {
+    Retries,
+    Work,
+}
+
+/// Why a lane did not start consuming.
+enum StartFailed {
+    /// An ordered consumer was refused the queue: another ordered consumer holds it.
+    Refused,
+    /// Anything else.
+    Error(Error),
+}
+
+/// The consumer of one queue, on a channel of its own: delivery tags are numbered per channel and a
+/// `multiple` ack settles every delivery up to its tag, so each queue's deliveries must be handed out in
+/// their channel's order — which two consumers sharing a channel would not be (a retry taken before a
+/// work delivery the broker had sent earlier would let a batched ack settle that delivery unhandled).
+struct Lane {
+    role: Role,
+    queue: String,
+    channel: Option<Arc<Channel>>,
+    /// The acknowledgements of the current channel's deliveries, sent in batches.
+    acks: Arc<Acks>,
+    consumer: Option<Consumer>,
+    /// A consumer cancelled by `pause`, still handing out what it had prefetched.
+    draining: Option<Consumer>,
+    /// A `basic_consume` was sent and its answer not yet received (the call may have been cancelled).
+    consume_pending: bool,
+}
+
+impl Lane {
+    fn new(role: Role, queue: String) -> Self {
         Self {
-            link,
-            spec,
+            role,
+            queue,
             channel: None,
             acks: Acks::new(None),
-            consumers: None,
+            consumer: None,
             draining: None,
-            paused: false,
             consume_pending: false,
-            generation: 0,
         }
     }
 
-    /// Consumes the work queue and the retry queue, on a new channel (after closing a half-started one)
-    /// or on the current one after a pause.
-    async fn start(&mut self) -> Result<(), Error> {
-        loop {
-            // After a pause the channel still carries deliveries in hand (and their acks): consume on it
-            // again. A consume cut short by a cancelled call may have left a consumer nobody reads on
-            // it, so then (and when the channel broke) it is replaced.
-            let reusable = self
-                .channel
-                .as_ref()
-                .filter(|ch| !self.consume_pending && ch.status().connected())
-                .cloned();
-            let channel = match reusable {
-                Some(channel) => channel,
-                None => {
-                    if let Some(old) = self.channel.take()
-                        && self.consume_pending
-                    {
-                        let _ = old.close(200, "restart".into()).await;
-                    }
-                    self.consume_pending = false;
-                    self.link
-                        .ensure_group(&self.spec.topic, &self.spec.group)
-                        .await?;
-                    let channel = Arc::new(self.link.channel().await?);
-                    self.channel = Some(channel.clone());
-                    self.acks = Acks::new(Some(channel.clone()));
-                    let prefetch =
-                        u16::try_from(self.spec.max_in_flight.max(1)).unwrap_or(u16::MAX);
-                    channel
-                        .basic_qos(prefetch, BasicQosOptions::default())
-                        .await
-                        .map_err(connection_error("set the prefetch"))?;
-                    channel
+    /// Consumes the queue: on its current channel after a pause (it still carries deliveries in hand and
+    /// their acks), else on a new one (after closing a half-started one).
+    async fn start(
+        &mut self,
+        link: &Link,
+        spec: &SubscriptionSpec,
+        generation: u64,
+    ) -> Result<(), StartFailed> {
+        // A consume cut short by a cancelled call may have left a consumer nobody reads on the channel,
+        // so then (and when the channel broke) it is replaced.
+        let reusable = self
+            .channel
+            .as_ref()
+            .filter(|ch| !self.consume_pending && ch.status().connected())
+            .cloned();
+        let channel = match reusable {
+            Some(channel) => channel,
+            None => {
+                if let Some(old) = self.channel.take()
+                    && self.consume_pending
+                {
+                    let _ = old.close(200, "restart".into()).await;
                 }
-            };
-            self.generation += 1;
-            self.consume_pending = true;
-            // The work queue first, then the retry queue: ordered consumers all take them in this order,
-            // so the one holding the work queue is the one that gets the retry queue.
-            let consumed = match self.consume(&channel, &self.queue(), "work").await {
-                Ok(work) => self
-                    .consume(&channel, &self.retry_queue(), "retries")
+                self.consume_pending = false;
+                let channel = Arc::new(link.channel().await.map_err(StartFailed::Error)?);
+                self.channel = Some(channel.clone());
+                self.acks = Acks::new(Some(channel.clone()));
+                let prefetch = u16::try_from(spec.max_in_flight.max(1)).unwrap_or(u16::MAX);
+                channel
+                    .basic_qos(prefetch, BasicQosOptions::default())
                     .await
-                    .map(|retries| Consumers { retries, work }),
-                Err(e) => Err(e),
-            };
-            self.consume_pending = false;
-            match consumed {
-                Ok(consumers) => {
-                    self.consumers = Some(consumers);
-                    return Ok(());
-                }
-                // A refused consume closes its channel at the broker, and with it a consumer already
-                // started there on the other queue (the broker gives back what it was sent).
-                Err(e) if self.spec.ordered && is_soft_error(&e, AMQPSoftError::ACCESSREFUSED) => {
-                    debug!(topic = %self.spec.topic, "another ordered consumer holds the queues; standing by");
-                    self.channel = None;
-                    tokio::time::sleep(STANDBY_INTERVAL).await;
-                }
-                Err(e) => {
-                    return Err(crate::error::amqp_error(
-                        e,
-                        format!("consume {}", self.spec.topic),
-                    ));
-                }
+                    .map_err(|e| StartFailed::Error(connection_error("set the prefetch")(e)))?;
+                channel
             }
-        }
-    }
-
-    /// Starts a consumer of `queue` on `channel` (exclusive for an ordered subscription).
-    async fn consume(
-        &self,
-        channel: &Channel,
-        queue: &str,
-        role: &str,
-    ) -> Result<Consumer, lapin::Error> {
+        };
         let tag = format!(
-            "{}-{role}-{}-{}",
-            self.spec.consumer,
+            "{}-{:?}-{}-{generation}",
+            spec.consumer,
+            self.role,
             uuid::Uuid::new_v4().simple(),
-            self.generation
         );
-        channel
+        self.consume_pending = true;
+        let consumed = channel
             .basic_consume(
-                queue.into(),
+                self.queue.as_str().into(),
                 tag.into(),
                 BasicConsumeOptions {
-                    exclusive: self.spec.ordered,
+                    exclusive: spec.ordered,
                     ..BasicConsumeOptions::default()
                 },
                 FieldTable::default(),
             )
-            .await
+            .await;
+        self.consume_pending = false;
+        match consumed {
+            Ok(consumer) => {
+                self.consumer = Some(consumer);
+                Ok(())
+            }
+            Err(e) if spec.ordered && is_soft_error(&e, AMQPSoftError::ACCESSREFUSED) => {
+                Err(StartFailed::Refused)
+            }
+            Err(e) => Err(StartFailed::Error(crate::error::amqp_error(
+                e,
+                format!("consume {}", self.queue),
+            ))),
+        }
     }
 
-    fn deliver(&self, d: AmqpDelivery) -> Delivery {
-        let channel = self.channel.clone();
+    /// Lets the channel go (a refused consume has closed it at the broker; a standby asks again on a
+    /// new one).
+    fn reset(&mut self) {
+        self.consumer = None;
+        self.channel = None;
+    }
+
+    /// Cancels the consumer; what it already holds is handed out after the resume, in order.
+    async fn pause(&mut self) -> Result<(), Error> {
+        if let (Some(consumer), Some(channel)) = (self.consumer.take(), self.channel.as_ref()) {
+            let tag = consumer.tag();
+            self.draining = Some(consumer);
+            channel
+                .basic_cancel(tag, BasicCancelOptions::default())
+                .await
+                .map_err(connection_error("pause (cancel the consumer)"))?;
+        }
+        Ok(())
+    }
+
+    /// The next delivery a cancelled consumer still holds, if any.
+    async fn next_draining(&mut self) -> Option<AmqpDelivery> {
+        let draining = self.draining.as_mut()?;
+        match draining.next().await {
+            Some(Ok(d)) => Some(d),
+            _ => {
+                self.draining = None;
+                None
+            }
+        }
+    }
+}
+
+impl RabbitSubscription {
+    pub(crate) fn new(link: Arc<Link>, spec: SubscriptionSpec) -> Self {
+        let names = &link.names;
+        let retries = Lane::new(Role::Retries, names.retry_queue(&spec.topic, &spec.group));
+        let work = Lane::new(Role::Work, names.group_queue(&spec.topic, &spec.group));
+        Self {
+            link,
+            spec,
+            retries,
+            work,
+            paused: false,
+            generation: 0,
+        }
+    }
+
+    /// Consumes both queues: the work queue first, then the retry queue (ordered consumers all take
+    /// them in this order, so the one holding the work queue is the one that gets the retry queue). An
+    /// ordered consumer refused either queue (another ordered consumer holds it) lets go of both and
+    /// stands by.
+    async fn start(&mut self) -> Result<(), Error> {
+        loop {
+            self.link
+                .ensure_group(&self.spec.topic, &self.spec.group)
+                .await?;
+            self.generation += 1;
+            let mut refused = false;
+            for role in [Role::Work, Role::Retries] {
+                let (link, spec, generation) =
+                    (self.link.clone(), self.spec.clone(), self.generation);
+                let lane = self.lane(role);
+                if lane.consumer.is_some() {
+                    continue;
+                }
+                match lane.start(&link, &spec, generation).await {
+                    Ok(()) => {}
+                    Err(StartFailed::Refused) => {
+                        lane.reset();
+                        refused = true;
+                        break;
+                    }
+                    Err(StartFailed::Error(e)) => return Err(e),
+                }
+            }
+            if !refused {
+                return Ok(());
+            }
+            debug!(topic = %self.spec.topic, "another ordered consumer holds the queues; standing by");
+            // Holding one queue of the two would take the group's events out of order: let both go.
+            for lane in [&mut self.work, &mut self.retries] {
+                if let Some(channel) = lane.channel.take() {
+                    let _ = channel.close(200, "standby".into()).await;
+                }
+                lane.consumer = None;
+            }
+            tokio::time::sleep(STANDBY_INTERVAL).await;
+        }
+    }
+
+    fn lane(&mut self, role: Role) -> &mut Lane {
+        match role {
+            Role::Retries => &mut self.retries,
+            Role::Work => &mut self.work,
+        }
+    }
+
+    fn deliver(&self, role: Role, d: AmqpDelivery) -> Delivery {
+        let lane = match role {
+            Role::Retries => &self.retries,
+            Role::Work => &self.work,
+        };
         let body = Bytes::from(d.data);
         let message = codec::raw_message(body.clone(), &d.properties);
         let message_id = d
@@ -185,17 +284,17 @@ impl RabbitSubscription {
             .as_ref()
             .map(|id| id.to_string())
             .unwrap_or_else(|| format!("{}/{}", self.spec.topic, d.delivery_tag));
-        self.acks.opened(d.delivery_tag);
+        lane.acks.opened(d.delivery_tag);
         let info = DeliveryInfo::new(message_id.clone(), Origin::new(self.spec.topic.clone()));
         let receipt = Box::new(RabbitReceipt {
             link: self.link.clone(),
-            _channel: channel,
+            _channel: lane.channel.clone(),
             acker: Unsettled::new(d.acker),
-            acks: self.acks.clone(),
+            acks: lane.acks.clone(),
             tag: d.delivery_tag,
             topic: self.spec.topic.clone(),
             group: self.spec.group.clone(),
-            retry_queue: self.retry_queue(),
+            retry_queue: self.retries.queue.clone(),
             body,
             native: d.properties,
             message_id,
@@ -203,23 +302,9 @@ impl RabbitSubscription {
         Delivery::new(message, info, receipt)
     }
 
-    /// The work queue of this subscription's group.
-    fn queue(&self) -> String {
-        self.link
-            .names
-            .group_queue(&self.spec.topic, &self.spec.group)
-    }
-
-    /// The retry queue of this subscription's group.
-    fn retry_queue(&self) -> String {
-        self.link
-            .names
-            .retry_queue(&self.spec.topic, &self.spec.group)
-    }
-
     fn reset(&mut self) {
-        self.consumers = None;
-        self.channel = None;
+        self.retries.reset();
+        self.work.reset();
     }
 }
 
@@ -227,24 +312,32 @@ impl RabbitSubscription {
 impl Subscription for RabbitSubscription {
     async fn next(&mut self) -> Result<Option<Delivery>, Error> {
         loop {
-            if let Some(draining) = self.draining.as_mut() {
-                match draining.next_prefetched().await {
-                    Some(d) => return Ok(Some(self.deliver(d))),
-                    None => self.draining = None,
+            // After a resume: what the cancelled consumers held, the retry queue's first.
+            for role in [Role::Retries, Role::Work] {
+                if let Some(d) = self.lane(role).next_draining().await {
+                    return Ok(Some(self.deliver(role, d)));
                 }
-                continue;
             }
             if self.paused {
                 return std::future::pending().await;
             }
-            if self.consumers.is_none() {
+            if self.retries.consumer.is_none() || self.work.consumer.is_none() {
                 self.start().await?;
             }
-            let Some(consumers) = self.consumers.as_mut() else {
+            let (Some(retries), Some(work)) =
+                (self.retries.consumer.as_mut(), self.work.consumer.as_mut())
+            else {
                 continue;
             };
-            match consumers.next().await {
-                Some(Ok(d)) => return Ok(Some(self.deliver(d))),
+            // A due retry first: the runtime asks only when a handler slot is free, so it waits for one
+            // slot, never behind the work queue's backlog.
+            let (role, next) = tokio::select! {
+                biased;
+                d = retries.next() => (Role::Retries, d),
+                d = work.next() => (Role::Work, d),
+            };
+            match next {
+                Some(Ok(d)) => return Ok(Some(self.deliver(role, d))),
                 Some(Err(e)) => {
                     self.reset();
                     return Err(crate::error::amqp_error(
@@ -257,8 +350,8 @@ impl Subscription for RabbitSubscription {
                     return Err(Error::new(
                         Kind::Connection,
                         format!(
-                            "the broker ended a consumer of {} (queue deleted or channel closed)",
-                            self.spec.topic
+                            "the broker ended the consumer of {} (queue deleted or channel closed)",
+                            self.lane(role).queue
                         ),
                     ));
                 }
@@ -273,18 +366,8 @@ impl Subscription for RabbitSubscription {
         if self.spec.ordered {
             return Ok(());
         }
-        if let (Some(consumers), Some(channel)) = (self.consumers.take(), self.channel.clone()) {
-            let tags = [consumers.retries.tag(), consumers.work.tag()];
-            // What the cancelled consumers already hold is handed out after the resume, in order.
-            self.draining = Some(consumers);
-            for tag in tags {
-                channel
-                    .basic_cancel(tag, BasicCancelOptions::default())
-                    .await
-                    .map_err(connection_error("pause (cancel the consumer)"))?;
-            }
-        }
-        Ok(())
+        self.retries.pause().await?;
+        self.work.pause().await
     }
 
     async fn resume(&mut self) -> Result<(), Error> {
@@ -297,10 +380,11 @@ impl Subscription for RabbitSubscription {
             work.await;
         }
         // The runtime has settled every delivery it handled; their acks may still be in a batch.
-        if tokio::time::timeout(ACKS_SENT_WITHIN, self.acks.sent())
-            .await
-            .is_err()
-        {
+        let sent = async {
+            self.retries.acks.sent().await;
+            self.work.acks.sent().await;
+        };
+        if tokio::time::timeout(ACKS_SENT_WITHIN, sent).await.is_err() {
             tracing::warn!(topic = %self.spec.topic, "acknowledgements still unsent at close; the broker redelivers those messages");
         }
         Ok(())
@@ -308,22 +392,23 @@ impl Subscription for RabbitSubscription {
 }
 
 impl RabbitSubscription {
-    /// Cancels the consumer and gives back (nack with requeue) what it was sent but never handed out, so
-    /// a consumer that stops — cleanly or not — holds nothing on a channel that stays open.
+    /// Cancels the consumers and gives back (nack with requeue) what they were sent but never handed
+    /// out, so a consumer that stops — cleanly or not — holds nothing on a channel that stays open.
     fn give_back(&mut self) -> Option<impl Future<Output = ()> + Send + 'static> {
-        let channel = self.channel.clone()?;
-        let consumers: Vec<Consumer> = self
-            .consumers
-            .take()
-            .into_iter()
-            .chain(self.draining.take())
-            .flat_map(|c| [c.retries, c.work])
-            .collect();
+        let mut consumers: Vec<(Arc<Channel>, Consumer)> = Vec::new();
+        for lane in [&mut self.retries, &mut self.work] {
+            let Some(channel) = lane.channel.clone() else {
+                continue;
+            };
+            for consumer in lane.consumer.take().into_iter().chain(lane.draining.take()) {
+                consumers.push((channel.clone(), consumer));
+            }
+        }
         if consumers.is_empty() {
             return None;
         }
         Some(async move {
-            for mut consumer in consumers {
+            for (channel, mut consumer) in consumers {
                 // Bounded: a quorum queue whose leader just died may never answer the cancel, and a
                 // shutdown must not wait for it (closing the channel gives the deliveries back too).
                 let cancel = channel.basic_cancel(consumer.tag(), BasicCancelOptions::default());
@@ -355,36 +440,6 @@ impl Drop for RabbitSubscription {
             && let Ok(handle) = tokio::runtime::Handle::try_current()
         {
             handle.spawn(work);
-        }
-    }
-}
-
-/// The consumers of a group's two queues on one channel.
-struct Consumers {
-    retries: Consumer,
-    work: Consumer,
-}
-
-impl Consumers {
-    /// The next delivery, the retry queue's first when both have one; `None` when either consumer ended
-    /// (its channel closed or its queue was deleted).
-    async fn next(&mut self) -> Option<Result<AmqpDelivery, lapin::Error>> {
-        tokio::select! {
-            biased;
-            d = self.retries.next() => d,
-            d = self.work.next() => d,
-        }
-    }
-
-    /// After a cancel: what either consumer had been sent and not yet handed out, the retry queue's
-    /// first; `None` once both have handed out everything.
-    async fn next_prefetched(&mut self) -> Option<AmqpDelivery> {
-        if let Some(Ok(d)) = self.retries.next().await {
-            return Some(d);
-        }
-        match self.work.next().await {
-            Some(Ok(d)) => Some(d),
-            _ => None,
         }
     }
 }

@@ -8,7 +8,9 @@
 //! 3. backlog: healthy-event latency and the consumer process's resident set, idle and while 1,000 and
 //!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
 //! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`);
-//! 5. `backlog-raw` (only when named): the backlog part's healthy-event latency with the raw client and
+//! 5. busy: retry lateness while a backlog of healthy events waits in the same queue, against the idle
+//!    lateness (`test_support::busy`);
+//! 6. `backlog-raw` (only when named): the backlog part's healthy-event latency with the raw client and
 //!    no SDK — a receive loop as the adapter's (up to 10 per receive, long polling 1 s), messages sent at
 //!    100/s — idle and while 1,000 and 100,000 received messages are hidden for 10 minutes by
 //!    ChangeMessageVisibility, as the SDK's waiting retries are: what the broker itself does under that
@@ -17,7 +19,7 @@
 //! ```text
 //! scripts/brokers start sqs && source target/brokers/env.sh
 //! cargo bench -p event-retry-sqs --bench sqs                 # every part
-//! cargo bench -p event-retry-sqs --bench sqs -- throughput   # or lateness, backlog, scale
+//! cargo bench -p event-retry-sqs --bench sqs -- throughput   # or lateness, backlog, scale, busy
 //! cargo bench -p event-retry-sqs --bench sqs -- backlog-raw  # the broker alone under a backlog
 //! ```
 
@@ -154,6 +156,16 @@ async fn run(url: &str) -> Result<(), Error> {
     .await?;
     if bench::wants("throughput") {
         throughput(url, &transport).await?;
+    }
+    if bench::wants("busy") {
+        let topic = format!("bench-busy-{}", uuid::Uuid::new_v4().simple());
+        test_support::busy::run(
+            &Broker::new(transport.clone()),
+            &topic,
+            "sqs",
+            "visibility-timeout retries, granularity 1 s",
+        )
+        .await?;
     }
     if bench::asked("backlog-raw") {
         raw_backlog(&raw_client(url)).await?;
