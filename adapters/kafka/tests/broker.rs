@@ -16,7 +16,7 @@
 //! * with topic creation off, subscribing to a topic whose derived topics are missing is an error naming
 //!   them, and nothing is created.
 //!
-//! They run when `RETRY_TEST_KAFKA` names a broker started by `scripts/brokers`; otherwise they are listed
+//! They run one at a time when `RETRY_TEST_KAFKA` names a broker started by `scripts/brokers`; otherwise they are listed
 //! as ignored with the reason, and fail when `RETRY_TEST_REQUIRE` names kafka. The killed process is this
 //! test binary itself, started again with `KAFKA_TEST_CHILD` set.
 
@@ -71,7 +71,11 @@ fn main() {
         }
         return;
     }
-    let args = Arguments::from_args();
+    let mut args = Arguments::from_args();
+    // One at a time: run beside each other, the two crash-before-commit tests disturbed each other — the
+    // plain one found one copy per event instead of two in 2 of 9 runs (each alone: 6 of 6 passed),
+    // the transactional one two copies once in a full workspace run. The cause is not found yet.
+    args.test_threads = Some(1);
     let tests: [(&str, Test); 9] = [
         (
             "killed_process_loses_no_delayed_retry",
@@ -744,6 +748,13 @@ fn transactional_config(transactional: bool) -> KafkaConfig {
     }
 }
 
+/// The consumer group of a crash test's topic: its own, so that the two crash tests, which run at the
+/// same time, never share a group (a shared one rebalanced each test's consumers whenever the other's
+/// joined, left or died, and one test in a few then counted a copy too many or too few).
+fn crash_group(topic: &str) -> String {
+    format!("{topic}-group")
+}
+
 /// The child that dies before committing: fails every event once (a retry after 1 s) and aborts at the
 /// failpoint the parent set, after its copies were produced and before their commit.
 fn crash_child(url: String, topic: String, transactional: bool) -> Result<(), String> {
@@ -756,7 +767,7 @@ fn crash_child(url: String, topic: String, transactional: bool) -> Result<(), St
         });
         let _consumer = Broker::new(transport)
             .consumer(&topic)
-            .group("txn")
+            .group(crash_group(&topic))
             .policy(RetryPolicy::parse("1s x1").map_err(|e| e.to_string())?)
             .build()
             .map_err(|e| e.to_string())?
@@ -812,7 +823,7 @@ fn crash_before_commit(url: &str, transactional: bool) -> Result<HashMap<String,
             .map_err(|e| e.to_string())?;
         let topic = format!("txn-crash-{}", uuid::Uuid::new_v4().simple());
         transport
-            .declare(&topic, Some("txn"))
+            .declare(&topic, Some(&crash_group(&topic)))
             .await
             .map_err(|e| e.to_string())?;
         publish_keyed(
@@ -864,7 +875,7 @@ fn crash_before_commit(url: &str, transactional: bool) -> Result<HashMap<String,
         });
         let consumer = Broker::new(transport.clone())
             .consumer(&topic)
-            .group("txn")
+            .group(crash_group(&topic))
             .policy(RetryPolicy::parse("1s x1").map_err(|e| e.to_string())?)
             .build()
             .map_err(|e| e.to_string())?
@@ -882,7 +893,8 @@ fn crash_before_commit(url: &str, transactional: bool) -> Result<HashMap<String,
         // Let a second copy come through the ladder before counting.
         tokio::time::sleep(Duration::from_secs(3)).await;
         consumer.shutdown().await.map_err(|e| e.to_string())?;
-        let retry_topic = transactional_config(transactional).retry_topic(&topic, "txn");
+        let retry_topic =
+            transactional_config(transactional).retry_topic(&topic, &crash_group(&topic));
         let bootstrap = event_retry_kafka::bootstrap_of(url).map_err(|e| e.to_string())?;
         tokio::task::spawn_blocking(move || copies_on(&bootstrap, &retry_topic))
             .await
