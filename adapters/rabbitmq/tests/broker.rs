@@ -214,17 +214,22 @@ fn a_connection_lost_in_a_dlq_outage_ends_the_hold(url: String) -> Result<(), St
     })
 }
 
+/// A transport on quorum queues, its other settings the defaults.
+async fn quorum_transport(url: &str) -> Result<RabbitTransport, String> {
+    let config = RabbitConfig {
+        queue_type: QueueType::Quorum,
+        ..RabbitConfig::default()
+    };
+    RabbitTransport::connect_with(url, config)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// A quorum-queue transport: an event failing twice retries through the quorum ladder (never early) and
 /// succeeds; a non-retryable one lands in the quorum DLQ with its metadata and replays from it.
 fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
     runtime()?.block_on(async move {
-        let config = RabbitConfig {
-            queue_type: QueueType::Quorum,
-            ..RabbitConfig::default()
-        };
-        let transport = RabbitTransport::connect_with(&url, config)
-            .await
-            .map_err(|e| e.to_string())?;
+        let transport = quorum_transport(&url).await?;
         let topic = format!("quorum-{}", uuid::Uuid::new_v4().simple());
         let calls: Arc<Mutex<HashMap<String, Vec<Instant>>>> = Arc::default();
         let seen = calls.clone();
@@ -513,13 +518,7 @@ fn a_due_retry_overtakes_the_backlog(url: String) -> Result<(), String> {
 
 fn a_due_retry_overtakes_the_backlog_on_quorum_queues(url: String) -> Result<(), String> {
     runtime()?.block_on(async move {
-        let config = RabbitConfig {
-            queue_type: QueueType::Quorum,
-            ..RabbitConfig::default()
-        };
-        let transport = RabbitTransport::connect_with(&url, config)
-            .await
-            .map_err(|e| e.to_string())?;
+        let transport = quorum_transport(&url).await?;
         let topic = format!("overtake-quorum-{}", uuid::Uuid::new_v4().simple());
         test_support::busy::a_due_retry_overtakes_the_backlog(&Broker::new(transport), &topic).await
     })

@@ -130,6 +130,15 @@ pub fn count_from_env(name: &str, default: usize, min: usize) -> Result<usize, E
 
 /// The payload size when `RETRY_BENCH_PAYLOAD` is unset.
 const DEFAULT_PAYLOAD: usize = 230;
+
+/// A payload size as the ratio lines name it: `100B`, `1KB` (1,024 bytes), `16KB`, `230B`.
+fn payload_label(bytes: usize) -> String {
+    if bytes >= 1024 && bytes.is_multiple_of(1024) {
+        format!("{}KB", bytes / 1024)
+    } else {
+        format!("{bytes}B")
+    }
+}
 /// The smallest payload: room for the JSON frame around the padding.
 const MIN_PAYLOAD: usize = 32;
 
@@ -426,7 +435,8 @@ impl Throughput {
     }
 
     /// Prints the ratio of the best rounds and of the medians, from the consumers' start and from their
-    /// first message, then the summary line `ratio sdk/raw <broker> <payload bytes>: x` (medians, from
+    /// first message, then the summary line `ratio sdk/raw <broker> <payload>: x` (`100B`, `1KB`,
+    /// `16KB`; medians, from
     /// the consumers' start).
     pub fn report(&self, broker: &str) {
         let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
@@ -472,7 +482,7 @@ impl Throughput {
         let whole = |v: &[Rate]| median(&v.iter().map(|r| r.whole).collect::<Vec<_>>());
         println!(
             "ratio sdk/raw {broker} {}: {:.2}",
-            payload_bytes().unwrap_or(DEFAULT_PAYLOAD),
+            payload_label(payload_bytes().unwrap_or(DEFAULT_PAYLOAD)),
             whole(&self.sdk) / whole(&self.raw)
         );
     }
@@ -551,6 +561,15 @@ pub async fn lateness(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn payloads_are_named_as_the_ratio_lines_name_them() {
+        let labels: Vec<String> = [100, 230, 1024, 16384, 1500]
+            .into_iter()
+            .map(payload_label)
+            .collect();
+        assert_eq!(labels, ["100B", "230B", "1KB", "16KB", "1500B"]);
+    }
 
     #[test]
     fn percentiles_take_the_nearest_rank() {

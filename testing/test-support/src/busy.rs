@@ -72,6 +72,35 @@ pub async fn run(broker: &Broker, topic: &str, name: &str, describe: &str) -> Re
     Ok(())
 }
 
+/// Publishes `retrying` events `r-0`, `r-1`, … one by one (the handlers fail them once), then `healthy`
+/// events `h-0`, `h-1`, … behind them, 256 at a time.
+async fn publish_retrying_then_healthy(
+    broker: &Broker,
+    topic: &str,
+    retrying: usize,
+    healthy: usize,
+) -> Result<(), event_retry_core::error::Error> {
+    let producer = broker.producer();
+    for i in 0..retrying {
+        let id = format!("r-{i}");
+        producer
+            .publish(topic, Event::new(id.clone()).with_id(id))
+            .await?;
+    }
+    let producer = &producer;
+    futures::stream::iter(0..healthy)
+        .map(|i| async move {
+            producer
+                .publish(topic, Event::new("h").with_id(format!("h-{i}")))
+                .await
+                .map(drop)
+        })
+        .buffer_unordered(256)
+        .try_collect::<Vec<()>>()
+        .await
+        .map(drop)
+}
+
 /// One round's figures.
 struct Round {
     /// Each retry's lateness in ms, sorted.
@@ -101,24 +130,7 @@ async fn round(broker: &Broker, topic: &str, backlog: usize) -> Result<Round, Er
             Some(&event_retry_core::adapter::default_group(topic)),
         )
         .await?;
-    let producer = broker.producer();
-    for i in 0..RETRIES {
-        let id = format!("r-{i}");
-        producer
-            .publish(topic, Event::new(id.clone()).with_id(id))
-            .await?;
-    }
-    let producer = &producer;
-    futures::stream::iter(0..backlog)
-        .map(|i| async move {
-            producer
-                .publish(topic, Event::new("h").with_id(format!("h-{i}")))
-                .await
-                .map(drop)
-        })
-        .buffer_unordered(256)
-        .try_collect::<Vec<()>>()
-        .await?;
+    publish_retrying_then_healthy(broker, topic, RETRIES, backlog).await?;
     let seen: Arc<Mutex<Seen>> = Arc::default();
     let record = seen.clone();
     let handler = handler_fn(move |event: Event, ctx: Context| {
@@ -204,8 +216,8 @@ const OVERTAKEN: usize = 3_000;
 /// about 3.75 s, three times the retries' delay.
 const OVERTAKEN_WORK: Duration = Duration::from_millis(20);
 
-/// A broker test (not a bench: it counts, it does not time): [`OVERTAKING`] events fail once under
-/// `1s x2`, [`OVERTAKEN`] healthy events wait behind them, and the consumer starts with its defaults. A
+/// A broker test (not a bench: it counts, it does not time): 20 events fail once under
+/// `1s x2`, 3,000 healthy events (20 ms each) wait behind them, and the consumer starts with its defaults. A
 /// due retry must run while the backlog is still being consumed — each retry's second attempt sees
 /// fewer than three quarters of the healthy events done — and never before its due time. A retry that
 /// came back behind the backlog (the tail of the source queue, or a retry route read only when the source
@@ -219,24 +231,7 @@ pub async fn a_due_retry_overtakes_the_backlog(broker: &Broker, topic: &str) -> 
         )
         .await
         .map_err(|e| e.to_string())?;
-    let producer = broker.producer();
-    for i in 0..OVERTAKING {
-        let id = format!("r-{i}");
-        producer
-            .publish(topic, Event::new(id.clone()).with_id(id))
-            .await
-            .map_err(|e| e.to_string())?;
-    }
-    let producer = &producer;
-    futures::stream::iter(0..OVERTAKEN)
-        .map(|i| async move {
-            producer
-                .publish(topic, Event::new("h").with_id(format!("h-{i}")))
-                .await
-                .map(drop)
-        })
-        .buffer_unordered(256)
-        .try_collect::<Vec<()>>()
+    publish_retrying_then_healthy(broker, topic, OVERTAKING, OVERTAKEN)
         .await
         .map_err(|e| e.to_string())?;
     let healthy_done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
