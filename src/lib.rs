@@ -159,6 +159,10 @@ pub mod prometheus;
 #[cfg(feature = "health")]
 pub mod health;
 
+/// W3C trace context across every hop (feature `opentelemetry`): publish, each attempt, replay.
+#[cfg(feature = "opentelemetry")]
+pub use event_retry_core::trace_context;
+
 /// Lets a retry policy drive `backoff::backoff::Backoff` (feature `backoff`; the crate is unmaintained).
 #[cfg(feature = "backoff")]
 pub use event_retry_core::backoff_compat;

@@ -68,6 +68,12 @@ impl Headers {
     pub fn retain(&mut self, mut predicate: impl FnMut(&str, &Bytes) -> bool) {
         self.0.retain(|(n, v)| predicate(n, v));
     }
+
+    /// [`Headers::retain`] with each kept value open to change, in place.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn retain_mut(&mut self, mut predicate: impl FnMut(&str, &mut Bytes) -> bool) {
+        self.0.retain_mut(|(n, v)| predicate(n, v));
+    }
 }
 
 impl FromIterator<(String, Bytes)> for Headers {

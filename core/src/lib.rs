@@ -30,6 +30,8 @@ pub mod runtime;
 pub mod secret;
 pub mod telemetry;
 pub mod time;
+#[cfg(feature = "opentelemetry")]
+pub mod trace_context;
 
 /// The names a service needs, in one import.
 pub mod prelude {

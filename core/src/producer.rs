@@ -53,11 +53,26 @@ impl Producer {
     }
 
     /// Publishes `event` to `topic` and returns once the broker confirmed it, with where it landed.
+    ///
+    /// With the `opentelemetry` feature, called inside a span of an OpenTelemetry trace, it sends the
+    /// event in a `publish` span whose context the event carries (see [`crate::trace_context`]).
     pub async fn publish(&self, topic: &str, event: Event) -> Result<Published, Error> {
-        let event = prepare(topic, event)?;
+        #[allow(unused_mut)]
+        let mut event = prepare(topic, event)?;
         let id = event.id().unwrap_or_default().to_string();
-        let published = self.transport.publish(topic, &event).await?;
-        Ok(published.with_event_id(id))
+        // The publish span, its context written into the event (none outside a trace).
+        #[cfg(feature = "opentelemetry")]
+        let span = crate::trace_context::publish_span(
+            crate::telemetry::messaging_system(self.transport.name()),
+            topic,
+            &id,
+            &mut event.headers,
+        )
+        .unwrap_or_else(tracing::Span::none);
+        let published = self.transport.publish(topic, &event);
+        #[cfg(feature = "opentelemetry")]
+        let published = tracing::Instrument::instrument(published, span);
+        Ok(published.await?.with_event_id(id))
     }
 
     /// Publishes `events` to `topic` in order, each confirmed before the next is sent (so events of one

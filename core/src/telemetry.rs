@@ -35,6 +35,15 @@ pub const HANDLER_SECONDS: &str = "event_retry_handler_seconds";
 /// Retry lateness in seconds: how long after its due time a retry ran (histogram).
 pub const LATENESS_SECONDS: &str = "event_retry_lateness_seconds";
 
+/// The `messaging.system` a transport is named by in the SDK's spans: the OpenTelemetry messaging
+/// conventions' names (`aws_sqs` for SQS), the transport's own name otherwise.
+pub fn messaging_system(transport: &'static str) -> &'static str {
+    match transport {
+        "sqs" => "aws_sqs",
+        other => other,
+    }
+}
+
 /// The metric handles of one consumer, registered once when it starts: the hot path then only
 /// increments them, with no label to build or registry to search per event. Handles belong to the
 /// recorder installed when they were registered, so a service installs its exporter before it starts its
@@ -127,6 +136,15 @@ mod tests {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
     use super::*;
+
+    #[test]
+    fn transports_are_named_as_the_messaging_conventions_name_them() {
+        let names: Vec<&str> = ["kafka", "rabbitmq", "sqs", "pulsar", "memory"]
+            .into_iter()
+            .map(messaging_system)
+            .collect();
+        assert_eq!(names, ["kafka", "rabbitmq", "aws_sqs", "pulsar", "memory"]);
+    }
 
     #[test]
     fn handles_count_under_the_topic_and_the_reason() {

@@ -131,8 +131,22 @@ pub(crate) async fn enqueue<C: OutboxConnection + ?Sized>(
     event: Event,
     on_commit: OnCommit,
 ) -> Result<String, OutboxError> {
+    #[cfg(feature = "opentelemetry")]
+    let (event, span) = {
+        // The id the row will have, so the span names it.
+        let id = event
+            .id()
+            .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string);
+        let mut event = event.with_id(id.clone());
+        let span = event_retry_core::trace_context::create_span(topic, &id, &mut event.headers);
+        (event, span)
+    };
     let row = prepare(topic, event, Timestamp::now())?;
-    conn.insert_row(&row, on_commit).await?;
+    let inserted = conn.insert_row(&row, on_commit);
+    #[cfg(feature = "opentelemetry")]
+    let inserted =
+        tracing::Instrument::instrument(inserted, span.unwrap_or_else(tracing::Span::none));
+    inserted.await?;
     Ok(row.event_id)
 }
 

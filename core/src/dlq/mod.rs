@@ -424,7 +424,19 @@ async fn replay(
     for (done, step) in steps.into_iter().enumerate() {
         if step.first {
             let (event, origin) = step.entry.for_replay(source_topic);
-            session.replay(step.index, &origin, &event).await?;
+            let replayed = session.replay(step.index, &origin, &event);
+            // The replay's span, in the trace the entry carries (none when it carries none).
+            #[cfg(feature = "opentelemetry")]
+            let replayed = tracing::Instrument::instrument(
+                replayed,
+                crate::trace_context::replay_span(
+                    &origin,
+                    event.meta.event_id.as_deref(),
+                    &event.headers,
+                )
+                .unwrap_or_else(tracing::Span::none),
+            );
+            replayed.await?;
             let mut remove = step.removals();
             remove.sort_unstable();
             session.remove(&remove).await?;

@@ -75,6 +75,23 @@ pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
     }
 }
 
+/// Records what an attempt led to on its span: `outcome` (`ack`, `retry`, `retry_in_place`, `hold`,
+/// `dead`), and an error status for a dead letter.
+fn record_outcome(outcome: &Outcome) {
+    let span = tracing::Span::current();
+    let name = match outcome {
+        Outcome::Ack => "ack",
+        Outcome::RetryAfter(_) => "retry",
+        Outcome::RetryInPlace(_) => "retry_in_place",
+        Outcome::Hold(_) => "hold",
+        Outcome::Dead(_) => {
+            span.record("otel.status_code", "ERROR");
+            "dead"
+        }
+    };
+    span.record("outcome", name);
+}
+
 /// A delivery decoded: ready to handle, or poison (its metadata does not parse).
 enum Prepared {
     Ready {
@@ -146,13 +163,26 @@ fn prepare(shared: &Shared, message: crate::event::RawMessage, info: DeliveryInf
     if let Some(counted) = broker_retries {
         meta.retries = meta.retries.max(counted);
     }
+    // One span per attempt, named and attributed after the OpenTelemetry messaging conventions (so an
+    // exporter shows it as a consumer span); `topic`, `event_id` and `attempt` are kept for logs.
     let span = info_span!(
         "event",
         topic = %shared.spec.topic,
         event_id = %id,
         attempt = meta.attempts.saturating_add(1),
+        replays = meta.replay_count,
         next_delay_ms = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        otel.kind = "consumer",
+        otel.status_code = tracing::field::Empty,
+        messaging.system = shared.system,
+        messaging.operation.type = "process",
+        messaging.destination.name = %shared.spec.topic,
+        messaging.consumer.group.name = %shared.spec.group,
+        messaging.message.id = %id,
     );
+    #[cfg(feature = "opentelemetry")]
+    crate::trace_context::continue_from(&span, &event.headers);
     Prepared::Ready {
         event,
         id,
@@ -310,6 +340,7 @@ impl Handling<'_> {
                 }
             };
             debug!(?outcome, "decided");
+            record_outcome(&outcome);
             match outcome {
                 Outcome::RetryInPlace(pause_for) => {
                     in_place_retries += 1;

@@ -67,6 +67,7 @@ pub(super) async fn start(
     let (pause_tx, pause_rx) = watch::channel(0usize);
     let shared = Arc::new(Shared {
         topic: Arc::from(b.spec.topic.as_str()),
+        system: crate::telemetry::messaging_system(b.transport.name()),
         spec: b.spec.clone(),
         policies: b.policies,
         classifier: b.classifier,
@@ -136,6 +137,8 @@ impl Drop for StopGuard {
 pub(crate) struct Shared {
     /// The topic, shared with every handler context.
     pub(super) topic: Arc<str>,
+    /// The transport's name, as the attempt spans' `messaging.system` gives it.
+    pub(super) system: &'static str,
     pub(super) spec: SubscriptionSpec,
     pub(super) policies: Policies,
     pub(super) classifier: Classifier,

@@ -61,6 +61,7 @@ scenario_tests!(
     s14_rebalance_during_retries = 14,
     s16_graceful_shutdown = 16,
     s17_groups_each_get_every_event = 17,
+    s18_trace_context_every_hop = 18,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

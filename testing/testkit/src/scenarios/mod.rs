@@ -14,6 +14,7 @@ pub mod groups;
 pub mod holds;
 pub mod retry;
 mod support;
+pub mod trace;
 
 use std::sync::Arc;
 
@@ -81,7 +82,7 @@ impl Scenario {
     }
 }
 
-/// The scenario numbered `number` (1–17).
+/// The scenario numbered `number` (1–18).
 pub fn numbered(number: u8) -> Option<Scenario> {
     all().into_iter().find(|s| s.number == number)
 }
@@ -218,6 +219,12 @@ pub fn all() -> Vec<Scenario> {
             ),
             "two groups on one topic: each gets every event and retries and replays its own"
         ),
+        scenario!(
+            18,
+            trace::trace_context_every_hop,
+            |c, _| (!c.replay).then_some("the transport cannot replay its DLQ"),
+            "one trace: publish → attempt → retry → attempt → DLQ → replay → attempt"
+        ),
     ]
 }
 
@@ -237,6 +244,6 @@ mod tests {
             );
         }
         let numbers: Vec<u8> = scenarios.iter().map(|s| s.number).collect();
-        assert_eq!(numbers, (1..=17).collect::<Vec<u8>>());
+        assert_eq!(numbers, (1..=18).collect::<Vec<u8>>());
     }
 }
