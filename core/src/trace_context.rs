@@ -133,35 +133,43 @@ pub(crate) fn publish_span(
     event_id: &str,
     headers: &mut Headers,
 ) -> Option<tracing::Span> {
-    if !current_is_traced() || carries_context(headers) {
-        return None;
-    }
-    let span = tracing::info_span!(
-        "publish",
-        otel.kind = "producer",
-        messaging.system = system,
-        messaging.destination.name = %topic,
-        messaging.operation.type = "send",
-        messaging.message.id = %event_id,
-    );
-    inject(&span.context(), headers);
-    Some(span)
+    start_trace_hop(headers, || {
+        tracing::info_span!(
+            "publish",
+            otel.kind = "producer",
+            messaging.system = system,
+            messaging.destination.name = %topic,
+            messaging.operation.type = "send",
+            messaging.message.id = %event_id,
+        )
+    })
 }
 
 /// The `create` span of an event written into a transactional outbox for `topic` from inside a trace,
 /// its context written into `headers` (the relay publishes the row with them later); `None` outside a
 /// trace or when the event already carries a context.
 pub fn create_span(topic: &str, event_id: &str, headers: &mut Headers) -> Option<tracing::Span> {
+    start_trace_hop(headers, || {
+        tracing::info_span!(
+            "create",
+            otel.kind = "producer",
+            messaging.destination.name = %topic,
+            messaging.operation.type = "create",
+            messaging.message.id = %event_id,
+        )
+    })
+}
+
+/// Inside a trace, for an event that carries no context yet: the span `open` makes (a child of the
+/// current span), its context written into `headers`. `None` otherwise.
+fn start_trace_hop(
+    headers: &mut Headers,
+    open: impl FnOnce() -> tracing::Span,
+) -> Option<tracing::Span> {
     if !current_is_traced() || carries_context(headers) {
         return None;
     }
-    let span = tracing::info_span!(
-        "create",
-        otel.kind = "producer",
-        messaging.destination.name = %topic,
-        messaging.operation.type = "create",
-        messaging.message.id = %event_id,
-    );
+    let span = open();
     inject(&span.context(), headers);
     Some(span)
 }

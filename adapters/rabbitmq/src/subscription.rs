@@ -1,9 +1,9 @@
 //! Consuming a group's work queue and retry queue: manual acks, prefetch bound to the runtime's
 //! concurrency, and receipts that settle a delivery only after its retry or DLQ copy was confirmed.
 //!
-//! Both queues are consumed on one channel, and a delivery from the retry queue is handed out before one
-//! from the work queue: the runtime asks for the next delivery only when a handler slot is free, so a
-//! retry that fell due waits for one slot, never for the backlog in the work queue.
+//! Each queue is consumed on a channel of its own (see [`Lane`]), and a delivery from the retry queue is
+//! handed out before one from the work queue: the runtime asks for the next delivery only when a handler
+//! slot is free, so a retry that fell due waits for one slot, never for the backlog in the work queue.
 //!
 //! A blocking pause cancels the consumer (the broker stops sending) and hands out what was already
 //! prefetched after the resume, in order, then consumes again on the same channel (deliveries in hand
@@ -232,14 +232,19 @@ impl RabbitSubscription {
                 .await?;
             self.generation += 1;
             let mut refused = false;
-            for role in [Role::Work, Role::Retries] {
-                let (link, spec, generation) =
-                    (self.link.clone(), self.spec.clone(), self.generation);
-                let lane = self.lane(role);
+            let Self {
+                link,
+                spec,
+                work,
+                retries,
+                generation,
+                ..
+            } = self;
+            for lane in [work, retries] {
                 if lane.consumer.is_some() {
                     continue;
                 }
-                match lane.start(&link, &spec, generation).await {
+                match lane.start(link, spec, *generation).await {
                     Ok(()) => {}
                     Err(StartFailed::Refused) => {
                         lane.reset();
@@ -271,11 +276,10 @@ impl RabbitSubscription {
         }
     }
 
-    fn deliver(&self, role: Role, d: AmqpDelivery) -> Delivery {
-        let lane = match role {
-            Role::Retries => &self.retries,
-            Role::Work => &self.work,
-        };
+    fn deliver(&mut self, role: Role, d: AmqpDelivery) -> Delivery {
+        let retry_queue = self.retries.queue.clone();
+        let lane = self.lane(role);
+        let (channel, acks) = (lane.channel.clone(), lane.acks.clone());
         let body = Bytes::from(d.data);
         let message = codec::raw_message(body.clone(), &d.properties);
         let message_id = d
@@ -284,17 +288,17 @@ impl RabbitSubscription {
             .as_ref()
             .map(|id| id.to_string())
             .unwrap_or_else(|| format!("{}/{}", self.spec.topic, d.delivery_tag));
-        lane.acks.opened(d.delivery_tag);
+        acks.opened(d.delivery_tag);
         let info = DeliveryInfo::new(message_id.clone(), Origin::new(self.spec.topic.clone()));
         let receipt = Box::new(RabbitReceipt {
             link: self.link.clone(),
-            _channel: lane.channel.clone(),
+            _channel: channel,
             acker: Unsettled::new(d.acker),
-            acks: lane.acks.clone(),
+            acks,
             tag: d.delivery_tag,
             topic: self.spec.topic.clone(),
             group: self.spec.group.clone(),
-            retry_queue: self.retries.queue.clone(),
+            retry_queue,
             body,
             native: d.properties,
             message_id,
