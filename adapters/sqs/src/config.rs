@@ -37,6 +37,12 @@ pub struct SqsConfig {
     /// does not grow with the retries waiting in the queue; a FIFO queue, which cannot delay a copy, keeps
     /// the broker's counts only for those. Default 1,000.
     pub remembered_retries: usize,
+    /// Consumer groups through Amazon SNS: a topic is an SNS topic of that name, and each consumer group
+    /// has a queue of its own subscribed to it (raw message delivery), with its own DLQ, so every group
+    /// receives every event and retries and dead-letters its own. The default group's queue is named as
+    /// the topic, another group's `<topic>-<group>`. The SNS client shares the SQS client's region,
+    /// credentials and endpoint. Default false: a topic is one queue whose consumers share its messages.
+    pub sns: bool,
 }
 
 impl Default for SqsConfig {
@@ -51,6 +57,7 @@ impl Default for SqsConfig {
             max_receive_count: 50,
             set_redrive: false,
             remembered_retries: 1_000,
+            sns: false,
         }
     }
 }
@@ -59,7 +66,7 @@ impl SqsConfig {
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
     /// starting from the defaults: `visibility`, `max_visibility`, `max_send_delay`, `wait` (durations
     /// such as `30s`), `dlq_suffix`, `declare` (formerly `create_queues`), `max_receive_count`, `set_redrive`,
-    /// `remembered_retries`; and `region`
+    /// `remembered_retries`, `sns`; and `region`
     /// and `profile` (the AWS shared-config profile), returned apart for the client. An unknown key is
     /// an error.
     pub fn from_options(options: &Options) -> Result<(Self, ClientSettings), Error> {
@@ -92,6 +99,9 @@ impl SqsConfig {
         }
         if let Some(v) = read.number("remembered_retries")? {
             c.remembered_retries = v;
+        }
+        if let Some(v) = read.bool("sns")? {
+            c.sns = v;
         }
         let client = ClientSettings {
             region: read.string("region"),
@@ -176,6 +186,7 @@ mod tests {
             .set("max_receive_count", "10")
             .set("set_redrive", "true")
             .set("remembered_retries", "0")
+            .set("sns", "true")
             .set("region", "eu-west-1");
         let (c, region) = SqsConfig::from_options(&options).unwrap_or_default();
         assert_eq!(c.visibility, Duration::from_secs(20));
@@ -186,6 +197,7 @@ mod tests {
         assert!(!c.create_queues && c.set_redrive);
         assert_eq!(c.max_receive_count, 10);
         assert_eq!(c.remembered_retries, 0);
+        assert!(c.sns);
         assert_eq!(region.region.as_deref(), Some("eu-west-1"));
         let typo = SqsConfig::from_options(&Options::new().set("visiblity", "1s"));
         assert_eq!(typo.err().map(|e| e.kind()), Some(Kind::Config));

@@ -5,6 +5,10 @@
 //! source queue was sent, the order being `event_retry_core::dlq`'s — and when it finishes makes every other
 //! one visible again at once (if the process dies, they come back when the hold ends). Batch calls are
 //! checked entry by entry: their failures come back with HTTP 200. An entry's id is its SQS message id.
+//!
+//! With consumer groups through SNS each group's queue has a DLQ of its own: an operation on a topic
+//! reads the DLQ of every group subscribed to it, one after the other, tags each entry with its group,
+//! and replays an entry to its group's queue alone.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
@@ -37,20 +41,38 @@ pub(crate) async fn open(
     let Some(dlq) = queues.url_of(&info.dlq_name).await? else {
         return Ok(None);
     };
-    Ok(Some(Box::new(SqsDlqSession {
-        link,
-        dlq,
-        // Entries are hidden for HOLD_SECONDS: the reading stops well before, and an entry seen twice
-        // (visible again on real SQS) is given back rather than taken twice.
-        deadline: Instant::now() + Duration::from_secs(HOLD_SECONDS as u64 * 3 / 4),
-        handles: Vec::new(),
-        attributes: Vec::new(),
-        removed: HashSet::new(),
-        unread: VecDeque::new(),
-        others: Vec::new(),
-        seen: HashSet::new(),
-        confirming: false,
-        done: false,
+    Ok(Some(Box::new(SqsDlqSession::new(link, dlq, None))))
+}
+
+/// Opens one operation on the DLQs of every consumer group of SNS topic `source_topic` (the groups
+/// whose queues are subscribed to it); `None` when the topic does not exist.
+pub(crate) async fn open_groups(
+    link: Arc<Link>,
+    source_topic: &str,
+) -> Result<Option<Box<dyn DlqSession>>, Error> {
+    let Some(sns) = &link.sns else {
+        return open(link, source_topic).await;
+    };
+    let Some(arn) = sns.find_topic(source_topic).await? else {
+        return Ok(None);
+    };
+    let mut groups = Vec::new();
+    for queue in sns.subscribed_queues(&arn).await? {
+        let Some(group) = crate::sns::group_of_queue(source_topic, &queue) else {
+            continue;
+        };
+        if link.queues.url_of(&queue).await?.is_none() {
+            continue;
+        }
+        let info = link.queues.resolve(&queue).await?;
+        if let Some(dlq) = link.queues.url_of(&info.dlq_name).await? {
+            groups.push(SqsDlqSession::new(link.clone(), dlq, Some(group)));
+        }
+    }
+    Ok(Some(Box::new(GroupDlqs {
+        groups,
+        current: 0,
+        entries: Vec::new(),
     })))
 }
 
@@ -58,6 +80,8 @@ pub(crate) async fn open(
 struct SqsDlqSession {
     link: Arc<Link>,
     dlq: String,
+    /// The consumer group whose DLQ this is (with SNS): its entries are replayed to its queue alone.
+    group: Option<String>,
     deadline: Instant,
     /// Receipt handles of the entries handed out, by entry number.
     handles: Vec<String>,
@@ -74,6 +98,25 @@ struct SqsDlqSession {
 }
 
 impl SqsDlqSession {
+    fn new(link: Arc<Link>, dlq: String, group: Option<String>) -> Self {
+        Self {
+            link,
+            dlq,
+            group,
+            // Entries are hidden for HOLD_SECONDS: the reading stops well before, and an entry seen twice
+            // (visible again on real SQS) is given back rather than taken twice.
+            deadline: Instant::now() + Duration::from_secs(HOLD_SECONDS as u64 * 3 / 4),
+            handles: Vec::new(),
+            attributes: Vec::new(),
+            removed: HashSet::new(),
+            unread: VecDeque::new(),
+            others: Vec::new(),
+            seen: HashSet::new(),
+            confirming: false,
+            done: false,
+        }
+    }
+
     /// Receives the next batch into `unread`; `false` when the DLQ is read to its end.
     async fn receive(&mut self) -> Result<bool, Error> {
         loop {
@@ -192,11 +235,18 @@ impl DlqSession for SqsDlqSession {
             .push(m.receipt_handle().unwrap_or_default().to_string());
         let (entry, attributes) = stored(&m);
         self.attributes.push(attributes);
-        Ok(Some(entry))
+        Ok(Some(entry.with_group(self.group.clone())))
     }
 
     async fn replay(&mut self, entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
         let native = self.attributes.get(entry).cloned();
+        if let Some(group) = &self.group {
+            return self
+                .link
+                .send_to_group(origin, group, event, native.as_ref())
+                .await
+                .map(drop);
+        }
         self.link
             .send_event(
                 origin,
@@ -258,6 +308,74 @@ impl DlqSession for SqsDlqSession {
         back.extend(self.others.iter().map(String::as_str));
         back.extend(self.unread.iter().filter_map(|m| m.receipt_handle()));
         self.give_back(&back).await;
+        Ok(())
+    }
+}
+
+/// One operation over the DLQs of a topic's consumer groups (with SNS): each group's DLQ read to its end
+/// in turn; entries are numbered across all of them.
+struct GroupDlqs {
+    groups: Vec<SqsDlqSession>,
+    /// The group whose DLQ is being read.
+    current: usize,
+    /// Entry number → (group, the entry's number in that group's session).
+    entries: Vec<(usize, usize)>,
+}
+
+impl GroupDlqs {
+    fn locate(&self, entry: usize) -> Result<(usize, usize), Error> {
+        self.entries
+            .get(entry)
+            .copied()
+            .ok_or_else(|| Error::new(Kind::NotFound, format!("no DLQ entry #{entry}")))
+    }
+}
+
+#[async_trait]
+impl DlqSession for GroupDlqs {
+    async fn next(&mut self) -> Result<Option<StoredDeadLetter>, Error> {
+        while let Some(session) = self.groups.get_mut(self.current) {
+            if let Some(entry) = session.next().await? {
+                self.entries
+                    .push((self.current, session.handles.len().saturating_sub(1)));
+                return Ok(Some(entry));
+            }
+            self.current += 1;
+        }
+        Ok(None)
+    }
+
+    async fn replay(&mut self, entry: usize, origin: &str, event: &Event) -> Result<(), Error> {
+        let (group, local) = self.locate(entry)?;
+        self.groups[group].replay(local, origin, event).await
+    }
+
+    async fn remove(&mut self, entries: &[usize]) -> Result<(), Error> {
+        let mut per_group: Vec<Vec<usize>> = vec![Vec::new(); self.groups.len()];
+        for &entry in entries {
+            let (group, local) = self.locate(entry)?;
+            per_group[group].push(local);
+        }
+        let mut failed = Vec::new();
+        for (session, locals) in self.groups.iter_mut().zip(per_group) {
+            if locals.is_empty() {
+                continue;
+            }
+            if let Err(e) = session.remove(&locals).await {
+                failed.push(e.to_string());
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::new(Kind::Rejected, failed.join("; ")))
+        }
+    }
+
+    async fn finish(self: Box<Self>) -> Result<(), Error> {
+        for session in self.groups {
+            Box::new(session).finish().await?;
+        }
         Ok(())
     }
 }

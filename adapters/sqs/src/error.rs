@@ -55,15 +55,19 @@ where
     text
 }
 
-/// The codes SQS answers for a queue that does not exist: the query protocol's and the JSON protocol's.
-const MISSING_QUEUE: [&str; 2] = [
+/// The codes SQS answers for a queue that does not exist (the query protocol's and the JSON protocol's),
+/// and SNS for a topic that does not exist.
+const MISSING_QUEUE: [&str; 4] = [
     "AWS.SimpleQueueService.NonExistentQueue",
     "QueueDoesNotExist",
+    "NotFound",
+    "NotFoundException",
 ];
 
 /// The codes of refusals that heal by themselves: throttling, and the service's own trouble.
-const TEMPORARY: [&str; 6] = [
+const TEMPORARY: [&str; 7] = [
     "RequestThrottled",
+    "Throttled",
     "ThrottlingException",
     "KMS.ThrottlingException",
     "ServiceUnavailable",
@@ -73,8 +77,9 @@ const TEMPORARY: [&str; 6] = [
 
 /// The codes of refusals of who we are or what we may do: credentials SQS does not know or that
 /// expired, a signature that does not match, an action or a KMS key the credentials may not use.
-const SECURITY: [&str; 13] = [
+const SECURITY: [&str; 14] = [
     "AccessDenied",
+    "AuthorizationError",
     "AccessDeniedException",
     "InvalidClientTokenId",
     "UnrecognizedClientException",

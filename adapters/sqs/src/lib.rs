@@ -5,7 +5,9 @@
 //! A delay that would end beyond the 12 h visibility window is carried by a copy instead, never capped.
 //! Dead letters are sent to the queue's DLQ (the redrive policy's target) with their diagnostics as
 //! message attributes, then deleted from the source; the redrive policy is the safety net for crashes and
-//! is checked at start-up against the retry policy. See the README for the details and limits.
+//! is checked at start-up against the retry policy. With the `sns` setting a topic is an SNS topic and
+//! each consumer group a queue of its own subscribed to it, so every group gets every event. See the
+//! README for the details and limits.
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -24,6 +26,7 @@ mod dlq;
 mod error;
 mod link;
 mod queues;
+mod sns;
 mod subscription;
 mod url;
 
@@ -91,8 +94,8 @@ impl SqsTransport {
         config: SqsConfig,
         client: &ClientSettings,
     ) -> Result<Self, Error> {
-        let client = url::client_for(url, client).await?;
-        let transport = Self::from_client(client, config)?;
+        let shared = url::sdk_config_for(url, client).await?;
+        let transport = Self::from_sdk_config(&shared, config)?;
         transport
             .link
             .queues
@@ -110,15 +113,46 @@ impl SqsTransport {
                     e,
                 )
             })?;
+        if let Some(sns) = &transport.link.sns {
+            sns.check_reachable().await.map_err(|e| {
+                e.with_operation(format!(
+                    "reach SNS at {}",
+                    event_retry_core::options::redact_url(url)
+                ))
+            })?;
+        }
         Ok(transport)
     }
 
     /// Uses a client built elsewhere (e.g. from `aws_config::load_from_env()`, for the whole AWS
-    /// credential chain).
+    /// credential chain). Consumer groups through SNS (`config.sns`) need an SNS client too:
+    /// [`SqsTransport::from_sdk_config`] builds both.
     pub fn from_client(client: Client, config: SqsConfig) -> Result<Self, Error> {
         config.validate()?;
+        if config.sns {
+            return Err(Error::new(
+                Kind::Config,
+                "the sns setting needs an SNS client too: use SqsTransport::from_sdk_config"
+                    .to_string(),
+            ));
+        }
         Ok(Self {
-            link: Arc::new(Link::new(Queues::new(client, config))),
+            link: Arc::new(Link::new(Queues::new(client, config), None)),
+        })
+    }
+
+    /// Builds the SQS client (and, with `config.sns`, the SNS client) from an AWS configuration (e.g.
+    /// `aws_config::load_from_env().await`).
+    pub fn from_sdk_config(
+        shared: &aws_config::SdkConfig,
+        config: SqsConfig,
+    ) -> Result<Self, Error> {
+        config.validate()?;
+        let sns = config
+            .sns
+            .then(|| crate::sns::Sns::new(aws_sdk_sns::Client::new(shared)));
+        Ok(Self {
+            link: Arc::new(Link::new(Queues::new(Client::new(shared), config), sns)),
         })
     }
 
@@ -158,9 +192,10 @@ impl Transport for SqsTransport {
     }
 
     /// A standard queue's: a delay longer than the visibility window is carried by copies; per-key order
-    /// and fan-out are not SQS's (consumers of a queue compete for its messages; fan-out needs SNS).
+    /// is not SQS's, and fan-out only through SNS (the `sns` setting: a queue per consumer group);
+    /// without it the consumers of a queue compete for its messages.
     fn capabilities(&self) -> Capabilities {
-        standard_capabilities(&self.link.queues.config)
+        standard_capabilities(&self.link.queues.config).fan_out(self.link.sns.is_some())
     }
 
     /// A standard queue's, or a FIFO queue's (`.fifo`): per-key order, the key being the message group,
@@ -181,16 +216,16 @@ impl Transport for SqsTransport {
     }
 
     async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
-        let queue = self.link.queues.resolve(&spec.topic).await?;
+        let (name, queue) = self.link.source_queue(&spec.topic, &spec.group).await?;
         let config = &self.link.queues.config;
         check_redrive(
-            &spec.topic,
+            &name,
             &queue,
             spec.max_deliveries,
             spec.longest_delay,
             config.max_visibility,
         )?;
-        check_retention(&spec.topic, &queue, spec.longest_delay)?;
+        check_retention(&name, &queue, spec.longest_delay)?;
         if queue.fifo
             && let Some(longest) = spec.longest_delay
             && longest > fifo_max_delay(&self.link.queues.config)
@@ -207,6 +242,7 @@ impl Transport for SqsTransport {
         Ok(Box::new(SqsSubscription::new(
             self.link.clone(),
             spec.clone(),
+            name,
             queue,
         )))
     }
@@ -215,19 +251,31 @@ impl Transport for SqsTransport {
         &self,
         source_topic: &str,
     ) -> Result<Option<Box<dyn DlqSession>>, Error> {
-        dlq::open(self.link.clone(), source_topic).await
+        if self.link.sns.is_some() {
+            dlq::open_groups(self.link.clone(), source_topic).await
+        } else {
+            dlq::open(self.link.clone(), source_topic).await
+        }
     }
 
-    /// Sends the entry to the queue's DLQ (found or created with the queue). SQS keeps no consumer
-    /// group: `group` is not stored, and a replay goes to the queue every consumer shares.
+    /// Sends the entry to the queue's DLQ (found or created with the queue). Without SNS a topic has no
+    /// consumer groups, so `group` is not stored and a replay goes to the queue every consumer shares;
+    /// with SNS the entry goes to the DLQ of `group`'s queue (the default group's when `None`).
     async fn write_dead_letter(
         &self,
         source_topic: &str,
         group: Option<&str>,
         event: &Event,
     ) -> Result<(), Error> {
-        let _ = group;
-        let queue = self.link.queues.resolve(source_topic).await?;
+        let queue = if self.link.sns.is_some() {
+            let group = group.map_or_else(
+                || event_retry_core::adapter::default_group(source_topic),
+                str::to_string,
+            );
+            self.link.group_queue(source_topic, &group).await?.1
+        } else {
+            self.link.queues.resolve(source_topic).await?
+        };
         self.link.send_dead_letter(&queue, event, None).await
     }
 

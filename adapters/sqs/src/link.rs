@@ -1,5 +1,6 @@
 //! The link to SQS shared by a transport's subscriptions, receipts and DLQ sessions: the client and the
-//! queues, sending, and the metadata of visibility retries this process scheduled (a visibility retry cannot rewrite the message, so the process keeps it).
+//! queues (and SNS, with consumer groups through it), sending, and the metadata of visibility retries
+//! this process scheduled (a visibility retry cannot rewrite the message, so the process keeps it).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -11,18 +12,140 @@ use event_retry_core::metadata::RetryMetadata;
 use crate::codec::Outgoing;
 use crate::error::sdk_error;
 use crate::queues::{QueueInfo, Queues};
+use crate::sns::Sns;
 
 /// Everything a transport's parts share.
 pub(crate) struct Link {
     pub(crate) queues: Queues,
+    /// SNS, when consumer groups go through it (the `sns` setting).
+    pub(crate) sns: Option<Sns>,
     recall: Mutex<HashMap<String, (RetryMetadata, Instant)>>,
 }
 
 impl Link {
-    pub(crate) fn new(queues: Queues) -> Self {
+    pub(crate) fn new(queues: Queues, sns: Option<Sns>) -> Self {
         Self {
             queues,
+            sns,
             recall: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The SNS side; an error when the transport has none (a bug: callers check the setting first).
+    fn sns(&self) -> Result<&Sns, Error> {
+        self.sns.as_ref().ok_or_else(|| {
+            Error::new(
+                Kind::Config,
+                "consumer groups through SNS need the `sns` setting and an SNS client".to_string(),
+            )
+        })
+    }
+
+    /// The queue consumers of `group` of `topic` receive from: the topic's queue, or with SNS the
+    /// group's own queue, subscribed to the topic (see [`Link::group_queue`]). Its name and what is
+    /// known of it.
+    pub(crate) async fn source_queue(
+        &self,
+        topic: &str,
+        group: &str,
+    ) -> Result<(String, QueueInfo), Error> {
+        if self.sns.is_some() {
+            self.group_queue(topic, group).await
+        } else {
+            Ok((topic.to_string(), self.queues.resolve(topic).await?))
+        }
+    }
+
+    /// With SNS, the queue of consumer group `group` of `topic` (see `crate::sns`): the topic, the queue
+    /// with its DLQ and redrive policy, the policy that lets the topic send to it and the subscription
+    /// are created when missing and creating queues is on; with it off each must exist already.
+    pub(crate) async fn group_queue(
+        &self,
+        topic: &str,
+        group: &str,
+    ) -> Result<(String, QueueInfo), Error> {
+        let sns = self.sns()?;
+        let create = self.queues.config.create_queues;
+        let name = crate::sns::group_queue(topic, group, &self.queues.config.dlq_suffix)?;
+        let topic_arn = sns.topic_arn(topic, create).await?;
+        let info = self.queues.resolve(&name).await?;
+        if !sns.knows_subscribed(&topic_arn, &name) {
+            if create {
+                let queue_arn = self.queues.arn_of(&info.url).await?;
+                self.queues
+                    .allow_topic(&info.url, &queue_arn, &topic_arn)
+                    .await?;
+                sns.subscribe(&topic_arn, &name, &queue_arn).await?;
+            } else if sns.subscribed_queues(&topic_arn).await?.contains(&name) {
+                sns.mark_subscribed(&topic_arn, &name);
+            } else {
+                return Err(Error::new(
+                    Kind::NotFound,
+                    format!(
+                        "queue {name} (group {group}) is not subscribed to SNS topic {topic} and creating \
+                         queues is off"
+                    ),
+                ));
+            }
+        }
+        Ok((name, info))
+    }
+
+    /// Publishes `event` to SNS topic `topic` (created when missing and allowed, with its default group's
+    /// queue, so events published before the first consumer starts are kept).
+    async fn publish_to_topic(
+        &self,
+        topic: &str,
+        event: &event_retry_core::event::Event,
+        operation: &str,
+    ) -> Result<String, Error> {
+        let sns = self.sns()?;
+        let default = event_retry_core::adapter::default_group(topic);
+        if self.queues.config.create_queues {
+            self.group_queue(topic, &default).await?;
+        } else {
+            // Refuses what the setting does not carry (a FIFO topic) before anything is sent.
+            crate::sns::group_queue(topic, &default, &self.queues.config.dlq_suffix)?;
+        }
+        let arn = sns
+            .topic_arn(topic, self.queues.config.create_queues)
+            .await?;
+        let out = crate::codec::encode(event, None, false, false)?;
+        let sent = sns.publish(&arn, out, operation).await;
+        if sent.as_ref().is_err_and(|e| e.kind() == Kind::NotFound) {
+            // The topic is gone: the next publish looks it up again (and creates it when allowed).
+            sns.forget(topic);
+        }
+        sent
+    }
+
+    /// Sends `event`, a copy of a dead letter of consumer group `group` whose attributes are `native`, back
+    /// to that group's queue of `topic` (with SNS: a replay reaches the group alone, never the topic).
+    pub(crate) async fn send_to_group(
+        &self,
+        topic: &str,
+        group: &str,
+        event: &event_retry_core::event::Event,
+        native: Option<&crate::codec::Attributes>,
+    ) -> Result<String, Error> {
+        let (name, queue) = self.group_queue(topic, group).await?;
+        let out = crate::codec::encode(event, native, false, queue.fifo)?;
+        let operation = format!("replay to {name} (group {group} of {topic})");
+        let sent = self
+            .send(&queue, &queue.url, out, SendOptions::default(), &operation)
+            .await;
+        if sent.as_ref().is_err_and(|e| e.kind() == Kind::NotFound) {
+            self.forget_source(topic, &name);
+        }
+        sent
+    }
+
+    /// Forgets what is known of the queue `name` of `topic`, and with SNS of the topic too (after a call
+    /// found one missing), so the next use looks both up again.
+    pub(crate) fn forget_source(&self, topic: &str, name: &str) {
+        self.queues.forget(name);
+        if let Some(sns) = &self.sns {
+            sns.forget(topic);
         }
     }
 
@@ -63,8 +186,6 @@ impl Link {
         Ok(sent.message_id().unwrap_or_default().to_string())
     }
 
-    /// Sends `event` to `topic`'s queue — a new message, or (a DLQ replay) a copy of one whose
-    /// attributes are `native` — and returns SQS's message id.
     /// Sends `event` to `queue`'s DLQ as a dead letter (a copy of a message whose attributes are
     /// `native`, when given) and returns once SQS accepted it.
     pub(crate) async fn send_dead_letter(
@@ -85,6 +206,9 @@ impl Link {
             .map(drop)
     }
 
+    /// Sends `event` to `topic` — a new message (with SNS, published to the topic), or (a DLQ replay) a
+    /// copy of one whose attributes are `native`, to the queue named `topic` — and returns the message
+    /// id.
     pub(crate) async fn send_event(
         &self,
         topic: &str,
@@ -92,6 +216,9 @@ impl Link {
         native: Option<&crate::codec::Attributes>,
         operation: &str,
     ) -> Result<String, Error> {
+        if self.sns.is_some() && native.is_none() {
+            return self.publish_to_topic(topic, event, operation).await;
+        }
         let queue = self.queues.resolve(topic).await?;
         let out = crate::codec::encode(event, native, false, queue.fifo)?;
         let options = SendOptions {
@@ -255,7 +382,10 @@ mod tests {
             remembered_retries,
             ..crate::SqsConfig::default()
         };
-        Link::new(Queues::new(aws_sdk_sqs::Client::from_conf(conf), config))
+        Link::new(
+            Queues::new(aws_sdk_sqs::Client::from_conf(conf), config),
+            None,
+        )
     }
 
     #[test]

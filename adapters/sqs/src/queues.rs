@@ -98,7 +98,7 @@ impl Queues {
             .ok_or_else(|| Error::new(Kind::Other, format!("create queue {name}: no URL returned")))
     }
 
-    async fn arn_of(&self, url: &str) -> Result<String, Error> {
+    pub(crate) async fn arn_of(&self, url: &str) -> Result<String, Error> {
         self.client
             .get_queue_attributes()
             .queue_url(url)
@@ -109,6 +109,51 @@ impl Queues {
             .attributes
             .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
             .ok_or_else(|| Error::new(Kind::Other, format!("queue {url} has no ARN")))
+    }
+
+    /// Lets SNS topic `topic_arn` send to the queue at `url` (ARN `queue_arn`): sets the policy when the
+    /// queue has none, and warns when its own policy does not name the topic (SNS's deliveries would be
+    /// refused on AWS; the owner's policy is not overwritten).
+    pub(crate) async fn allow_topic(
+        &self,
+        url: &str,
+        queue_arn: &str,
+        topic_arn: &str,
+    ) -> Result<(), Error> {
+        let policy = self
+            .client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::Policy)
+            .send()
+            .await
+            .map_err(|e| sdk_error(&format!("read the policy of {url}"), e))?
+            .attributes
+            .and_then(|a| a.get(&QueueAttributeName::Policy).cloned())
+            .filter(|p| !p.trim().is_empty());
+        match policy {
+            None => self
+                .client
+                .set_queue_attributes()
+                .queue_url(url)
+                .attributes(
+                    QueueAttributeName::Policy,
+                    crate::sns::queue_policy(queue_arn, topic_arn),
+                )
+                .send()
+                .await
+                .map(drop)
+                .map_err(|e| sdk_error(&format!("let {topic_arn} send to {url}"), e)),
+            Some(policy) if !policy.contains(topic_arn) => {
+                warn!(
+                    queue = url,
+                    topic = topic_arn,
+                    "the queue has a policy of its own that does not name the SNS topic: SNS may be refused"
+                );
+                Ok(())
+            }
+            Some(_) => Ok(()),
+        }
     }
 
     fn redrive(&self, dlq_arn: &str) -> String {

@@ -50,6 +50,8 @@ pub(crate) struct Received {
 pub(crate) struct SqsSubscription {
     link: Arc<Link>,
     spec: SubscriptionSpec,
+    /// The queue's name: the topic's, or with SNS the group's queue.
+    queue_name: String,
     queue: QueueInfo,
     buffer: VecDeque<Received>,
     pending: Option<Receive>,
@@ -59,7 +61,12 @@ pub(crate) struct SqsSubscription {
 }
 
 impl SqsSubscription {
-    pub(crate) fn new(link: Arc<Link>, spec: SubscriptionSpec, queue: QueueInfo) -> Self {
+    pub(crate) fn new(
+        link: Arc<Link>,
+        spec: SubscriptionSpec,
+        queue_name: String,
+        queue: QueueInfo,
+    ) -> Self {
         let settler = Settler::new(Arc::new(SqsBatches {
             client: link.queues.client.clone(),
             url: queue.url.clone(),
@@ -68,6 +75,7 @@ impl SqsSubscription {
             settler,
             link,
             spec,
+            queue_name,
             queue,
             buffer: VecDeque::new(),
             pending: None,
@@ -79,10 +87,14 @@ impl SqsSubscription {
     /// which creates it anew (with its DLQ and redrive policy) when creating queues is on. The error that
     /// showed it is still surfaced, and the runtime receives again after its backoff.
     async fn find_queue_again(&mut self) {
-        self.link.queues.forget(&self.spec.topic);
-        match self.link.queues.resolve(&self.spec.topic).await {
-            Ok(queue) => {
-                warn!(queue = %self.spec.topic, "the queue was missing; found or created it again");
+        self.link.forget_source(&self.spec.topic, &self.queue_name);
+        match self
+            .link
+            .source_queue(&self.spec.topic, &self.spec.group)
+            .await
+        {
+            Ok((_, queue)) => {
+                warn!(queue = %self.queue_name, "the queue was missing; found or created it again");
                 if queue.url != self.queue.url {
                     self.settler = Settler::new(Arc::new(SqsBatches {
                         client: self.link.queues.client.clone(),
@@ -91,7 +103,7 @@ impl SqsSubscription {
                 }
                 self.queue = queue;
             }
-            Err(e) => warn!(queue = %self.spec.topic, error = %e, "the queue is missing"),
+            Err(e) => warn!(queue = %self.queue_name, error = %e, "the queue is missing"),
         }
     }
 
@@ -129,6 +141,7 @@ impl SqsSubscription {
 struct Parts<'a> {
     link: &'a Arc<Link>,
     spec: &'a SubscriptionSpec,
+    queue_name: &'a str,
     queue: &'a QueueInfo,
     settler: &'a Settler,
 }
@@ -192,7 +205,7 @@ impl Parts<'_> {
         let receipt = SqsReceipt::new(
             self.link.clone(),
             self.settler.clone(),
-            self.spec.topic.clone(),
+            self.queue_name.to_string(),
             self.queue.clone(),
             m.receipt_handle().unwrap_or_default().to_string(),
             message_id.clone(),
@@ -248,6 +261,7 @@ impl Subscription for SqsSubscription {
                 let parts = Parts {
                     link: &self.link,
                     spec: &self.spec,
+                    queue_name: &self.queue_name,
                     queue: &self.queue,
                     settler: &self.settler,
                 };
@@ -353,6 +367,7 @@ impl Drop for SqsSubscription {
 struct SqsReceipt {
     link: Arc<Link>,
     settler: Settler,
+    /// The name of the queue the message came from.
     topic: String,
     queue: QueueInfo,
     handle: String,

@@ -23,7 +23,6 @@ use aws_config::environment::{
 use aws_config::meta::credentials::CredentialsProviderChain;
 use aws_config::meta::region::RegionProviderChain;
 use aws_config::profile::{ProfileFileCredentialsProvider, ProfileFileRegionProvider};
-use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use event_retry_core::error::{Error, Kind};
 use event_retry_core::options::redact_url;
@@ -130,8 +129,12 @@ pub struct ClientSettings {
     pub profile: Option<String>,
 }
 
-/// A client for `url`, its region and credentials from the URL, `settings` and the AWS chain.
-pub(crate) async fn client_for(url: &str, settings: &ClientSettings) -> Result<Client, Error> {
+/// The AWS configuration for `url` (endpoint, region and credentials from the URL, `settings` and the
+/// AWS chain), which the SQS client and, with consumer groups through SNS, the SNS client are built from.
+pub(crate) async fn sdk_config_for(
+    url: &str,
+    settings: &ClientSettings,
+) -> Result<aws_config::SdkConfig, Error> {
     let target = parse(url)?;
     let shown = redact_url(url);
     let mut loader = aws_config::defaults(BehaviorVersion::latest());
@@ -167,7 +170,7 @@ pub(crate) async fn client_for(url: &str, settings: &ClientSettings) -> Result<C
             ),
         ));
     }
-    Ok(Client::new(&shared))
+    Ok(shared)
 }
 
 /// A local emulator's region: the environment's, the profile's, else `us-east-1`.

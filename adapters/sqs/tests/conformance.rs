@@ -8,6 +8,6 @@ fn main() {
         name: "sqs",
         url_env: Some("RETRY_TEST_SQS"),
         container: event_retry_testkit::hooks::SQS,
-        connect: |url| Box::pin(fixture::connect("sqs", url, "")),
+        connect: |url| Box::pin(fixture::connect("sqs", url, "", Default::default())),
     })
 }

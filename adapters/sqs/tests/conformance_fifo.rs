@@ -9,6 +9,13 @@ fn main() {
         name: "sqs-fifo",
         url_env: Some("RETRY_TEST_SQS"),
         container: event_retry_testkit::hooks::SQS,
-        connect: |url| Box::pin(fixture::connect("sqs-fifo", url, ".fifo")),
+        connect: |url| {
+            Box::pin(fixture::connect(
+                "sqs-fifo",
+                url,
+                ".fifo",
+                Default::default(),
+            ))
+        },
     })
 }

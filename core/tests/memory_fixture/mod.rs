@@ -14,7 +14,12 @@ struct MemoryFaults(MemoryTransport);
 
 #[async_trait]
 impl Faults for MemoryFaults {
-    async fn set_dlq_writable(&self, topic: &str, writable: bool) -> Result<(), Error> {
+    async fn set_dlq_writable(
+        &self,
+        topic: &str,
+        _group: &str,
+        writable: bool,
+    ) -> Result<(), Error> {
         self.0.set_dlq_writable(topic, writable);
         Ok(())
     }

@@ -15,7 +15,13 @@ pub fn trials(
     tests: &[(&'static str, Test)],
 ) -> Vec<Trial> {
     let url = url(env);
-    let required = required_brokers().iter().any(|b| b == broker);
+    // A test of a broker in another setting (`sqs-sns`) is required with its broker.
+    let required = required_brokers().iter().any(|b| {
+        b == broker
+            || broker
+                .strip_prefix(b.as_str())
+                .is_some_and(|rest| rest.starts_with('-'))
+    });
     tests
         .iter()
         .map(|&(name, test)| match url.clone() {

@@ -57,7 +57,7 @@ pub struct Report {
 }
 
 /// The adapters in the report's column order; others follow alphabetically.
-const COLUMN_ORDER: [&str; 11] = [
+const COLUMN_ORDER: [&str; 12] = [
     "memory",
     "memory-current-thread",
     "kafka",
@@ -67,6 +67,7 @@ const COLUMN_ORDER: [&str; 11] = [
     "rabbitmq-tls",
     "sqs",
     "sqs-fifo",
+    "sqs-sns",
     "pulsar",
     "pulsar-tls",
 ];

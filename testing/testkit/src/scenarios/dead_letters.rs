@@ -78,8 +78,9 @@ pub async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
         .inspect()
         .ok_or("the fixture cannot read the broker's view")?;
     let u = unit(&f);
+    let group = "g15";
     faults
-        .set_dlq_writable(&topic, false)
+        .set_dlq_writable(&topic, group, false)
         .await
         .map_err(|e| e.to_string())?;
     let probe = Probe::new(|e, _| {
@@ -89,7 +90,6 @@ pub async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
             Act::Ok
         }
     });
-    let group = "g15";
     let c1 = start(
         builder(&f, &topic, "c1").group(group).concurrency(4),
         &probe,
@@ -183,7 +183,7 @@ pub async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
         ));
     }
     faults
-        .set_dlq_writable(&topic, true)
+        .set_dlq_writable(&topic, group, true)
         .await
         .map_err(|e| e.to_string())?;
     let c2 = start(builder(&f, &topic, "c2").group(group), &probe).await?;
