@@ -18,6 +18,8 @@ struct Partition {
     in_flight: BTreeSet<i64>,
     /// The offset after the last one received.
     next: Option<i64>,
+    /// The first offset received in this assignment.
+    first: Option<i64>,
     /// The last position committed (or asked to be).
     committed: Option<i64>,
 }
@@ -39,6 +41,7 @@ impl Offsets {
                 epoch: self.epochs,
                 in_flight: BTreeSet::new(),
                 next: None,
+                first: None,
                 committed: None,
             },
         );
@@ -68,6 +71,7 @@ impl Offsets {
         let p = self.partitions.get_mut(tp)?;
         p.in_flight.insert(offset);
         p.next = Some(p.next.map_or(offset + 1, |n| n.max(offset + 1)));
+        p.first = Some(p.first.map_or(offset, |f| f.min(offset)));
         Some(p.epoch)
     }
 
@@ -140,6 +144,19 @@ impl Offsets {
             }
         }
         out
+    }
+
+    /// Whether one of `commits` moves its partition past a record settled in this assignment (and not
+    /// only to the first record it received, which settles nothing). The broker tests' crash point
+    /// "settled, not committed" is reached only then.
+    #[cfg(feature = "failpoints")]
+    pub(crate) fn passes_settled(&self, commits: &[(Tp, i64)]) -> bool {
+        commits.iter().any(|(tp, point)| {
+            self.partitions
+                .get(tp)
+                .and_then(|p| p.first)
+                .is_some_and(|first| *point > first)
+        })
     }
 
     /// Forgets that the positions in `failed` were committed, so they are tried again.
@@ -249,5 +266,22 @@ mod tests {
             vec![(tp(1), 1)],
             "a partition let go commits its position again"
         );
+    }
+
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn a_commit_of_the_first_record_received_passes_nothing_settled() {
+        let tp: Tp = (Arc::from("t"), 0);
+        let mut o = Offsets::default();
+        o.assigned(tp.clone());
+        let epoch = o.received(&tp, 7).unwrap_or_default();
+        o.received(&tp, 8);
+        let commits = o.take_commits(None);
+        assert_eq!(commits, vec![(tp.clone(), 7)]);
+        assert!(!o.passes_settled(&commits), "nothing is settled yet");
+        assert!(o.settled(&tp, 7, epoch));
+        let commits = o.take_commits(None);
+        assert_eq!(commits, vec![(tp.clone(), 8)]);
+        assert!(o.passes_settled(&commits));
     }
 }

@@ -72,10 +72,13 @@ fn main() {
         return;
     }
     let mut args = Arguments::from_args();
-    // One at a time: run beside each other, the two crash-before-commit tests disturbed each other — the
-    // plain one found one copy per event instead of two in 2 of 9 runs (each alone: 6 of 6 passed),
-    // the transactional one two copies once in a full workspace run. The cause is not found yet.
-    args.test_threads = Some(1);
+    // One at a time unless `--test-threads` says otherwise. Run beside each other, the plain
+    // crash-before-commit test used to find one copy per event instead of two (2 of 9 runs): under the
+    // load its child reached the crash point at a commit of the first record it had received, before
+    // any copy existed; the crash point now needs a commit past a settled record, and 8 of 8 runs side
+    // by side passed. The transactional test once found two copies in a full workspace run; that cause
+    // is not found, so the tests stay serial by default.
+    args.test_threads = args.test_threads.or(Some(1));
     let tests: [(&str, Test); 9] = [
         (
             "killed_process_loses_no_delayed_retry",
@@ -890,16 +893,106 @@ fn crash_before_commit(url: &str, transactional: bool) -> Result<HashMap<String,
             || format!("{:?}", consumer.stats()),
         )
         .await?;
-        // Let a second copy come through the ladder before counting.
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        consumer.shutdown().await.map_err(|e| e.to_string())?;
-        let retry_topic =
-            transactional_config(transactional).retry_topic(&topic, &crash_group(&topic));
         let bootstrap = event_retry_kafka::bootstrap_of(url).map_err(|e| e.to_string())?;
+        let config = transactional_config(transactional);
+        if transactional {
+            // A duplicate would come through the ladder within a few seconds; with transactions the
+            // committed offsets stop short of the end (each transaction ends in a marker), so the
+            // wait below cannot tell when everything was read.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        } else {
+            // Every event's attempt 2 may have run from the child's copy while the parent's own copy
+            // (made when it consumed the event again) was still on its way: wait until the parent
+            // consumed the whole source and the ladder forwarded every record of its levels (their
+            // groups' committed offsets at the end of every partition), so both copies are counted.
+            let groups = vec![
+                (crash_group(&topic), vec![topic.clone()]),
+                (config.ladder_group(&topic), config.level_topics(&topic)),
+            ];
+            let bootstrap = bootstrap.clone();
+            let since = Instant::now();
+            tokio::task::spawn_blocking(move || wait_consumed(&bootstrap, &groups))
+                .await
+                .map_err(|e| e.to_string())??;
+            eprintln!(
+                "  the source and the ladder were consumed {} ms after every event's attempt 2",
+                since.elapsed().as_millis()
+            );
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let retry_topic = config.retry_topic(&topic, &crash_group(&topic));
         tokio::task::spawn_blocking(move || copies_on(&bootstrap, &retry_topic))
             .await
             .map_err(|e| e.to_string())?
     })
+}
+
+/// Waits (up to 60 s) until each group's committed offsets reach the end of every partition of its
+/// topics: everything in them was consumed and settled. Read with a raw client that joins no group.
+fn wait_consumed(bootstrap: &str, groups: &[(String, Vec<String>)]) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = unconsumed(bootstrap, groups)?;
+        if left.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "after 60 s records are still unconsumed: {}",
+                left.join(", ")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The partitions whose group has not committed up to their end, as `topic[p] committed/end (group)`.
+fn unconsumed(bootstrap: &str, groups: &[(String, Vec<String>)]) -> Result<Vec<String>, String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let timeout = Duration::from_secs(10);
+    {
+        let mut left = Vec::new();
+        for (group, topics) in groups {
+            let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", bootstrap)
+                .set("group.id", group)
+                .set("enable.auto.commit", "false")
+                .create()
+                .map_err(|e| e.to_string())?;
+            for topic in topics {
+                let metadata = consumer
+                    .fetch_metadata(Some(topic), timeout)
+                    .map_err(|e| e.to_string())?;
+                let partitions = metadata
+                    .topics()
+                    .first()
+                    .map_or(0, |t| t.partitions().len());
+                let mut list = rdkafka::TopicPartitionList::new();
+                for p in 0..partitions {
+                    list.add_partition(topic, i32::try_from(p).unwrap_or(i32::MAX));
+                }
+                let committed = consumer
+                    .committed_offsets(list, timeout)
+                    .map_err(|e| e.to_string())?;
+                for element in committed.elements() {
+                    let (_, end) = consumer
+                        .fetch_watermarks(topic, element.partition(), timeout)
+                        .map_err(|e| e.to_string())?;
+                    let at = match element.offset() {
+                        rdkafka::Offset::Offset(o) => o,
+                        _ => 0,
+                    };
+                    if at < end {
+                        left.push(format!(
+                            "{topic}[{}] {at}/{end} ({group})",
+                            element.partition()
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(left)
+    }
 }
 
 /// Per event id, the records of `topic` a `read_committed` consumer reads from the beginning.
