@@ -54,13 +54,11 @@ impl Admin for SqsTransport {
         let Some(sns) = &self.link.sns else {
             return self.delete_with_dlq(topic).await;
         };
-        let Some(arn) = sns.find_topic(topic).await? else {
+        let Some((arn, groups)) = self.link.groups_of(topic).await? else {
             return Ok(());
         };
-        for queue in sns.subscribed_queues(&arn).await? {
-            if crate::sns::group_of_queue(topic, &queue).is_some() {
-                self.delete_with_dlq(&queue).await?;
-            }
+        for (queue, _) in groups {
+            self.delete_with_dlq(&queue).await?;
         }
         sns.delete_topic(topic, &arn).await
     }

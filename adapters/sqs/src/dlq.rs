@@ -50,17 +50,14 @@ pub(crate) async fn open_groups(
     link: Arc<Link>,
     source_topic: &str,
 ) -> Result<Option<Box<dyn DlqSession>>, Error> {
-    let Some(sns) = &link.sns else {
+    if link.sns.is_none() {
         return open(link, source_topic).await;
-    };
-    let Some(arn) = sns.find_topic(source_topic).await? else {
+    }
+    let Some((_, subscribed)) = link.groups_of(source_topic).await? else {
         return Ok(None);
     };
     let mut groups = Vec::new();
-    for queue in sns.subscribed_queues(&arn).await? {
-        let Some(group) = crate::sns::group_of_queue(source_topic, &queue) else {
-            continue;
-        };
+    for (queue, group) in subscribed {
         if link.queues.url_of(&queue).await?.is_none() {
             continue;
         }

@@ -91,6 +91,25 @@ impl Link {
         Ok((name, info))
     }
 
+    /// With SNS, the ARN of `topic` and its consumer groups as (queue, group): the queues subscribed to it
+    /// that are named as its groups' queues. `None` when the topic does not exist.
+    pub(crate) async fn groups_of(
+        &self,
+        topic: &str,
+    ) -> Result<Option<(String, Vec<(String, String)>)>, Error> {
+        let sns = self.sns()?;
+        let Some(arn) = sns.find_topic(topic).await? else {
+            return Ok(None);
+        };
+        let groups = sns
+            .subscribed_queues(&arn)
+            .await?
+            .into_iter()
+            .filter_map(|queue| crate::sns::group_of_queue(topic, &queue).map(|g| (queue, g)))
+            .collect();
+        Ok(Some((arn, groups)))
+    }
+
     /// Publishes `event` to SNS topic `topic` (created when missing and allowed, with its default group's
     /// queue, so events published before the first consumer starts are kept).
     async fn publish_to_topic(
