@@ -1,6 +1,9 @@
 # ElasticMQ (the SQS API) from Maven Central jars (the Maven project in broker.d/sqs/), the local stand-in
-# for Amazon SQS. State under $STATE/sqs/: elasticmq.conf, pid, port, sqs.log. It keeps queues in memory,
-# so every start is fresh.
+# for Amazon SQS. State under $STATE/sqs/: elasticmq.conf, pid, port, sqs.log, and messages.mv.db — queues
+# and messages in an embedded H2 database, each change written at once (WRITE_DELAY=0), so a restart
+# (`scripts/brokers restart sqs`, the fault runs' F2) comes back with what it had, as SQS keeps what it
+# acknowledged. What it does not keep: a received message's invisibility (it is visible again after a
+# restart). A start (not a restart) begins empty.
 
 SQS_POM_DIR="$ROOT/scripts/broker.d/sqs"
 
@@ -15,12 +18,16 @@ sqs_list_queues() {
   curl -sf -m 5 "http://127.0.0.1:$1/?Action=ListQueues" >/dev/null
 }
 
-# sqs_roundtrip PORT — creates a queue, sends a message, receives it back: a client can really use it.
+# sqs_roundtrip PORT — creates a queue of its own, sends a message, receives it back (a client can really
+# use it), and deletes the queue: the broker keeps its queues across a restart, and an earlier check's
+# message must not answer for this one.
 sqs_roundtrip() {
-  local base="http://127.0.0.1:$1" q="brokers-selfcheck" token="ping-$$-$RANDOM"
+  local base="http://127.0.0.1:$1" q="brokers-selfcheck-$$-$RANDOM" token="ping-$$-$RANDOM" ok=0
   curl -sf -m 5 "$base/?Action=CreateQueue&QueueName=$q" >/dev/null || return 1
-  curl -sf -m 5 "$base/000000000000/$q?Action=SendMessage&MessageBody=$token" >/dev/null || return 1
-  curl -sf -m 10 "$base/000000000000/$q?Action=ReceiveMessage&WaitTimeSeconds=2" | grep -q "$token"
+  curl -sf -m 5 "$base/000000000000/$q?Action=SendMessage&MessageBody=$token" >/dev/null &&
+    curl -sf -m 10 "$base/000000000000/$q?Action=ReceiveMessage&WaitTimeSeconds=2" | grep -q "$token" || ok=1
+  curl -sf -m 5 "$base/000000000000/$q?Action=DeleteQueue" >/dev/null || true
+  return $ok
 }
 
 # sqs_start — config with a free port, launch, wait until ListQueues answers, then a send/receive.
@@ -31,7 +38,8 @@ sqs_start() {
   cp=$(maven_classpath sqs "$SQS_POM_DIR")
   java=$(java_bin)
   port=$(pick_port sqs $(recorded_port "$d/port") 9324 19324 29324)
-  sed "s/@PORT@/$port/g" "$SQS_POM_DIR/elasticmq.conf.in" > "$d/elasticmq.conf"
+  [ -n "${RETRY_BROKERS_KEEP_DATA:-}" ] || rm -f "$d"/messages.*.db
+  sed -e "s/@PORT@/$port/g" -e "s|@DATA@|$d/messages|g" "$SQS_POM_DIR/elasticmq.conf.in" > "$d/elasticmq.conf"
   printf '%s\n' "$port" > "$d/port"
   log "sqs: starting ElasticMQ on 127.0.0.1:$port"
   # ElasticMQ holds every message on its heap: 100,000 waiting retries with their attributes take about

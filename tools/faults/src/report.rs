@@ -51,9 +51,6 @@ pub(crate) struct Row {
     /// Events whose handler succeeded with no side effect row (the inbox skipped an effect it never had).
     #[serde(default)]
     pub(crate) side_effects_missing: usize,
-    /// The broker itself keeps no state across the fault (ElasticMQ restarted): its losses are the
-    /// broker's, by design.
-    pub(crate) broker_keeps_no_state: bool,
     /// What else the run saw.
     pub(crate) note: String,
     /// The run did not complete: why.
@@ -62,15 +59,15 @@ pub(crate) struct Row {
 
 impl Row {
     /// Whether the row shows what the SDK promises: nothing lost and the DLQ holding exactly the events
-    /// whose fate is the DLQ (unless the broker keeps no state), nothing dead-lettered that should have
+    /// whose fate is the DLQ, nothing dead-lettered that should have
     /// succeeded, each side effect once through the inbox, and a consumer that lived through the fault.
     pub(crate) fn passed(&self) -> bool {
         self.error.is_none()
             && self.misrouted == 0
             && self.side_effect_duplicates.unwrap_or(0) == 0
             && self.side_effects_missing == 0
-            && ((self.lost == 0 && self.dlq_actual == self.dlq_expected)
-                || self.broker_keeps_no_state)
+            && self.lost == 0
+            && self.dlq_actual == self.dlq_expected
             && self.survived != Some(false)
             && self.paused != Some(false)
     }
@@ -153,9 +150,7 @@ pub(crate) fn markdown(rows: &[Row]) -> String {
          |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
-        let lost = if r.broker_keeps_no_state && r.lost > 0 {
-            format!("{} (the broker keeps no state)", r.lost)
-        } else if r.lost > 0 {
+        let lost = if r.lost > 0 {
             format!("**{}**", r.lost)
         } else {
             "0".to_string()
@@ -243,9 +238,6 @@ mod tests {
         assert!(row(0, None).passed());
         assert!(!row(1, Some(true)).passed());
         assert!(!row(0, Some(false)).passed());
-        let mut stateless = row(3, Some(true));
-        stateless.broker_keeps_no_state = true;
-        assert!(stateless.passed());
         let mut failed = row(0, Some(true));
         failed.error = Some("broker down".into());
         assert!(!failed.passed());
@@ -257,9 +249,6 @@ mod tests {
         misrouted.misrouted = 2;
         misrouted.dlq_actual = 3;
         assert!(!misrouted.passed());
-        let mut stateless = misrouted;
-        stateless.broker_keeps_no_state = true;
-        assert!(!stateless.passed(), "a restart does not dead-letter events");
     }
 
     #[test]

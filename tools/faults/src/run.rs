@@ -452,8 +452,6 @@ impl Run<'_> {
 
         let counted = account(total, self.events, tally, &dlq_payloads);
         let dlq_expected = workload::dlq_expected(total);
-        let broker_keeps_no_state =
-            self.fault == Fault::BrokerKill && self.target.name == BrokerName::Sqs;
 
         let mut notes = std::mem::take(&mut self.notes);
         if !self.target.options.is_empty() {
@@ -507,12 +505,6 @@ impl Run<'_> {
                 "refused but not in the DLQ: {}",
                 first_ids(&counted.refused_not_in_dlq)
             ));
-        }
-        if broker_keeps_no_state {
-            notes.push(
-                "ElasticMQ keeps queues and messages in memory: the restart lost the broker's state"
-                    .into(),
-            );
         }
         let side_effects = match &self.inbox {
             Some(url) => {
@@ -575,7 +567,6 @@ impl Run<'_> {
             recovery_s: tally
                 .first_call_since(healed)
                 .map(|t| (t.saturating_sub(healed)) as f64 / 1000.0),
-            broker_keeps_no_state,
             side_effects: side_effects.map(|(distinct, _, _)| distinct),
             side_effect_duplicates: side_effects.map(|(_, extra, _)| extra),
             side_effects_missing: side_effects.map_or(0, |(_, _, missing)| missing),
