@@ -22,12 +22,12 @@ sqs_list_queues() {
 # use it), and deletes the queue: the broker keeps its queues across a restart, and an earlier check's
 # message must not answer for this one.
 sqs_roundtrip() {
-  local base="http://127.0.0.1:$1" q="brokers-selfcheck-$$-$RANDOM" token="ping-$$-$RANDOM" ok=0
+  local base="http://127.0.0.1:$1" q="brokers-selfcheck-$$-$RANDOM" token="ping-$$-$RANDOM" rc=0
   curl -sf -m 5 "$base/?Action=CreateQueue&QueueName=$q" >/dev/null || return 1
   curl -sf -m 5 "$base/000000000000/$q?Action=SendMessage&MessageBody=$token" >/dev/null &&
-    curl -sf -m 10 "$base/000000000000/$q?Action=ReceiveMessage&WaitTimeSeconds=2" | grep -q "$token" || ok=1
+    curl -sf -m 10 "$base/000000000000/$q?Action=ReceiveMessage&WaitTimeSeconds=2" | grep -q "$token" || rc=1
   curl -sf -m 5 "$base/000000000000/$q?Action=DeleteQueue" >/dev/null || true
-  return $ok
+  return $rc
 }
 
 # sqs_start — config with a free port, launch, wait until ListQueues answers, then a send/receive.
