@@ -10,6 +10,14 @@ CACHE=${RETRY_BROKERS_CACHE:-${XDG_CACHE_HOME:-${HOME:-$(getent passwd "$(id -u)
 # Debian's broker and package tools live in the sbin folders, which a CI PATH may lack.
 PATH=$PATH:/usr/local/sbin:/usr/sbin:/sbin
 
+# The one feature set every build and test of the test command (and of scripts/stress) takes: cargo
+# unifies features over the packages a command selects, so a command with another set (or another -p
+# selection) rebuilds most dependencies — minutes in a cold run. The optional integrations are on for
+# the whole workspace; each adapter already is (the fault harness depends on all four).
+OPTIONAL_FEATURES=event-retry/tower,event-retry/backoff,event-retry/prometheus,event-retry/health,event-retry/opentelemetry,event-retry-outbox/opentelemetry
+# shellcheck disable=SC2034 # used by the scripts that source this file
+WORKSPACE_BUILD=(--workspace --features "$OPTIONAL_FEATURES")
+
 log() { printf '[brokers] %s\n' "$*" >&2; }
 die() { printf '[brokers] error: %s\n' "$*" >&2; exit 1; }
 
