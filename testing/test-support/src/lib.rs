@@ -5,6 +5,7 @@
 //!   trials of a `harness = false` test binary;
 //! * [`bench`](mod@bench): a bench binary's start, its parts, the SDK's throughput round and the retry lateness
 //!   part, which are the same on every broker;
+//! * [`allocator`]: glibc's allocator, or mimalloc with the feature `mimalloc`;
 //! * [`backlog`]: healthy-event latency and the consumer's memory while retries wait in the broker;
 //! * [`child`]: a bench's helper process (the same binary, one part), its output and resident set;
 //! * [`scale`]: throughput of 1, 2 and 4 consumer processes in one group;
@@ -15,6 +16,7 @@
 //! Adapters use it as a dev-dependency. It is internal (not published); what a test outside this
 //! repository needs is in `event-retry-testkit`, which this crate builds on.
 
+pub mod allocator;
 pub mod backlog;
 pub mod bench;
 pub mod broker;
