@@ -289,9 +289,27 @@ async fn hops_round(url: &str, transactional: bool, events: usize) -> Result<f64
     Ok(rate)
 }
 
+/// librdkafka settings for the SDK's clients in the throughput, backlog, scale and busy parts, from
+/// `RETRY_BENCH_KAFKA_CLIENT` (`name=value,name=value`; none when unset): to measure what a setting
+/// changes, e.g. the prefetch's `queued.max.messages.kbytes`.
+fn client_settings_from_env() -> Result<Vec<(String, String)>, Error> {
+    let Ok(list) = std::env::var("RETRY_BENCH_KAFKA_CLIENT") else {
+        return Ok(Vec::new());
+    };
+    list.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            s.split_once('=')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                .ok_or_else(|| format!("RETRY_BENCH_KAFKA_CLIENT: {s:?} is not name=value").into())
+        })
+        .collect()
+}
+
 async fn run(url: &str) -> Result<(), Error> {
     let config = KafkaConfig {
         partitions: 2,
+        client: client_settings_from_env()?,
         ..KafkaConfig::default()
     };
     let transport = KafkaTransport::connect_with(url, config).await?;
@@ -302,6 +320,7 @@ async fn run(url: &str) -> Result<(), Error> {
     let scale_transport = if bench::wants("scale") {
         let four = KafkaConfig {
             partitions: 4,
+            client: client_settings_from_env()?,
             ..KafkaConfig::default()
         };
         KafkaTransport::connect_with(url, four).await?
