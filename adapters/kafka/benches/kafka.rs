@@ -307,9 +307,10 @@ fn client_settings_from_env() -> Result<Vec<(String, String)>, Error> {
 }
 
 async fn run(url: &str) -> Result<(), Error> {
+    let client = client_settings_from_env()?;
     let config = KafkaConfig {
         partitions: 2,
-        client: client_settings_from_env()?,
+        client: client.clone(),
         ..KafkaConfig::default()
     };
     let transport = KafkaTransport::connect_with(url, config).await?;
@@ -320,7 +321,7 @@ async fn run(url: &str) -> Result<(), Error> {
     let scale_transport = if bench::wants("scale") {
         let four = KafkaConfig {
             partitions: 4,
-            client: client_settings_from_env()?,
+            client,
             ..KafkaConfig::default()
         };
         KafkaTransport::connect_with(url, four).await?

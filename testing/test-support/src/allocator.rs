@@ -21,8 +21,3 @@ pub fn name() -> &'static str {
         "glibc malloc"
     }
 }
-
-/// Whether the allocator is glibc's, whose counts `malloc_info` reports.
-pub fn is_glibc() -> bool {
-    !cfg!(feature = "mimalloc")
-}
