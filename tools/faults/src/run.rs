@@ -210,11 +210,15 @@ impl Consumer {
         })
         .await;
         if !matches!(started, Ok(Ok(true))) {
-            return Err(format!(
-                "the consumer did not start within 120 s (its log: {})",
-                log.display()
-            )
-            .into());
+            let how = match child.try_wait() {
+                Ok(Some(status)) => format!("the consumer exited ({status}) before it started"),
+                _ => "the consumer did not start within 120 s".to_string(),
+            };
+            let _ = child.start_kill();
+            // The report's row holds one line; the log's tail goes to the run's output, which a CI
+            // run keeps after its clone (and the log file) is gone.
+            eprintln!("   {how}; the end of its log:{}", log_tail(log, 20));
+            return Err(format!("{how} (its log: {})", log.display()).into());
         }
         // Keep reading its output, so it never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
@@ -249,6 +253,24 @@ impl Consumer {
             }
         }
     }
+}
+
+/// The last `lines` lines of the log at `path`, each on a line of its own and indented.
+fn log_tail(path: &Path, lines: usize) -> String {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return String::new();
+    };
+    let all: Vec<&str> = text.lines().collect();
+    let tail = &all[all.len().saturating_sub(lines)..];
+    if tail.is_empty() {
+        return " (empty)".to_string();
+    }
+    let mut out = String::new();
+    for line in tail {
+        out.push_str("\n      ");
+        out.push_str(line);
+    }
+    out
 }
 
 /// Everything one run needs.
@@ -768,6 +790,20 @@ mod tests {
             refusals,
             first_at,
         }
+    }
+
+    #[test]
+    fn a_log_tail_keeps_the_last_lines_in_order() -> Result<(), BoxError> {
+        let dir = std::env::temp_dir().join(format!("faults-log-tail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let path = dir.join("consumer.log");
+        std::fs::write(&path, "one\ntwo\nthree\n")?;
+        assert_eq!(log_tail(&path, 2), "\n      two\n      three");
+        std::fs::write(&path, "")?;
+        assert_eq!(log_tail(&path, 2), " (empty)");
+        assert_eq!(log_tail(&dir.join("missing.log"), 2), "");
+        std::fs::remove_dir_all(&dir)?;
+        Ok(())
     }
 
     #[test]
