@@ -78,7 +78,7 @@ impl PulsarTransport {
         config.validate()?;
         broker_delays::apply(&mut config, url).await?;
         let client = security::connect(url, &config.security).await?;
-        let link = Arc::new(Link::new(client, config));
+        let link = Arc::new(Link::new(client, url, config));
         Ok(Self {
             dlq: Arc::default(),
             link,

@@ -20,22 +20,41 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 type SharedProducer = Arc<Mutex<Producer<TokioExecutor>>>;
 
+/// How long creating a subscription without the admin API keeps trying while the broker answers that
+/// it is not ready (a topic loading, a broker restarting).
+const DECLARE_PATIENCE: Duration = Duration::from_secs(30);
+
 /// The shared state of one transport.
 pub(crate) struct Link {
     pub(crate) client: Pulsar<TokioExecutor>,
     pub(crate) config: PulsarConfig,
+    /// The service URL, for the declaring client.
+    url: String,
+    /// A second client, made on first use, whose subscribes are not retried by the client: it creates
+    /// subscriptions without the admin API ([`Link::ensure_group`]).
+    declaring: tokio::sync::OnceCell<Pulsar<TokioExecutor>>,
     producers: Mutex<HashMap<String, SharedProducer>>,
     declared: std::sync::Mutex<HashSet<String>>,
 }
 
 impl Link {
-    pub(crate) fn new(client: Pulsar<TokioExecutor>, config: PulsarConfig) -> Self {
+    pub(crate) fn new(client: Pulsar<TokioExecutor>, url: &str, config: PulsarConfig) -> Self {
         Self {
             client,
             config,
+            url: url.to_string(),
+            declaring: tokio::sync::OnceCell::new(),
             producers: Mutex::new(HashMap::new()),
             declared: std::sync::Mutex::new(HashSet::new()),
         }
+    }
+
+    async fn declaring_client(&self) -> Result<&Pulsar<TokioExecutor>, Error> {
+        self.declaring
+            .get_or_try_init(|| {
+                crate::security::connect_without_retries(&self.url, &self.config.security)
+            })
+            .await
     }
 
     async fn producer(&self, topic: &str) -> Result<SharedProducer, Error> {
@@ -117,7 +136,9 @@ impl Link {
     /// the group receives every event published to it. With the admin API the subscription is created
     /// there, without a consumer; otherwise a consumer subscribes and leaves at once — and a refusal
     /// (a consumer of another subscription type, Key_Shared for ordered consumers, holds it) means the
-    /// subscription exists.
+    /// subscription exists. That consumer comes from a client that does not retry a refusal itself (the
+    /// pulsar crate's own would retry it for ever, and an ordered consumer's group could never be
+    /// declared or dead-lettered to); a broker not ready yet is asked again for up to 30 s.
     pub(crate) async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error> {
         let full = self.config.full_name(topic);
         if let Some(admin) = self.config.admin_url.clone() {
@@ -129,37 +150,48 @@ impl Link {
             .await
             .map_err(|e| Error::from_source(Kind::Other, e))?;
         }
-        let built = self
-            .client
-            .consumer()
-            .with_topic(&full)
-            .with_subscription(group)
-            .with_subscription_type(SubType::Shared)
-            .with_consumer_name(format!(
-                "event-retry-declare-{}",
-                uuid::Uuid::new_v4().simple()
-            ))
-            .with_options(
-                ConsumerOptions::default()
-                    .with_initial_position(InitialPosition::Earliest)
-                    .with_receiver_queue_size(1),
-            )
-            .with_batch_size(1)
-            .build::<Vec<u8>>()
-            .await;
-        match built {
-            Ok(mut consumer) => {
-                let _: Result<(), _> = consumer.close().await;
-                Ok(())
-            }
-            Err(e) => match kind_of(&e) {
-                Kind::Connection | Kind::Timeout => Err(Error::from_source(Kind::Connection, e)
-                    .with_operation(format!("subscribe {group} to {full}"))),
+        let deadline = tokio::time::Instant::now() + DECLARE_PATIENCE;
+        loop {
+            let built = self
+                .declaring_client()
+                .await?
+                .consumer()
+                .with_topic(&full)
+                .with_subscription(group)
+                .with_subscription_type(SubType::Shared)
+                .with_consumer_name(format!(
+                    "event-retry-declare-{}",
+                    uuid::Uuid::new_v4().simple()
+                ))
+                .with_options(
+                    ConsumerOptions::default()
+                        .with_initial_position(InitialPosition::Earliest)
+                        .with_receiver_queue_size(1),
+                )
+                .with_batch_size(1)
+                .build::<Vec<u8>>()
+                .await;
+            let e = match built {
+                Ok(mut consumer) => {
+                    let _: Result<(), _> = consumer.close().await;
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            match kind_of(&e) {
+                Kind::Connection | Kind::Timeout if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(error = %e, %group, "the broker is not ready to subscribe: asking again");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Kind::Connection | Kind::Timeout => {
+                    return Err(Error::from_source(Kind::Connection, e)
+                        .with_operation(format!("subscribe {group} to {full}")));
+                }
                 _ => {
                     tracing::debug!(error = %e, %group, "the subscription exists (held by a consumer of another type)");
-                    Ok(())
+                    return Ok(());
                 }
-            },
+            }
         }
     }
 

@@ -187,7 +187,31 @@ pub(crate) async fn connect(
     url: &str,
     security: &PulsarSecurity,
 ) -> Result<Pulsar<TokioExecutor>, Error> {
-    let builder = security.apply(url, Pulsar::builder(url, TokioExecutor))?;
+    build(url, security, Pulsar::builder(url, TokioExecutor)).await
+}
+
+/// A client for `url` whose requests are never sent again by the client itself: a broker's refusal
+/// comes back as an error at once. The pulsar crate retries a refused subscribe (`ConsumerBusy`,
+/// `ServiceNotReady`) for ever, which is right for a consumer that must come back but wrong where the
+/// refusal is the answer (a subscription held by a consumer of another type exists).
+pub(crate) async fn connect_without_retries(
+    url: &str,
+    security: &PulsarSecurity,
+) -> Result<Pulsar<TokioExecutor>, Error> {
+    let once = pulsar::OperationRetryOptions {
+        max_retries: Some(0),
+        ..pulsar::OperationRetryOptions::default()
+    };
+    let builder = Pulsar::builder(url, TokioExecutor).with_operation_retry_options(once);
+    build(url, security, builder).await
+}
+
+async fn build(
+    url: &str,
+    security: &PulsarSecurity,
+    builder: pulsar::PulsarBuilder<TokioExecutor>,
+) -> Result<Pulsar<TokioExecutor>, Error> {
+    let builder = security.apply(url, builder)?;
     match builder.build().await {
         Ok(client) => Ok(client),
         Err(e) => Err(connect_error(e, url, security).await),

@@ -2,6 +2,8 @@
 //!
 //! * two consumer groups on one topic retry on their own (each group has its own retry topic), and a
 //!   dead letter replays to the group that dead-lettered it;
+//! * a dead letter written to a group while an ordered (Key_Shared) consumer holds it, without the admin
+//!   API, is written at once;
 //! * a Pulsar restart (stop + start through the project's scripts, on the same data) while retries wait
 //!   in the retry topic: the client reconnects, and every retry runs once, no earlier than its delay;
 //! * with the admin API known (`RETRY_TEST_PULSAR_ADMIN`), the adapter reads the broker's delayed-delivery
@@ -20,7 +22,7 @@ use event_retry_core::broker::Broker;
 use event_retry_core::classify::HandlerError;
 use event_retry_core::event::Event;
 use event_retry_core::policy::RetryPolicy;
-use event_retry_core::runtime::{Context, handler_fn};
+use event_retry_core::runtime::{Context, ParkedAfterDead, handler_fn};
 use event_retry_pulsar::{PulsarConfig, PulsarTransport};
 use libtest_mimic::Arguments;
 use test_support::broker::Test;
@@ -33,8 +35,12 @@ fn main() {
     let mut args = Arguments::from_args();
     // The restart would disturb the other test.
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 4] = [
+    let tests: [(&str, Test); 5] = [
         ("groups_retry_on_their_own", groups_retry_on_their_own),
+        (
+            "a_dead_letter_is_written_while_an_ordered_consumer_holds_its_group",
+            a_dead_letter_is_written_while_an_ordered_consumer_holds_its_group,
+        ),
         (
             "a_bare_url_reads_the_brokers_tick_from_its_admin_api",
             a_bare_url_reads_the_brokers_tick_from_its_admin_api,
@@ -138,6 +144,53 @@ fn groups_retry_on_their_own(url: String) -> Result<(), String> {
             h.shutdown().await.map_err(|e| e.to_string())?;
         }
         Ok(())
+    })
+}
+
+/// Writing a dead letter (what a DLQ migration does) makes sure the group's retry topic keeps its
+/// subscription. Without an admin URL that is a consumer subscribing and leaving — refused while an
+/// ordered consumer holds the subscription as Key_Shared. The write must go on within seconds.
+fn a_dead_letter_is_written_while_an_ordered_consumer_holds_its_group(
+    url: String,
+) -> Result<(), String> {
+    test_support::broker::runtime()?.block_on(async move {
+        let transport = PulsarTransport::connect_with(&url, config())
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("ordered-dlq-{}", uuid::Uuid::new_v4().simple());
+        let handler = handler_fn(|_event: Event, _ctx: Context| async move { Ok(()) });
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
+            .group("ordered")
+            .policy(RetryPolicy::parse("500ms x1").map_err(|e| e.to_string())?)
+            .ordered_by_key(ParkedAfterDead::Run)
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        let event = Event::new("moved").with_id("moved").with_key("k");
+        let written = tokio::time::timeout(
+            Duration::from_secs(30),
+            transport.write_dead_letter(&topic, Some("ordered"), &event),
+        )
+        .await;
+        match written {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(format!("writing the dead letter failed: {e}")),
+            Err(_) => return Err("writing the dead letter took over 30 s".to_string()),
+        }
+        let entries = Broker::new(transport.clone())
+            .dead_letters()
+            .list(&topic, &event_retry_core::dlq::DlqFilter::all())
+            .await
+            .map_err(|e| e.to_string())?;
+        let ids: Vec<_> = entries
+            .iter()
+            .map(|e| e.event.id().unwrap_or_default().to_string())
+            .collect();
+        if ids != ["moved"] {
+            return Err(format!("the DLQ holds {ids:?}, want [\"moved\"]"));
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())
     })
 }
 
