@@ -293,6 +293,13 @@ pub async fn run(
         );
         phases.push(phase);
     }
+    // `RETRY_BENCH_BACKLOG_HOLD=<seconds>` keeps the consumer running with everything still waiting, for
+    // an operator to look into the process (its maps, its allocator) before it is stopped.
+    let hold = crate::bench::count_from_env("RETRY_BENCH_BACKLOG_HOLD", 0, 0)?;
+    if hold > 0 {
+        println!("backlog {name}: holding the consumer (pid {pid}) for {hold} s");
+        tokio::time::sleep(Duration::from_secs(hold as u64)).await;
+    }
     child.kill().await.ok();
     // The broker's part alone: the same publishes with the consumer stopped and the backlog still in
     // the broker. A publish time that stays high belongs to the broker holding the backlog; one that
