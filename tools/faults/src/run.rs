@@ -210,9 +210,13 @@ impl Consumer {
         })
         .await;
         if !matches!(started, Ok(Ok(true))) {
-            let how = match child.try_wait() {
-                Ok(Some(status)) => format!("the consumer exited ({status}) before it started"),
-                _ => "the consumer did not start within 120 s".to_string(),
+            // Its output ended (rather than the wait): it is exiting, and its status says how.
+            let how = match started {
+                Err(_) => "the consumer did not start within 120 s".to_string(),
+                Ok(_) => match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
+                    Ok(Ok(status)) => format!("the consumer exited ({status}) before it started"),
+                    _ => "the consumer closed its output before it started".to_string(),
+                },
             };
             let _ = child.start_kill();
             // The report's row holds one line; the log's tail goes to the run's output, which a CI
