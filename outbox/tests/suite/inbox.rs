@@ -26,18 +26,21 @@ use crate::fixture::{BrokerKind, Column, fresh_db, fresh_topic, root};
 pub(crate) const ALL: &[Scenario] = &[
     Scenario {
         name: "inbox_records_each_id_once",
+        restarts_database: false,
         title: "inbox: an id recorded in a committed transaction is already done for the next; a rolled-back record leaves no row; two transactions racing for one id: one first; consumers apart; claims lease, release, complete; purge after the retention",
         run: |c| block_on(records_each_id_once(c)),
         skip: |_| None,
     },
     Scenario {
         name: "inbox_consumer_killed_between_commit_and_ack",
+        restarts_database: false,
         title: "inbox: a consumer SIGKILLed after its handler's commit and before the ack: the redelivery is recorded already done and skips the effect; every event's effect row once, nothing left on the broker",
         run: |c| block_on(killed_between_commit_and_ack(c)),
         skip: |_| None,
     },
     Scenario {
         name: "inbox_rolled_back_attempt_is_retried",
+        restarts_database: false,
         title: "inbox: a handler failing after its record rolls back: no effect row and no inbox row remain, the retry through the broker records first time and commits one effect",
         run: |c| block_on(rolled_back_attempt_is_retried(c)),
         skip: |_| None,

@@ -18,42 +18,49 @@ use crate::fixture::{
 pub(crate) const ALL: &[Scenario] = &[
     Scenario {
         name: "commit_publishes_rollback_does_not",
+        restarts_database: false,
         title: "a committed event is published once with its business row; a rolled-back one never",
         run: |c| block_on(commit_publishes_rollback_does_not(c)),
         skip: |_| None,
     },
     Scenario {
         name: "every_lifecycle_transition",
+        restarts_database: false,
         title: "every transition: claim, failed attempt (available_at later), spent → DEAD, replay, release, purge; forbidden ones refused",
         run: |c| block_on(every_lifecycle_transition(c)),
         skip: |_| None,
     },
     Scenario {
         name: "relay_killed_mid_batch",
+        restarts_database: false,
         title: "a relay SIGKILLed mid-batch: its claimed rows return after the lease (no attempt counted) and every row is published; duplicates counted",
         run: |c| block_on(relay_killed_mid_batch(c)),
         skip: |_| None,
     },
     Scenario {
         name: "two_relays_race",
+        restarts_database: false,
         title: "two relays over 10,000 rows: each row published exactly once, both relays publishing",
         run: |c| block_on(two_relays_race(c)),
         skip: |_| None,
     },
     Scenario {
         name: "broker_down_30s",
+        restarts_database: false,
         title: "broker stalled 30 s: the relay backs off (bounded attempts), loses nothing, claims no row before its available_at (each claim in the outage checked)",
         run: |c| block_on(broker_down_30s(c)),
         skip: |_| None,
     },
     Scenario {
         name: "poison_row",
+        restarts_database: false,
         title: "a poison row (unreadable headers; on Kafka also a payload over the size limit) goes DEAD at once with the reason; others publish",
         run: |c| block_on(poison_row(c)),
         skip: |_| None,
     },
     Scenario {
         name: "database_restarted",
+        restarts_database: true,
         title: "the database restarted mid-run: the relay carries on and every row is published; duplicates counted",
         run: |c| block_on(database_restarted(c)),
         skip: |c| {
@@ -64,18 +71,21 @@ pub(crate) const ALL: &[Scenario] = &[
     },
     Scenario {
         name: "key_order",
+        restarts_database: false,
         title: "ordered by key with two relays: each key's rows reach the broker in enqueue order; a held head holds only its key",
         run: |c| block_on(key_order(c)),
         skip: |_| None,
     },
     Scenario {
         name: "graceful_shutdown",
+        restarts_database: false,
         title: "shutdown mid-stream finishes the batch in hand: no row left CLAIMED, nothing published twice, the rest published by the next relay",
         run: |c| block_on(graceful_shutdown(c)),
         skip: |_| None,
     },
     Scenario {
         name: "notification_wakes",
+        restarts_database: false,
         title: "a commit wakes an idle relay (poll interval 60 s): published within 2 s",
         run: |c| block_on(notification_wakes(c)),
         skip: |_| None,
