@@ -896,10 +896,26 @@ fn crash_before_commit(url: &str, transactional: bool) -> Result<HashMap<String,
         let bootstrap = event_retry_kafka::bootstrap_of(url).map_err(|e| e.to_string())?;
         let config = transactional_config(transactional);
         if transactional {
-            // A duplicate would come through the ladder within a few seconds; with transactions the
-            // committed offsets stop short of the end (each transaction ends in a marker), so the
-            // wait below cannot tell when everything was read.
-            tokio::time::sleep(Duration::from_secs(3)).await;
+            // With transactions a level's committed offsets stop short of its end (each transaction
+            // ends in a marker no consumer commits past), so the wait is in two steps: the parent
+            // consumed the source to its end (written without a transaction; every copy it made is
+            // committed with those offsets), then the ladder forwarded every record a read_committed
+            // reader sees in its levels (its group committed past each; a forward commits with its
+            // offset). A duplicate copy made by either is then on the retry topic when it is counted.
+            let source = vec![(crash_group(&topic), vec![topic.clone()])];
+            let (ladder, levels) = (config.ladder_group(&topic), config.level_topics(&topic));
+            let bootstrap = bootstrap.clone();
+            let since = Instant::now();
+            tokio::task::spawn_blocking(move || {
+                wait_consumed(&bootstrap, &source)?;
+                wait_forwarded(&bootstrap, &ladder, &levels)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            eprintln!(
+                "  the source was consumed and every committed ladder record forwarded {} ms after every event's attempt 2",
+                since.elapsed().as_millis()
+            );
         } else {
             // Every event's attempt 2 may have run from the child's copy while the parent's own copy
             // (made when it consumed the event again) was still on its way: wait until the parent
@@ -944,6 +960,105 @@ fn wait_consumed(bootstrap: &str, groups: &[(String, Vec<String>)]) -> Result<()
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Waits (up to 60 s) until `group` committed past every record a `read_committed` reader sees in
+/// `topics` (read once, from the beginning): everything committed there was consumed and settled.
+fn wait_forwarded(bootstrap: &str, group: &str, topics: &[String]) -> Result<(), String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let last = visible_ends(bootstrap, topics)?;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .map_err(|e| e.to_string())?;
+    let mut list = rdkafka::TopicPartitionList::new();
+    for (topic, partition) in last.keys() {
+        list.add_partition(topic, *partition);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let committed = consumer
+            .committed_offsets(list.clone(), Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        let behind: Vec<String> = committed
+            .elements()
+            .iter()
+            .filter_map(|e| {
+                let want = last.get(&(e.topic().to_string(), e.partition()))?;
+                let at = match e.offset() {
+                    rdkafka::Offset::Offset(o) => o,
+                    _ => 0,
+                };
+                (at < *want)
+                    .then(|| format!("{}[{}] {at}/{want} ({group})", e.topic(), e.partition()))
+            })
+            .collect();
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "after 60 s committed records are still not forwarded: {}",
+                behind.join(", ")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Per partition of `topics` that holds any, the offset after the last record a `read_committed`
+/// reader sees (read from the beginning until 3 s pass with nothing new).
+fn visible_ends(bootstrap: &str, topics: &[String]) -> Result<HashMap<(String, i32), i64>, String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set(
+            "group.id",
+            format!("ends-{}", uuid::Uuid::new_v4().simple()),
+        )
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .create()
+        .map_err(|e| e.to_string())?;
+    let mut list = rdkafka::TopicPartitionList::new();
+    for topic in topics {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .map_err(|e| e.to_string())?;
+        let partitions = metadata
+            .topics()
+            .first()
+            .map_or(0, |t| t.partitions().len());
+        for p in 0..partitions {
+            list.add_partition_offset(
+                topic,
+                i32::try_from(p).unwrap_or(i32::MAX),
+                rdkafka::Offset::Beginning,
+            )
+            .map_err(|e| e.to_string())?;
+        }
+    }
+    consumer.assign(&list).map_err(|e| e.to_string())?;
+    let mut ends = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut idle_since = Instant::now();
+    while idle_since.elapsed() < Duration::from_secs(3) {
+        if Instant::now() > deadline {
+            return Err(format!("{topics:?} still gave records after 30 s"));
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                idle_since = Instant::now();
+                ends.insert((m.topic().to_string(), m.partition()), m.offset() + 1);
+            }
+            Some(Err(e)) => return Err(e.to_string()),
+            None => {}
+        }
+    }
+    Ok(ends)
 }
 
 /// The partitions whose group has not committed up to their end, as `topic[p] committed/end (group)`.
