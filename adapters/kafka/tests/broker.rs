@@ -943,74 +943,129 @@ fn crash_before_commit(url: &str, transactional: bool) -> Result<HashMap<String,
     })
 }
 
+/// Offsets per partition, keyed by topic and partition.
+type Marks = HashMap<(String, i32), i64>;
+
 /// Waits (up to 60 s) until each group's committed offsets reach the end of every partition of its
 /// topics: everything in them was consumed and settled. Read with a raw client that joins no group.
 fn wait_consumed(bootstrap: &str, groups: &[(String, Vec<String>)]) -> Result<(), String> {
+    use rdkafka::consumer::Consumer;
+    let readers = groups
+        .iter()
+        .map(|(group, topics)| Ok((group_reader(bootstrap, group)?, group, topics)))
+        .collect::<Result<Vec<_>, String>>()?;
+    // The ends are read again each time: copies may still be arriving in a ladder's levels.
+    until_none_behind("records are still unconsumed", || {
+        let mut behind = Vec::new();
+        for (consumer, group, topics) in &readers {
+            let mut ends = Marks::new();
+            for topic in topics.iter() {
+                for p in partitions_of(consumer, topic)? {
+                    let (_, end) = consumer
+                        .fetch_watermarks(topic, p, CALL_TIMEOUT)
+                        .map_err(|e| e.to_string())?;
+                    ends.insert((topic.clone(), p), end);
+                }
+            }
+            behind.extend(committed_behind(consumer, group, &ends)?);
+        }
+        Ok(behind)
+    })
+}
+
+/// Waits (up to 60 s) until `group` committed past every record a `read_committed` reader sees in
+/// `topics` (read once, from the beginning): everything committed there was consumed and settled. With
+/// transactional writes a partition ends in a marker no consumer commits past, so its end cannot be the
+/// mark.
+fn wait_forwarded(bootstrap: &str, group: &str, topics: &[String]) -> Result<(), String> {
+    let ends = visible_ends(bootstrap, topics)?;
+    let consumer = group_reader(bootstrap, group)?;
+    until_none_behind("committed records are still not forwarded", || {
+        committed_behind(&consumer, group, &ends)
+    })
+}
+
+/// How long a raw client's call may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Calls `behind` every 200 ms until it names nothing; fails after 60 s with what it still names.
+fn until_none_behind(
+    what: &str,
+    mut behind: impl FnMut() -> Result<Vec<String>, String>,
+) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let left = unconsumed(bootstrap, groups)?;
+        let left = behind()?;
         if left.is_empty() {
             return Ok(());
         }
         if Instant::now() > deadline {
-            return Err(format!(
-                "after 60 s records are still unconsumed: {}",
-                left.join(", ")
-            ));
+            return Err(format!("after 60 s {what}: {}", left.join(", ")));
         }
         std::thread::sleep(Duration::from_millis(200));
     }
 }
 
-/// Waits (up to 60 s) until `group` committed past every record a `read_committed` reader sees in
-/// `topics` (read once, from the beginning): everything committed there was consumed and settled.
-fn wait_forwarded(bootstrap: &str, group: &str, topics: &[String]) -> Result<(), String> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let last = visible_ends(bootstrap, topics)?;
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
+/// A raw client that reads `group`'s committed offsets without joining it.
+fn group_reader(bootstrap: &str, group: &str) -> Result<rdkafka::consumer::BaseConsumer, String> {
+    rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", group)
         .set("enable.auto.commit", "false")
         .create()
+        .map_err(|e| e.to_string())
+}
+
+/// The partition numbers of `topic`.
+fn partitions_of(
+    consumer: &rdkafka::consumer::BaseConsumer,
+    topic: &str,
+) -> Result<Vec<i32>, String> {
+    use rdkafka::consumer::Consumer;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), CALL_TIMEOUT)
         .map_err(|e| e.to_string())?;
+    let count = metadata
+        .topics()
+        .first()
+        .map_or(0, |t| t.partitions().len());
+    Ok((0..count)
+        .map(|p| i32::try_from(p).unwrap_or(i32::MAX))
+        .collect())
+}
+
+/// The partitions of `marks` whose group has not committed up to its mark, as
+/// `topic[p] committed/mark (group)`.
+fn committed_behind(
+    consumer: &rdkafka::consumer::BaseConsumer,
+    group: &str,
+    marks: &Marks,
+) -> Result<Vec<String>, String> {
+    use rdkafka::consumer::Consumer;
     let mut list = rdkafka::TopicPartitionList::new();
-    for (topic, partition) in last.keys() {
+    for (topic, partition) in marks.keys() {
         list.add_partition(topic, *partition);
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let committed = consumer
-            .committed_offsets(list.clone(), Duration::from_secs(10))
-            .map_err(|e| e.to_string())?;
-        let behind: Vec<String> = committed
-            .elements()
-            .iter()
-            .filter_map(|e| {
-                let want = last.get(&(e.topic().to_string(), e.partition()))?;
-                let at = match e.offset() {
-                    rdkafka::Offset::Offset(o) => o,
-                    _ => 0,
-                };
-                (at < *want)
-                    .then(|| format!("{}[{}] {at}/{want} ({group})", e.topic(), e.partition()))
-            })
-            .collect();
-        if behind.is_empty() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "after 60 s committed records are still not forwarded: {}",
-                behind.join(", ")
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let committed = consumer
+        .committed_offsets(list, CALL_TIMEOUT)
+        .map_err(|e| e.to_string())?;
+    Ok(committed
+        .elements()
+        .iter()
+        .filter_map(|e| {
+            let mark = marks.get(&(e.topic().to_string(), e.partition()))?;
+            let at = match e.offset() {
+                rdkafka::Offset::Offset(o) => o,
+                _ => 0,
+            };
+            (at < *mark).then(|| format!("{}[{}] {at}/{mark} ({group})", e.topic(), e.partition()))
+        })
+        .collect())
 }
 
 /// Per partition of `topics` that holds any, the offset after the last record a `read_committed`
 /// reader sees (read from the beginning until 3 s pass with nothing new).
-fn visible_ends(bootstrap: &str, topics: &[String]) -> Result<HashMap<(String, i32), i64>, String> {
+fn visible_ends(bootstrap: &str, topics: &[String]) -> Result<Marks, String> {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::Message;
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
@@ -1025,24 +1080,13 @@ fn visible_ends(bootstrap: &str, topics: &[String]) -> Result<HashMap<(String, i
         .map_err(|e| e.to_string())?;
     let mut list = rdkafka::TopicPartitionList::new();
     for topic in topics {
-        let metadata = consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .map_err(|e| e.to_string())?;
-        let partitions = metadata
-            .topics()
-            .first()
-            .map_or(0, |t| t.partitions().len());
-        for p in 0..partitions {
-            list.add_partition_offset(
-                topic,
-                i32::try_from(p).unwrap_or(i32::MAX),
-                rdkafka::Offset::Beginning,
-            )
-            .map_err(|e| e.to_string())?;
+        for p in partitions_of(&consumer, topic)? {
+            list.add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+                .map_err(|e| e.to_string())?;
         }
     }
     consumer.assign(&list).map_err(|e| e.to_string())?;
-    let mut ends = HashMap::new();
+    let mut ends = Marks::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut idle_since = Instant::now();
     while idle_since.elapsed() < Duration::from_secs(3) {
@@ -1059,55 +1103,6 @@ fn visible_ends(bootstrap: &str, topics: &[String]) -> Result<HashMap<(String, i
         }
     }
     Ok(ends)
-}
-
-/// The partitions whose group has not committed up to their end, as `topic[p] committed/end (group)`.
-fn unconsumed(bootstrap: &str, groups: &[(String, Vec<String>)]) -> Result<Vec<String>, String> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
-    let timeout = Duration::from_secs(10);
-    {
-        let mut left = Vec::new();
-        for (group, topics) in groups {
-            let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-                .set("bootstrap.servers", bootstrap)
-                .set("group.id", group)
-                .set("enable.auto.commit", "false")
-                .create()
-                .map_err(|e| e.to_string())?;
-            for topic in topics {
-                let metadata = consumer
-                    .fetch_metadata(Some(topic), timeout)
-                    .map_err(|e| e.to_string())?;
-                let partitions = metadata
-                    .topics()
-                    .first()
-                    .map_or(0, |t| t.partitions().len());
-                let mut list = rdkafka::TopicPartitionList::new();
-                for p in 0..partitions {
-                    list.add_partition(topic, i32::try_from(p).unwrap_or(i32::MAX));
-                }
-                let committed = consumer
-                    .committed_offsets(list, timeout)
-                    .map_err(|e| e.to_string())?;
-                for element in committed.elements() {
-                    let (_, end) = consumer
-                        .fetch_watermarks(topic, element.partition(), timeout)
-                        .map_err(|e| e.to_string())?;
-                    let at = match element.offset() {
-                        rdkafka::Offset::Offset(o) => o,
-                        _ => 0,
-                    };
-                    if at < end {
-                        left.push(format!(
-                            "{topic}[{}] {at}/{end} ({group})",
-                            element.partition()
-                        ));
-                    }
-                }
-            }
-        }
-        Ok(left)
-    }
 }
 
 /// Per event id, the records of `topic` a `read_committed` consumer reads from the beginning.
