@@ -1066,13 +1066,32 @@ fn committed_behind(
 /// Per partition of `topics` that holds any, the offset after the last record a `read_committed`
 /// reader sees (read from the beginning until 3 s pass with nothing new).
 fn visible_ends(bootstrap: &str, topics: &[String]) -> Result<Marks, String> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::Message;
+    let mut ends = Marks::new();
+    let went_idle = read_committed_from_start(bootstrap, topics, Duration::from_secs(3), |m| {
+        ends.insert((m.topic().to_string(), m.partition()), m.offset() + 1);
+    })?;
+    if !went_idle {
+        return Err(format!("{topics:?} still gave records after 30 s"));
+    }
+    Ok(ends)
+}
+
+/// Reads every partition of `topics` from the beginning as a `read_committed` consumer that joins no
+/// group, handing each record to `each`, until `idle` passes with nothing new (true) or 30 s in all
+/// (false).
+fn read_committed_from_start(
+    bootstrap: &str,
+    topics: &[String],
+    idle: Duration,
+    mut each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>),
+) -> Result<bool, String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
     let consumer: BaseConsumer = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set(
             "group.id",
-            format!("ends-{}", uuid::Uuid::new_v4().simple()),
+            format!("read-{}", uuid::Uuid::new_v4().simple()),
         )
         .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
@@ -1086,63 +1105,46 @@ fn visible_ends(bootstrap: &str, topics: &[String]) -> Result<Marks, String> {
         }
     }
     consumer.assign(&list).map_err(|e| e.to_string())?;
-    let mut ends = Marks::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut idle_since = Instant::now();
-    while idle_since.elapsed() < Duration::from_secs(3) {
+    while idle_since.elapsed() < idle {
         if Instant::now() > deadline {
-            return Err(format!("{topics:?} still gave records after 30 s"));
+            return Ok(false);
         }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
                 idle_since = Instant::now();
-                ends.insert((m.topic().to_string(), m.partition()), m.offset() + 1);
+                each(&m);
             }
             Some(Err(e)) => return Err(e.to_string()),
             None => {}
         }
     }
-    Ok(ends)
+    Ok(true)
 }
 
-/// Per event id, the records of `topic` a `read_committed` consumer reads from the beginning.
+/// Per event id, the records of `topic` a `read_committed` consumer reads from the beginning (until
+/// 5 s pass with nothing new, or 30 s in all).
 fn copies_on(bootstrap: &str, topic: &str) -> Result<HashMap<String, usize>, String> {
-    use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::message::{Headers, Message};
-    let consumer: BaseConsumer = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set(
-            "group.id",
-            format!("count-{}", uuid::Uuid::new_v4().simple()),
-        )
-        .set("isolation.level", "read_committed")
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .map_err(|e| e.to_string())?;
-    consumer.subscribe(&[topic]).map_err(|e| e.to_string())?;
     let mut copies: HashMap<String, usize> = HashMap::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut idle_since = Instant::now();
-    while Instant::now() < deadline && idle_since.elapsed() < Duration::from_secs(5) {
-        match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                idle_since = Instant::now();
-                let id = m
-                    .headers()
-                    .and_then(|h| {
-                        h.iter()
-                            .find(|h| h.key == event_retry_core::metadata::names::EVENT_ID)
-                            .and_then(|h| h.value)
-                            .map(|v| String::from_utf8_lossy(v).into_owned())
-                    })
-                    .unwrap_or_default();
-                *copies.entry(id).or_default() += 1;
-            }
-            Some(Err(e)) => return Err(e.to_string()),
-            None => {}
-        }
-    }
+    read_committed_from_start(
+        bootstrap,
+        &[topic.to_string()],
+        Duration::from_secs(5),
+        |m| {
+            let id = m
+                .headers()
+                .and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == event_retry_core::metadata::names::EVENT_ID)
+                        .and_then(|h| h.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                })
+                .unwrap_or_default();
+            *copies.entry(id).or_default() += 1;
+        },
+    )?;
     if copies.len() != CRASH_EVENTS {
         return Err(format!(
             "{} events have copies on {topic}, want {CRASH_EVENTS}: {copies:?}",
