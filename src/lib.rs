@@ -140,9 +140,9 @@ pub use event_retry_core::options::Options;
 pub use event_retry_core::policy::RetryPolicy;
 pub use event_retry_core::producer::Producer;
 pub use event_retry_core::runtime::{
-    App, AppError, AppHealth, Consumer, ConsumerBuilder, ConsumerError, ConsumerHandle, Context,
-    Handler, Health, HealthWatch, ParkedAfterDead, Shutdown, Stats, decode_json, handler_fn,
-    json_handler, shutdown_signal,
+    App, AppError, AppHealth, BatchHandler, BatchItem, Consumer, ConsumerBuilder, ConsumerError,
+    ConsumerHandle, Context, Handler, Health, HealthWatch, ParkedAfterDead, Shutdown, Stats,
+    batch_handler_fn, decode_json, handler_fn, json_handler, shutdown_signal,
 };
 pub use event_retry_core::{
     adapter, check, classify, config, dlq, error, metadata, options, policy, secret, telemetry,
@@ -173,10 +173,10 @@ pub mod prelude {
     #[allow(deprecated)]
     pub use crate::ErrorKind;
     pub use crate::{
-        App, Broker, Classifier, Consumer, ConsumerHandle, Context, DeadLetter, DeadLetters,
-        DlqFilter, Event, FailureKind, Handler, HandlerError, Headers, IdempotencyStore,
-        InMemoryIdempotencyStore, ParkedAfterDead, Policies, Producer, RetryConfig, RetryPolicy,
-        decode_json, handler_fn, json_handler,
+        App, BatchHandler, BatchItem, Broker, Classifier, Consumer, ConsumerHandle, Context,
+        DeadLetter, DeadLetters, DlqFilter, Event, FailureKind, Handler, HandlerError, Headers,
+        IdempotencyStore, InMemoryIdempotencyStore, ParkedAfterDead, Policies, Producer,
+        RetryConfig, RetryPolicy, batch_handler_fn, decode_json, handler_fn, json_handler,
     };
 }
 

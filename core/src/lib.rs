@@ -49,7 +49,7 @@ pub mod prelude {
     pub use crate::policy::RetryPolicy;
     pub use crate::producer::Producer;
     pub use crate::runtime::{
-        App, Consumer, ConsumerHandle, Context, Handler, ParkedAfterDead, decode_json, handler_fn,
-        json_handler,
+        App, BatchHandler, BatchItem, Consumer, ConsumerHandle, Context, Handler, ParkedAfterDead,
+        batch_handler_fn, decode_json, handler_fn, json_handler,
     };
 }

@@ -31,10 +31,12 @@ use std::sync::Arc;
 
 use futures::future::{FutureExt, select_all};
 
+use super::batch::BatchHandler;
 use super::builder::{ConsumerBuilder, ConsumerError};
 use super::handle::{ConsumerHandle, HealthWatch};
 use super::handler::Handler;
 use super::health::Health;
+use super::receive::Started;
 
 /// Why an [`App`] stopped with an error: which consumer, and what happened to it.
 #[derive(Debug, thiserror::Error)]
@@ -51,7 +53,7 @@ pub struct AppError {
 #[derive(Default)]
 #[must_use = "an app does nothing until it runs"]
 pub struct App {
-    consumers: Vec<(ConsumerBuilder, Arc<dyn Handler>)>,
+    consumers: Vec<(ConsumerBuilder, Started)>,
     health: AppHealth,
 }
 
@@ -120,7 +122,16 @@ impl App {
 
     /// Adds a consumer and the handler for its events.
     pub fn consumer(mut self, consumer: ConsumerBuilder, handler: impl Handler) -> Self {
-        self.consumers.push((consumer, Arc::new(handler)));
+        self.consumers
+            .push((consumer, Started::PerEvent(Arc::new(handler))));
+        self
+    }
+
+    /// Adds a consumer and a batch handler for its events (see
+    /// [`Consumer::start_batch`](super::Consumer::start_batch)).
+    pub fn batch_consumer(mut self, consumer: ConsumerBuilder, handler: impl BatchHandler) -> Self {
+        self.consumers
+            .push((consumer, Started::Batch(Arc::new(handler))));
         self
     }
 
@@ -131,15 +142,21 @@ impl App {
         let mut built = Vec::new();
         for (builder, handler) in self.consumers {
             let topic = builder.spec.topic.clone();
-            let consumer = builder.build().map_err(|error| AppError {
-                topic: topic.clone(),
-                error,
-            })?;
+            let consumer = builder
+                .build()
+                .and_then(|consumer| match &handler {
+                    Started::Batch(_) => consumer.check_batch().map(|()| consumer),
+                    Started::PerEvent(_) => Ok(consumer),
+                })
+                .map_err(|error| AppError {
+                    topic: topic.clone(),
+                    error,
+                })?;
             built.push((topic, consumer, handler));
         }
         let mut running: Vec<(String, ConsumerHandle)> = Vec::new();
         for (topic, consumer, handler) in built {
-            match consumer.start_shared(handler).await {
+            match consumer.start_with(handler).await {
                 Ok(handle) => running.push((topic, handle)),
                 Err(error) => {
                     stop_all(running).await;
@@ -314,5 +331,62 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err.error, ConsumerError::Invalid(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_app_runs_a_batch_consumer_and_refuses_one_it_cannot_honour_before_any_starts() {
+        let broker = Broker::memory();
+        let producer = broker.producer();
+        for i in 0..5 {
+            producer
+                .publish("batched", Event::new(format!("{i}")))
+                .await
+                .unwrap();
+        }
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counted = seen.clone();
+        let batch = crate::runtime::batch_handler_fn(move |events: Vec<(Event, Context)>| {
+            counted.fetch_add(events.len(), Ordering::SeqCst);
+            async move { events.iter().map(|_| Ok(())).collect() }
+        });
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(
+            App::new()
+                .batch_consumer(broker.consumer("batched"), batch)
+                .run_until(async {
+                    let _ = stop_rx.await;
+                }),
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while seen.load(Ordering::SeqCst) < 5 {
+            assert!(tokio::time::Instant::now() < deadline, "all 5 handled");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        stop_tx.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), running)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+
+        // Ordering with a batch handler: refused when the app builds its consumers.
+        let err = App::new()
+            .consumer(
+                broker.consumer("first"),
+                handler_fn(|_e: Event, _c: Context| async { Ok(()) }),
+            )
+            .batch_consumer(
+                broker
+                    .consumer("ordered")
+                    .ordered_by_key(crate::runtime::ParkedAfterDead::Run),
+                crate::runtime::batch_handler_fn(|events: Vec<(Event, Context)>| async move {
+                    events.iter().map(|_| Ok(())).collect()
+                }),
+            )
+            .run_until(std::future::pending())
+            .await
+            .unwrap_err();
+        assert!(matches!(err.error, ConsumerError::Invalid(_)), "{err}");
+        assert_eq!(err.topic, "ordered");
     }
 }

@@ -12,9 +12,10 @@ use crate::error::Error;
 use crate::idempotency::IdempotencyStore;
 use crate::policy::RetryPolicy;
 
+use super::batch::BatchHandler;
 use super::handle::ConsumerHandle;
 use super::handler::Handler;
-use super::receive;
+use super::receive::{self, Started};
 
 /// Why a consumer could not be built, started, or stopped cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -61,6 +62,9 @@ pub enum ConsumerError {
     #[error("the consumer task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
 }
+
+/// The most events a batch handler is given at once, unless [`ConsumerBuilder::batch_size`] says.
+const DEFAULT_BATCH_SIZE: usize = 64;
 
 /// When permanent receive errors stop a consumer ([`ConsumerBuilder::give_up_receiving_after`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,6 +131,8 @@ pub struct ConsumerBuilder {
     pub(super) settle_backoff: Duration,
     pub(super) give_up: GiveUp,
     pub(super) seed: Option<u64>,
+    /// The most events a batch handler is given at once.
+    pub(super) batch_size: usize,
     pub(super) probes: super::probe::Probes,
     #[cfg(feature = "tower")]
     pub(super) layers: super::tower::Layers,
@@ -160,6 +166,7 @@ impl ConsumerBuilder {
             settle_backoff: Duration::from_secs(1),
             give_up: GiveUp::default(),
             seed: None,
+            batch_size: DEFAULT_BATCH_SIZE,
             probes: super::probe::Probes::default(),
             #[cfg(feature = "tower")]
             layers: super::tower::Layers::default(),
@@ -256,6 +263,14 @@ impl ConsumerBuilder {
         self
     }
 
+    /// The most events a batch handler ([`Consumer::start_batch`]) is given in one call (default 64, at
+    /// least 1, at most 100 000). A consumer with a batch handler keeps at least this many events in
+    /// flight, whatever [`ConsumerBuilder::concurrency`] says: every event of a batch is in flight.
+    pub fn batch_size(mut self, n: usize) -> Self {
+        self.batch_size = n.clamp(1, 100_000);
+        self
+    }
+
     /// Skips event ids the store says were handled.
     pub fn idempotency(mut self, store: impl IdempotencyStore + 'static) -> Self {
         self.idempotency = Some(Arc::new(store));
@@ -340,6 +355,14 @@ impl ConsumerBuilder {
     pub async fn start(self, handler: impl Handler) -> Result<ConsumerHandle, ConsumerError> {
         self.build()?.start(handler).await
     }
+
+    /// Builds the consumer and starts it with a batch handler (see [`Consumer::start_batch`]).
+    pub async fn start_batch(
+        self,
+        handler: impl BatchHandler,
+    ) -> Result<ConsumerHandle, ConsumerError> {
+        self.build()?.start_batch(handler).await
+    }
 }
 
 /// A configured consumer, ready to start.
@@ -372,10 +395,55 @@ impl Consumer {
         self.start_shared(Arc::new(handler)).await
     }
 
+    /// Subscribes and starts consuming in the background with a batch handler: it is called once with
+    /// the events the subscription has at hand (up to [`ConsumerBuilder::batch_size`]; a quiet topic's
+    /// event comes alone, at once) and returns one result per event, each event then retried,
+    /// dead-lettered or acknowledged by its own result (see [`BatchHandler`]).
+    ///
+    /// Per-key ordering ([`ConsumerBuilder::ordered_by_key`]) and `tower` layers wrap a per-event
+    /// handler: with a batch handler they are refused here, with [`ConsumerError::Invalid`].
+    pub async fn start_batch(
+        self,
+        handler: impl BatchHandler,
+    ) -> Result<ConsumerHandle, ConsumerError> {
+        self.start_with(Started::Batch(Arc::new(handler))).await
+    }
+
+    /// Refuses the settings a batch handler cannot honour (see [`Consumer::start_batch`]).
+    pub(super) fn check_batch(&self) -> Result<(), ConsumerError> {
+        if self.builder.ordering.is_some() {
+            return Err(ConsumerError::Invalid(
+                "per-key ordering needs a per-event handler; a batch handler cannot keep it"
+                    .to_string(),
+            ));
+        }
+        #[cfg(feature = "tower")]
+        if !self.builder.layers.is_empty() {
+            return Err(ConsumerError::Invalid(
+                "tower layers wrap a per-event handler; a batch handler cannot have them"
+                    .to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Subscribes and starts consuming with `handler`, per event or per batch.
+    pub(super) async fn start_with(
+        mut self,
+        handler: Started,
+    ) -> Result<ConsumerHandle, ConsumerError> {
+        if let Started::Batch(_) = handler {
+            self.check_batch()?;
+            let spec = &mut self.builder.spec;
+            spec.max_in_flight = spec.max_in_flight.max(self.builder.batch_size);
+        }
+        receive::start(self.builder, &self.report, handler).await
+    }
+
     pub(super) async fn start_shared(
         self,
         handler: Arc<dyn Handler>,
     ) -> Result<ConsumerHandle, ConsumerError> {
-        receive::start(self.builder, &self.report, handler).await
+        self.start_with(Started::PerEvent(handler)).await
     }
 }

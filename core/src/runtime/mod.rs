@@ -26,6 +26,7 @@
 //! consumers run under one [`App`] with one shutdown.
 
 mod app;
+mod batch;
 mod builder;
 mod handle;
 mod handler;
@@ -39,6 +40,7 @@ mod stats;
 pub mod tower;
 
 pub use app::{App, AppError, AppHealth, shutdown_signal};
+pub use batch::{BatchFnHandler, BatchHandler, BatchItem, batch_handler_fn};
 pub use builder::{Consumer, ConsumerBuilder, ConsumerError, ParkedAfterDead};
 pub use handle::{ConsumerHandle, HealthWatch, Shutdown};
 pub use handler::{

@@ -15,6 +15,10 @@
 //! first poll in every [`Inlining::SAMPLE_EVERY`] and, while those take longer than
 //! [`Inlining::SPREAD_ABOVE`], makes every delivery a task at once so that handlers spread over the
 //! cores. On a current-thread runtime every task runs on that one thread anyway: always inline.
+//!
+//! With a batch handler a delivery starts a batch instead: it and the deliveries the subscription
+//! already holds (`next_ready`), as many as the batch size and free slots allow, processed together
+//! (`process::process_batch`) and polled first in the loop like a single delivery.
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -30,6 +34,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::batch::{BatchHandler, OneAtATime};
 use super::builder::{ConsumerBuilder, ConsumerError, GiveUp};
 use super::handle::ConsumerHandle;
 use super::handler::Handler;
@@ -50,10 +55,23 @@ use super::health::HealthState;
 pub(super) async fn start(
     b: ConsumerBuilder,
     report: &DelayReport,
-    handler: Arc<dyn Handler>,
+    handler: Started,
 ) -> Result<ConsumerHandle, ConsumerError> {
-    #[cfg(feature = "tower")]
-    let handler = b.layers.apply(handler);
+    let (handler, batch) = match handler {
+        Started::PerEvent(handler) => {
+            #[cfg(feature = "tower")]
+            let handler = b.layers.apply(handler);
+            (handler, None)
+        }
+        // Layers were refused with a batch handler when it started.
+        Started::Batch(handler) => (
+            Arc::new(OneAtATime(handler.clone())) as Arc<dyn Handler>,
+            Some(Batching {
+                handler,
+                size: b.batch_size,
+            }),
+        ),
+    };
     let subscription = b.transport.subscribe(&b.spec).await?;
     info!(
         topic = %b.spec.topic,
@@ -109,6 +127,8 @@ pub(super) async fn start(
                 == tokio::runtime::RuntimeFlavor::CurrentThread,
         ),
         permanent: PermanentErrors::new(b.give_up),
+        batch,
+        events_dispatched: 1,
     };
     let stopped = StopGuard(counters.clone(), health.clone());
     let task_health = health.clone();
@@ -119,6 +139,20 @@ pub(super) async fn start(
         result
     });
     Ok(ConsumerHandle::new(task, shutdown, counters, health))
+}
+
+/// The handler a consumer starts with.
+pub(super) enum Started {
+    /// Called once per event.
+    PerEvent(Arc<dyn Handler>),
+    /// Called once per batch of the events at hand.
+    Batch(Arc<dyn BatchHandler>),
+}
+
+/// A batch handler and the most events it is given at once.
+struct Batching {
+    handler: Arc<dyn BatchHandler>,
+    size: usize,
 }
 
 /// Marks the consumer stopped when its task ends, however it ends (returned, panicked, aborted).
@@ -203,6 +237,10 @@ struct ReceiveLoop {
     inlining: Inlining,
     /// Permanent receive errors in a row, and when they make the consumer stop.
     permanent: PermanentErrors,
+    /// The batch handler, when the consumer has one: each delivery then starts a batch of those at hand.
+    batch: Option<Batching>,
+    /// The events the last dispatch started: 1, or the length of the batch it made.
+    events_dispatched: u32,
 }
 
 /// Counts permanent receive errors in a row ([`Error::is_temporary`](crate::error::Error::is_temporary)
@@ -362,7 +400,10 @@ impl ReceiveLoop {
                         let started = (start == Start::InlineTimed).then(Instant::now);
                         self.run_inline_first(processing).await;
                         if let Some(started) = started {
-                            self.inlining.timed(started.elapsed());
+                            // A batch's first poll handles each of its events: the time per event
+                            // is what tells a handler that computes before it waits.
+                            self.inlining
+                                .timed(started.elapsed() / self.events_dispatched.max(1));
                         }
                     } else {
                         // A delivery taken at hand and spawned waited on nothing: the loop counts it
@@ -478,6 +519,15 @@ impl ReceiveLoop {
         start: Start,
     ) -> Option<Processing> {
         let shared = self.shared.clone();
+        if let Some(batching) = &self.batch {
+            let (handler, size) = (batching.handler.clone(), batching.size);
+            let processing = self.batch_from(delivery, permit, handler, size);
+            if start != Start::Task {
+                return Some(processing);
+            }
+            self.tasks.spawn(processing);
+            return None;
+        }
         let ordered_key = shared.parking.as_ref().and(delivery.message.key.clone());
         match ordered_key {
             None => {
@@ -518,6 +568,36 @@ impl ReceiveLoop {
             }
         }
         None
+    }
+
+    /// A batch's processing by `handler`: `first` and the deliveries the subscription has at hand, up to `size` and
+    /// as many as there are free slots for (each event in flight holds one). None is waited for; once
+    /// shutdown is asked for, `first` goes alone.
+    fn batch_from(
+        &mut self,
+        first: Delivery,
+        permit: tokio::sync::OwnedSemaphorePermit,
+        handler: Arc<dyn BatchHandler>,
+        size: usize,
+    ) -> Processing {
+        let mut deliveries = vec![first];
+        let mut permits = vec![permit];
+        while deliveries.len() < size && !self.shared.shutdown.is_cancelled() {
+            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
+                break;
+            };
+            let Some(delivery) = self.subscription.next_ready() else {
+                break;
+            };
+            deliveries.push(delivery);
+            permits.push(permit);
+        }
+        self.events_dispatched = u32::try_from(deliveries.len()).unwrap_or(u32::MAX);
+        let shared = self.shared.clone();
+        Box::pin(async move {
+            process::process_batch(shared, deliveries, handler).await;
+            drop(permits);
+        })
     }
 
     /// Waits for in-flight work within the grace period, then releases what is left and leaves.

@@ -132,6 +132,11 @@ type ApplyLayer = Box<dyn FnOnce(Boxed) -> Boxed + Send>;
 pub(crate) struct Layers(Vec<ApplyLayer>);
 
 impl Layers {
+    /// Whether no layer was added.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Wraps `handler` in the layers, the first added outermost (as `tower::ServiceBuilder` does).
     pub(crate) fn apply(self, handler: Arc<dyn Handler>) -> Arc<dyn Handler> {
         if self.0.is_empty() {
@@ -223,5 +228,23 @@ mod tests {
         assert!(handler.handle(&Event::new("ok"), &ctx()).await.is_ok());
         let err = handler.handle(&Event::new("no"), &ctx()).await.unwrap_err();
         assert_eq!(err.message(), "not ok");
+    }
+
+    #[tokio::test]
+    async fn a_batch_handler_with_layers_is_refused_at_start() {
+        let refused = crate::broker::Broker::memory()
+            .consumer("layered")
+            .layer(tower::limit::ConcurrencyLimitLayer::new(2))
+            .start_batch(crate::runtime::batch_handler_fn(
+                |batch: Vec<(Event, Context)>| async move { batch.iter().map(|_| Ok(())).collect() },
+            ))
+            .await;
+        match refused {
+            Err(crate::runtime::ConsumerError::Invalid(why)) => {
+                assert!(why.contains("tower layers"), "{why}");
+            }
+            Err(other) => panic!("refused for another reason: {other}"),
+            Ok(_) => panic!("a batch handler started under tower layers"),
+        }
     }
 }
