@@ -99,6 +99,8 @@ pub struct Abilities {
     pub inspect: bool,
     /// A [`RawClient`] is given.
     pub raw_client: bool,
+    /// Scenarios start their consumers with a batch handler ([`Fixture::with_batch_handler`]).
+    pub batch_handler: bool,
 }
 
 /// One adapter under test.
@@ -113,6 +115,7 @@ pub struct Fixture {
     topic_suffix: &'static str,
     child_exe: Option<(std::path::PathBuf, Vec<(String, String)>)>,
     known_gaps: Vec<(u8, &'static str)>,
+    batch: bool,
 }
 
 impl std::fmt::Debug for Fixture {
@@ -141,6 +144,7 @@ impl Fixture {
             topic_suffix: "",
             child_exe: None,
             known_gaps: Vec::new(),
+            batch: false,
         }
     }
 
@@ -175,6 +179,21 @@ impl Fixture {
             .iter()
             .find(|(n, _)| *n == number)
             .map(|(_, why)| *why)
+    }
+
+    /// Starts every scenario's consumer with a batch handler ([`Consumer::start_batch`]) that runs the
+    /// scenario's per-event script on each event of the batch, concurrently: the same assertions, over
+    /// the runtime's batch path.
+    ///
+    /// [`Consumer::start_batch`]: event_retry_core::runtime::Consumer::start_batch
+    pub fn with_batch_handler(mut self) -> Self {
+        self.batch = true;
+        self
+    }
+
+    /// Whether scenarios start their consumers with a batch handler ([`Fixture::with_batch_handler`]).
+    pub fn batch_handler(&self) -> bool {
+        self.batch
     }
 
     /// Ends every fresh topic's name with `suffix` — `.fifo` makes the SQS fixture's queues FIFO queues,
@@ -212,6 +231,7 @@ impl Fixture {
             faults: self.faults.is_some(),
             inspect: self.inspect.is_some(),
             raw_client: self.raw_client.is_some(),
+            batch_handler: self.batch,
         }
     }
 

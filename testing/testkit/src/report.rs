@@ -57,12 +57,14 @@ pub struct Report {
 }
 
 /// The adapters in the report's column order; others follow alphabetically.
-const COLUMN_ORDER: [&str; 12] = [
+const COLUMN_ORDER: [&str; 14] = [
     "memory",
     "memory-current-thread",
+    "memory-batch",
     "kafka",
     "kafka-tls",
     "kafka-transactional",
+    "kafka-batch",
     "rabbitmq",
     "rabbitmq-tls",
     "sqs",

@@ -65,12 +65,8 @@ pub(crate) fn child_main(adapter: Adapter, spec: &str) -> ! {
             let c = builder(&f, topic, "doomed")
                 .group(group)
                 .policy(policy(&format!("{delay}ms x3")))
-                .concurrency(8)
-                .build()
-                .map_err(|e| e.to_string())?
-                .start(handler)
-                .await
-                .map_err(|e| e.to_string())?;
+                .concurrency(8);
+            let c = start_with(&f, c, handler).await?;
             loop {
                 println!("stats {}", c.stats().retries_scheduled);
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -109,6 +105,35 @@ impl event_retry_core::runtime::Handler for ChildHandler {
         }
         result
     }
+}
+
+/// Publishes the scenario's events to `topic`. With a batch handler the failing-once events go first,
+/// until `scheduled` says their retries are scheduled, and the rest after them: a batch settles when its
+/// call returns, so a hanging event in the same batch would hold their retries back.
+async fn publish_events(
+    f: &Arc<Fixture>,
+    topic: &str,
+    ids: &[String],
+    scheduled: impl Fn() -> bool,
+) -> Result<(), String> {
+    let (first, rest): (Vec<&String>, Vec<&String>) = ids
+        .iter()
+        .partition(|id| f.batch_handler() && id.starts_with("retry-"));
+    for id in &first {
+        publish(f, topic, Event::new((*id).clone()).with_id(id.as_str())).await?;
+    }
+    if !first.is_empty() {
+        wait_for(
+            "the failing-once events' retries scheduled, before the rest is published",
+            patience(f, 30),
+            scheduled,
+        )
+        .await?;
+    }
+    for id in &rest {
+        publish(f, topic, Event::new((*id).clone()).with_id(id.as_str())).await?;
+    }
+    Ok(())
 }
 
 /// The log, whole even if a reader panicked while holding it.
@@ -178,9 +203,7 @@ pub async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioResult {
                     }
                 }
             });
-            for id in &ids {
-                publish(&f, &topic, Event::new(id.clone()).with_id(id.as_str())).await?;
-            }
+            publish_events(&f, &topic, &ids, || lock(&log).scheduled >= RETRIED as u64).await?;
             let ready = wait_for(
                 "the child holding 3 events in its handler with 3 retries scheduled",
                 patience(&f, 30),
@@ -211,6 +234,7 @@ pub async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioResult {
             // The in-process broker lives in this process: the consumer is aborted instead.
             let probe = Probe::new(|e, _| script(e, true));
             let c = start(
+                &f,
                 builder(&f, &topic, "doomed")
                     .group(group)
                     .policy(policy(&format!("{}ms x3", delay.as_millis())))
@@ -218,9 +242,10 @@ pub async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioResult {
                 &probe,
             )
             .await?;
-            for id in &ids {
-                publish(&f, &topic, Event::new(id.clone()).with_id(id.as_str())).await?;
-            }
+            publish_events(&f, &topic, &ids, || {
+                c.stats().retries_scheduled >= RETRIED as u64
+            })
+            .await?;
             wait_for(
                 "3 events in the handler with 3 retries scheduled",
                 patience(&f, 30),
@@ -265,6 +290,7 @@ pub async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioResult {
     // The survivor: the same group, the same script (but nothing hangs).
     let survivor = Probe::new(|e, _| script(e, false));
     let c2 = start(
+        &f,
         builder(&f, &topic, "survivor")
             .group(group)
             .policy(policy(&format!("{}ms x3", delay.as_millis()))),

@@ -24,7 +24,7 @@ pub async fn dlq_replay(f: Arc<Fixture>) -> ScenarioResult {
             Act::Ok
         }
     });
-    let c = start(builder(&f, &topic, "c1"), &probe).await?;
+    let c = start(&f, builder(&f, &topic, "c1"), &probe).await?;
     publish(
         &f,
         &topic,
@@ -91,6 +91,7 @@ pub async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
         }
     });
     let c1 = start(
+        &f,
         builder(&f, &topic, "c1").group(group).concurrency(4),
         &probe,
     )
@@ -186,7 +187,7 @@ pub async fn dlq_unwritable_holds(f: Arc<Fixture>) -> ScenarioResult {
         .set_dlq_writable(&topic, group, true)
         .await
         .map_err(|e| e.to_string())?;
-    let c2 = start(builder(&f, &topic, "c2").group(group), &probe).await?;
+    let c2 = start(&f, builder(&f, &topic, "c2").group(group), &probe).await?;
     let entries = wait_dlq(&f, &topic, 1, patience(&f, 10)).await?;
     wait_for("the event behind it", patience(&f, 10), || {
         probe.success_counts().get("behind") == Some(&1)

@@ -18,7 +18,7 @@ pub async fn success_acked_once(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s01").await.map_err(|e| e.to_string())?;
     let group = "g01";
     let probe = Probe::ok();
-    let c = start(builder(&f, &topic, "c1").group(group), &probe).await?;
+    let c = start(&f, builder(&f, &topic, "c1").group(group), &probe).await?;
     let ids = ["a", "b", "c", "d", "e"];
     publish_ids(&f, &topic, &ids).await?;
     wait_for("5 successes", patience(&f, 5), || {
@@ -79,7 +79,7 @@ pub async fn non_blocking_isolation(f: Arc<Fixture>) -> ScenarioResult {
     let b = builder(&f, &topic, "c1")
         .policy(policy(&format!("{}ms", ms(u * 10))))
         .concurrency(2);
-    let c = start(b, &probe).await?;
+    let c = start(&f, b, &probe).await?;
     let behind = ["b1", "b2", "b3", "b4", "b5"];
     publish_ids(&f, &topic, &["slow"]).await?;
     publish_ids(&f, &topic, &behind).await?;
@@ -109,7 +109,7 @@ pub async fn duplicate_delivery_idempotent(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s11").await.map_err(|e| e.to_string())?;
     let probe = Probe::ok();
     let store = Arc::new(InMemoryIdempotencyStore::new(Duration::from_secs(600)));
-    let c = start(builder(&f, &topic, "c1").idempotency(store), &probe).await?;
+    let c = start(&f, builder(&f, &topic, "c1").idempotency(store), &probe).await?;
     publish_ids(&f, &topic, &["dup", "dup", "single"]).await?;
     wait_for("both deliveries of dup settled", patience(&f, 10), || {
         let s = c.stats();
@@ -135,6 +135,7 @@ pub async fn graceful_shutdown(f: Arc<Fixture>) -> ScenarioResult {
     let u = unit(&f);
     let probe = Probe::new(move |_, _| Act::SleepThenOk(u * 5));
     let c1 = start(
+        &f,
         builder(&f, &topic, "c1")
             .concurrency(3)
             .shutdown_grace(u * 50),
@@ -157,7 +158,7 @@ pub async fn graceful_shutdown(f: Arc<Fixture>) -> ScenarioResult {
             )
         },
     )?;
-    let c2 = start(builder(&f, &topic, "c2").concurrency(3), &probe).await?;
+    let c2 = start(&f, builder(&f, &topic, "c2").concurrency(3), &probe).await?;
     wait_for("all 8 handled", patience(&f, 40), || {
         probe.successes().len() >= 8
     })
@@ -176,7 +177,7 @@ pub async fn graceful_shutdown(f: Arc<Fixture>) -> ScenarioResult {
         .await
         .map_err(|e| e.to_string())?;
     let slow = Probe::new(move |_, nth| if nth == 0 { Act::Hang } else { Act::Ok });
-    let c3 = start(builder(&f, &topic, "c3").shutdown_grace(u * 2), &slow).await?;
+    let c3 = start(&f, builder(&f, &topic, "c3").shutdown_grace(u * 2), &slow).await?;
     publish_ids(&f, &topic, &["stuck"]).await?;
     wait_for("the slow call", patience(&f, 10), || slow.call_count() >= 1).await?;
     let asked = std::time::Instant::now();
@@ -188,7 +189,7 @@ pub async fn graceful_shutdown(f: Arc<Fixture>) -> ScenarioResult {
     ensure(slow.successes().is_empty(), || {
         "the cut call counted as a success".into()
     })?;
-    let c4 = start(builder(&f, &topic, "c4"), &slow).await?;
+    let c4 = start(&f, builder(&f, &topic, "c4"), &slow).await?;
     wait_for(
         "the released event on the next consumer",
         patience(&f, 60),

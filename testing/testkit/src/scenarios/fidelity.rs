@@ -22,7 +22,7 @@ pub async fn poison_input_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
         Ok(_) => Act::Ok,
         Err(err) => Act::Fail(err),
     });
-    let c = start(builder(&f, &topic, "c1"), &probe).await?;
+    let c = start(&f, builder(&f, &topic, "c1"), &probe).await?;
     publish_raw(
         &f,
         &topic,
@@ -130,7 +130,7 @@ pub async fn bytes_preserved_every_hop(f: Arc<Fixture>) -> ScenarioResult {
         }
     });
     let b = builder(&f, &topic, "c1").policy(policy(&format!("{}ms x2", ms(unit(&f)))));
-    let c = start(b, &probe).await?;
+    let c = start(&f, b, &probe).await?;
     publish(&f, &topic, original.clone()).await?;
     let native = match f.raw_client() {
         Some(raw) => Some(

@@ -24,6 +24,7 @@ pub async fn rebalance_during_retries(f: Arc<Fixture>) -> ScenarioResult {
     });
     let pol = policy(&format!("{}ms x2", ms(u * 3)));
     let a = start(
+        &f,
         builder(&f, &topic, "a")
             .group("g14")
             .policy(pol.clone())
@@ -40,6 +41,7 @@ pub async fn rebalance_during_retries(f: Arc<Fixture>) -> ScenarioResult {
     })
     .await?;
     let b = start(
+        &f,
         builder(&f, &topic, "b")
             .group("g14")
             .policy(pol)
@@ -144,13 +146,19 @@ pub async fn groups_each_get_every_event(f: Arc<Fixture>) -> ScenarioResult {
     });
     let pol = policy(&format!("{}ms x2", ms(u * 2)));
     let a = start(
+        &f,
         builder(&f, &topic, "billing-1")
             .group(ga)
             .policy(pol.clone()),
         &billing,
     )
     .await?;
-    let b = start(builder(&f, &topic, "audit-1").group(gb).policy(pol), &audit).await?;
+    let b = start(
+        &f,
+        builder(&f, &topic, "audit-1").group(gb).policy(pol),
+        &audit,
+    )
+    .await?;
     let ids = ["e1", "e2", "e3", "e4"];
     publish_ids(&f, &topic, &ids).await?;
     wait_for("billing: e1-e3 succeeded", patience(&f, 20), || {

@@ -28,7 +28,7 @@ pub async fn blocking_pauses_in_order(f: Arc<Fixture>) -> ScenarioResult {
         }
     });
     // Free slots: only the pause, not a lack of concurrency, may keep the later events waiting.
-    let c = start(builder(&f, &topic, "c1").concurrency(4), &probe).await?;
+    let c = start(&f, builder(&f, &topic, "c1").concurrency(4), &probe).await?;
     publish_ids(&f, &topic, &["e1", "e2"]).await?;
     wait_for("e2 held", patience(&f, 20), || {
         probe.calls_of("e2").len() >= 2
@@ -88,7 +88,7 @@ pub async fn per_key_ordering(f: Arc<Fixture>) -> ScenarioResult {
     let b = builder(&f, &topic, "c1")
         .policy(policy(&format!("{}ms x3", ms(u * 4))))
         .ordered_by_key(ParkedAfterDead::FollowToDlq);
-    let c = start(b, &probe).await?;
+    let c = start(&f, b, &probe).await?;
     let many: Vec<String> = (1..=20).map(|i| format!("d{i:02}")).collect();
     let mut events: Vec<(String, &str)> = [
         ("a1", "A"),

@@ -145,7 +145,13 @@ pub fn all() -> Vec<Scenario> {
         scenario!(
             7,
             holds::per_key_ordering,
-            |c, _| (!c.per_key_order).then_some("the transport cannot keep per-key order"),
+            |c, a| {
+                if a.batch_handler {
+                    Some("per-key ordering needs a per-event handler: a batch handler refuses it")
+                } else {
+                    (!c.per_key_order).then_some("the transport cannot keep per-key order")
+                }
+            },
             "per-key order: a key's later events wait for its retry, in order; others go on"
         ),
         scenario!(

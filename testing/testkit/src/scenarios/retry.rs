@@ -27,7 +27,7 @@ pub async fn transient_then_success(f: Arc<Fixture>) -> ScenarioResult {
     });
     let delay = u * 2;
     let b = builder(&f, &topic, "c1").policy(policy(&format!("{}ms x3", ms(delay))));
-    let c = start(b, &probe).await?;
+    let c = start(&f, b, &probe).await?;
     let ids = ["t1", "t2", "t3", "blip"];
     publish_ids(&f, &topic, &ids).await?;
     wait_for("4 successes", patience(&f, 20), || {
@@ -74,7 +74,7 @@ pub async fn policy_spent_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s03").await.map_err(|e| e.to_string())?;
     let probe = Probe::new(|_, _| deferred("inventory service says no"));
     let b = builder(&f, &topic, "spent-consumer").policy(policy(&format!("{}ms x2", ms(unit(&f)))));
-    let c = start(b, &probe).await?;
+    let c = start(&f, b, &probe).await?;
     publish(
         &f,
         &topic,
@@ -144,7 +144,7 @@ pub async fn policy_spent_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
 pub async fn non_retryable_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s04").await.map_err(|e| e.to_string())?;
     let probe = Probe::new(|_, _| Act::Fail(HandlerError::non_retryable("negative quantity")));
-    let c = start(builder(&f, &topic, "c1"), &probe).await?;
+    let c = start(&f, builder(&f, &topic, "c1"), &probe).await?;
     publish_ids(&f, &topic, &["bad"]).await?;
     let entries = wait_dlq(&f, &topic, 1, patience(&f, 5)).await?;
     tokio::time::sleep(unit(&f) * 3).await;
@@ -180,7 +180,7 @@ pub async fn delay_precision(f: Arc<Fixture>) -> ScenarioResult {
             ms(u * 8)
         )))
         .concurrency(16);
-    let c = start(b, &probe).await?;
+    let c = start(&f, b, &probe).await?;
     let ids: Vec<String> = (0..40).map(|i| format!("p{i:02}")).collect();
     for id in &ids {
         publish(&f, &topic, Event::new(id.clone()).with_id(id.clone())).await?;

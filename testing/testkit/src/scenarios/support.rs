@@ -8,7 +8,9 @@ use event_retry_core::classify::HandlerError;
 use event_retry_core::dlq::{DeadLetter, DlqFilter};
 use event_retry_core::event::Event;
 use event_retry_core::policy::RetryPolicy;
-use event_retry_core::runtime::{ConsumerBuilder, ConsumerHandle};
+use event_retry_core::runtime::{
+    BatchHandler, BatchItem, ConsumerBuilder, ConsumerHandle, Handler,
+};
 
 use crate::fixture::Fixture;
 use crate::probe::{Act, Probe, ensure, percentile};
@@ -44,15 +46,45 @@ pub(super) fn builder(f: &Arc<Fixture>, topic: &str, name: &str) -> ConsumerBuil
         .settle_backoff(unit(f) * 2)
 }
 
+/// Starts the consumer `b` builds with `probe`'s handler — or, on a fixture that says so, with a batch
+/// handler running it on each event of a batch ([`Fixture::with_batch_handler`]).
 pub(super) async fn start(
+    f: &Arc<Fixture>,
     b: ConsumerBuilder,
     probe: &Arc<Probe>,
 ) -> Result<ConsumerHandle, String> {
-    b.build()
-        .map_err(|e| e.to_string())?
-        .start(probe.handler())
+    start_with(f, b, probe.handler()).await
+}
+
+/// Starts the consumer `b` builds with `handler`, or with `handler` run on each event of a batch on a
+/// fixture that says so.
+pub(super) async fn start_with(
+    f: &Arc<Fixture>,
+    b: ConsumerBuilder,
+    handler: impl Handler,
+) -> Result<ConsumerHandle, String> {
+    let consumer = b.build().map_err(|e| e.to_string())?;
+    let started = if f.batch_handler() {
+        consumer.start_batch(EachInBatch(handler)).await
+    } else {
+        consumer.start(handler).await
+    };
+    started.map_err(|e| e.to_string())
+}
+
+/// A per-event handler run on every event of a batch, concurrently, one result each.
+struct EachInBatch<H>(H);
+
+#[async_trait::async_trait]
+impl<H: Handler> BatchHandler for EachInBatch<H> {
+    async fn handle_batch(&self, batch: &[BatchItem<'_>]) -> Vec<Result<(), HandlerError>> {
+        futures::future::join_all(
+            batch
+                .iter()
+                .map(|item| self.0.handle(item.event, &item.ctx)),
+        )
         .await
-        .map_err(|e| e.to_string())
+    }
 }
 
 pub(super) async fn publish(f: &Arc<Fixture>, topic: &str, event: Event) -> Result<(), String> {

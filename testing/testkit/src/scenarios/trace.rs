@@ -93,6 +93,7 @@ pub async fn trace_context_every_hop(f: Arc<Fixture>) -> ScenarioResult {
         }
     });
     let c = start(
+        &f,
         builder(&f, &topic, "c1").policy(policy(&format!("{}ms x1", ms(u)))),
         &probe,
     )
