@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 use event_retry_core::broker::Broker;
 use event_retry_core::classify::HandlerError;
 use event_retry_core::event::Event;
-use event_retry_core::runtime::{Context, handler_fn};
+use event_retry_core::runtime::{Context, batch_handler_fn, handler_fn};
 
 /// Events per round.
 const EVENTS: usize = 200_000;
@@ -43,9 +43,18 @@ struct Round {
     rate: f64,
 }
 
+/// How the consumer's handler is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Setting {
+    /// A handler per event.
+    PerEvent,
+    /// A batch handler, batches of up to the batch size (64 by default).
+    Batch,
+}
+
 /// One round: `EVENTS` events published to a fresh in-memory topic, then consumed by a consumer with
 /// `concurrency` (the default when `None`); the rate from the consumer's start to the last success.
-async fn round(concurrency: Option<usize>) -> Result<Round, Error> {
+async fn round(concurrency: Option<usize>, setting: Setting) -> Result<Round, Error> {
     let broker = Broker::memory();
     let producer = broker.producer();
     let body = "x".repeat(PAYLOAD);
@@ -69,7 +78,23 @@ async fn round(concurrency: Option<usize>) -> Result<Round, Error> {
         builder = builder.concurrency(n);
     }
     let started = Instant::now();
-    let consumer = builder.start(handler).await?;
+    let consumer = match setting {
+        Setting::PerEvent => builder.start(handler).await?,
+        Setting::Batch => {
+            builder
+                .start_batch(batch_handler_fn({
+                    let (calls, last_call) = (calls.clone(), last_call.clone());
+                    move |batch: Vec<(Event, Context)>| {
+                        let n = batch.len();
+                        if calls.fetch_add(n, Ordering::Relaxed) + n == EVENTS {
+                            last_call.notify_one();
+                        }
+                        async move { (0..n).map(|_| Ok::<(), HandlerError>(())).collect() }
+                    }
+                }))
+                .await?
+        }
+    };
     // A consumer that stopped early is reported below.
     while !consumer.is_finished() {
         tokio::select! {
@@ -96,10 +121,14 @@ async fn round(concurrency: Option<usize>) -> Result<Round, Error> {
 /// rate with the consumer's defaults.
 fn measure(runtime: &tokio::runtime::Runtime, on: &str) -> Result<f64, Error> {
     let mut defaults = 0.0;
-    for (name, concurrency) in [("defaults", None), ("concurrency 64", Some(64))] {
+    for (name, concurrency, setting) in [
+        ("defaults", None, Setting::PerEvent),
+        ("concurrency 64", Some(64), Setting::PerEvent),
+        ("a batch handler, batches of 64", None, Setting::Batch),
+    ] {
         let mut rounds = Vec::with_capacity(ROUNDS);
         for r in 1..=ROUNDS {
-            let round = runtime.block_on(round(concurrency))?;
+            let round = runtime.block_on(round(concurrency, setting))?;
             println!(
                 "{on}, {name}, round {r}: {:.0} events/s ({:.2} µs per event)",
                 round.rate,
@@ -114,7 +143,7 @@ fn measure(runtime: &tokio::runtime::Runtime, on: &str) -> Result<f64, Error> {
             median.rate,
             1e6 / median.rate,
         );
-        if concurrency.is_none() {
+        if concurrency.is_none() && setting == Setting::PerEvent {
             defaults = median.rate;
         }
     }

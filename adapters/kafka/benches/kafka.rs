@@ -2,9 +2,10 @@
 //!
 //! 1. happy-path throughput: a topic of `RETRY_BENCH_MESSAGES` records (50,000 by default) drained by a
 //!    raw `StreamConsumer` (the same
-//!    work per record, then its offset stored and committed by librdkafka) and by the SDK's consumer
-//!    (concurrency P, same handler), three rounds each, alternating; the ratio compares the best run of
-//!    each (the broker's JVM warms up and its rate swings between rounds);
+//!    work per record, then its offset stored and committed by librdkafka), by the SDK's consumer
+//!    (concurrency P, same handler) and by the SDK's consumer with a batch handler (the same work per
+//!    event, batches of up to P), three rounds each, alternating; `ratio sdk/raw kafka <payload>` and
+//!    `ratio sdk/raw kafka-batch <payload>` compare the medians;
 //!    The same handler through the in-memory transport (no broker) is measured too: the runtime's own
 //!    ceiling on this machine, which the SDK on any broker cannot pass;
 //! 2. retry lateness: events fail once and retry after delays spread over 1–60 s through the delay ladder
@@ -134,21 +135,42 @@ async fn memory_run() -> Result<f64, Error> {
     Ok(rate)
 }
 
+/// The same records drained by the SDK with a batch handler (batches of up to `CONCURRENCY`).
+async fn sdk_batch_run(
+    transport: &KafkaTransport,
+    topic: &str,
+    messages: usize,
+) -> Result<Rate, Error> {
+    prefill(transport, topic, messages).await?;
+    bench::sdk_batch_round(
+        &Broker::new(transport.clone()),
+        topic,
+        messages,
+        CONCURRENCY,
+    )
+    .await
+}
+
 async fn throughput(url: &str, transport: &KafkaTransport) -> Result<(), Error> {
-    let mut rounds = Throughput::default();
+    let (mut rounds, mut batch_rounds) = (Throughput::default(), Throughput::default());
     let messages = bench::messages(MESSAGES)?;
     for _ in 0..3 {
         let id = uuid::Uuid::new_v4().simple();
         let raw = raw_run(url, transport, &format!("bench-raw-{id}"), messages).await?;
         let sdk = sdk_run(transport, &format!("bench-sdk-{id}"), messages).await?;
-        rounds.round(
-            raw,
-            sdk,
-            "raw rdkafka",
-            &format!(
-                "{messages} records of {} B in 2 partitions, SDK concurrency {CONCURRENCY}",
+        let batch = sdk_batch_run(transport, &format!("bench-batch-{id}"), messages).await?;
+        let detail = |handler: &str| -> Result<String, Error> {
+            Ok(format!(
+                "{messages} records of {} B in 2 partitions, SDK concurrency {CONCURRENCY}, {handler}",
                 bench::payload_bytes()?
-            ),
+            ))
+        };
+        rounds.round(raw, sdk, "raw rdkafka", &detail("a per-event handler")?);
+        batch_rounds.round(
+            raw,
+            batch,
+            "raw rdkafka",
+            &detail(&format!("a batch handler, batches of up to {CONCURRENCY}"))?,
         );
     }
     println!(
@@ -157,6 +179,7 @@ async fn throughput(url: &str, transport: &KafkaTransport) -> Result<(), Error> 
     );
     // The ratio lines come last.
     rounds.report("kafka");
+    batch_rounds.report("kafka-batch");
     Ok(())
 }
 

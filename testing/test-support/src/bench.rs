@@ -13,7 +13,7 @@ use event_retry_core::broker::Broker;
 use event_retry_core::classify::HandlerError;
 use event_retry_core::event::Event;
 use event_retry_core::policy::RetryPolicy;
-use event_retry_core::runtime::{ConsumerHandle, Context, handler_fn};
+use event_retry_core::runtime::{BatchHandler, BatchItem, ConsumerHandle, Context, handler_fn};
 use event_retry_core::time::Timestamp;
 use futures::{StreamExt, TryStreamExt};
 
@@ -396,6 +396,68 @@ pub async fn sdk_round(
     let rate = clock.rate(messages);
     consumer.shutdown().await?;
     Ok(rate)
+}
+
+/// One SDK round as [`sdk_round`], with a batch handler doing [`work`] per event of each batch (batches
+/// of up to `concurrency` events, the consumer's batch size).
+pub async fn sdk_batch_round(
+    broker: &Broker,
+    topic: &str,
+    messages: usize,
+    concurrency: usize,
+) -> Result<Rate, Error> {
+    let sink = Arc::new(AtomicU64::new(0));
+    let clock = Arc::new(Clock::start());
+    let countdown = Countdown::new(messages);
+    let calls = Arc::new(AtomicU64::new(0));
+    let handler = Worker {
+        sink: sink.clone(),
+        clock: clock.clone(),
+        countdown: countdown.clone(),
+        calls: calls.clone(),
+    };
+    let consumer = broker
+        .consumer(topic)
+        .concurrency(concurrency)
+        .batch_size(concurrency)
+        .start_batch(handler)
+        .await?;
+    countdown.wait(&consumer).await?;
+    consumer
+        .wait_until(|s| s.succeeded >= messages as u64)
+        .await;
+    let rate = clock.rate(messages);
+    consumer.shutdown().await?;
+    let calls = calls.load(Ordering::Relaxed);
+    println!(
+        "  batch handler: {calls} calls, {:.1} events per call on average",
+        messages as f64 / calls.max(1) as f64
+    );
+    Ok(rate)
+}
+
+/// The batch handler of [`sdk_batch_round`]: [`work`] per event, each counted.
+struct Worker {
+    sink: Arc<AtomicU64>,
+    clock: Arc<Clock>,
+    countdown: Arc<Countdown>,
+    /// Calls so far.
+    calls: Arc<AtomicU64>,
+}
+
+#[async_trait::async_trait]
+impl BatchHandler for Worker {
+    async fn handle_batch(&self, batch: &[BatchItem<'_>]) -> Vec<Result<(), HandlerError>> {
+        self.clock.message();
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let mut done = 0;
+        for item in batch {
+            done += work(&item.event.payload);
+            self.countdown.tick();
+        }
+        self.sink.fetch_add(done, Ordering::Relaxed);
+        batch.iter().map(|_| Ok(())).collect()
+    }
 }
 
 /// The raw client's and the SDK's rates, round by round.
