@@ -65,6 +65,7 @@ pub(crate) async fn subscribe(
         spec,
         rx,
         commands,
+        ended: None,
     })
 }
 
@@ -243,6 +244,8 @@ pub(crate) struct PulsarSubscription {
     spec: SubscriptionSpec,
     rx: mpsc::Receiver<Received>,
     commands: mpsc::UnboundedSender<Command>,
+    /// A receive error `next_ready` took: `next` reports it.
+    ended: Option<pulsar::Error>,
 }
 
 fn id_text(id: &MessageIdData) -> String {
@@ -255,39 +258,69 @@ fn id_text(id: &MessageIdData) -> String {
     )
 }
 
-#[async_trait]
-impl Subscription for PulsarSubscription {
-    async fn next(&mut self) -> Result<Option<Delivery>, Error> {
-        match self.rx.recv().await {
-            Some(Ok(message)) => {
-                let id = message.message_id().clone();
-                let topic = message.topic.clone();
-                let native = codec::Envelope::of(&message.payload.metadata);
-                let payload = Bytes::from(message.payload.data);
-                let raw = codec::decode(payload.clone(), &message.payload.metadata);
-                let info = DeliveryInfo::new(id_text(&id), Origin::new(self.spec.topic.clone()));
-                let receipt = Box::new(PulsarReceipt {
-                    link: self.link.clone(),
-                    commands: self.commands.clone(),
-                    source: self.spec.topic.clone(),
-                    retry_topic: self
-                        .link
-                        .config
-                        .retry_topic(&self.spec.topic, &self.spec.group),
-                    group: self.spec.group.clone(),
-                    message_topic: topic,
-                    id: Unsettled::new(id),
-                    payload,
-                    native,
-                });
-                Ok(Some(Delivery::new(raw, info, receipt)))
-            }
+impl PulsarSubscription {
+    /// The delivery of what the consumer's task received (`None`: the task ended).
+    fn delivery(&self, received: Option<Received>) -> Result<Option<Delivery>, Error> {
+        match received {
+            Some(Ok(message)) => Ok(Some(self.deliver(message))),
             Some(Err(e)) => Err(Error::from_source(
                 crate::error::passing(crate::error::kind_of(&e)),
                 e,
             )
             .with_operation(format!("receive from {}", self.spec.topic))),
             None => Err(Error::closed()),
+        }
+    }
+
+    /// A received message as a delivery, with the receipt that settles it.
+    fn deliver(&self, message: Message<Vec<u8>>) -> Delivery {
+        let id = message.message_id().clone();
+        let topic = message.topic.clone();
+        let native = codec::Envelope::of(&message.payload.metadata);
+        let payload = Bytes::from(message.payload.data);
+        let raw = codec::decode(payload.clone(), &message.payload.metadata);
+        let info = DeliveryInfo::new(id_text(&id), Origin::new(self.spec.topic.clone()));
+        let receipt = Box::new(PulsarReceipt {
+            link: self.link.clone(),
+            commands: self.commands.clone(),
+            source: self.spec.topic.clone(),
+            retry_topic: self
+                .link
+                .config
+                .retry_topic(&self.spec.topic, &self.spec.group),
+            group: self.spec.group.clone(),
+            message_topic: topic,
+            id: Unsettled::new(id),
+            payload,
+            native,
+        });
+        Delivery::new(raw, info, receipt)
+    }
+}
+
+#[async_trait]
+impl Subscription for PulsarSubscription {
+    async fn next(&mut self) -> Result<Option<Delivery>, Error> {
+        let received = match self.ended.take() {
+            Some(error) => Some(Err(error)),
+            None => self.rx.recv().await,
+        };
+        self.delivery(received)
+    }
+
+    /// A message the consumer's task has already received; an error found here is kept for `next`.
+    fn next_ready(&mut self) -> Option<Delivery> {
+        if self.ended.is_some() {
+            return None;
+        }
+        match self.rx.try_recv() {
+            Ok(Ok(message)) => Some(self.deliver(message)),
+            Ok(Err(error)) => {
+                self.ended = Some(error);
+                None
+            }
+            // Empty, or the task ended: `next` waits, or says the subscription closed.
+            Err(_) => None,
         }
     }
 

@@ -24,7 +24,7 @@ use event_retry_core::adapter::{
 use event_retry_core::error::{Error, Kind};
 use event_retry_core::event::Event;
 use event_retry_core::metadata::Origin;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use lapin::Acker;
 use lapin::message::Delivery as AmqpDelivery;
 use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions};
@@ -57,6 +57,8 @@ pub(crate) struct RabbitSubscription {
     work: Lane,
     paused: bool,
     generation: u64,
+    /// A consumer's end (an error, or the stream closed) that `next_ready` took: `next` reports it.
+    ended: Option<(Role, Option<lapin::Error>)>,
 }
 
 /// Which of a group's queues a lane consumes.
@@ -218,6 +220,7 @@ impl RabbitSubscription {
             work,
             paused: false,
             generation: 0,
+            ended: None,
         }
     }
 
@@ -269,6 +272,22 @@ impl RabbitSubscription {
         }
     }
 
+    /// The error a consumer's end (`error`, or its stream closed) is reported as; the next call
+    /// consumes again on a new channel.
+    fn consumer_ended(&mut self, role: Role, error: Option<lapin::Error>) -> Error {
+        self.reset();
+        match error {
+            Some(e) => crate::error::amqp_error(e, format!("consume {}", self.spec.topic)),
+            None => Error::new(
+                Kind::Connection,
+                format!(
+                    "the broker ended the consumer of {} (queue deleted or channel closed)",
+                    self.lane(role).queue
+                ),
+            ),
+        }
+    }
+
     fn lane(&mut self, role: Role) -> &mut Lane {
         match role {
             Role::Retries => &mut self.retries,
@@ -315,6 +334,9 @@ impl RabbitSubscription {
 #[async_trait]
 impl Subscription for RabbitSubscription {
     async fn next(&mut self) -> Result<Option<Delivery>, Error> {
+        if let Some((role, error)) = self.ended.take() {
+            return Err(self.consumer_ended(role, error));
+        }
         loop {
             // After a resume: what the cancelled consumers held, the retry queue's first.
             for role in [Role::Retries, Role::Work] {
@@ -340,27 +362,41 @@ impl Subscription for RabbitSubscription {
                 d = retries.next() => (Role::Retries, d),
                 d = work.next() => (Role::Work, d),
             };
-            match next {
-                Some(Ok(d)) => return Ok(Some(self.deliver(role, d))),
-                Some(Err(e)) => {
-                    self.reset();
-                    return Err(crate::error::amqp_error(
-                        e,
-                        format!("consume {}", self.spec.topic),
-                    ));
+            return match next {
+                Some(Ok(d)) => Ok(Some(self.deliver(role, d))),
+                Some(Err(e)) => Err(self.consumer_ended(role, Some(e))),
+                None => Err(self.consumer_ended(role, None)),
+            };
+        }
+    }
+
+    /// A delivery the consumers already hold, the retry queue's first; none while a pause holds
+    /// consumption or a cancelled consumer still hands out what it had prefetched (`next` takes those
+    /// in order). A consumer's end found here is kept for `next` to report.
+    fn next_ready(&mut self) -> Option<Delivery> {
+        if self.paused
+            || self.ended.is_some()
+            || self.retries.draining.is_some()
+            || self.work.draining.is_some()
+        {
+            return None;
+        }
+        for role in [Role::Retries, Role::Work] {
+            let consumer = self.lane(role).consumer.as_mut()?;
+            match consumer.next().now_or_never() {
+                None => {}
+                Some(Some(Ok(d))) => return Some(self.deliver(role, d)),
+                Some(Some(Err(e))) => {
+                    self.ended = Some((role, Some(e)));
+                    return None;
                 }
-                None => {
-                    self.reset();
-                    return Err(Error::new(
-                        Kind::Connection,
-                        format!(
-                            "the broker ended the consumer of {} (queue deleted or channel closed)",
-                            self.lane(role).queue
-                        ),
-                    ));
+                Some(None) => {
+                    self.ended = Some((role, None));
+                    return None;
                 }
             }
         }
+        None
     }
 
     async fn pause(&mut self) -> Result<(), Error> {
