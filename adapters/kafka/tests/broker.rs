@@ -79,7 +79,11 @@ fn main() {
     // by side passed. The transactional test once found two copies in a full workspace run; that cause
     // is not found, so the tests stay serial by default.
     args.test_threads = args.test_threads.or(Some(1));
-    let tests: [(&str, Test); 9] = [
+    let tests: [(&str, Test); 10] = [
+        (
+            "a_batch_handler_gets_what_the_subscription_holds",
+            a_batch_handler_gets_what_the_subscription_holds,
+        ),
         (
             "killed_process_loses_no_delayed_retry",
             killed_process_loses_no_delayed_retry,
@@ -1152,4 +1156,14 @@ fn copies_on(bootstrap: &str, topic: &str) -> Result<HashMap<String, usize>, Str
         ));
     }
     Ok(copies)
+}
+
+/// A batch handler is given the deliveries the subscription already holds together, each once
+/// (`test_support::batch`).
+fn a_batch_handler_gets_what_the_subscription_holds(url: String) -> Result<(), String> {
+    test_support::broker::runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("batch-{}", uuid::Uuid::new_v4().simple());
+        test_support::batch::batches_take_what_is_at_hand(&Broker::new(transport), &topic).await
+    })
 }

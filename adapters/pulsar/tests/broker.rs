@@ -35,7 +35,11 @@ fn main() {
     let mut args = Arguments::from_args();
     // The restart would disturb the other test.
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 5] = [
+    let tests: [(&str, Test); 6] = [
+        (
+            "a_batch_handler_gets_what_the_subscription_holds",
+            a_batch_handler_gets_what_the_subscription_holds,
+        ),
         ("groups_retry_on_their_own", groups_retry_on_their_own),
         (
             "a_dead_letter_is_written_while_an_ordered_consumer_holds_its_group",
@@ -316,4 +320,16 @@ fn delays_beyond_the_brokers_limit_are_refused(url: String) -> Result<(), String
     });
     let deleted = admin_call("DELETE", &ns_url, None);
     result.and(deleted)
+}
+
+/// A batch handler is given the deliveries the subscription already holds together, each once
+/// (`test_support::batch`).
+fn a_batch_handler_gets_what_the_subscription_holds(url: String) -> Result<(), String> {
+    test_support::broker::runtime()?.block_on(async move {
+        let transport = PulsarTransport::connect_with(&url, config())
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("batch-{}", uuid::Uuid::new_v4().simple());
+        test_support::batch::batches_take_what_is_at_hand(&Broker::new(transport), &topic).await
+    })
 }

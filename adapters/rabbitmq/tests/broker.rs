@@ -45,7 +45,11 @@ const DELAY: Duration = Duration::from_secs(20);
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 8] = [
+    let tests: [(&str, Test); 9] = [
+        (
+            "a_batch_handler_gets_what_the_subscription_holds",
+            a_batch_handler_gets_what_the_subscription_holds,
+        ),
         (
             "a_due_retry_overtakes_the_backlog",
             a_due_retry_overtakes_the_backlog,
@@ -797,5 +801,17 @@ fn batched_acks_settle_every_delivery_once(url: String) -> Result<(), String> {
         }
         transport.delete(&topic).await.map_err(|e| e.to_string())?;
         Ok(())
+    })
+}
+
+/// A batch handler is given the deliveries the subscription already holds together, each once
+/// (`test_support::batch`).
+fn a_batch_handler_gets_what_the_subscription_holds(url: String) -> Result<(), String> {
+    test_support::broker::runtime()?.block_on(async move {
+        let transport = RabbitTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("batch-{}", uuid::Uuid::new_v4().simple());
+        test_support::batch::batches_take_what_is_at_hand(&Broker::new(transport), &topic).await
     })
 }

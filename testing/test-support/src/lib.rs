@@ -5,6 +5,7 @@
 //!   trials of a `harness = false` test binary;
 //! * [`bench`](mod@bench): a bench binary's start, its parts, the SDK's throughput round and the retry lateness
 //!   part, which are the same on every broker;
+//! * [`batch`]: a batch handler gets more than one event per call from a real broker;
 //! * [`allocator`]: glibc's allocator, or mimalloc with the feature `mimalloc`;
 //! * [`backlog`]: healthy-event latency and the consumer's memory while retries wait in the broker;
 //! * [`child`]: a bench's helper process (the same binary, one part), its output and resident set;
@@ -18,6 +19,7 @@
 
 pub mod allocator;
 pub mod backlog;
+pub mod batch;
 pub mod bench;
 pub mod broker;
 pub mod busy;
