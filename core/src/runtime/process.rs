@@ -11,6 +11,10 @@
 //! letter is tried again with the blocking backoff until the DLQ accepts it, each failure counted and
 //! surfaced. Any other settle the broker does not accept is counted and surfaced and the delivery released
 //! for redelivery: never dropped.
+//!
+//! A batch handler's deliveries take the same steps ([`process_batch`]): each is prepared and admitted
+//! alone, the handler is called once for those admitted, and each is settled by its own result through
+//! the same decision and settle code as a single delivery.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

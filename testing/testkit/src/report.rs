@@ -57,7 +57,7 @@ pub struct Report {
 }
 
 /// The adapters in the report's column order; others follow alphabetically.
-const COLUMN_ORDER: [&str; 14] = [
+const COLUMN_ORDER: [&str; 16] = [
     "memory",
     "memory-current-thread",
     "memory-batch",
@@ -67,11 +67,13 @@ const COLUMN_ORDER: [&str; 14] = [
     "kafka-batch",
     "rabbitmq",
     "rabbitmq-tls",
+    "rabbitmq-batch",
     "sqs",
     "sqs-fifo",
     "sqs-sns",
     "pulsar",
     "pulsar-tls",
+    "pulsar-batch",
 ];
 
 fn escape(s: &str) -> String {
