@@ -275,7 +275,6 @@ mod tests {
         let broker = Broker::memory();
         let seen = Arc::new(AtomicUsize::new(0));
         let (a, b) = (seen.clone(), seen.clone());
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let app = App::new()
             .consumer(
                 broker.consumer("a"),
@@ -297,17 +296,23 @@ mod tests {
                     }
                 }),
             );
-        let running = tokio::spawn(app.run_until(async {
-            let _ = stop_rx.await;
-        }));
         let producer = broker.producer();
         producer.publish("a", Event::new("1")).await.unwrap();
         producer.publish("b", Event::new("2")).await.unwrap();
+        run_until_seen(app, &seen, 11).await;
+    }
+
+    /// Runs `app` until `seen` reaches `want` (within 5 s), then stops it and checks it ended cleanly.
+    async fn run_until_seen(app: App, seen: &AtomicUsize, want: usize) {
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let running = tokio::spawn(app.run_until(async {
+            let _ = stop_rx.await;
+        }));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while seen.load(Ordering::SeqCst) < 11 {
+        while seen.load(Ordering::SeqCst) < want {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "both topics handled"
+                "{want} handled within 5 s"
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -349,25 +354,12 @@ mod tests {
             counted.fetch_add(events.len(), Ordering::SeqCst);
             async move { events.iter().map(|_| Ok(())).collect() }
         });
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let running = tokio::spawn(
-            App::new()
-                .batch_consumer(broker.consumer("batched"), batch)
-                .run_until(async {
-                    let _ = stop_rx.await;
-                }),
-        );
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while seen.load(Ordering::SeqCst) < 5 {
-            assert!(tokio::time::Instant::now() < deadline, "all 5 handled");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        stop_tx.send(()).unwrap();
-        tokio::time::timeout(Duration::from_secs(5), running)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        run_until_seen(
+            App::new().batch_consumer(broker.consumer("batched"), batch),
+            &seen,
+            5,
+        )
+        .await;
 
         // Ordering with a batch handler: refused when the app builds its consumers.
         let err = App::new()

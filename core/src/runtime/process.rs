@@ -43,6 +43,25 @@ use crate::time::Timestamp;
 
 /// Handles one delivery to a settled (or released) end.
 pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
+    if let Some((ready, mut receipt)) = prepare_or_dead_letter(&shared, delivery).await {
+        Handling {
+            shared: &shared,
+            receipt: &mut *receipt,
+            event: ready.event,
+            id: ready.id,
+            state: State::Pending,
+        }
+        .run(ready.received)
+        .instrument(ready.span)
+        .await;
+    }
+}
+
+/// Decodes a delivery: ready to handle, with its receipt; `None` when it was poison, and went to the DLQ.
+async fn prepare_or_dead_letter(
+    shared: &Shared,
+    delivery: Delivery,
+) -> Option<(Ready, Box<dyn Receipt>)> {
     let Delivery {
         message,
         info,
@@ -50,32 +69,17 @@ pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
     } = delivery;
     // Decoding is synchronous and its locals die before the first await: only what the handling needs
     // is kept in this future.
-    match prepare(&shared, message, info) {
-        Prepared::Ready {
-            event,
-            id,
-            span,
-            received,
-        } => {
-            Handling {
-                shared: &shared,
-                receipt: &mut *receipt,
-                event,
-                id,
-                state: State::Pending,
-            }
-            .run(received)
-            .instrument(span)
-            .await;
-        }
+    match prepare(shared, message, info) {
+        Prepared::Ready(ready) => Some((ready, receipt)),
         Prepared::Poison(poison) => {
             Box::pin(dead_letter(
-                &shared,
+                shared,
                 &mut *receipt,
                 poison,
                 DeadReason::Poison,
             ))
             .await;
+            None
         }
     }
 }
@@ -91,46 +95,24 @@ pub(super) async fn process_batch(
     let mut ready = Vec::with_capacity(deliveries.len());
     let mut receipts = Vec::with_capacity(deliveries.len());
     for delivery in deliveries {
-        let Delivery {
-            message,
-            info,
-            mut receipt,
-        } = delivery;
-        match prepare(&shared, message, info) {
-            Prepared::Ready {
-                event,
-                id,
-                span,
-                received,
-            } => {
-                ready.push((event, id, span, received));
-                receipts.push(receipt);
-            }
-            Prepared::Poison(poison) => {
-                Box::pin(dead_letter(
-                    &shared,
-                    &mut *receipt,
-                    poison,
-                    DeadReason::Poison,
-                ))
-                .await;
-            }
+        if let Some((prepared, receipt)) = prepare_or_dead_letter(&shared, delivery).await {
+            ready.push(prepared);
+            receipts.push(receipt);
         }
     }
-    let handlings =
-        ready
-            .into_iter()
-            .zip(receipts.iter_mut())
-            .map(|((event, id, span, received), receipt)| {
-                let handling = Handling {
-                    shared: &shared,
-                    receipt: &mut **receipt,
-                    event,
-                    id,
-                    state: State::Pending,
-                };
-                (handling, span, received)
-            });
+    let handlings = ready
+        .into_iter()
+        .zip(receipts.iter_mut())
+        .map(|(ready, receipt)| {
+            let handling = Handling {
+                shared: &shared,
+                receipt: &mut **receipt,
+                event: ready.event,
+                id: ready.id,
+                state: State::Pending,
+            };
+            (handling, ready.span, ready.received)
+        });
     let mut admitted = Vec::with_capacity(handlings.len());
     let mut busy = Vec::new();
     let mut refused = Vec::new();
@@ -288,14 +270,17 @@ enum Claim {
 
 /// A delivery decoded: ready to handle, or poison (its metadata does not parse).
 enum Prepared {
-    Ready {
-        event: Event,
-        id: Arc<str>,
-        span: tracing::Span,
-        /// When the delivery was taken (one clock reading serves first-seen and lateness).
-        received: Timestamp,
-    },
+    Ready(Ready),
     Poison(Event),
+}
+
+/// A delivery decoded and ready to handle.
+struct Ready {
+    event: Event,
+    id: Arc<str>,
+    span: tracing::Span,
+    /// When the delivery was taken (one clock reading serves first-seen and lateness).
+    received: Timestamp,
 }
 
 /// Decodes a delivery's metadata and completes it from the broker's facts.
@@ -377,12 +362,12 @@ fn prepare(shared: &Shared, message: crate::event::RawMessage, info: DeliveryInf
     );
     #[cfg(feature = "opentelemetry")]
     crate::trace_context::continue_from(&span, &event.headers);
-    Prepared::Ready {
+    Prepared::Ready(Ready {
         event,
         id,
         span,
         received: now,
-    }
+    })
 }
 
 struct Handling<'a> {

@@ -389,6 +389,16 @@ pub async fn sdk_round(
         .concurrency(concurrency)
         .start(handler)
         .await?;
+    drained(consumer, &countdown, &clock, messages).await
+}
+
+/// Waits for `consumer`'s `messages` handler calls and successes, stops it, and returns its rates.
+async fn drained(
+    consumer: ConsumerHandle,
+    countdown: &Countdown,
+    clock: &Clock,
+    messages: usize,
+) -> Result<Rate, Error> {
     countdown.wait(&consumer).await?;
     consumer
         .wait_until(|s| s.succeeded >= messages as u64)
@@ -422,12 +432,7 @@ pub async fn sdk_batch_round(
         .batch_size(concurrency)
         .start_batch(handler)
         .await?;
-    countdown.wait(&consumer).await?;
-    consumer
-        .wait_until(|s| s.succeeded >= messages as u64)
-        .await;
-    let rate = clock.rate(messages);
-    consumer.shutdown().await?;
+    let rate = drained(consumer, &countdown, &clock, messages).await?;
     let calls = calls.load(Ordering::Relaxed);
     println!(
         "  batch handler: {calls} calls, {:.1} events per call on average",
