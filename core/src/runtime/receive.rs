@@ -518,7 +518,6 @@ impl ReceiveLoop {
         permit: tokio::sync::OwnedSemaphorePermit,
         start: Start,
     ) -> Option<Processing> {
-        let shared = self.shared.clone();
         if let Some(batching) = &self.batch {
             let (handler, size) = (batching.handler.clone(), batching.size);
             let processing = self.batch_from(delivery, permit, handler, size);
@@ -528,6 +527,7 @@ impl ReceiveLoop {
             self.tasks.spawn(processing);
             return None;
         }
+        let shared = self.shared.clone();
         let ordered_key = shared.parking.as_ref().and(delivery.message.key.clone());
         match ordered_key {
             None => {
@@ -570,9 +570,9 @@ impl ReceiveLoop {
         None
     }
 
-    /// A batch's processing by `handler`: `first` and the deliveries the subscription has at hand, up to `size` and
-    /// as many as there are free slots for (each event in flight holds one). None is waited for; once
-    /// shutdown is asked for, `first` goes alone.
+    /// A batch's processing by `handler`: `first` and the deliveries the subscription has at hand, up
+    /// to `size` and as many as there are free slots for (each event in flight holds one). None is
+    /// waited for; once shutdown is asked for, `first` goes alone.
     fn batch_from(
         &mut self,
         first: Delivery,

@@ -16,9 +16,9 @@ const EVENTS: usize = 300;
 const BATCH: usize = 32;
 
 /// Declares `topic` with the consumer's default group (so the group holds what is published before it
-/// consumes), publishes [`EVENTS`] events to it, then drains it with a batch handler (batches of
-/// up to [`BATCH`]): every event handled once, no batch larger than the batch size, and at least one
-/// call given more than one event.
+/// consumes), publishes 300 events to it, then drains it with a batch handler (batches of up to 32):
+/// every event handled once, no batch larger than the batch size, and at least one call given more than
+/// one event.
 pub async fn batches_take_what_is_at_hand(broker: &Broker, topic: &str) -> Result<(), String> {
     broker
         .admin()
