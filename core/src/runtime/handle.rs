@@ -2,12 +2,13 @@
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use tokio_util::sync::CancellationToken;
 
 use super::builder::ConsumerError;
 use super::health::{Health, HealthState};
+use super::receive::Shared;
 use super::stats::{Counters, Stats};
 
 /// A running consumer.
@@ -20,6 +21,8 @@ pub struct ConsumerHandle {
     shutdown: CancellationToken,
     counters: Arc<Counters>,
     health: Arc<HealthState>,
+    /// The state every task of the consumer holds: gone once none of them can run.
+    alive: Weak<Shared>,
 }
 
 impl std::fmt::Debug for ConsumerHandle {
@@ -54,8 +57,10 @@ impl ConsumerHandle {
         shutdown: CancellationToken,
         counters: Arc<Counters>,
         health: Arc<HealthState>,
+        alive: Weak<Shared>,
     ) -> Self {
         Self {
+            alive,
             task,
             shutdown,
             counters,
@@ -122,9 +127,18 @@ impl ConsumerHandle {
 
     /// Stops at once, as a crash would: nothing more is settled, and the broker delivers whatever was in
     /// flight again. For tests of crash safety.
+    ///
+    /// The tasks the consumer spawned for deliveries are aborted with it, but one running on another
+    /// worker thread at that moment finishes the poll it is in — and may end a handler call and settle
+    /// its event. So this also waits (at most 30 s) until every task has let go of the consumer's state:
+    /// once it returns, nothing of the consumer runs.
     pub async fn abort(self) {
         self.task.abort();
         let _ = self.task.await;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        while self.alive.strong_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
     }
 }
 

@@ -113,6 +113,7 @@ pub(super) async fn start(
         settle_backoff: b.settle_backoff,
         probes: b.probes,
     });
+    let alive = Arc::downgrade(&shared);
     let run = ReceiveLoop {
         shared,
         subscription,
@@ -138,7 +139,7 @@ pub(super) async fn start(
         task_health.stopped(result.as_ref().err().map(ToString::to_string));
         result
     });
-    Ok(ConsumerHandle::new(task, shutdown, counters, health))
+    Ok(ConsumerHandle::new(task, shutdown, counters, health, alive))
 }
 
 /// The handler a consumer starts with.
