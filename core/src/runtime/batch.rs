@@ -9,9 +9,10 @@
 //! event. A handler that returns fewer results than events fails the events it left out (they take the
 //! retry route, unclassified); one that panics fails them all.
 //!
-//! A batch is what the subscription has at hand when the runtime takes a delivery — records fetched
-//! together on Kafka and the in-memory transport — up to the consumer's batch size and never waiting for
-//! more: a batch handler adds no latency to a quiet topic.
+//! A batch is what the subscription has at hand when the runtime takes a delivery
+//! (`Subscription::next_ready`: records fetched together on Kafka, what RabbitMQ's and Pulsar's
+//! consumers and the in-memory transport already hold; SQS hands deliveries over one at a time) — up to
+//! the consumer's batch size and never waiting for more: a batch handler adds no latency to a quiet topic.
 
 use std::future::Future;
 use std::sync::Arc;

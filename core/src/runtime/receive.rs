@@ -129,7 +129,6 @@ pub(super) async fn start(
         ),
         permanent: PermanentErrors::new(b.give_up),
         batch,
-        events_dispatched: 1,
     };
     let stopped = StopGuard(counters.clone(), health.clone());
     let task_health = health.clone();
@@ -240,8 +239,6 @@ struct ReceiveLoop {
     permanent: PermanentErrors,
     /// The batch handler, when the consumer has one: each delivery then starts a batch of those at hand.
     batch: Option<Batching>,
-    /// The events the last dispatch started: 1, or the length of the batch it made.
-    events_dispatched: u32,
 }
 
 /// Counts permanent receive errors in a row ([`Error::is_temporary`](crate::error::Error::is_temporary)
@@ -397,14 +394,13 @@ impl ReceiveLoop {
                     receive_backoff = Duration::from_millis(100);
                     self.permanent.reset();
                     let start = self.inlining.next();
-                    if let Some(processing) = self.dispatch(delivery, permit, start) {
+                    if let Some((processing, events)) = self.dispatch(delivery, permit, start) {
                         let started = (start == Start::InlineTimed).then(Instant::now);
                         self.run_inline_first(processing).await;
                         if let Some(started) = started {
                             // A batch's first poll handles each of its events: the time per event
                             // is what tells a handler that computes before it waits.
-                            self.inlining
-                                .timed(started.elapsed() / self.events_dispatched.max(1));
+                            self.inlining.timed(started.elapsed() / events.max(1));
                         }
                     } else {
                         // A delivery taken at hand and spawned waited on nothing: the loop counts it
@@ -512,18 +508,19 @@ impl ReceiveLoop {
     }
 
     /// Starts a delivery's processing: as a task, or (when `start` says so and there is no per-key
-    /// ordering) returned for [`ReceiveLoop::run_inline_first`].
+    /// ordering) returned for [`ReceiveLoop::run_inline_first`] with the number of events it handles
+    /// (1, or a batch's length).
     fn dispatch(
         &mut self,
         delivery: Delivery,
         permit: tokio::sync::OwnedSemaphorePermit,
         start: Start,
-    ) -> Option<Processing> {
+    ) -> Option<(Processing, u32)> {
         if let Some(batching) = &self.batch {
             let (handler, size) = (batching.handler.clone(), batching.size);
-            let processing = self.batch_from(delivery, permit, handler, size);
+            let (processing, events) = self.batch_from(delivery, permit, handler, size);
             if start != Start::Task {
-                return Some(processing);
+                return Some((processing, events));
             }
             self.tasks.spawn(processing);
             return None;
@@ -537,7 +534,7 @@ impl ReceiveLoop {
                     drop(permit);
                 };
                 if start != Start::Task {
-                    return Some(Box::pin(processing));
+                    return Some((Box::pin(processing), 1));
                 }
                 self.tasks.spawn(processing);
             }
@@ -571,16 +568,16 @@ impl ReceiveLoop {
         None
     }
 
-    /// A batch's processing by `handler`: `first` and the deliveries the subscription has at hand, up
-    /// to `size` and as many as there are free slots for (each event in flight holds one). None is
-    /// waited for; once shutdown is asked for, `first` goes alone.
+    /// A batch's processing by `handler`, and its length: `first` and the deliveries the subscription
+    /// has at hand, up to `size` and as many as there are free slots for (each event in flight holds
+    /// one). None is waited for; once shutdown is asked for, `first` goes alone.
     fn batch_from(
         &mut self,
         first: Delivery,
         permit: tokio::sync::OwnedSemaphorePermit,
         handler: Arc<dyn BatchHandler>,
         size: usize,
-    ) -> Processing {
+    ) -> (Processing, u32) {
         let mut deliveries = vec![first];
         let mut permits = vec![permit];
         while deliveries.len() < size && !self.shared.shutdown.is_cancelled() {
@@ -593,12 +590,13 @@ impl ReceiveLoop {
             deliveries.push(delivery);
             permits.push(permit);
         }
-        self.events_dispatched = u32::try_from(deliveries.len()).unwrap_or(u32::MAX);
+        let events = u32::try_from(deliveries.len()).unwrap_or(u32::MAX);
         let shared = self.shared.clone();
-        Box::pin(async move {
+        let processing = Box::pin(async move {
             process::process_batch(shared, deliveries, handler).await;
             drop(permits);
-        })
+        });
+        (processing, events)
     }
 
     /// Waits for in-flight work within the grace period, then releases what is left and leaves.
