@@ -1,8 +1,10 @@
 //! One delivery, from decoding to a settled outcome.
 //!
-//! Each delivery is a task, and a task's future is allocated and moved whole: the cold paths (a retry, a
-//! dead letter, a hold, an in-place wait, a failed settle, the idempotency claim) are boxed where they are
-//! awaited, so the future of the common path — decode, handle, acknowledge — stays small.
+//! Each delivery's future is allocated and moved whole, so it is kept small: the delivery is decoded
+//! before the future is made, the future holds the decoded event once and every step borrows it (a step
+//! that took the handling by value left a copy of it in each enclosing future: 4,240 bytes per event, now
+//! about 1,000), and the cold paths (a retry, a dead letter, a hold, an in-place wait, a failed settle,
+//! the idempotency claim) are boxed where they are awaited.
 //!
 //! The order of operations is the safety argument: the handler runs, the pure decision picks an outcome,
 //! and the receipt carries it out — an acknowledgement only after success, a retry or DLQ copy that the
@@ -41,19 +43,48 @@ use crate::lifecycle::{Input, State, TransitionError};
 use crate::metadata::{self, DeadInfo, DeadReason};
 use crate::time::Timestamp;
 
-/// Handles one delivery to a settled (or released) end.
-pub(super) async fn process(shared: Arc<Shared>, delivery: Delivery) {
-    if let Some((ready, mut receipt)) = prepare_or_dead_letter(&shared, delivery).await {
-        Handling {
-            shared: &shared,
-            receipt: &mut *receipt,
-            event: ready.event,
-            id: ready.id,
-            state: State::Pending,
+/// Handles one delivery to a settled (or released) end, and drops `guard` (its work slot, say) at the
+/// end.
+///
+/// The delivery is decoded now, before the future is made, so the future holds the decoded event once:
+/// the handling's steps borrow it instead of moving it from one nested future into the next (each move
+/// a copy in the enclosing future's layout — measured, the future of the common path was 4,240 bytes
+/// when they did, allocated and copied per event).
+pub(super) fn process<G: Send + 'static>(
+    shared: Arc<Shared>,
+    delivery: Delivery,
+    guard: G,
+) -> impl Future<Output = ()> + Send + 'static {
+    let Delivery {
+        message,
+        info,
+        mut receipt,
+    } = delivery;
+    let mut prepared = prepare(&shared, message, info);
+    async move {
+        match &mut prepared {
+            Prepared::Ready(ready) => {
+                let span = std::mem::replace(&mut ready.span, tracing::Span::none());
+                let mut handling = Handling {
+                    shared: &shared,
+                    receipt: &mut *receipt,
+                    event: &mut ready.event,
+                    id: &ready.id,
+                    state: State::Pending,
+                };
+                handling.run(ready.received).instrument(span).await;
+            }
+            Prepared::Poison(poison) => {
+                Box::pin(dead_letter(
+                    &shared,
+                    &mut *receipt,
+                    poison,
+                    DeadReason::Poison,
+                ))
+                .await;
+            }
         }
-        .run(ready.received)
-        .instrument(ready.span)
-        .await;
+        drop(guard);
     }
 }
 
@@ -71,11 +102,11 @@ async fn prepare_or_dead_letter(
     // is kept in this future.
     match prepare(shared, message, info) {
         Prepared::Ready(ready) => Some((ready, receipt)),
-        Prepared::Poison(poison) => {
+        Prepared::Poison(mut poison) => {
             Box::pin(dead_letter(
                 shared,
                 &mut *receipt,
-                poison,
+                &mut poison,
                 DeadReason::Poison,
             ))
             .await;
@@ -92,27 +123,23 @@ pub(super) async fn process_batch(
     deliveries: Vec<Delivery>,
     handler: Arc<dyn BatchHandler>,
 ) {
-    let mut ready = Vec::with_capacity(deliveries.len());
-    let mut receipts = Vec::with_capacity(deliveries.len());
+    let mut prepared = Vec::with_capacity(deliveries.len());
     for delivery in deliveries {
-        if let Some((prepared, receipt)) = prepare_or_dead_letter(&shared, delivery).await {
-            ready.push(prepared);
-            receipts.push(receipt);
+        if let Some(ready) = prepare_or_dead_letter(&shared, delivery).await {
+            prepared.push(ready);
         }
     }
-    let handlings = ready
-        .into_iter()
-        .zip(receipts.iter_mut())
-        .map(|(ready, receipt)| {
-            let handling = Handling {
-                shared: &shared,
-                receipt: &mut **receipt,
-                event: ready.event,
-                id: ready.id,
-                state: State::Pending,
-            };
-            (handling, ready.span, ready.received)
-        });
+    let handlings = prepared.iter_mut().map(|(ready, receipt)| {
+        let handling = Handling {
+            shared: &shared,
+            receipt: &mut **receipt,
+            event: &mut ready.event,
+            id: &ready.id,
+            state: State::Pending,
+        };
+        let span = std::mem::replace(&mut ready.span, tracing::Span::none());
+        (handling, span, ready.received)
+    });
     let mut admitted = Vec::with_capacity(handlings.len());
     let mut busy = Vec::new();
     let mut refused = Vec::new();
@@ -127,14 +154,18 @@ pub(super) async fn process_batch(
             }
         }
     } else {
-        let admitting = handlings.map(|(handling, span, received)| {
+        let admitting = handlings.map(|(mut handling, span, received)| {
             let outer = span.clone();
-            async move { (handling.admit(received, false).await, span) }.instrument(outer)
+            async move {
+                let admission = handling.admit(received, false).await;
+                (handling, admission, span)
+            }
+            .instrument(outer)
         });
-        for (admission, span) in join_all_chunked(admitting.collect()).await {
+        for (handling, admission, span) in join_all_chunked(admitting.collect()).await {
             match admission {
-                Admission::Run(handling, lateness) => admitted.push((handling, lateness, span)),
-                Admission::Busy(handling, lateness) => busy.push((handling, lateness, span)),
+                Admission::Run(lateness) => admitted.push((handling, lateness, span)),
+                Admission::Busy(lateness) => busy.push((handling, lateness, span)),
                 Admission::Ended => {}
             }
         }
@@ -147,9 +178,9 @@ pub(super) async fn process_batch(
     }
     // Deliveries of an id another one held (a duplicate in the same batch, say) claim it now, waiting
     // for its owner as a single delivery does, and run alone.
-    for (handling, lateness, span) in busy {
+    for (mut handling, lateness, span) in busy {
         async move {
-            if let Admission::Run(handling, lateness) = handling.claim(lateness, true).await {
+            if let Admission::Run(lateness) = handling.claim(lateness, true).await {
                 handling.attempt(lateness, None).await;
             }
         }
@@ -167,7 +198,7 @@ async fn call_and_settle<'a>(
     let items: Vec<BatchItem<'_>> = admitted
         .iter()
         .map(|(handling, lateness, _)| BatchItem {
-            event: &handling.event,
+            event: handling.event,
             ctx: handling.context(*lateness),
         })
         .collect();
@@ -191,12 +222,13 @@ async fn call_and_settle<'a>(
         shared.telemetry.attempt(took);
     }
     one_per_event(&mut results, events);
-    let settling = admitted
-        .into_iter()
-        .zip(results)
-        .map(|((handling, lateness, span), result)| {
-            handling.attempt(lateness, Some(result)).instrument(span)
-        });
+    let settling =
+        admitted
+            .into_iter()
+            .zip(results)
+            .map(|((mut handling, lateness, span), result)| {
+                async move { handling.attempt(lateness, Some(result)).await }.instrument(span)
+            });
     join_all_chunked(settling.collect()).await;
 }
 
@@ -249,11 +281,11 @@ fn record_outcome(outcome: &Outcome) {
 }
 
 /// Where an event's handling stands after [`Handling::admit`].
-enum Admission<'a> {
+enum Admission {
     /// The handler is to run, with this retry lateness.
-    Run(Handling<'a>, Option<Duration>),
+    Run(Option<Duration>),
     /// Another delivery of the same id holds its idempotency key; claim again once it is settled.
-    Busy(Handling<'a>, Option<Duration>),
+    Busy(Option<Duration>),
     /// Settled or given back already (parked, a duplicate, refused).
     Ended,
 }
@@ -370,12 +402,14 @@ fn prepare(shared: &Shared, message: crate::event::RawMessage, info: DeliveryInf
     })
 }
 
+/// One event's handling: references to what the delivery's future holds, so that the nested futures of
+/// its steps (each borrowing this) stay small.
 struct Handling<'a> {
     shared: &'a Shared,
     receipt: &'a mut dyn Receipt,
-    event: Event,
+    event: &'a mut Event,
     /// The event id, shared with every context made for it.
-    id: Arc<str>,
+    id: &'a Arc<str>,
     state: State,
 }
 
@@ -426,19 +460,19 @@ impl<'a> Handling<'a> {
     }
 
     /// Handles the event, received at `now`.
-    async fn run(self, now: Timestamp) {
-        if let Admission::Run(admitted, lateness) = self.admit(now, true).await {
-            admitted.attempt(lateness, None).await;
+    async fn run(&mut self, now: Timestamp) {
+        if let Admission::Run(lateness) = self.admit(now, true).await {
+            self.attempt(lateness, None).await;
         }
     }
 
     /// Everything before the handler's first call, received at `now`: lateness, per-key parking, the
     /// idempotency claim and the claim transition (see [`Handling::claim`]).
-    async fn admit(mut self, now: Timestamp, wait_for_owner: bool) -> Admission<'a> {
+    async fn admit(&mut self, now: Timestamp, wait_for_owner: bool) -> Admission {
         let shared = self.shared;
         let lateness = self.lateness_at(now);
         if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
-            match parking.verdict(&key, &self.id, now) {
+            match parking.verdict(&key, self.id, now) {
                 Verdict::Run => self.event.meta.parked_behind = None,
                 Verdict::Park { head, delay } => {
                     Box::pin(self.park(head, delay)).await;
@@ -460,7 +494,7 @@ impl<'a> Handling<'a> {
                     self.state = dead;
                     Box::pin(dead_letter(
                         shared,
-                        self.receipt,
+                        &mut *self.receipt,
                         self.event,
                         DeadReason::ParkedBehindDead,
                     ))
@@ -489,26 +523,26 @@ impl<'a> Handling<'a> {
     /// `Run` when the handler is to run; `Ended` when the event's handling ended here (a duplicate,
     /// given back); `Busy` — only unless `wait_for_owner` — when another delivery of the same id holds
     /// the key (a batch cannot wait for it: it may be the batch's own).
-    async fn claim(mut self, lateness: Option<Duration>, wait_for_owner: bool) -> Admission<'a> {
+    async fn claim(&mut self, lateness: Option<Duration>, wait_for_owner: bool) -> Admission {
         if self.shared.idempotency.is_some() {
             match Box::pin(self.claim_idempotency(wait_for_owner)).await {
                 Claim::Fresh => {}
                 Claim::Ended => return Admission::Ended,
-                Claim::Busy => return Admission::Busy(self, lateness),
+                Claim::Busy => return Admission::Busy(lateness),
             }
         }
         if !self.step(Input::Claim) {
             self.release(Duration::ZERO).await;
             return Admission::Ended;
         }
-        Admission::Run(self, lateness)
+        Admission::Run(lateness)
     }
 
     /// Calls the handler (or takes `first`, the result of a batch call already made) and carries out
     /// what the decision says, calling again for in-place retries and holds, until the event is
     /// settled or given back.
     async fn attempt(
-        mut self,
+        &mut self,
         lateness: Option<Duration>,
         mut first: Option<Result<(), HandlerError>>,
     ) {
@@ -626,9 +660,9 @@ impl<'a> Handling<'a> {
                     self.abandon_idempotency().await;
                     let key = self.ordered_key();
                     let accepted =
-                        Box::pin(dead_letter(shared, self.receipt, self.event, reason)).await;
+                        Box::pin(dead_letter(shared, &mut *self.receipt, self.event, reason)).await;
                     if let (true, Some(parking), Some(key)) = (accepted, &shared.parking, key) {
-                        parking.resolved(&key, &self.id, true, Timestamp::now());
+                        parking.resolved(&key, self.id, true, Timestamp::now());
                     }
                     return;
                 }
@@ -690,7 +724,7 @@ impl<'a> Handling<'a> {
         let mut outage = None;
         let mut holds = 0;
         loop {
-            match store.begin(&self.id).await {
+            match store.begin(self.id).await {
                 Ok(Begin::Fresh) => return Claim::Fresh,
                 Ok(Begin::Done) => {
                     self.shared
@@ -750,7 +784,7 @@ impl<'a> Handling<'a> {
 
     async fn abandon_idempotency(&mut self) {
         if let Some(store) = &self.shared.idempotency
-            && let Err(e) = store.abandon(&self.id).await
+            && let Err(e) = store.abandon(self.id).await
         {
             warn!(error = %e, "idempotency store: abandon failed");
         }
@@ -774,7 +808,7 @@ impl<'a> Handling<'a> {
         let ctx = self.context(lateness);
         self.shared.counters.bump(&self.shared.counters.attempts);
         let started = Instant::now();
-        let result = AssertUnwindSafe(self.shared.handler.handle(&self.event, &ctx))
+        let result = AssertUnwindSafe(self.shared.handler.handle(self.event, &ctx))
             .catch_unwind()
             .await
             .unwrap_or_else(|panic| Err(panicked(&*panic)));
@@ -796,7 +830,7 @@ impl<'a> Handling<'a> {
         // The handler succeeded: record it before acknowledging, so a redelivery after a failed ack (or a
         // crash in between) is skipped as a duplicate instead of repeating the side effects.
         if let Some(store) = &shared.idempotency
-            && let Err(e) = store.complete(&self.id).await
+            && let Err(e) = store.complete(self.id).await
         {
             warn!(error = %e, "idempotency store: complete failed");
         }
@@ -811,7 +845,7 @@ impl<'a> Handling<'a> {
         }
         shared.counters.bump(&shared.counters.succeeded);
         if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
-            parking.resolved(&key, &self.id, false, Timestamp::now());
+            parking.resolved(&key, self.id, false, Timestamp::now());
         }
     }
 
@@ -827,7 +861,7 @@ impl<'a> Handling<'a> {
 
     /// Hands the event to the broker's delay mechanism and moves it to `scheduled` (the decision's
     /// next state, whose `available_at` is the due time recorded in the metadata).
-    async fn retry_later(mut self, delay: Duration, scheduled: State) {
+    async fn retry_later(&mut self, delay: Duration, scheduled: State) {
         let shared = self.shared;
         let due = match scheduled {
             State::RetryScheduled { available_at } => available_at,
@@ -840,26 +874,26 @@ impl<'a> Handling<'a> {
         meta.due_at = Some(due);
         meta.last_delay = Some(delay);
         self.abandon_idempotency().await;
-        match self.receipt.retry(&self.event, delay).await {
+        match self.receipt.retry(self.event, delay).await {
             Ok(()) => {
                 shared.counters.bump(&shared.counters.retries_scheduled);
                 shared.telemetry.retry_scheduled();
                 if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
-                    parking.head_retrying(&key, &self.id, due, Timestamp::now());
+                    parking.head_retrying(&key, self.id, due, Timestamp::now());
                 }
             }
-            Err(e) => settle_failed(shared, self.receipt, "retry", e).await,
+            Err(e) => settle_failed(shared, &mut *self.receipt, "retry", e).await,
         }
     }
 
-    async fn park(mut self, head: String, delay: Duration) {
+    async fn park(&mut self, head: String, delay: Duration) {
         let shared = self.shared;
         debug!(%head, ?delay, "parked behind the key's retrying event");
         self.event.meta.parked_behind = Some(head);
         self.event.meta.due_at = Some(Timestamp::now().plus(delay));
-        match self.receipt.retry(&self.event, delay).await {
+        match self.receipt.retry(self.event, delay).await {
             Ok(()) => shared.counters.bump(&shared.counters.parked),
-            Err(e) => settle_failed(shared, self.receipt, "park", e).await,
+            Err(e) => settle_failed(shared, &mut *self.receipt, "park", e).await,
         }
     }
 
@@ -872,7 +906,7 @@ impl<'a> Handling<'a> {
         }
     }
 
-    async fn release_on_shutdown(mut self) {
+    async fn release_on_shutdown(&mut self) {
         self.step(Input::LeaseLost);
         self.give_back().await;
     }
@@ -889,7 +923,7 @@ impl<'a> Handling<'a> {
 async fn dead_letter(
     shared: &Shared,
     receipt: &mut dyn Receipt,
-    mut event: Event,
+    event: &mut Event,
     reason: DeadReason,
 ) -> bool {
     event.meta.dead = Some(DeadInfo {
@@ -902,7 +936,7 @@ async fn dead_letter(
     let mut hold = None;
     let mut failures: u32 = 0;
     loop {
-        let error = match receipt.dead_letter(&event).await {
+        let error = match receipt.dead_letter(event).await {
             Ok(()) => {
                 if hold.is_some() {
                     tracing::info!("the DLQ accepts again: resuming consumption");

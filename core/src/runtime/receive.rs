@@ -529,10 +529,7 @@ impl ReceiveLoop {
         let ordered_key = shared.parking.as_ref().and(delivery.message.key.clone());
         match ordered_key {
             None => {
-                let processing = async move {
-                    process::process(shared, delivery).await;
-                    drop(permit);
-                };
+                let processing = process::process(shared, delivery, permit);
                 if start != Start::Task {
                     return Some((Box::pin(processing), 1));
                 }
@@ -554,7 +551,7 @@ impl ReceiveLoop {
                         if shared.shutdown.is_cancelled() {
                             drop(delivery); // released to the broker unsettled
                         } else {
-                            process::process(shared.clone(), delivery).await;
+                            process::process(shared.clone(), delivery, ()).await;
                         }
                         match key_guard.next() {
                             // The queued delivery's own permit (a queue slot) is no longer needed.
