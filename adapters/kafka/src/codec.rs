@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use event_retry_core::event::RawMessage;
 use event_retry_core::headers::Headers as EventHeaders;
 use event_retry_core::metadata::{OriginTimestamp, TimestampKind, names};
@@ -128,26 +128,34 @@ fn header_name(name: &str) -> Cow<'static, str> {
     }
 }
 
-/// Reads a record; the routing headers and the group are taken out of the event's headers. The header
-/// values share one buffer (one allocation per record rather than one per header).
+/// Reads a record; the routing headers and the group are taken out of the event's headers. The payload,
+/// the key and the header values are copied into one buffer that they share: two allocations per record
+/// (that buffer and the list of headers), made on the consumer thread and freed wherever the event ends —
+/// each allocation that crosses threads so takes the allocator's slow path on both.
 pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
     let (mut to, mut due, mut hop_due, mut group) = (None, None, None, None);
-    let mut headers = EventHeaders::new();
     let mut nulls = Nulls::default();
-    if let Some(hs) = message.headers() {
-        let size: usize = hs.iter().map(|h| h.value.map_or(0, <[u8]>::len)).sum();
-        let mut buffer = BytesMut::with_capacity(size);
-        let mut spans = Vec::with_capacity(hs.count());
-        for h in hs.iter() {
+    let payload = message.payload().unwrap_or_default();
+    let key = message.key();
+    let hs = message.headers();
+    // The first pass copies; the second slices the frozen buffer in the same order.
+    let values = hs.as_ref().map_or(0, |hs| {
+        hs.iter().map(|h| h.value.map_or(0, <[u8]>::len)).sum()
+    });
+    let mut buffer = BytesMut::with_capacity(payload.len() + key.map_or(0, <[u8]>::len) + values);
+    buffer.extend_from_slice(payload);
+    buffer.extend_from_slice(key.unwrap_or_default());
+    let mut kept = 0;
+    if let Some(hs) = &hs {
+        for (index, h) in hs.iter().enumerate() {
             let value = h.value.unwrap_or_default();
             if h.value.is_none() {
-                let nth = occurrence(
-                    spans
-                        .iter()
-                        .map(|(n, _): &(Cow<'static, str>, _)| n.as_ref()),
-                    spans.len(),
-                    h.key,
-                );
+                // Counted among the event's headers (the routing ones are not the event's).
+                let nth = if is_routing(h.key) {
+                    0
+                } else {
+                    occurrence(hs.iter().map(|h| h.key), index, h.key)
+                };
                 nulls.0.push((h.key.to_string(), nth));
             }
             match h.key {
@@ -155,17 +163,28 @@ pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
                 names::ROUTE_DUE => due = millis(value),
                 names::HOP_DUE => hop_due = millis(value),
                 names::GROUP => group = std::str::from_utf8(value).ok().map(str::to_string),
-                name => {
-                    let start = buffer.len();
+                _ => {
                     buffer.extend_from_slice(value);
-                    spans.push((header_name(name), start..buffer.len()));
+                    kept += 1;
                 }
             }
         }
-        let values = buffer.freeze();
-        headers = EventHeaders::with_capacity(spans.len());
-        for (name, span) in spans {
-            headers.push(name, values.slice(span));
+    }
+    let shared = buffer.freeze();
+    let mut at = payload.len();
+    let key = key.map(|k| {
+        let slice = shared.slice(at..at + k.len());
+        at += k.len();
+        slice
+    });
+    let mut headers = EventHeaders::with_capacity(kept);
+    if let Some(hs) = &hs {
+        for h in hs.iter() {
+            if !is_routing(h.key) {
+                let len = h.value.map_or(0, <[u8]>::len);
+                headers.push(header_name(h.key), shared.slice(at..at + len));
+                at += len;
+            }
         }
     }
     let route = match (to, due) {
@@ -189,8 +208,8 @@ pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
     });
     Decoded {
         raw: RawMessage {
-            payload: Bytes::copy_from_slice(message.payload().unwrap_or_default()),
-            key: message.key().map(Bytes::copy_from_slice),
+            payload: shared.slice(..payload.len()),
+            key,
             headers,
         },
         nulls,
@@ -200,9 +219,18 @@ pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
     }
 }
 
+/// Whether `name` is one of the adapter's routing headers, which `decode` takes out of the event's.
+fn is_routing(name: &str) -> bool {
+    matches!(
+        name,
+        names::ROUTE_TO | names::ROUTE_DUE | names::HOP_DUE | names::GROUP
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
 
     #[test]
     fn null_headers_are_named_once_each() {

@@ -234,27 +234,37 @@ impl Worker {
         self.lock().offsets.settled(tp, offset, epoch);
     }
 
-    /// Keeps a record just read in the backlog, unless its partition is not assigned (any more): then it
-    /// is not this member's to hand out.
-    fn keep(&self, message: &BorrowedMessage<'_>, priority: bool) {
-        let offset = message.offset();
-        let decoded = codec::decode(message);
-        let mut state = self.lock();
-        let Some(topic) = state.offsets.topic(message.topic()) else {
+    /// Keeps the records just read (decoded) in the backlog, under one lock, except those whose
+    /// partition is not assigned (any more): they are not this member's to hand out.
+    fn keep(&self, read: &mut Vec<(BorrowedMessage<'_>, Decoded)>, priority: bool) {
+        if read.is_empty() {
             return;
-        };
-        let tp = (topic, message.partition());
-        if let Some(epoch) = state.offsets.received(&tp, offset) {
-            let record = Record {
-                tp,
-                offset,
-                epoch,
-                decoded,
+        }
+        let mut state = self.lock();
+        let State {
+            offsets,
+            pending,
+            priority: first,
+            ..
+        } = &mut *state;
+        let queue = if priority { first } else { pending };
+        // Records of a poll come from few partitions: the topic's shared name is looked up once per run.
+        let mut topic: Option<Arc<str>> = None;
+        for (message, decoded) in read.drain(..) {
+            if topic.as_deref() != Some(message.topic()) {
+                topic = offsets.topic(message.topic());
+            }
+            let Some(name) = &topic else {
+                continue;
             };
-            if priority {
-                state.priority.push_back(record);
-            } else {
-                state.pending.push_back(record);
+            let (tp, offset) = ((name.clone(), message.partition()), message.offset());
+            if let Some(epoch) = offsets.received(&tp, offset) {
+                queue.push_back(Record {
+                    tp,
+                    offset,
+                    epoch,
+                    decoded,
+                });
             }
         }
     }
@@ -668,9 +678,13 @@ impl PriorityQueues {
             return;
         }
         for queue in &self.queues {
+            let mut read = Vec::new();
             for _ in 0..HANDOUT_BATCH {
                 match queue.poll(Duration::ZERO) {
-                    Some(Ok(message)) => worker.keep(&message, true),
+                    Some(Ok(message)) => {
+                        let decoded = codec::decode(&message);
+                        read.push((message, decoded));
+                    }
                     Some(Err(e)) => {
                         warn!(error = %e, "consumer error on the retry topic");
                         break;
@@ -678,6 +692,7 @@ impl PriorityQueues {
                     None => break,
                 }
             }
+            worker.keep(&mut read, true);
         }
     }
 }
@@ -756,16 +771,20 @@ pub(crate) fn run(
         };
         // After a first record, what librdkafka already holds is read without waiting, up to a batch,
         // before the commands, commits and backlog are looked at again (once per batch, not per record).
+        // Each record is decoded as it is read, and the batch kept under one lock.
+        let mut read = Vec::new();
         let mut polled = consumer.poll(wait);
-        let mut read = 0;
-        while let Some(Ok(message)) = &polled {
-            worker.keep(message, false);
-            read += 1;
-            if read == HANDOUT_BATCH {
+        while let Some(Ok(message)) = polled {
+            let decoded = codec::decode(&message);
+            read.push((message, decoded));
+            if read.len() == HANDOUT_BATCH {
+                polled = None;
                 break;
             }
             polled = consumer.poll(Duration::ZERO);
         }
+        worker.keep(&mut read, false);
+        drop(read);
         match polled {
             None | Some(Ok(_)) => {}
             Some(Err(e)) => {
