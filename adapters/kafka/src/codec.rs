@@ -11,7 +11,7 @@
 
 use std::borrow::Cow;
 
-use bytes::BytesMut;
+use bytes::{BufMut, Bytes, BytesMut};
 use event_retry_core::event::RawMessage;
 use event_retry_core::headers::Headers as EventHeaders;
 use event_retry_core::metadata::{OriginTimestamp, TimestampKind, names};
@@ -128,109 +128,296 @@ fn header_name(name: &str) -> Cow<'static, str> {
     }
 }
 
-/// Reads a record; the routing headers and the group are taken out of the event's headers. The payload,
-/// the key and the header values are copied into one buffer that they share: two allocations per record
-/// (that buffer and the list of headers), made on the consumer thread and freed wherever the event ends —
-/// each allocation that crosses threads so takes the allocator's slow path on both.
+/// Reads a record on its own (the ladder, the DLQ's reader): [`Copied`] into a chunk of its own, decoded.
 pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
-    let (mut to, mut due, mut hop_due, mut group) = (None, None, None, None);
-    let mut nulls = Nulls::default();
-    let payload = message.payload().unwrap_or_default();
-    let key = message.key();
-    let hs = message.headers();
-    // The first pass copies; the second slices the frozen buffer in the same order.
-    let values = hs.as_ref().map_or(0, |hs| {
-        hs.iter().map(|h| h.value.map_or(0, <[u8]>::len)).sum()
-    });
-    let mut buffer = BytesMut::with_capacity(payload.len() + key.map_or(0, <[u8]>::len) + values);
-    buffer.extend_from_slice(payload);
-    buffer.extend_from_slice(key.unwrap_or_default());
-    let mut kept = 0;
-    if let Some(hs) = &hs {
-        for (index, h) in hs.iter().enumerate() {
-            let value = h.value.unwrap_or_default();
-            if h.value.is_none() {
-                // Counted among the event's headers (the routing ones are not the event's).
-                let nth = if is_routing(h.key) {
-                    0
-                } else {
-                    occurrence(hs.iter().map(|h| h.key), index, h.key)
-                };
-                nulls.0.push((h.key.to_string(), nth));
-            }
-            match h.key {
-                names::ROUTE_TO => to = std::str::from_utf8(value).ok().map(str::to_string),
-                names::ROUTE_DUE => due = millis(value),
-                names::HOP_DUE => hop_due = millis(value),
-                names::GROUP => group = std::str::from_utf8(value).ok().map(str::to_string),
-                _ => {
-                    buffer.extend_from_slice(value);
-                    kept += 1;
-                }
-            }
+    Copied::from_message(message, &mut Chunks::default()).decode()
+}
+
+/// Where records read by one thread are copied: chunks of [`Chunks::SIZE`] bytes, each shared by the
+/// records copied into it (a record larger than a chunk gets one of its own).
+///
+/// Why: a record is read on the consumer thread and freed on a runtime thread. With glibc's allocator
+/// every allocation that crosses threads so takes the slow path on both sides, under the reading thread's
+/// arena lock — measured on the Kafka bench, that lock was where the runtime's threads were put to sleep
+/// most (39 % of their context switches). One allocation per chunk instead of several per record. The
+/// price: a payload the handler keeps beyond its event keeps its chunk alive.
+#[derive(Default)]
+pub(crate) struct Chunks {
+    buffer: BytesMut,
+}
+
+impl Chunks {
+    /// The size of a chunk: below glibc's threshold for mapping an allocation of its own.
+    const SIZE: usize = 64 * 1024;
+
+    /// The current chunk, with room for `len` more bytes (a new chunk if it had not).
+    fn room(&mut self, len: usize) -> &mut BytesMut {
+        if self.buffer.capacity() - self.buffer.len() < len {
+            self.buffer = BytesMut::with_capacity(Self::SIZE.max(len));
         }
+        &mut self.buffer
     }
-    let shared = buffer.freeze();
-    let mut at = payload.len();
-    let key = key.map(|k| {
-        let slice = shared.slice(at..at + k.len());
-        at += k.len();
-        slice
-    });
-    let mut headers = EventHeaders::with_capacity(kept);
-    if let Some(hs) = &hs {
-        for h in hs.iter() {
-            if !is_routing(h.key) {
-                let len = h.value.map_or(0, <[u8]>::len);
-                headers.push(header_name(h.key), shared.slice(at..at + len));
-                at += len;
-            }
-        }
-    }
-    let route = match (to, due) {
-        (Some(to), Some(due)) => Some(Route {
-            to,
-            due,
-            hop_due: hop_due.unwrap_or(due),
-        }),
-        _ => None,
-    };
-    let timestamp = match message.timestamp() {
-        rdkafka::Timestamp::CreateTime(ms) => Some((ms, TimestampKind::CreateTime)),
-        rdkafka::Timestamp::LogAppendTime(ms) => Some((ms, TimestampKind::LogAppendTime)),
-        rdkafka::Timestamp::NotAvailable => None,
-    }
-    .and_then(|(ms, kind)| {
-        Some(OriginTimestamp {
-            at: Timestamp::from_millis(u64::try_from(ms).ok()?),
-            kind,
-        })
-    });
-    Decoded {
-        raw: RawMessage {
-            payload: shared.slice(..payload.len()),
-            key,
-            headers,
-        },
-        nulls,
-        route,
-        group,
-        timestamp,
+
+    /// What was written since the last call, as one slice of the chunk.
+    fn take(&mut self) -> Bytes {
+        self.buffer.split().freeze()
     }
 }
 
-/// Whether `name` is one of the adapter's routing headers, which `decode` takes out of the event's.
-fn is_routing(name: &str) -> bool {
-    matches!(
-        name,
-        names::ROUTE_TO | names::ROUTE_DUE | names::HOP_DUE | names::GROUP
-    )
+/// A record copied out of librdkafka's buffers as it was read, not yet decoded: its payload, its key and
+/// its headers in one slice of a shared chunk (see [`Chunks`]). Decoding — the header list, the names of
+/// a producer's own headers — is left to the thread that takes the record, so what it allocates is freed
+/// on the thread that allocated it.
+pub(crate) struct Copied {
+    /// The payload, the key, then each header as the length of its name (4 bytes, little-endian), the
+    /// name, the length of its value (4 bytes, [`NULL`] for a null value) and the value.
+    bytes: Bytes,
+    payload: usize,
+    key: Option<usize>,
+    timestamp: rdkafka::Timestamp,
+}
+
+/// The length written for a null header value.
+const NULL: u32 = u32::MAX;
+
+impl Copied {
+    /// Copies `message` into `chunks`.
+    pub(crate) fn from_message(message: &BorrowedMessage<'_>, chunks: &mut Chunks) -> Copied {
+        let headers = message.headers();
+        Copied::from_parts(
+            message.payload().unwrap_or_default(),
+            message.key(),
+            || {
+                headers
+                    .iter()
+                    .flat_map(|hs| hs.iter().map(|h| (h.key, h.value)))
+            },
+            message.timestamp(),
+            chunks,
+        )
+    }
+
+    /// Copies a record's parts into `chunks`; `headers` gives its headers in order, each time it is
+    /// called.
+    fn from_parts<'h, I: Iterator<Item = (&'h str, Option<&'h [u8]>)>>(
+        payload: &[u8],
+        key: Option<&[u8]>,
+        headers: impl Fn() -> I,
+        timestamp: rdkafka::Timestamp,
+        chunks: &mut Chunks,
+    ) -> Copied {
+        let header_bytes: usize = headers()
+            .map(|(name, value)| 8 + name.len() + value.map_or(0, <[u8]>::len))
+            .sum();
+        let buffer = chunks.room(payload.len() + key.map_or(0, <[u8]>::len) + header_bytes);
+        buffer.extend_from_slice(payload);
+        buffer.extend_from_slice(key.unwrap_or_default());
+        for (name, value) in headers() {
+            buffer.put_u32_le(length(name.len()));
+            buffer.extend_from_slice(name.as_bytes());
+            match value {
+                None => buffer.put_u32_le(NULL),
+                Some(value) => {
+                    buffer.put_u32_le(length(value.len()));
+                    buffer.extend_from_slice(value);
+                }
+            }
+        }
+        Copied {
+            bytes: chunks.take(),
+            payload: payload.len(),
+            key: key.map(<[u8]>::len),
+            timestamp,
+        }
+    }
+
+    /// The record as the SDK reads it: the routing headers and the group are taken out of the event's
+    /// headers; payload, key and header values are slices of the chunk.
+    pub(crate) fn decode(self) -> Decoded {
+        let (mut to, mut due, mut hop_due, mut group) = (None, None, None, None);
+        let mut nulls = Nulls::default();
+        let bytes = self.bytes;
+        let payload = bytes.slice(..self.payload);
+        let mut at = self.payload;
+        let key = self.key.map(|len| {
+            at += len;
+            bytes.slice(at - len..at)
+        });
+        let mut headers = EventHeaders::new();
+        while at < bytes.len() {
+            let name_len = read_length(&bytes, &mut at) as usize;
+            let name = std::str::from_utf8(&bytes[at..at + name_len]).unwrap_or_default();
+            at += name_len;
+            let value_len = read_length(&bytes, &mut at);
+            let value = (value_len != NULL).then(|| {
+                at += value_len as usize;
+                bytes.slice(at - value_len as usize..at)
+            });
+            if value.is_none() {
+                // Counted among the event's headers before it (the routing ones are not the event's).
+                let nth = headers.iter().filter(|(n, _)| *n == name).count();
+                nulls.0.push((name.to_string(), nth));
+            }
+            let text = || std::str::from_utf8(value.as_deref().unwrap_or_default()).ok();
+            match name {
+                names::ROUTE_TO => to = text().map(str::to_string),
+                names::ROUTE_DUE => due = millis(value.as_deref().unwrap_or_default()),
+                names::HOP_DUE => hop_due = millis(value.as_deref().unwrap_or_default()),
+                names::GROUP => group = text().map(str::to_string),
+                _ => headers.push(header_name(name), value.unwrap_or_default()),
+            }
+        }
+        let route = match (to, due) {
+            (Some(to), Some(due)) => Some(Route {
+                to,
+                due,
+                hop_due: hop_due.unwrap_or(due),
+            }),
+            _ => None,
+        };
+        let timestamp = match self.timestamp {
+            rdkafka::Timestamp::CreateTime(ms) => Some((ms, TimestampKind::CreateTime)),
+            rdkafka::Timestamp::LogAppendTime(ms) => Some((ms, TimestampKind::LogAppendTime)),
+            rdkafka::Timestamp::NotAvailable => None,
+        }
+        .and_then(|(ms, kind)| {
+            Some(OriginTimestamp {
+                at: Timestamp::from_millis(u64::try_from(ms).ok()?),
+                kind,
+            })
+        });
+        Decoded {
+            raw: RawMessage {
+                payload,
+                key,
+                headers,
+            },
+            nulls,
+            route,
+            group,
+            timestamp,
+        }
+    }
+}
+
+/// `len` as the 4 bytes a copied header writes (a Kafka record is far below 4 GiB).
+fn length(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(NULL - 1)
+}
+
+/// The 4-byte length at `at` in `bytes`, moving `at` past it.
+fn read_length(bytes: &[u8], at: &mut usize) -> u32 {
+    let mut word = [0; 4];
+    word.copy_from_slice(&bytes[*at..*at + 4]);
+    *at += 4;
+    u32::from_le_bytes(word)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
+
+    /// A record of `payload`, `key` and `headers` copied into `chunks`, then decoded.
+    fn copied(
+        payload: &[u8],
+        key: Option<&[u8]>,
+        headers: &[(&str, Option<&[u8]>)],
+        chunks: &mut Chunks,
+    ) -> Decoded {
+        Copied::from_parts(
+            payload,
+            key,
+            || headers.iter().copied(),
+            rdkafka::Timestamp::CreateTime(1_000),
+            chunks,
+        )
+        .decode()
+    }
+
+    #[test]
+    fn a_copied_record_decodes_to_its_parts_in_order() {
+        let mut chunks = Chunks::default();
+        let d = copied(
+            b"payload",
+            Some(&[0x00, 0xfe, b'k']),
+            &[
+                ("zulu", Some(b"first")),
+                (names::ROUTE_TO, Some(b"orders.retry")),
+                ("alpha", Some(&[0xff, 0x00])),
+                ("zulu", Some(b"second")),
+                ("nothing", None),
+                ("zulu", None),
+                ("empty", Some(b"")),
+                (names::ROUTE_DUE, Some(b"2000")),
+                (names::GROUP, Some(b"billing")),
+            ],
+            &mut chunks,
+        );
+        assert_eq!(&d.raw.payload[..], b"payload");
+        assert_eq!(d.raw.key.as_deref(), Some(&[0x00, 0xfe, b'k'][..]));
+        let read: Vec<(String, Vec<u8>)> = d
+            .raw
+            .headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_vec()))
+            .collect();
+        let want = [
+            ("zulu", &b"first"[..]),
+            ("alpha", &[0xff, 0x00][..]),
+            ("zulu", b"second"),
+            ("nothing", b""),
+            ("zulu", b""),
+            ("empty", b""),
+        ];
+        assert_eq!(
+            read,
+            want.map(|(n, v)| (n.to_string(), v.to_vec())).to_vec()
+        );
+        // Null values by name and occurrence among the event's headers.
+        assert_eq!(
+            d.nulls,
+            Nulls(vec![("nothing".into(), 0), ("zulu".into(), 2)])
+        );
+        let route = d.route.expect("a route");
+        assert_eq!(route.to, "orders.retry");
+        assert_eq!(route.due, Timestamp::from_millis(2_000));
+        assert_eq!(d.group.as_deref(), Some("billing"));
+        assert_eq!(
+            d.timestamp.map(|t| (t.at, t.kind)),
+            Some((Timestamp::from_millis(1_000), TimestampKind::CreateTime))
+        );
+    }
+
+    #[test]
+    fn records_share_a_chunk_and_a_large_one_gets_its_own() {
+        let mut chunks = Chunks::default();
+        let a = copied(b"aaaa", None, &[], &mut chunks);
+        let b = copied(b"bbbb", None, &[("h", Some(b"v"))], &mut chunks);
+        let large = vec![7u8; Chunks::SIZE + 1];
+        let c = copied(&large, None, &[], &mut chunks);
+        let d = copied(b"dddd", None, &[], &mut chunks);
+        assert_eq!(
+            (&a.raw.payload[..], &b.raw.payload[..]),
+            (&b"aaaa"[..], &b"bbbb"[..])
+        );
+        assert_eq!(a.raw.key, None);
+        // One after the other in the same allocation.
+        assert_eq!(
+            a.raw.payload.as_ptr().wrapping_add(4),
+            b.raw.payload.as_ptr()
+        );
+        assert_eq!(c.raw.payload.len(), Chunks::SIZE + 1);
+        assert!(c.raw.payload.iter().all(|b| *b == 7));
+        assert_eq!(&d.raw.payload[..], b"dddd");
+        assert_eq!(
+            &b.raw
+                .headers
+                .iter()
+                .next()
+                .map(|(n, v)| (n.to_string(), v.to_vec())),
+            &Some(("h".to_string(), b"v".to_vec()))
+        );
+    }
 
     #[test]
     fn null_headers_are_named_once_each() {

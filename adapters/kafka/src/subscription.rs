@@ -120,10 +120,11 @@ pub(crate) struct KafkaSubscription {
 
 impl KafkaSubscription {
     fn delivery(&self, record: Record) -> Delivery {
+        let decoded = record.copied.decode();
         let (topic, partition) = record.tp.clone();
         let info = DeliveryInfo::new(format!("{topic}/{partition}/{}", record.offset), {
             let origin = Origin::new(self.spec.topic.clone()).at(partition, record.offset);
-            match record.decoded.timestamp {
+            match decoded.timestamp {
                 Some(t) => origin.with_timestamp(t),
                 None => origin,
             }
@@ -138,10 +139,10 @@ impl KafkaSubscription {
                 offset: record.offset,
                 epoch: record.epoch,
             }),
-            original: record.decoded.raw.clone(),
-            nulls: record.decoded.nulls,
+            original: decoded.raw.clone(),
+            nulls: decoded.nulls,
         });
-        Delivery::new(record.decoded.raw, info, receipt)
+        Delivery::new(decoded.raw, info, receipt)
     }
 }
 

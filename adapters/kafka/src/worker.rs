@@ -33,7 +33,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tracing::{debug, warn};
 
-use crate::codec::{self, Decoded};
+use crate::codec::{Chunks, Copied};
 use crate::error::consume_error;
 use crate::link::Link;
 use crate::offsets::{Offsets, Tp};
@@ -78,7 +78,8 @@ pub(crate) struct Record {
     pub(crate) tp: Tp,
     pub(crate) offset: i64,
     pub(crate) epoch: u64,
-    pub(crate) decoded: Decoded,
+    /// The record as read, decoded by the subscription (on the thread that handles it).
+    pub(crate) copied: Copied,
 }
 
 /// What the thread and the rebalance callbacks share.
@@ -234,9 +235,9 @@ impl Worker {
         self.lock().offsets.settled(tp, offset, epoch);
     }
 
-    /// Keeps the records just read (decoded) in the backlog, under one lock, except those whose
+    /// Keeps the records just read (and copied) in the backlog, under one lock, except those whose
     /// partition is not assigned (any more): they are not this member's to hand out.
-    fn keep(&self, read: &mut Vec<(BorrowedMessage<'_>, Decoded)>, priority: bool) {
+    fn keep(&self, read: &mut Vec<(BorrowedMessage<'_>, Copied)>, priority: bool) {
         if read.is_empty() {
             return;
         }
@@ -250,7 +251,7 @@ impl Worker {
         let queue = if priority { first } else { pending };
         // Records of a poll come from few partitions: the topic's shared name is looked up once per run.
         let mut topic: Option<Arc<str>> = None;
-        for (message, decoded) in read.drain(..) {
+        for (message, copied) in read.drain(..) {
             if topic.as_deref() != Some(message.topic()) {
                 topic = offsets.topic(message.topic());
             }
@@ -263,7 +264,7 @@ impl Worker {
                     tp,
                     offset,
                     epoch,
-                    decoded,
+                    copied,
                 });
             }
         }
@@ -673,7 +674,7 @@ impl PriorityQueues {
 
     /// Reads what the split queues hold, up to a batch each, without waiting — none while the records
     /// read from them wait in numbers for the runtime.
-    fn read(&self, worker: &Worker) {
+    fn read(&self, worker: &Worker, chunks: &mut Chunks) {
         if worker.lock().priority.len() >= PENDING_HIGH {
             return;
         }
@@ -682,8 +683,8 @@ impl PriorityQueues {
             for _ in 0..HANDOUT_BATCH {
                 match queue.poll(Duration::ZERO) {
                     Some(Ok(message)) => {
-                        let decoded = codec::decode(&message);
-                        read.push((message, decoded));
+                        let copied = Copied::from_message(&message, chunks);
+                        read.push((message, copied));
                     }
                     Some(Err(e)) => {
                         warn!(error = %e, "consumer error on the retry topic");
@@ -715,6 +716,7 @@ pub(crate) fn run(
         queues: Vec::new(),
     };
     let mut last_commit = Instant::now();
+    let mut chunks = Chunks::default();
     loop {
         if worker.serve_commands(&consumer, Duration::ZERO) {
             break;
@@ -730,7 +732,7 @@ pub(crate) fn run(
             worker.commit(&consumer, None, CommitMode::Async);
             last_commit = Instant::now();
         }
-        priority.read(&worker);
+        priority.read(&worker, &mut chunks);
         // Hand out what waits in batches (one wake-up of the runtime per batch), as far as the channel
         // has room: the retry topic's records first.
         {
@@ -771,12 +773,12 @@ pub(crate) fn run(
         };
         // After a first record, what librdkafka already holds is read without waiting, up to a batch,
         // before the commands, commits and backlog are looked at again (once per batch, not per record).
-        // Each record is decoded as it is read, and the batch kept under one lock.
+        // Each record is copied as it is read, and the batch kept under one lock.
         let mut read = Vec::new();
         let mut polled = consumer.poll(wait);
         while let Some(Ok(message)) = polled {
-            let decoded = codec::decode(&message);
-            read.push((message, decoded));
+            let copied = Copied::from_message(&message, &mut chunks);
+            read.push((message, copied));
             if read.len() == HANDOUT_BATCH {
                 polled = None;
                 break;
