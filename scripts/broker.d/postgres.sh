@@ -81,9 +81,16 @@ postgres_status() {
 }
 
 # postgres_stop — a fast shutdown (SIGINT: roll back and stop), SIGKILL after 30 s; only our own pid.
+# Unless keeping data, the cluster's folder under /tmp goes too (the next start makes a fresh one
+# anyway): a clone deleted after a run leaves nothing behind.
 postgres_stop() {
-  local pidfile="$STATE/postgres/pid"
+  local pidfile="$STATE/postgres/pid" pointer="$STATE/postgres/data-dir"
   if [ -e "$pidfile" ] && ! cmdline_has "$pidfile" postgres; then rm -f "$pidfile"; return 0; fi
   alive "$pidfile" && kill -INT "$(cat "$pidfile")" 2>/dev/null
-  stop_pid postgres "$pidfile" 30
+  stop_pid postgres "$pidfile" 30 || return 1
+  if ! keep_data && [ -s "$pointer" ]; then
+    case "$(cat "$pointer")" in
+      /tmp/event-retry-postgres.*) rm -rf "$(cat "$pointer")" && rm -f "$pointer" ;;
+    esac
+  fi
 }
