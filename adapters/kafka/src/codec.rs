@@ -128,9 +128,10 @@ fn header_name(name: &str) -> Cow<'static, str> {
     }
 }
 
-/// Reads a record on its own (the ladder, the DLQ's reader): [`Copied`] into a chunk of its own, decoded.
+/// Reads a record on its own (the ladder, the DLQ's reader): [`Copied`] into an allocation of exactly its
+/// size (such records are kept for long, and in numbers), decoded.
 pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
-    Copied::from_message(message, &mut Chunks::default()).decode()
+    Copied::from_message(message, &mut Chunks::exact()).decode()
 }
 
 /// Where records read by one thread are copied: chunks of [`Chunks::SIZE`] bytes, each shared by the
@@ -141,19 +142,38 @@ pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
 /// arena lock — measured on the Kafka bench, that lock was where the runtime's threads were put to sleep
 /// most (39 % of their context switches). One allocation per chunk instead of several per record. The
 /// price: a payload the handler keeps beyond its event keeps its chunk alive.
-#[derive(Default)]
 pub(crate) struct Chunks {
     buffer: BytesMut,
+    /// The size of a new chunk.
+    size: usize,
+}
+
+impl Default for Chunks {
+    fn default() -> Self {
+        Self {
+            buffer: BytesMut::new(),
+            size: Self::SIZE,
+        }
+    }
 }
 
 impl Chunks {
     /// The size of a chunk: below glibc's threshold for mapping an allocation of its own.
     const SIZE: usize = 64 * 1024;
 
+    /// Chunks of exactly the size of what is copied into them: one allocation per record, for records
+    /// read one at a time and kept (a chunk per record would hold 64 KB each).
+    fn exact() -> Self {
+        Self {
+            buffer: BytesMut::new(),
+            size: 0,
+        }
+    }
+
     /// The current chunk, with room for `len` more bytes (a new chunk if it had not).
     fn room(&mut self, len: usize) -> &mut BytesMut {
         if self.buffer.capacity() - self.buffer.len() < len {
-            self.buffer = BytesMut::with_capacity(Self::SIZE.max(len));
+            self.buffer = BytesMut::with_capacity(self.size.max(len));
         }
         &mut self.buffer
     }
@@ -417,6 +437,18 @@ mod tests {
                 .map(|(n, v)| (n.to_string(), v.to_vec())),
             &Some(("h".to_string(), b"v".to_vec()))
         );
+    }
+
+    #[test]
+    fn a_record_read_alone_holds_only_its_own_bytes() {
+        let mut exact = Chunks::exact();
+        let one = copied(b"0123456789", Some(b"k"), &[("h", Some(b"v"))], &mut exact);
+        assert_eq!(&one.raw.payload[..], b"0123456789");
+        // Payload, key and the header as written (4 + 1 + 4 + 1 bytes) filled its allocation.
+        assert_eq!(exact.buffer.capacity(), 0);
+        let two = copied(b"abc", None, &[], &mut exact);
+        assert_eq!(&two.raw.payload[..], b"abc");
+        assert_eq!(exact.buffer.capacity(), 0);
     }
 
     #[test]
