@@ -84,6 +84,10 @@ pub(super) fn process<G: Send + 'static>(
                 .await;
             }
         }
+        // The delivery (its receipt) goes before its work slot, so that no more deliveries are alive
+        // than the slots allow.
+        drop(prepared);
+        drop(receipt);
         drop(guard);
     }
 }
