@@ -789,7 +789,7 @@ fn crash_child(url: String, topic: String, transactional: bool) -> Result<(), St
 fn transactional_hops_leave_one_copy_after_a_crash_before_commit(
     url: String,
 ) -> Result<(), String> {
-    let copies = crash_before_commit(&url, true)?;
+    let (copies, _) = crash_before_commit(&url, true)?;
     let twice: Vec<_> = copies.iter().filter(|(_, n)| **n != 1).collect();
     if !twice.is_empty() {
         return Err(format!(
@@ -806,11 +806,15 @@ fn transactional_hops_leave_one_copy_after_a_crash_before_commit(
 /// is copied once more — what transactional hops prevent, and proof the crash point lies between the
 /// two writes.
 fn plain_hops_copy_twice_after_a_crash_before_commit(url: String) -> Result<(), String> {
-    let copies = crash_before_commit(&url, false)?;
+    let (copies, crash) = crash_before_commit(&url, false)?;
     let twice = copies.values().filter(|n| **n == 2).count();
     if twice == 0 || copies.values().any(|n| *n > 2) {
+        // What tells the causes apart: the source's offsets the child left committed, and the copies
+        // the delay levels hold.
         return Err(format!(
-            "without transactions the events copied before the crash should have two copies (and none more): {copies:?}"
+            "without transactions the events copied before the crash should have two copies (and none more): {copies:?}; {}; the delay levels hold (read_committed) {:?}",
+            crash.after_crash,
+            crash.level_copies()
         ));
     }
     eprintln!(
@@ -819,11 +823,76 @@ fn plain_hops_copy_twice_after_a_crash_before_commit(url: String) -> Result<(), 
     Ok(())
 }
 
+/// What a crash test saw of the broker, for its failure message.
+struct Crash {
+    /// The source's offsets committed for the group once the child died, and the partitions' ends.
+    after_crash: String,
+    bootstrap: String,
+    /// The topic's delay levels.
+    levels: Vec<String>,
+}
+
+impl Crash {
+    /// Per event id, the records the delay levels hold (read from the beginning, `read_committed`).
+    fn level_copies(&self) -> Result<HashMap<String, usize>, String> {
+        use rdkafka::message::{Headers, Message};
+        let mut copies: HashMap<String, usize> = HashMap::new();
+        read_committed_from_start(&self.bootstrap, &self.levels, Duration::from_secs(3), |m| {
+            let id = m
+                .headers()
+                .and_then(|h| {
+                    h.iter()
+                        .find(|h| h.key == event_retry_core::metadata::names::EVENT_ID)
+                        .and_then(|h| h.value)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                })
+                .unwrap_or_default();
+            *copies.entry(id).or_default() += 1;
+        })?;
+        Ok(copies)
+    }
+}
+
+/// The offsets `group` committed on `topic`'s partitions, beside each partition's end.
+fn committed_report(bootstrap: &str, group: &str, topic: &str) -> Result<String, String> {
+    use rdkafka::consumer::Consumer;
+    let consumer = group_reader(bootstrap, group)?;
+    let mut list = rdkafka::TopicPartitionList::new();
+    let mut ends = Vec::new();
+    for p in partitions_of(&consumer, topic)? {
+        list.add_partition(topic, p);
+        let (_, end) = consumer
+            .fetch_watermarks(topic, p, CALL_TIMEOUT)
+            .map_err(|e| e.to_string())?;
+        ends.push((p, end));
+    }
+    let committed = consumer
+        .committed_offsets(list, CALL_TIMEOUT)
+        .map_err(|e| e.to_string())?;
+    let parts: Vec<String> = ends
+        .iter()
+        .map(|(p, end)| {
+            let at = committed
+                .find_partition(topic, *p)
+                .map(|e| format!("{:?}", e.offset()))
+                .unwrap_or_else(|| "none".into());
+            format!("partition {p}: committed {at}, end {end}")
+        })
+        .collect();
+    Ok(format!(
+        "the source's offsets for the group after the child died: {}",
+        parts.join("; ")
+    ))
+}
+
 /// Publishes `CRASH_EVENTS` events, runs a child that fails each once and dies after producing copies
 /// and before committing them, then a consumer in the same group that fails each attempt 1 and accepts
 /// attempt 2; once every event ran its attempt 2, counts each event's copies on the group's retry topic
 /// with a raw `read_committed` consumer.
-fn crash_before_commit(url: &str, transactional: bool) -> Result<HashMap<String, usize>, String> {
+fn crash_before_commit(
+    url: &str,
+    transactional: bool,
+) -> Result<(HashMap<String, usize>, Crash), String> {
     runtime()?.block_on(async move {
         let transport = KafkaTransport::connect_with(url, transactional_config(transactional))
             .await
@@ -863,6 +932,18 @@ fn crash_before_commit(url: &str, transactional: bool) -> Result<HashMap<String,
                 "the child did not die at the crash point: {status}"
             ));
         }
+        // Read for the plain test's failure message only, and best effort: a failed read is said there
+        // instead of failing the test.
+        let after_crash = if transactional {
+            String::new()
+        } else {
+            let bootstrap = event_retry_kafka::bootstrap_of(url).map_err(|e| e.to_string())?;
+            let (group, source) = (crash_group(&topic), topic.clone());
+            tokio::task::spawn_blocking(move || committed_report(&bootstrap, &group, &source))
+                .await
+                .map_err(|e| e.to_string())?
+                .unwrap_or_else(|e| format!("the source's offsets after the child died: not read ({e})"))
+        };
 
         let seconds: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
         let seen = seconds.clone();
@@ -941,9 +1022,15 @@ fn crash_before_commit(url: &str, transactional: bool) -> Result<HashMap<String,
         }
         consumer.shutdown().await.map_err(|e| e.to_string())?;
         let retry_topic = config.retry_topic(&topic, &crash_group(&topic));
-        tokio::task::spawn_blocking(move || copies_on(&bootstrap, &retry_topic))
+        let crash = Crash {
+            after_crash,
+            bootstrap: bootstrap.clone(),
+            levels: config.level_topics(&topic),
+        };
+        let copies = tokio::task::spawn_blocking(move || copies_on(&bootstrap, &retry_topic))
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())??;
+        Ok((copies, crash))
     })
 }
 
