@@ -835,21 +835,7 @@ struct Crash {
 impl Crash {
     /// Per event id, the records the delay levels hold (read from the beginning, `read_committed`).
     fn level_copies(&self) -> Result<HashMap<String, usize>, String> {
-        use rdkafka::message::{Headers, Message};
-        let mut copies: HashMap<String, usize> = HashMap::new();
-        read_committed_from_start(&self.bootstrap, &self.levels, Duration::from_secs(3), |m| {
-            let id = m
-                .headers()
-                .and_then(|h| {
-                    h.iter()
-                        .find(|h| h.key == event_retry_core::metadata::names::EVENT_ID)
-                        .and_then(|h| h.value)
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                })
-                .unwrap_or_default();
-            *copies.entry(id).or_default() += 1;
-        })?;
-        Ok(copies)
+        records_per_id(&self.bootstrap, &self.levels, Duration::from_secs(3))
     }
 }
 
@@ -1217,31 +1203,37 @@ fn read_committed_from_start(
 /// Per event id, the records of `topic` a `read_committed` consumer reads from the beginning (until
 /// 5 s pass with nothing new, or 30 s in all).
 fn copies_on(bootstrap: &str, topic: &str) -> Result<HashMap<String, usize>, String> {
-    use rdkafka::message::{Headers, Message};
-    let mut copies: HashMap<String, usize> = HashMap::new();
-    read_committed_from_start(
-        bootstrap,
-        &[topic.to_string()],
-        Duration::from_secs(5),
-        |m| {
-            let id = m
-                .headers()
-                .and_then(|h| {
-                    h.iter()
-                        .find(|h| h.key == event_retry_core::metadata::names::EVENT_ID)
-                        .and_then(|h| h.value)
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                })
-                .unwrap_or_default();
-            *copies.entry(id).or_default() += 1;
-        },
-    )?;
+    let copies = records_per_id(bootstrap, &[topic.to_string()], Duration::from_secs(5))?;
     if copies.len() != CRASH_EVENTS {
         return Err(format!(
             "{} events have copies on {topic}, want {CRASH_EVENTS}: {copies:?}",
             copies.len()
         ));
     }
+    Ok(copies)
+}
+
+/// Per event id, the records of `topics` a `read_committed` consumer reads from the beginning (until
+/// `idle` passes with nothing new, or 30 s in all).
+fn records_per_id(
+    bootstrap: &str,
+    topics: &[String],
+    idle: Duration,
+) -> Result<HashMap<String, usize>, String> {
+    use rdkafka::message::{Headers, Message};
+    let mut copies: HashMap<String, usize> = HashMap::new();
+    read_committed_from_start(bootstrap, topics, idle, |m| {
+        let id = m
+            .headers()
+            .and_then(|h| {
+                h.iter()
+                    .find(|h| h.key == event_retry_core::metadata::names::EVENT_ID)
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            })
+            .unwrap_or_default();
+        *copies.entry(id).or_default() += 1;
+    })?;
     Ok(copies)
 }
 
