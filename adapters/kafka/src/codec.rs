@@ -194,6 +194,8 @@ pub(crate) struct Copied {
     bytes: Bytes,
     payload: usize,
     key: Option<usize>,
+    /// How many headers it has (routing ones included): the header list's capacity.
+    headers: usize,
     timestamp: rdkafka::Timestamp,
 }
 
@@ -226,9 +228,12 @@ impl Copied {
         timestamp: rdkafka::Timestamp,
         chunks: &mut Chunks,
     ) -> Copied {
-        let header_bytes: usize = headers()
-            .map(|(name, value)| 8 + name.len() + value.map_or(0, <[u8]>::len))
-            .sum();
+        let (count, header_bytes) = headers().fold((0, 0), |(count, bytes), (name, value)| {
+            (
+                count + 1,
+                bytes + 8 + name.len() + value.map_or(0, <[u8]>::len),
+            )
+        });
         let buffer = chunks.room(payload.len() + key.map_or(0, <[u8]>::len) + header_bytes);
         buffer.extend_from_slice(payload);
         buffer.extend_from_slice(key.unwrap_or_default());
@@ -247,6 +252,7 @@ impl Copied {
             bytes: chunks.take(),
             payload: payload.len(),
             key: key.map(<[u8]>::len),
+            headers: count,
             timestamp,
         }
     }
@@ -263,7 +269,7 @@ impl Copied {
             at += len;
             bytes.slice(at - len..at)
         });
-        let mut headers = EventHeaders::new();
+        let mut headers = EventHeaders::with_capacity(self.headers);
         while at < bytes.len() {
             let name_len = read_length(&bytes, &mut at) as usize;
             let name = std::str::from_utf8(&bytes[at..at + name_len]).unwrap_or_default();

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use event_retry_core::error::Error;
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
-use rdkafka::error::KafkaResult;
+use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tracing::{debug, warn};
@@ -237,7 +237,7 @@ impl Worker {
 
     /// Keeps the records just read (and copied) in the backlog, under one lock, except those whose
     /// partition is not assigned (any more): they are not this member's to hand out.
-    fn keep(&self, read: &mut Vec<(BorrowedMessage<'_>, Copied)>, priority: bool) {
+    fn keep(&self, read: Vec<(BorrowedMessage<'_>, Copied)>, priority: bool) {
         if read.is_empty() {
             return;
         }
@@ -251,7 +251,7 @@ impl Worker {
         let queue = if priority { first } else { pending };
         // Records of a poll come from few partitions: the topic's shared name is looked up once per run.
         let mut topic: Option<Arc<str>> = None;
-        for (message, copied) in read.drain(..) {
+        for (message, copied) in read {
             if topic.as_deref() != Some(message.topic()) {
                 topic = offsets.topic(message.topic());
             }
@@ -679,23 +679,41 @@ impl PriorityQueues {
             return;
         }
         for queue in &self.queues {
-            let mut read = Vec::new();
-            for _ in 0..HANDOUT_BATCH {
-                match queue.poll(Duration::ZERO) {
-                    Some(Ok(message)) => {
-                        let copied = Copied::from_message(&message, chunks);
-                        read.push((message, copied));
-                    }
-                    Some(Err(e)) => {
-                        warn!(error = %e, "consumer error on the retry topic");
-                        break;
-                    }
-                    None => break,
-                }
+            let (read, error) = read_batch(queue.poll(Duration::ZERO), chunks, || {
+                queue.poll(Duration::ZERO)
+            });
+            worker.keep(read, true);
+            if let Some(e) = error {
+                warn!(error = %e, "consumer error on the retry topic");
             }
-            worker.keep(&mut read, true);
         }
     }
+}
+
+/// Reads records from `first` on, taking the next ones from `next` (which does not wait), up to
+/// [`HANDOUT_BATCH`], each copied into `chunks` as it is read (the batch is then kept under one lock);
+/// with the error that ended the read, if one did.
+fn read_batch<'c>(
+    first: Option<KafkaResult<BorrowedMessage<'c>>>,
+    chunks: &mut Chunks,
+    mut next: impl FnMut() -> Option<KafkaResult<BorrowedMessage<'c>>>,
+) -> (Vec<(BorrowedMessage<'c>, Copied)>, Option<KafkaError>) {
+    let mut read = Vec::new();
+    let mut polled = first;
+    while let Some(result) = polled {
+        match result {
+            Ok(message) => {
+                let copied = Copied::from_message(&message, chunks);
+                read.push((message, copied));
+            }
+            Err(e) => return (read, Some(e)),
+        }
+        if read.len() == HANDOUT_BATCH {
+            break;
+        }
+        polled = next();
+    }
+    (read, None)
 }
 
 /// How long a poll waits when nothing waits to be handed out and retry partitions are split off: a
@@ -773,27 +791,14 @@ pub(crate) fn run(
         };
         // After a first record, what librdkafka already holds is read without waiting, up to a batch,
         // before the commands, commits and backlog are looked at again (once per batch, not per record).
-        // Each record is copied as it is read, and the batch kept under one lock.
-        let mut read = Vec::new();
-        let mut polled = consumer.poll(wait);
-        while let Some(Ok(message)) = polled {
-            let copied = Copied::from_message(&message, &mut chunks);
-            read.push((message, copied));
-            if read.len() == HANDOUT_BATCH {
-                polled = None;
-                break;
-            }
-            polled = consumer.poll(Duration::ZERO);
-        }
-        worker.keep(&mut read, false);
-        drop(read);
-        match polled {
-            None | Some(Ok(_)) => {}
-            Some(Err(e)) => {
-                warn!(error = %e, "consumer error");
-                if out.try_send(Err(consume_error(e))).is_err() {
-                    debug!("the consumer error was not handed out: the channel is full");
-                }
+        let (read, error) = read_batch(consumer.poll(wait), &mut chunks, || {
+            consumer.poll(Duration::ZERO)
+        });
+        worker.keep(read, false);
+        if let Some(e) = error {
+            warn!(error = %e, "consumer error");
+            if out.try_send(Err(consume_error(e))).is_err() {
+                debug!("the consumer error was not handed out: the channel is full");
             }
         }
     }
