@@ -121,7 +121,12 @@ fn main() {
             a_second_member_takes_half_of_the_source_partitions,
         ),
     ];
-    let trials = test_support::broker::trials("kafka", "RETRY_TEST_KAFKA", &tests);
+    let mut trials = test_support::broker::trials("kafka", "RETRY_TEST_KAFKA", &tests);
+    // Of the helpers, needs no broker.
+    trials.push(libtest_mimic::Trial::test(
+        "a_record_between_two_levels_is_not_taken_for_consumed",
+        || a_record_between_two_levels_is_not_taken_for_consumed().map_err(Into::into),
+    ));
     libtest_mimic::run(&args, trials).exit();
 }
 
@@ -1031,57 +1036,115 @@ fn wait_consumed(bootstrap: &str, groups: &[(String, Vec<String>)]) -> Result<()
         .iter()
         .map(|(group, topics)| Ok((group_reader(bootstrap, group)?, group, topics)))
         .collect::<Result<Vec<_>, String>>()?;
-    // The ends are read again each time: copies may still be arriving in a ladder's levels.
-    until_none_behind("records are still unconsumed", || {
-        let mut behind = Vec::new();
-        for (consumer, group, topics) in &readers {
-            let mut ends = Marks::new();
+    let ends = || {
+        let mut ends = Vec::new();
+        for (consumer, _, topics) in &readers {
+            let mut marks = Marks::new();
             for topic in topics.iter() {
                 for p in partitions_of(consumer, topic)? {
                     let (_, end) = consumer
                         .fetch_watermarks(topic, p, CALL_TIMEOUT)
                         .map_err(|e| e.to_string())?;
-                    ends.insert((topic.clone(), p), end);
+                    marks.insert((topic.clone(), p), end);
                 }
             }
-            behind.extend(committed_behind(consumer, group, &ends)?);
+            ends.push(marks);
+        }
+        Ok::<_, String>(ends)
+    };
+    // The ends are read again each time: copies may still be arriving in a ladder's levels.
+    until_settled("records are still unconsumed", ends, |ends| {
+        let mut behind = Vec::new();
+        for ((consumer, group, _), marks) in readers.iter().zip(ends) {
+            behind.extend(committed_behind(consumer, group, marks)?);
         }
         Ok(behind)
     })
 }
 
 /// Waits (up to 60 s) until `group` committed past every record a `read_committed` reader sees in
-/// `topics` (read once, from the beginning): everything committed there was consumed and settled. With
+/// `topics` (read from the beginning): everything committed there was consumed and settled. With
 /// transactional writes a partition ends in a marker no consumer commits past, so its end cannot be the
 /// mark.
 fn wait_forwarded(bootstrap: &str, group: &str, topics: &[String]) -> Result<(), String> {
-    let ends = visible_ends(bootstrap, topics)?;
     let consumer = group_reader(bootstrap, group)?;
-    until_none_behind("committed records are still not forwarded", || {
-        committed_behind(&consumer, group, &ends)
-    })
+    until_settled(
+        "committed records are still not forwarded",
+        || visible_ends(bootstrap, topics),
+        |ends| committed_behind(&consumer, group, ends),
+    )
+}
+
+/// `until_settled` on a simulated ladder: level A's record is forwarded to level B after B's end was
+/// read and before A's committed offset is read (the crash tests' wait once trusted that one read);
+/// B's consumer forwards it two reads later. The wait must not end before.
+fn a_record_between_two_levels_is_not_taken_for_consumed() -> Result<(), String> {
+    use std::cell::Cell;
+    // (end, committed) of levels A and B; A holds one record, unconsumed.
+    let (a, b) = (Cell::new((1, 0)), Cell::new((0, 0)));
+    let reads = Cell::new(0);
+    until_settled(
+        "the simulated ladder is not consumed",
+        || Ok((a.get().0, b.get().0)),
+        |&(end_a, end_b)| {
+            reads.set(reads.get() + 1);
+            match reads.get() {
+                1 => {
+                    b.set((1, 0));
+                    a.set((1, 1));
+                }
+                3 => b.set((1, 1)),
+                _ => {}
+            }
+            let behind = [(end_a, a.get().1, "A"), (end_b, b.get().1, "B")];
+            Ok(behind
+                .iter()
+                .filter(|(end, committed, _)| committed < end)
+                .map(|(_, _, level)| level.to_string())
+                .collect())
+        },
+    )?;
+    if b.get().1 < b.get().0 {
+        return Err("the wait ended while the record waited in level B".into());
+    }
+    Ok(())
+}
+
+/// Calls `behind` with the `ends` read just before, every 200 ms, until it names nothing and `ends`
+/// read once more are the same; fails after 60 s with what it still names.
+///
+/// The second read is what makes "consumed" true for a ladder: a record forwarded from one level to the
+/// next after the next level's end was read, and committed in the first before its committed offset was
+/// read, would otherwise pass unseen while it waits in the next level. Its forward lengthens the next
+/// level before the commit, so the ends read after the committed offsets differ.
+fn until_settled<E: PartialEq>(
+    what: &str,
+    mut ends: impl FnMut() -> Result<E, String>,
+    mut behind: impl FnMut(&E) -> Result<Vec<String>, String>,
+) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut before = ends()?;
+    loop {
+        let left = behind(&before)?;
+        let after = ends()?;
+        if left.is_empty() && after == before {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let moved = if after == before {
+                ""
+            } else {
+                " (and the ends moved)"
+            };
+            return Err(format!("after 60 s {what}: {}{moved}", left.join(", ")));
+        }
+        before = after;
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 /// How long a raw client's call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Calls `behind` every 200 ms until it names nothing; fails after 60 s with what it still names.
-fn until_none_behind(
-    what: &str,
-    mut behind: impl FnMut() -> Result<Vec<String>, String>,
-) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = behind()?;
-        if left.is_empty() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!("after 60 s {what}: {}", left.join(", ")));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
 
 /// A raw client that reads `group`'s committed offsets without joining it.
 fn group_reader(bootstrap: &str, group: &str) -> Result<rdkafka::consumer::BaseConsumer, String> {
