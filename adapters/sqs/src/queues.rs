@@ -26,6 +26,15 @@ pub(crate) struct QueueInfo {
     pub(crate) retention: Duration,
     /// The redrive policy's `maxReceiveCount`, if the queue has one.
     pub(crate) max_receive_count: Option<u32>,
+    /// The queue retries go through, with the `retry_queue` setting (standard queues only).
+    pub(crate) retry: Option<RetryQueue>,
+}
+
+/// A source queue's retry queue (the `retry_queue` setting).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RetryQueue {
+    pub(crate) name: String,
+    pub(crate) url: String,
 }
 
 /// Resolves and caches queues.
@@ -263,6 +272,11 @@ impl Queues {
                 )
             })?
         };
+        let retry = if self.config.retry_queue && !fifo {
+            Some(self.retry_queue(topic, &dlq_url).await?)
+        } else {
+            None
+        };
         let info = QueueInfo {
             url,
             dlq_name,
@@ -270,6 +284,7 @@ impl Queues {
             fifo,
             retention,
             max_receive_count,
+            retry,
         };
         self.known
             .lock()
@@ -277,6 +292,54 @@ impl Queues {
             .insert(topic.to_string(), info.clone());
         Ok(info)
     }
+}
+
+impl Queues {
+    /// The retry queue of standard queue `topic`: created when missing and allowed, redriving to the
+    /// source's DLQ (at `dlq_url`), so a copy whose consumer keeps crashing ends where the source's
+    /// messages do.
+    async fn retry_queue(&self, topic: &str, dlq_url: &str) -> Result<RetryQueue, Error> {
+        let name = retry_name_for(topic, &self.config.retry_suffix)?;
+        let url = match self.url_of(&name).await? {
+            Some(url) => url,
+            None if self.config.create_queues => {
+                let arn = self.arn_of(dlq_url).await?;
+                self.create(
+                    &name,
+                    vec![(QueueAttributeName::RedrivePolicy, self.redrive(&arn))],
+                )
+                .await?
+            }
+            None => {
+                return Err(Error::new(
+                    Kind::NotFound,
+                    format!(
+                        "the retry queue {name} of {topic} does not exist and creating queues is off \
+                         (the retry_queue setting needs it)"
+                    ),
+                ));
+            }
+        };
+        Ok(RetryQueue { name, url })
+    }
+}
+
+/// The longest queue name SQS accepts.
+const MAX_QUEUE_NAME: usize = 80;
+
+/// `orders` → `orders-retry`; an error naming the way out when the name would be longer than SQS allows.
+pub(crate) fn retry_name_for(topic: &str, suffix: &str) -> Result<String, Error> {
+    let name = format!("{topic}{suffix}");
+    if name.len() > MAX_QUEUE_NAME {
+        return Err(Error::new(
+            Kind::Config,
+            format!(
+                "the retry queue name {name} is longer than SQS's {MAX_QUEUE_NAME} characters: set a \
+                 shorter retry_suffix, or retry_queue=false"
+            ),
+        ));
+    }
+    Ok(name)
 }
 
 /// The DLQ name and `maxReceiveCount` of a `RedrivePolicy` attribute.
@@ -388,6 +451,7 @@ mod tests {
             fifo: false,
             retention: Duration::from_secs(60),
             max_receive_count: Some(4),
+            retry: None,
         };
         let vis = Duration::from_secs(43_200);
         assert!(check_redrive("q", &info, Some(3), None, vis).is_ok());
@@ -418,10 +482,22 @@ mod tests {
             fifo: false,
             retention: Duration::from_secs(4 * 86_400),
             max_receive_count: None,
+            retry: None,
         };
         assert!(check_retention("q", &info, Some(Duration::from_secs(86_400))).is_ok());
         let err = check_retention("q", &info, Some(Duration::from_secs(5 * 86_400))).unwrap_err();
         assert!(err.to_string().contains("MessageRetentionPeriod"), "{err}");
+    }
+
+    #[test]
+    fn a_retry_queue_name_beyond_sqs_limit_is_refused() {
+        assert_eq!(
+            retry_name_for("orders", "-retry").ok().as_deref(),
+            Some("orders-retry")
+        );
+        let long = "q".repeat(75);
+        let err = retry_name_for(&long, "-retry").err().map(|e| e.to_string());
+        assert!(err.is_some_and(|e| e.contains("retry_suffix")));
     }
 
     #[test]

@@ -1,7 +1,13 @@
 //! The receive loop and the receipts.
 //!
-//! A retry is the received message itself: `ChangeMessageVisibility(delay)` hides it and SQS brings it
-//! back, its `ApproximateReceiveCount` counting the attempts. The metadata the runtime updated (the error,
+//! With a retry queue (the `retry_queue` setting, standard queues) a retry is a copy with its metadata,
+//! sent there with its delay, and the original is deleted once SQS accepted it. The subscription keeps a
+//! receive running on the retry queue beside the source's and hands out what it brings first: in the
+//! source queue a retry that becomes visible waits behind every message already visible there, so under a
+//! backlog it would run as late as the backlog is long.
+//!
+//! Otherwise a retry is the received message itself: `ChangeMessageVisibility(delay)` hides it and SQS
+//! brings it back, its `ApproximateReceiveCount` counting the attempts. The metadata the runtime updated (the error,
 //! the due time) is kept in this process and given back when the message returns here; a message that
 //! returns to another process carries the broker's counts only. A retry that would end beyond the 12 h
 //! visibility window (or the queue's retention) is carried instead: a copy with its metadata is sent and
@@ -46,18 +52,141 @@ pub(crate) struct Received {
     at: Instant,
 }
 
-/// One consumer of a queue.
+/// One queue a subscription receives from: the source, or its retry queue (the `retry_queue` setting).
+struct Lane {
+    /// What this lane's receipts settle, send copies and dead-letter with: the source's, with `url` the
+    /// lane's own queue.
+    queue: QueueInfo,
+    /// Deletes and visibility changes of this queue's messages, in batches.
+    settler: Settler,
+    buffer: VecDeque<Received>,
+    pending: Option<Receive>,
+}
+
+impl Lane {
+    fn new(link: &Link, queue: QueueInfo) -> Self {
+        let settler = Settler::new(Arc::new(SqsBatches {
+            client: link.queues.client.clone(),
+            url: queue.url.clone(),
+        }));
+        Self {
+            queue,
+            settler,
+            buffer: VecDeque::new(),
+            pending: None,
+        }
+    }
+
+    /// The source's lane and, with the `retry_queue` setting, the retry queue's.
+    fn of(link: &Link, source: &QueueInfo) -> (Self, Option<Self>) {
+        let retry = source.retry.as_ref().map(|retry| {
+            let queue = QueueInfo {
+                url: retry.url.clone(),
+                ..source.clone()
+            };
+            Self::new(link, queue)
+        });
+        (Self::new(link, source.clone()), retry)
+    }
+
+    /// Takes `queue` (the queue looked up again): a new settler if its URL changed.
+    fn update(&mut self, link: &Link, queue: QueueInfo) {
+        if queue.url != self.queue.url {
+            *self = Self::new(link, queue);
+        } else {
+            self.queue = queue;
+        }
+    }
+
+    /// Starts a receive unless one is running or messages are buffered.
+    fn receive_if_idle(&mut self, link: &Link, spec: &SubscriptionSpec) {
+        if self.buffer.is_empty() && self.pending.is_none() {
+            self.pending = Some(receive(link, spec, &self.queue.url));
+        }
+    }
+
+    /// Waits for the receive in flight (if any) and keeps what it brought in the buffer.
+    async fn finish_receive(&mut self) {
+        if let Some(pending) = self.pending.take()
+            && let Ok(Ok(received)) = pending.await
+        {
+            self.buffer.extend(received);
+        }
+    }
+
+    /// Gives buffered messages back (visibility 0), e.g. before a long pause.
+    async fn release_buffer(&mut self, link: &Link) {
+        for r in self.buffer.drain(..) {
+            if let Some(handle) = r.message.receipt_handle() {
+                let _ = link
+                    .queues
+                    .client
+                    .change_message_visibility()
+                    .queue_url(&self.queue.url)
+                    .receipt_handle(handle)
+                    .visibility_timeout(0)
+                    .send()
+                    .await;
+            }
+        }
+    }
+
+    /// In a drop: gives back what is buffered and what the receive in flight brings, in the background.
+    fn release_in_background(&mut self, link: &Link) {
+        let pending = self.pending.take();
+        let buffered: Vec<String> = self
+            .buffer
+            .drain(..)
+            .filter_map(|r| r.message.receipt_handle().map(str::to_string))
+            .collect();
+        if pending.is_none() && buffered.is_empty() {
+            return;
+        }
+        let (client, url) = (link.queues.client.clone(), self.queue.url.clone());
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let mut handles = buffered;
+                if let Some(pending) = pending
+                    && let Ok(Ok(received)) = pending.await
+                {
+                    handles.extend(
+                        received
+                            .iter()
+                            .filter_map(|r| r.message.receipt_handle().map(str::to_string)),
+                    );
+                }
+                for handle in handles {
+                    let _ = client
+                        .change_message_visibility()
+                        .queue_url(&url)
+                        .receipt_handle(handle)
+                        .visibility_timeout(0)
+                        .send()
+                        .await;
+                }
+            });
+        }
+    }
+}
+
+/// Which lane a message or a receive belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    Source,
+    Retry,
+}
+
+/// One consumer of a queue (and of its retry queue, with the `retry_queue` setting).
 pub(crate) struct SqsSubscription {
     link: Arc<Link>,
     spec: SubscriptionSpec,
     /// The queue's name: the topic's, or with SNS the group's queue.
     queue_name: String,
-    queue: QueueInfo,
-    buffer: VecDeque<Received>,
-    pending: Option<Receive>,
+    source: Lane,
+    /// Received beside the source and handed out first, so a due retry does not wait behind the
+    /// source's backlog.
+    retry: Option<Lane>,
     paused: bool,
-    /// Deletes and visibility changes of this queue's messages, in batches.
-    settler: Settler,
 }
 
 impl SqsSubscription {
@@ -67,25 +196,110 @@ impl SqsSubscription {
         queue_name: String,
         queue: QueueInfo,
     ) -> Self {
-        let settler = Settler::new(Arc::new(SqsBatches {
-            client: link.queues.client.clone(),
-            url: queue.url.clone(),
-        }));
+        let (source, retry) = Lane::of(&link, &queue);
         Self {
-            settler,
             link,
             spec,
             queue_name,
-            queue,
-            buffer: VecDeque::new(),
-            pending: None,
+            source,
+            retry,
             paused: false,
         }
     }
 
+    fn lane_mut(&mut self, side: Side) -> Option<&mut Lane> {
+        match side {
+            Side::Source => Some(&mut self.source),
+            Side::Retry => self.retry.as_mut(),
+        }
+    }
+
+    /// The lane to hand out from: the retry queue's while it holds messages.
+    fn next_side(&self) -> Option<Side> {
+        if self.retry.as_ref().is_some_and(|l| !l.buffer.is_empty()) {
+            Some(Side::Retry)
+        } else if !self.source.buffer.is_empty() {
+            Some(Side::Source)
+        } else {
+            None
+        }
+    }
+
+    /// Starts a receive on every lane with nothing buffered and none running: the next batch is on its
+    /// way while this one is handled, and the retry queue is polled beside the source.
+    fn receive_ahead(&mut self) {
+        self.source.receive_if_idle(&self.link, &self.spec);
+        if let Some(retry) = self.retry.as_mut() {
+            retry.receive_if_idle(&self.link, &self.spec);
+        }
+    }
+
+    /// Keeps what a finished receive of `side` brought; a missing queue is looked up again (and its
+    /// error surfaced).
+    async fn received(
+        &mut self,
+        side: Side,
+        result: Result<Result<Vec<Received>, Error>, tokio::task::JoinError>,
+    ) -> Result<(), Error> {
+        let received = result.map_err(|e| {
+            Error::from_source(Kind::Other, e).with_operation("receive (the task failed)")
+        })?;
+        match received {
+            Ok(received) => {
+                if let Some(lane) = self.lane_mut(side) {
+                    lane.buffer.extend(received);
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == Kind::NotFound => {
+                self.find_queue_again().await;
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The retry queue's receive, if it finished: what it brought goes ahead of the source's buffer.
+    async fn take_finished_retries(&mut self) -> Result<(), Error> {
+        let Some(lane) = self.retry.as_mut() else {
+            return Ok(());
+        };
+        if !lane.pending.as_ref().is_some_and(|p| p.is_finished()) {
+            return Ok(());
+        }
+        let Some(pending) = lane.pending.take() else {
+            return Ok(());
+        };
+        let result = pending.await;
+        self.received(Side::Retry, result).await
+    }
+
+    /// Waits for the first receive in flight to finish.
+    async fn first_receive(
+        &mut self,
+    ) -> (
+        Side,
+        Result<Result<Vec<Received>, Error>, tokio::task::JoinError>,
+    ) {
+        let retry = self.retry.as_mut().and_then(|l| l.pending.as_mut());
+        let (side, result) = match (self.source.pending.as_mut(), retry) {
+            (Some(source), Some(retry)) => tokio::select! {
+                r = retry => (Side::Retry, r),
+                r = source => (Side::Source, r),
+            },
+            (Some(source), None) => (Side::Source, source.await),
+            (None, Some(retry)) => (Side::Retry, retry.await),
+            (None, None) => return std::future::pending().await,
+        };
+        if let Some(lane) = self.lane_mut(side) {
+            lane.pending = None;
+        }
+        (side, result)
+    }
+
     /// The queue is gone (deleted, or an SQS-compatible server restarted empty): looks it up again,
-    /// which creates it anew (with its DLQ and redrive policy) when creating queues is on. The error that
-    /// showed it is still surfaced, and the runtime receives again after its backoff.
+    /// which creates it anew (with its DLQ, redrive policy and retry queue) when creating queues is on.
+    /// The error that showed it is still surfaced, and the runtime receives again after its backoff.
     async fn find_queue_again(&mut self) {
         self.link.forget_source(&self.spec.topic, &self.queue_name);
         match self
@@ -95,45 +309,45 @@ impl SqsSubscription {
         {
             Ok((_, queue)) => {
                 warn!(queue = %self.queue_name, "the queue was missing; found or created it again");
-                if queue.url != self.queue.url {
-                    self.settler = Settler::new(Arc::new(SqsBatches {
-                        client: self.link.queues.client.clone(),
-                        url: queue.url.clone(),
-                    }));
+                let (source, retry) = Lane::of(&self.link, &queue);
+                self.source.update(&self.link, source.queue);
+                match (self.retry.as_mut(), retry) {
+                    (Some(lane), Some(retry)) => lane.update(&self.link, retry.queue),
+                    (_, retry) => self.retry = retry,
                 }
-                self.queue = queue;
             }
             Err(e) => warn!(queue = %self.queue_name, error = %e, "the queue is missing"),
         }
     }
+}
 
-    fn receive(&self) -> Receive {
-        let client = self.link.queues.client.clone();
-        let config = &self.link.queues.config;
-        let url = self.queue.url.clone();
-        let batch = i32::try_from(self.spec.max_in_flight.clamp(1, 10)).unwrap_or(10);
-        let visibility = seconds_up(config.visibility);
-        let wait = seconds_up(config.wait);
-        tokio::spawn(async move {
-            crate::link::asking_system_attributes(client.receive_message())
-                .queue_url(&url)
-                .max_number_of_messages(batch)
-                .visibility_timeout(visibility)
-                .wait_time_seconds(wait)
-                .message_attribute_names("All")
-                .send()
-                .await
-                .map(|out| {
-                    let at = Instant::now();
-                    let messages = out.messages.unwrap_or_default();
-                    messages
-                        .into_iter()
-                        .map(|message| Received { message, at })
-                        .collect()
-                })
-                .map_err(|e| sdk_error("receive", e))
-        })
-    }
+/// Starts a receive of up to the subscription's in-flight bound (at most 10, SQS's batch) from `url`.
+fn receive(link: &Link, spec: &SubscriptionSpec, url: &str) -> Receive {
+    let client = link.queues.client.clone();
+    let config = &link.queues.config;
+    let url = url.to_string();
+    let batch = i32::try_from(spec.max_in_flight.clamp(1, 10)).unwrap_or(10);
+    let visibility = seconds_up(config.visibility);
+    let wait = seconds_up(config.wait);
+    tokio::spawn(async move {
+        crate::link::asking_system_attributes(client.receive_message())
+            .queue_url(&url)
+            .max_number_of_messages(batch)
+            .visibility_timeout(visibility)
+            .wait_time_seconds(wait)
+            .message_attribute_names("All")
+            .send()
+            .await
+            .map(|out| {
+                let at = Instant::now();
+                let messages = out.messages.unwrap_or_default();
+                messages
+                    .into_iter()
+                    .map(|message| Received { message, at })
+                    .collect()
+            })
+            .map_err(|e| sdk_error("receive", e))
+    })
 }
 
 /// The parts of a subscription a delivery is built from (borrowed apart from the pending receive, which
@@ -142,8 +356,7 @@ struct Parts<'a> {
     link: &'a Arc<Link>,
     spec: &'a SubscriptionSpec,
     queue_name: &'a str,
-    queue: &'a QueueInfo,
-    settler: &'a Settler,
+    lane: &'a Lane,
 }
 
 impl Parts<'_> {
@@ -164,6 +377,7 @@ impl Parts<'_> {
             return false;
         };
         let hidden = self
+            .lane
             .settler
             .settle(handle, Op::Hide(seconds_up(remaining)))
             .await;
@@ -204,9 +418,9 @@ impl Parts<'_> {
         let broker_count = (!copy).then(|| receive_count.unwrap_or(1).saturating_sub(1));
         let receipt = SqsReceipt::new(
             self.link.clone(),
-            self.settler.clone(),
+            self.lane.settler.clone(),
             self.queue_name.to_string(),
-            self.queue.clone(),
+            self.lane.queue.clone(),
             m.receipt_handle().unwrap_or_default().to_string(),
             message_id.clone(),
             copy,
@@ -223,47 +437,37 @@ impl Parts<'_> {
     }
 }
 
-impl SqsSubscription {
-    /// Gives buffered messages back (visibility 0), e.g. before a long pause.
-    async fn release_buffer(&mut self) {
-        for r in self.buffer.drain(..) {
-            if let Some(handle) = r.message.receipt_handle() {
-                let _ = self
-                    .link
-                    .queues
-                    .client
-                    .change_message_visibility()
-                    .queue_url(&self.queue.url)
-                    .receipt_handle(handle)
-                    .visibility_timeout(0)
-                    .send()
-                    .await;
-            }
-        }
-    }
-}
-
 #[async_trait]
 impl Subscription for SqsSubscription {
     async fn next(&mut self) -> Result<Option<Delivery>, Error> {
         let visibility = self.link.queues.config.visibility;
         let fresh_for = visibility.saturating_sub(MARGIN.min(visibility / 2));
         loop {
-            if let Some(r) = self.buffer.pop_front() {
+            self.take_finished_retries().await?;
+            if let Some(side) = self.next_side() {
+                let Some(lane) = self.lane_mut(side) else {
+                    continue;
+                };
+                let Some(r) = lane.buffer.pop_front() else {
+                    continue;
+                };
                 // A message buffered past its visibility may be with another consumer by now.
                 if r.at.elapsed() >= fresh_for {
                     continue;
                 }
                 // Receive the next batch while this one is handled.
-                if self.buffer.is_empty() && self.pending.is_none() && !self.paused {
-                    self.pending = Some(self.receive());
+                if !self.paused {
+                    self.receive_ahead();
                 }
+                let lane = match side {
+                    Side::Retry => self.retry.as_ref().unwrap_or(&self.source),
+                    Side::Source => &self.source,
+                };
                 let parts = Parts {
                     link: &self.link,
                     spec: &self.spec,
                     queue_name: &self.queue_name,
-                    queue: &self.queue,
-                    settler: &self.settler,
+                    lane,
                 };
                 if let Some(d) = parts.deliver(r).await {
                     return Ok(Some(d));
@@ -273,37 +477,19 @@ impl Subscription for SqsSubscription {
             if self.paused {
                 return std::future::pending().await;
             }
-            if self.pending.is_none() {
-                self.pending = Some(self.receive());
-            }
-            let Some(pending) = self.pending.as_mut() else {
-                continue;
-            };
-            let result = pending.await;
-            self.pending = None;
-            let received = result.map_err(|e| {
-                Error::from_source(Kind::Other, e).with_operation("receive (the task failed)")
-            })?;
-            match received {
-                Ok(received) => self.buffer.extend(received),
-                Err(e) if e.kind() == Kind::NotFound => {
-                    self.find_queue_again().await;
-                    return Err(e);
-                }
-                Err(e) => return Err(e),
-            }
+            self.receive_ahead();
+            let (side, result) = self.first_receive().await;
+            self.received(side, result).await?;
         }
     }
 
     async fn pause(&mut self) -> Result<(), Error> {
         self.paused = true;
         // A receive in flight ends within the long-poll wait; what it brings goes back too.
-        if let Some(pending) = self.pending.take()
-            && let Ok(Ok(received)) = pending.await
-        {
-            self.buffer.extend(received);
+        for lane in std::iter::once(&mut self.source).chain(self.retry.as_mut()) {
+            lane.finish_receive().await;
+            lane.release_buffer(&self.link).await;
         }
-        self.release_buffer().await;
         Ok(())
     }
 
@@ -313,12 +499,11 @@ impl Subscription for SqsSubscription {
     }
 
     async fn close(mut self: Box<Self>) -> Result<(), Error> {
-        if let Some(pending) = self.pending.take()
-            && let Ok(Ok(received)) = pending.await
-        {
-            self.buffer.extend(received);
+        let this = &mut *self;
+        for lane in std::iter::once(&mut this.source).chain(this.retry.as_mut()) {
+            lane.finish_receive().await;
+            lane.release_buffer(&this.link).await;
         }
-        self.release_buffer().await;
         Ok(())
     }
 }
@@ -327,38 +512,9 @@ impl Drop for SqsSubscription {
     /// A subscription dropped without `close` (a crash, an abort) still gives back what it received but
     /// did not hand out, so it is not held until its visibility runs out.
     fn drop(&mut self) {
-        let pending = self.pending.take();
-        let buffered: Vec<String> = self
-            .buffer
-            .drain(..)
-            .filter_map(|r| r.message.receipt_handle().map(str::to_string))
-            .collect();
-        if pending.is_none() && buffered.is_empty() {
-            return;
-        }
-        let (client, url) = (self.link.queues.client.clone(), self.queue.url.clone());
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let mut handles = buffered;
-                if let Some(pending) = pending
-                    && let Ok(Ok(received)) = pending.await
-                {
-                    handles.extend(
-                        received
-                            .iter()
-                            .filter_map(|r| r.message.receipt_handle().map(str::to_string)),
-                    );
-                }
-                for handle in handles {
-                    let _ = client
-                        .change_message_visibility()
-                        .queue_url(&url)
-                        .receipt_handle(handle)
-                        .visibility_timeout(0)
-                        .send()
-                        .await;
-                }
-            });
+        self.source.release_in_background(&self.link);
+        if let Some(retry) = self.retry.as_mut() {
+            retry.release_in_background(&self.link);
         }
     }
 }
@@ -518,6 +674,22 @@ impl Receipt for SqsReceipt {
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
         let mut settled = self.settle().await?;
         let operation = format!("retry of {} on {}", self.message_id, self.topic);
+        if let Some(retry) = &self.queue.retry {
+            // Through the retry queue: a copy with the event's metadata, delayed (and hidden again on
+            // arrival while not due), then the original deleted.
+            let out = codec::encode(event, Some(&self.attributes), true, false)?;
+            let options = SendOptions {
+                delay,
+                ..SendOptions::default()
+            };
+            let operation = format!("{operation} (through {})", retry.name);
+            self.link
+                .send(&self.queue, &retry.url, out, options, &operation)
+                .await?;
+            self.delete().await?;
+            *settled = true;
+            return Ok(());
+        }
         let visibility = !self.copy && self.fits_visibility(delay);
         // A standard queue carries the retry by a copy once the remembered retries are full; a FIFO
         // queue cannot delay a copy and keeps the broker's counts only.

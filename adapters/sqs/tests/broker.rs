@@ -2,9 +2,10 @@
 //! suite:
 //!
 //! * a delay longer than the visibility limit is carried, not capped (limits scaled down through
-//!   configuration: 3 s of visibility, 1 s of send delay, a 7 s retry);
-//! * once `remembered_retries` retries wait, a retry on a standard queue is a copy carrying its
-//!   history (the previous error and counts reach the handler), not a visibility change that loses it;
+//!   configuration: 3 s of visibility, 1 s of send delay, a 7 s retry), through the retry queue and by
+//!   visibility;
+//! * without the retry queue, once `remembered_retries` retries wait, a retry on a standard queue is a
+//!   copy carrying its history (the previous error and counts reach the handler), not a visibility change that loses it;
 //! * a redrive policy that would move messages before the retry policy is spent stops the consumer from
 //!   starting;
 //! * a FIFO queue retries by visibility and dead-letters into its FIFO DLQ;
@@ -14,6 +15,10 @@
 //!   is not handled twice at once;
 //! * a message whose producer used all ten attributes retries and dead-letters once, with the SDK's
 //!   diagnostics and every attribute (read back with a raw client) kept.
+//!
+//! * with the `retry_queue` setting, a retry waits in the retry queue (read with a raw client: the
+//!   source holds nothing meanwhile), returns with its history and leaves both queues empty; and a due
+//!   retry runs while a backlog of healthy events still drains (`test_support::busy`).
 //!
 //! Without `RETRY_TEST_SQS` they are listed as ignored with the reason; with `RETRY_TEST_REQUIRE` naming
 //! sqs, that is a failure.
@@ -41,7 +46,15 @@ type Seen = Arc<Mutex<Vec<(String, u32, u32, Option<String>)>>>;
 
 fn main() {
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 7] = [
+    let tests: [(&str, Test); 9] = [
+        (
+            "through_the_retry_queue_a_retry_waits_there_with_its_history",
+            through_the_retry_queue_a_retry_waits_there_with_its_history,
+        ),
+        (
+            "through_the_retry_queue_a_due_retry_overtakes_the_backlog",
+            through_the_retry_queue_a_due_retry_overtakes_the_backlog,
+        ),
         (
             "beyond_the_remembered_retries_a_retry_carries_its_history",
             beyond_the_remembered_retries_a_retry_carries_its_history,
@@ -133,12 +146,24 @@ async fn wait_until(
     Ok(())
 }
 
+/// A 7 s retry with 3 s of visibility and 1 s of send delay runs after 7 s or more, once, on either route.
 fn long_delay_is_carried_not_capped(url: String) -> Result<(), String> {
+    for retry_queue in [true, false] {
+        long_delay_is_carried_on(&url, retry_queue)
+            .map_err(|e| format!("with retry_queue={retry_queue}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// One route of [`long_delay_is_carried_not_capped`]: through the retry queue or by visibility.
+fn long_delay_is_carried_on(url: &str, retry_queue: bool) -> Result<(), String> {
+    let url = url.to_string();
     block_on(async move {
         let config = SqsConfig {
             visibility: Duration::from_secs(2),
             max_visibility: Duration::from_secs(3),
             max_send_delay: Duration::from_secs(1),
+            retry_queue,
             ..SqsConfig::default()
         };
         let transport = SqsTransport::connect_with(&url, config)
@@ -190,7 +215,9 @@ fn long_delay_is_carried_not_capped(url: String) -> Result<(), String> {
                 "the retry ran after {gap:?}: capped below its 7 s delay"
             ));
         }
-        eprintln!("7 s retry with 3 s visibility and 1 s send delay ran after {gap:?}");
+        eprintln!(
+            "7 s retry with 3 s visibility and 1 s send delay (retry_queue={retry_queue}) ran after {gap:?}"
+        );
         let stats = consumer.stats();
         if stats.succeeded_after_retry != 1 || stats.dead_lettered != 0 {
             return Err(format!("{stats:?}"));
@@ -200,13 +227,134 @@ fn long_delay_is_carried_not_capped(url: String) -> Result<(), String> {
     })
 }
 
+/// The settings of the retry-queue tests: retries through `<queue>-retry`.
+fn through_a_retry_queue() -> SqsConfig {
+    SqsConfig {
+        retry_queue: true,
+        ..SqsConfig::default()
+    }
+}
+
+/// Three events fail once under `3s x1`: while their retries wait, the retry queue holds three messages
+/// and the source none (read with a raw client); each second call sees one attempt and one retry before
+/// it, and the first call's error; afterwards both queues and the DLQ are empty.
+fn through_the_retry_queue_a_retry_waits_there_with_its_history(url: String) -> Result<(), String> {
+    block_on(async move {
+        let transport = SqsTransport::connect_with(&url, through_a_retry_queue())
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("retry-queue-{}", uuid::Uuid::new_v4().simple());
+        let retry_queue = format!("{topic}-retry");
+        let seen: Seen = Arc::default();
+        let record = seen.clone();
+        let handler = handler_fn(move |event: Event, _ctx: Context| {
+            let record = record.clone();
+            async move {
+                let meta = event.metadata();
+                let id = event.id().unwrap_or_default().to_string();
+                record.lock().unwrap_or_else(|p| p.into_inner()).push((
+                    id.clone(),
+                    meta.attempts,
+                    meta.retries,
+                    meta.last_error.clone(),
+                ));
+                if meta.retries == 0 {
+                    return Err(HandlerError::deferred(format!("boom {id}")));
+                }
+                Ok(())
+            }
+        });
+        let consumer = start(&transport, &topic, "3s x1", handler).await?;
+        let ids: Vec<String> = (0..3).map(|i| format!("q{i}")).collect();
+        for id in &ids {
+            transport
+                .publish(&topic, &Event::new("x").with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        wait_until("three retries scheduled", Duration::from_secs(30), || {
+            consumer.stats().retries_scheduled >= 3
+        })
+        .await
+        .map_err(|e| format!("{e}: {:?}", consumer.stats()))?;
+        let raw = RawSqs::new(&url);
+        let waiting = |queue: String| {
+            let raw = &raw;
+            async move {
+                raw.waiting(&queue, "")
+                    .await
+                    .map_err(|e| format!("count the messages of {queue}: {e}"))
+            }
+        };
+        let (in_retry, in_source) = (
+            waiting(retry_queue.clone()).await?,
+            waiting(topic.clone()).await?,
+        );
+        if (in_retry, in_source) != (3, 0) {
+            return Err(format!(
+                "while the retries wait, {retry_queue} holds {in_retry} and {topic} {in_source}; want 3 and 0"
+            ));
+        }
+        wait_until("three retries succeeded", Duration::from_secs(60), || {
+            consumer.stats().succeeded_after_retry >= 3
+        })
+        .await
+        .map_err(|e| format!("{e}: {:?}", consumer.stats()))?;
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        for id in &ids {
+            let calls: Vec<_> = seen.iter().filter(|c| &c.0 == id).collect();
+            let want_error = Some(format!("boom {id}"));
+            if calls.len() != 2 || calls[1].1 != 1 || calls[1].2 != 1 || calls[1].3 != want_error {
+                return Err(format!(
+                    "{id}: want two calls, the second after one attempt and one retry, with the first's error: {calls:?}"
+                ));
+            }
+        }
+        let left = (
+            waiting(retry_queue.clone()).await?,
+            waiting(topic.clone()).await?,
+            waiting(format!("{topic}-dlq")).await?,
+        );
+        if left != (0, 0, 0) {
+            return Err(format!(
+                "afterwards the retry queue, the source and the DLQ hold {left:?}; want none"
+            ));
+        }
+        transport.delete(&topic).await.map_err(|e| e.to_string())?;
+        if waiting(retry_queue.clone()).await.is_ok() {
+            return Err(format!(
+                "{retry_queue} is still there after the topic was deleted"
+            ));
+        }
+        Ok(())
+    })
+}
+
+/// `test_support::busy::a_due_retry_overtakes_the_backlog` with the retry queue: 20 retries due while
+/// 3,000 healthy events still drain each run before three quarters of them are done.
+fn through_the_retry_queue_a_due_retry_overtakes_the_backlog(url: String) -> Result<(), String> {
+    block_on(async move {
+        let transport = SqsTransport::connect_with(&url, through_a_retry_queue())
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("overtake-{}", uuid::Uuid::new_v4().simple());
+        let broker = Broker::new(transport.clone());
+        let result = test_support::busy::a_due_retry_overtakes_the_backlog(&broker, &topic).await;
+        let _ = transport.delete(&topic).await;
+        result
+    })
+}
+
 /// With room to remember one retry, five events retry at once: every retry — the remembered one and the
 /// four carried by copies — must reach the handler with the previous call's error and counts, and the
 /// DLQ entries (read with aws-sdk-sqs) hold the last error and the first-seen time of the first call.
 fn beyond_the_remembered_retries_a_retry_carries_its_history(url: String) -> Result<(), String> {
     block_on(async move {
+        // About the visibility path: a retry queue would carry every retry by a copy.
         let config = SqsConfig {
             remembered_retries: 1,
+            retry_queue: false,
             ..SqsConfig::default()
         };
         let transport = SqsTransport::connect_with(&url, config)
