@@ -9,7 +9,8 @@
 //!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
 //! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`);
 //! 5. busy: retry lateness while a backlog of healthy events waits in the same queue, against the idle
-//!    lateness (`test_support::busy`);
+//!    lateness (`test_support::busy`): with the default visibility retries (`sqs`), then through the
+//!    retry queue (`sqs-retry-queue`, the `retry_queue` setting);
 //! 6. `backlog-raw` (only when named): the backlog part's healthy-event latency with the raw client and
 //!    no SDK — a receive loop as the adapter's (up to 10 per receive, long polling 1 s), messages sent at
 //!    100/s — idle and while 1,000 and 100,000 received messages are hidden for 10 minutes by
@@ -29,7 +30,7 @@ use aws_sdk_sqs::Client;
 use aws_sdk_sqs::config::{BehaviorVersion, Credentials, Region};
 use event_retry_core::adapter::Admin;
 use event_retry_core::broker::Broker;
-use event_retry_sqs::SqsTransport;
+use event_retry_sqs::{SqsConfig, SqsTransport};
 use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
 
 const MESSAGES: usize = 3_000;
@@ -166,6 +167,22 @@ async fn run(url: &str) -> Result<(), Error> {
             "visibility-timeout retries, granularity 1 s",
         )
         .await?;
+        transport.delete(&topic).await?;
+        // The same with the retry queue beside the source (the `retry_queue` setting).
+        let config = SqsConfig {
+            retry_queue: true,
+            ..SqsConfig::default()
+        };
+        let through = SqsTransport::connect_with(url, config).await?;
+        let topic = format!("bench-busy-retry-queue-{}", uuid::Uuid::new_v4().simple());
+        test_support::busy::run(
+            &Broker::new(through.clone()),
+            &topic,
+            "sqs-retry-queue",
+            "retries through the retry queue (retry_queue=true), granularity 1 s",
+        )
+        .await?;
+        through.delete(&topic).await?;
     }
     if bench::asked("backlog-raw") {
         raw_backlog(&raw_client(url)).await?;

@@ -57,7 +57,7 @@ pub struct Report {
 }
 
 /// The adapters in the report's column order; others follow alphabetically.
-const COLUMN_ORDER: [&str; 16] = [
+const COLUMN_ORDER: [&str; 17] = [
     "memory",
     "memory-current-thread",
     "memory-batch",
@@ -71,6 +71,7 @@ const COLUMN_ORDER: [&str; 16] = [
     "sqs",
     "sqs-fifo",
     "sqs-sns",
+    "sqs-retry-queue",
     "pulsar",
     "pulsar-tls",
     "pulsar-batch",
