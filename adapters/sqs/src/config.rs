@@ -51,14 +51,18 @@ pub struct SqsConfig {
     /// Costs a send and a delete per retry instead of one visibility change, and one more long poll per
     /// consumer. The retry queue is created beside the source (redriving to the source's DLQ) when
     /// creating queues is on, and must exist when it is off. FIFO queues keep visibility retries (SQS
-    /// cannot delay one message of a FIFO queue). Default false: every retry stays in the source queue
-    /// by visibility (one `ChangeMessageVisibility` per retry, no second queue), and a due retry waits
-    /// behind the messages already visible there. (Not the default yet: on ElasticMQ a burst of copies
-    /// into a retry queue that a consumer long-polls slows down as the queue fills — 48,174 of 100,000
-    /// retries scheduled in 600 s in the backlog bench.)
+    /// cannot delay one message of a FIFO queue). Default true; false keeps every retry in the source
+    /// queue by visibility (one `ChangeMessageVisibility` per retry, no second queue), and a due retry
+    /// then waits behind the messages already visible there.
     pub retry_queue: bool,
     /// Suffix of a source queue's retry queue name (`retry_queue`). Default `-retry`.
     pub retry_suffix: String,
+    /// How far apart a consumer's short polls of the retry queue are while they find nothing (up to
+    /// this much is added to a retry's lateness). The retry queue is not long-polled: every copy sent
+    /// to a queue with a waiting receive wakes it, and on ElasticMQ each wake re-examines the whole
+    /// queue, so a burst of retries slowed down as the queue filled. Each poll is a request (at 200 ms,
+    /// five a second per consumer: about 13 million a month, which AWS bills). Default 200 ms.
+    pub retry_poll: Duration,
 }
 
 impl Default for SqsConfig {
@@ -74,8 +78,9 @@ impl Default for SqsConfig {
             set_redrive: false,
             remembered_retries: 1_000,
             sns: false,
-            retry_queue: false,
+            retry_queue: true,
             retry_suffix: "-retry".to_string(),
+            retry_poll: Duration::from_millis(200),
         }
     }
 }
@@ -84,7 +89,7 @@ impl SqsConfig {
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
     /// starting from the defaults: `visibility`, `max_visibility`, `max_send_delay`, `wait` (durations
     /// such as `30s`), `dlq_suffix`, `declare` (formerly `create_queues`), `max_receive_count`, `set_redrive`,
-    /// `remembered_retries`, `sns`, `retry_queue`, `retry_suffix`; and `region`
+    /// `remembered_retries`, `sns`, `retry_queue`, `retry_suffix`, `retry_poll`; and `region`
     /// and `profile` (the AWS shared-config profile), returned apart for the client. An unknown key is
     /// an error.
     pub fn from_options(options: &Options) -> Result<(Self, ClientSettings), Error> {
@@ -126,6 +131,9 @@ impl SqsConfig {
         }
         if let Some(v) = read.string("retry_suffix") {
             c.retry_suffix = v;
+        }
+        if let Some(v) = read.duration("retry_poll")? {
+            c.retry_poll = v;
         }
         let client = ClientSettings {
             region: read.string("region"),
@@ -176,6 +184,12 @@ impl SqsConfig {
         if self.dlq_suffix.is_empty() {
             return bad("dlq_suffix must not be empty".to_string());
         }
+        if self.retry_poll.is_zero() || self.retry_poll > Duration::from_secs(20) {
+            return bad(format!(
+                "retry_poll must be above zero and at most 20 s, got {:?}",
+                self.retry_poll
+            ));
+        }
         if self.retry_suffix.is_empty() || self.retry_suffix == self.dlq_suffix {
             return bad(format!(
                 "retry_suffix must be set and differ from dlq_suffix, got {:?}",
@@ -198,13 +212,13 @@ mod tests {
     }
 
     #[test]
-    fn the_retry_queue_is_off_by_default_and_set_by_its_option() {
+    fn retries_go_through_a_retry_queue_by_default() {
         let c = SqsConfig::default();
-        assert!(!c.retry_queue);
+        assert!(c.retry_queue);
         assert_eq!(c.retry_suffix, "-retry");
-        let (on, _) =
-            SqsConfig::from_options(&Options::new().set("retry_queue", "true")).unwrap_or_default();
-        assert!(on.retry_queue);
+        let (off, _) = SqsConfig::from_options(&Options::new().set("retry_queue", "false"))
+            .unwrap_or_default();
+        assert!(!off.retry_queue);
     }
 
     #[test]
@@ -227,8 +241,9 @@ mod tests {
             .set("set_redrive", "true")
             .set("remembered_retries", "0")
             .set("sns", "true")
-            .set("retry_queue", "true")
+            .set("retry_queue", "false")
             .set("retry_suffix", "-later")
+            .set("retry_poll", "500ms")
             .set("region", "eu-west-1");
         let (c, region) = SqsConfig::from_options(&options).unwrap_or_default();
         assert_eq!(c.visibility, Duration::from_secs(20));
@@ -240,8 +255,9 @@ mod tests {
         assert_eq!(c.max_receive_count, 10);
         assert_eq!(c.remembered_retries, 0);
         assert!(c.sns);
-        assert!(c.retry_queue);
+        assert!(!c.retry_queue);
         assert_eq!(c.retry_suffix, "-later");
+        assert_eq!(c.retry_poll, Duration::from_millis(500));
         assert_eq!(region.region.as_deref(), Some("eu-west-1"));
         let typo = SqsConfig::from_options(&Options::new().set("visiblity", "1s"));
         assert_eq!(typo.err().map(|e| e.kind()), Some(Kind::Config));
@@ -266,6 +282,10 @@ mod tests {
             },
             SqsConfig {
                 retry_suffix: "-dlq".into(),
+                ..SqsConfig::default()
+            },
+            SqsConfig {
+                retry_poll: Duration::ZERO,
                 ..SqsConfig::default()
             },
         ] {

@@ -1,10 +1,10 @@
 //! The Amazon SQS adapter of event-retry.
 //!
-//! A retry is the received message itself, hidden with `ChangeMessageVisibility(delay)`, its
-//! `ApproximateReceiveCount` counting the attempts. With the `retry_queue` setting, a standard queue's
-//! retry is instead a copy carrying its metadata, sent with its delay to the queue's retry queue
-//! (`<queue>-retry`), which each consumer receives from beside the source and hands out first: a due
-//! retry does not wait behind the source's backlog. A delay that would end beyond the 12 h visibility
+//! On a standard queue a retry is a copy carrying its metadata, sent with its delay to the queue's retry
+//! queue (`<queue>-retry`), which each consumer polls beside the source and hands out first: a due
+//! retry does not wait behind the source's backlog. On a FIFO queue (or with `retry_queue` off) a
+//! retry is the received message itself, hidden with `ChangeMessageVisibility(delay)`, its
+//! `ApproximateReceiveCount` counting the attempts. A delay that would end beyond the 12 h visibility
 //! window (or the 15 min a send can delay) is carried in hops, never capped.
 //! Dead letters are sent to the queue's DLQ (the redrive policy's target) with their diagnostics as
 //! message attributes, then deleted from the source; the redrive policy is the safety net for crashes and

@@ -2,7 +2,8 @@
 //! queues (and SNS, with consumer groups through it), sending, and the metadata of visibility retries
 //! this process scheduled (a visibility retry cannot rewrite the message, so the process keeps it).
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,14 @@ pub(crate) struct Link {
     /// SNS, when consumer groups go through it (the `sns` setting).
     pub(crate) sns: Option<Sns>,
     recall: Mutex<HashMap<String, (RetryMetadata, Instant)>>,
+    /// When the retry copies this process sent become visible, soonest first (at most
+    /// [`EXPECTED_COPIES`]): the retry queue is polled then rather than at its next idle poll.
+    expected: Mutex<BinaryHeap<Reverse<Instant>>>,
 }
+
+/// How many copies' visibility times a process keeps for polling its retry queues at them; beyond it a
+/// copy waits for the next idle poll (`SqsConfig::retry_poll`).
+const EXPECTED_COPIES: usize = 10_000;
 
 impl Link {
     pub(crate) fn new(queues: Queues, sns: Option<Sns>) -> Self {
@@ -28,6 +36,7 @@ impl Link {
             queues,
             sns,
             recall: Mutex::new(HashMap::new()),
+            expected: Mutex::new(BinaryHeap::new()),
         }
     }
 
@@ -276,6 +285,36 @@ impl Link {
         recall.remove(message_id).map(|(meta, _)| meta)
     }
 
+    /// A retry copy sent now with `delay` becomes visible at this instant or before (SQS counts the delay,
+    /// in whole seconds, from its receipt of the send, which came before now).
+    pub(crate) fn expect_copy(&self, delay: Duration) {
+        let seconds = seconds_up(delay.min(self.queues.config.max_send_delay));
+        let at = Instant::now() + Duration::from_secs(u64::try_from(seconds).unwrap_or(0));
+        let mut expected = self.expected.lock().unwrap_or_else(|p| p.into_inner());
+        if expected.len() < EXPECTED_COPIES {
+            expected.push(Reverse(at));
+        }
+    }
+
+    /// How long a retry queue's next poll waits after one that found nothing: until the soonest copy
+    /// this process expects becomes visible, at most `idle` (copies of other processes, and those
+    /// beyond the expected bound, are found by the idle polls). Copies already visible are taken off.
+    pub(crate) fn retry_poll_pause(&self, idle: Duration) -> Duration {
+        let now = Instant::now();
+        let mut expected = self.expected.lock().unwrap_or_else(|p| p.into_inner());
+        let mut due = false;
+        while expected.peek().is_some_and(|Reverse(at)| *at <= now) {
+            expected.pop();
+            due = true;
+        }
+        if due {
+            return Duration::ZERO;
+        }
+        expected.peek().map_or(idle, |Reverse(at)| {
+            idle.min(at.saturating_duration_since(now))
+        })
+    }
+
     /// Forgets a visibility retry that did not happen.
     pub(crate) fn forget(&self, message_id: &str) {
         self.recall
@@ -405,6 +444,30 @@ mod tests {
             Queues::new(aws_sdk_sqs::Client::from_conf(conf), config),
             None,
         )
+    }
+
+    #[test]
+    fn the_retry_queue_is_polled_when_an_expected_copy_becomes_visible() {
+        let link = link_remembering(0);
+        let idle = Duration::from_millis(200);
+        assert_eq!(
+            link.retry_poll_pause(idle),
+            idle,
+            "nothing expected: the idle poll"
+        );
+        // Visible in a whole second: the idle poll still comes first.
+        link.expect_copy(Duration::from_millis(300));
+        assert_eq!(link.retry_poll_pause(idle), idle);
+        // Visible now (a copy without delay): polled at once, and taken off.
+        link.expect_copy(Duration::ZERO);
+        assert_eq!(link.retry_poll_pause(idle), Duration::ZERO);
+        // The one due in a second is sooner than a long idle pause.
+        let long = Duration::from_secs(5);
+        let pause = link.retry_poll_pause(long);
+        assert!(
+            pause <= Duration::from_secs(1) && pause > Duration::from_millis(500),
+            "{pause:?}"
+        );
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //! sent there with its delay, and the original is deleted once SQS accepted it. The subscription keeps a
 //! receive running on the retry queue beside the source's and hands out what it brings first: in the
 //! source queue a retry that becomes visible waits behind every message already visible there, so under a
-//! backlog it would run as late as the backlog is long.
+//! backlog it would run as late as the backlog is long. The retry queue gets short polls, `retry_poll`
+//! apart while they find nothing: a waiting long poll is woken by every copy sent to the queue, and
+//! ElasticMQ re-examines the whole queue at each wake.
 //!
 //! Otherwise a retry is the received message itself: `ChangeMessageVisibility(delay)` hides it and SQS
 //! brings it back, its `ApproximateReceiveCount` counting the attempts. The metadata the runtime updated (the error,
@@ -61,6 +63,10 @@ struct Lane {
     settler: Settler,
     buffer: VecDeque<Received>,
     pending: Option<Receive>,
+    /// Short polls, this long apart while they find nothing (the retry queue); `None`: long polling.
+    idle_poll: Option<Duration>,
+    /// The last receive brought nothing.
+    last_empty: bool,
 }
 
 impl Lane {
@@ -74,6 +80,8 @@ impl Lane {
             settler,
             buffer: VecDeque::new(),
             pending: None,
+            idle_poll: None,
+            last_empty: false,
         }
     }
 
@@ -84,7 +92,12 @@ impl Lane {
                 url: retry.url.clone(),
                 ..source.clone()
             };
-            Self::new(link, queue)
+            Self {
+                // Short polls (`SqsConfig::retry_poll`): a long poll there is woken by every copy sent
+                // to it, and ElasticMQ re-examines the whole queue at each wake.
+                idle_poll: Some(link.queues.config.retry_poll),
+                ..Self::new(link, queue)
+            }
         });
         (Self::new(link, source.clone()), retry)
     }
@@ -92,7 +105,10 @@ impl Lane {
     /// Takes `queue` (the queue looked up again): a new settler if its URL changed.
     fn update(&mut self, link: &Link, queue: QueueInfo) {
         if queue.url != self.queue.url {
-            *self = Self::new(link, queue);
+            *self = Self {
+                idle_poll: self.idle_poll,
+                ..Self::new(link, queue)
+            };
         } else {
             self.queue = queue;
         }
@@ -101,7 +117,12 @@ impl Lane {
     /// Starts a receive unless one is running or messages are buffered.
     fn receive_if_idle(&mut self, link: &Link, spec: &SubscriptionSpec) {
         if self.buffer.is_empty() && self.pending.is_none() {
-            self.pending = Some(receive(link, spec, &self.queue.url));
+            let poll = match self.idle_poll {
+                None => Poll::Long,
+                Some(_) if !self.last_empty => Poll::Short(Duration::ZERO),
+                Some(idle) => Poll::Short(link.retry_poll_pause(idle)),
+            };
+            self.pending = Some(receive(link, spec, &self.queue.url, poll));
         }
     }
 
@@ -247,6 +268,7 @@ impl SqsSubscription {
         match received {
             Ok(received) => {
                 if let Some(lane) = self.lane_mut(side) {
+                    lane.last_empty = received.is_empty();
                     lane.buffer.extend(received);
                 }
                 Ok(())
@@ -321,15 +343,30 @@ impl SqsSubscription {
     }
 }
 
+/// How one receive waits for messages.
+#[derive(Clone, Copy, Debug)]
+enum Poll {
+    /// Long polling, `SqsConfig::wait`.
+    Long,
+    /// A short poll (no wait) after this pause.
+    Short(Duration),
+}
+
 /// Starts a receive of up to the subscription's in-flight bound (at most 10, SQS's batch) from `url`.
-fn receive(link: &Link, spec: &SubscriptionSpec, url: &str) -> Receive {
+fn receive(link: &Link, spec: &SubscriptionSpec, url: &str, poll: Poll) -> Receive {
     let client = link.queues.client.clone();
     let config = &link.queues.config;
     let url = url.to_string();
     let batch = i32::try_from(spec.max_in_flight.clamp(1, 10)).unwrap_or(10);
     let visibility = seconds_up(config.visibility);
-    let wait = seconds_up(config.wait);
+    let (wait, pause) = match poll {
+        Poll::Long => (seconds_up(config.wait), Duration::ZERO),
+        Poll::Short(pause) => (0, pause),
+    };
     tokio::spawn(async move {
+        if !pause.is_zero() {
+            tokio::time::sleep(pause).await;
+        }
         crate::link::asking_system_attributes(client.receive_message())
             .queue_url(&url)
             .max_number_of_messages(batch)
@@ -686,6 +723,7 @@ impl Receipt for SqsReceipt {
             self.link
                 .send(&self.queue, &retry.url, out, options, &operation)
                 .await?;
+            self.link.expect_copy(delay);
             self.delete().await?;
             *settled = true;
             return Ok(());
