@@ -9,8 +9,8 @@
 //!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
 //! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`);
 //! 5. busy: retry lateness while a backlog of healthy events waits in the same queue, against the idle
-//!    lateness (`test_support::busy`): with the default visibility retries (`sqs`), then through the
-//!    retry queue (`sqs-retry-queue`, the `retry_queue` setting);
+//!    lateness (`test_support::busy`): through the retry queue (`sqs`, the default), then by visibility
+//!    in the source queue (`sqs-visibility`, `retry_queue=false`);
 //! 6. `backlog-raw` (only when named): the backlog part's healthy-event latency with the raw client and
 //!    no SDK — a receive loop as the adapter's (up to 10 per receive, long polling 1 s), messages sent at
 //!    100/s — idle and while 1,000 and 100,000 received messages are hidden for 10 minutes by
@@ -150,7 +150,7 @@ async fn run(url: &str) -> Result<(), Error> {
     bench::consumer_process_parts(
         &Broker::new(transport.clone()),
         "sqs",
-        "visibility-timeout retries, copies beyond the 1,000 a consumer remembers",
+        "retries through the retry queue",
         &transport,
         None,
     )
@@ -164,25 +164,25 @@ async fn run(url: &str) -> Result<(), Error> {
             &Broker::new(transport.clone()),
             &topic,
             "sqs",
-            "visibility-timeout retries, granularity 1 s",
+            "retries through the retry queue, granularity 1 s",
         )
         .await?;
         transport.delete(&topic).await?;
-        // The same with the retry queue beside the source (the `retry_queue` setting).
+        // The same by visibility in the source queue (`retry_queue=false`, as FIFO queues retry).
         let config = SqsConfig {
-            retry_queue: true,
+            retry_queue: false,
             ..SqsConfig::default()
         };
-        let through = SqsTransport::connect_with(url, config).await?;
-        let topic = format!("bench-busy-retry-queue-{}", uuid::Uuid::new_v4().simple());
+        let visibility = SqsTransport::connect_with(url, config).await?;
+        let topic = format!("bench-busy-visibility-{}", uuid::Uuid::new_v4().simple());
         test_support::busy::run(
-            &Broker::new(through.clone()),
+            &Broker::new(visibility.clone()),
             &topic,
-            "sqs-retry-queue",
-            "retries through the retry queue (retry_queue=true), granularity 1 s",
+            "sqs-visibility",
+            "visibility-timeout retries (retry_queue=false), granularity 1 s",
         )
         .await?;
-        through.delete(&topic).await?;
+        visibility.delete(&topic).await?;
     }
     if bench::asked("backlog-raw") {
         raw_backlog(&raw_client(url)).await?;

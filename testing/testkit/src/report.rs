@@ -71,7 +71,7 @@ const COLUMN_ORDER: [&str; 17] = [
     "sqs",
     "sqs-fifo",
     "sqs-sns",
-    "sqs-retry-queue",
+    "sqs-visibility",
     "pulsar",
     "pulsar-tls",
     "pulsar-batch",
