@@ -227,6 +227,23 @@ fn long_delay_is_carried_on(url: &str, retry_queue: bool) -> Result<(), String> 
     })
 }
 
+/// Publishes `count` events with ids `<prefix>0`, `<prefix>1`, … to `topic`; their ids.
+async fn publish_ids(
+    transport: &SqsTransport,
+    topic: &str,
+    prefix: &str,
+    count: usize,
+) -> Result<Vec<String>, String> {
+    let ids: Vec<String> = (0..count).map(|i| format!("{prefix}{i}")).collect();
+    for id in &ids {
+        transport
+            .publish(topic, &Event::new("x").with_id(id))
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(ids)
+}
+
 /// The settings of the retry-queue tests: retries through `<queue>-retry`.
 fn through_a_retry_queue() -> SqsConfig {
     SqsConfig {
@@ -265,13 +282,7 @@ fn through_the_retry_queue_a_retry_waits_there_with_its_history(url: String) -> 
             }
         });
         let consumer = start(&transport, &topic, "3s x1", handler).await?;
-        let ids: Vec<String> = (0..3).map(|i| format!("q{i}")).collect();
-        for id in &ids {
-            transport
-                .publish(&topic, &Event::new("x").with_id(id))
-                .await
-                .map_err(|e| e.to_string())?;
-        }
+        let ids = publish_ids(&transport, &topic, "q", 3).await?;
         wait_until("three retries scheduled", Duration::from_secs(30), || {
             consumer.stats().retries_scheduled >= 3
         })
@@ -381,13 +392,7 @@ fn beyond_the_remembered_retries_a_retry_carries_its_history(url: String) -> Res
             }
         });
         let consumer = start(&transport, &topic, "1s x2", handler).await?;
-        let ids: Vec<String> = (0..5).map(|i| format!("r{i}")).collect();
-        for id in &ids {
-            transport
-                .publish(&topic, &Event::new("x").with_id(id))
-                .await
-                .map_err(|e| e.to_string())?;
-        }
+        let ids = publish_ids(&transport, &topic, "r", 5).await?;
         wait_until("five dead letters", Duration::from_secs(60), || {
             consumer.stats().dead_lettered >= 5
         })
