@@ -227,6 +227,31 @@ fn long_delay_is_carried_on(url: &str, retry_queue: bool) -> Result<(), String> 
     })
 }
 
+/// A handler that records each call's event id, attempts, retries and last error in `seen`, and fails
+/// as `fail` says (by event id and the retries before the call).
+fn recording_history(
+    seen: Seen,
+    fail: fn(&str, u32) -> Option<HandlerError>,
+) -> impl event_retry_core::runtime::Handler {
+    handler_fn(move |event: Event, _ctx: Context| {
+        let seen = seen.clone();
+        async move {
+            let meta = event.metadata();
+            let id = event.id().unwrap_or_default().to_string();
+            seen.lock().unwrap_or_else(|p| p.into_inner()).push((
+                id.clone(),
+                meta.attempts,
+                meta.retries,
+                meta.last_error.clone(),
+            ));
+            match fail(&id, meta.retries) {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        }
+    })
+}
+
 /// Publishes `count` events with ids `<prefix>0`, `<prefix>1`, … to `topic`; their ids.
 async fn publish_ids(
     transport: &SqsTransport,
@@ -263,23 +288,8 @@ fn through_the_retry_queue_a_retry_waits_there_with_its_history(url: String) -> 
         let topic = format!("retry-queue-{}", uuid::Uuid::new_v4().simple());
         let retry_queue = format!("{topic}-retry");
         let seen: Seen = Arc::default();
-        let record = seen.clone();
-        let handler = handler_fn(move |event: Event, _ctx: Context| {
-            let record = record.clone();
-            async move {
-                let meta = event.metadata();
-                let id = event.id().unwrap_or_default().to_string();
-                record.lock().unwrap_or_else(|p| p.into_inner()).push((
-                    id.clone(),
-                    meta.attempts,
-                    meta.retries,
-                    meta.last_error.clone(),
-                ));
-                if meta.retries == 0 {
-                    return Err(HandlerError::deferred(format!("boom {id}")));
-                }
-                Ok(())
-            }
+        let handler = recording_history(seen.clone(), |id, retries| {
+            (retries == 0).then(|| HandlerError::deferred(format!("boom {id}")))
         });
         let consumer = start(&transport, &topic, "3s x1", handler).await?;
         let ids = publish_ids(&transport, &topic, "q", 3).await?;
@@ -373,23 +383,10 @@ fn beyond_the_remembered_retries_a_retry_carries_its_history(url: String) -> Res
             .map_err(|e| e.to_string())?;
         let topic = format!("remembered-{}", uuid::Uuid::new_v4().simple());
         let seen: Seen = Arc::default();
-        let record = seen.clone();
-        let handler = handler_fn(move |event: Event, _ctx: Context| {
-            let record = record.clone();
-            async move {
-                let meta = event.metadata();
-                let id = event.id().unwrap_or_default().to_string();
-                record.lock().unwrap_or_else(|p| p.into_inner()).push((
-                    id.clone(),
-                    meta.attempts,
-                    meta.retries,
-                    meta.last_error.clone(),
-                ));
-                Err::<(), _>(HandlerError::deferred(format!(
-                    "boom {id} after {} retries",
-                    meta.retries
-                )))
-            }
+        let handler = recording_history(seen.clone(), |id, retries| {
+            Some(HandlerError::deferred(format!(
+                "boom {id} after {retries} retries"
+            )))
         });
         let consumer = start(&transport, &topic, "1s x2", handler).await?;
         let ids = publish_ids(&transport, &topic, "r", 5).await?;
