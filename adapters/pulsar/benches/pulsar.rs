@@ -10,7 +10,7 @@
 //!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
 //! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`).
 //! 5. busy: retry lateness while a backlog of healthy events waits in the same topic, against the idle
-//!    lateness (`test_support::busy`).
+//!    lateness (`test_support::busy`), with the bare URL and default settings.
 //!
 //! ```text
 //! scripts/brokers start pulsar && source target/brokers/env.sh
@@ -156,13 +156,16 @@ async fn run(url: &str) -> Result<(), Error> {
         throughput(url, &transport).await?;
     }
     if bench::wants("busy") {
+        // The bare service URL and default settings, as a user's first consumer: the tick and
+        // strictness are whatever the adapter reads from the broker's admin API.
+        let defaults = PulsarTransport::connect(url).await?;
         let topic = format!("bench-busy-{}", uuid::Uuid::new_v4().simple());
         let describe = format!(
-            "broker tick {:?}, strict deliverAt",
-            transport.config().tick
+            "default settings, broker tick read as {:?}, strict deliverAt {}",
+            defaults.config().tick,
+            defaults.config().strict_deliver_at
         );
-        test_support::busy::run(&Broker::new(transport.clone()), &topic, "pulsar", &describe)
-            .await?;
+        test_support::busy::run(&Broker::new(defaults), &topic, "pulsar", &describe).await?;
     }
     if bench::wants("lateness") {
         let topic = format!("bench-lateness-{}", uuid::Uuid::new_v4().simple());

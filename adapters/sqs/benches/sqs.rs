@@ -9,8 +9,8 @@
 //!    100,000 events wait in retry (`test_support::backlog`; `RETRY_BENCH_BACKLOG` sets the larger count);
 //! 4. scale: 1, 2 and 4 consumer processes in one group (`test_support::scale`);
 //! 5. busy: retry lateness while a backlog of healthy events waits in the same queue, against the idle
-//!    lateness (`test_support::busy`): through the retry queue (`sqs`, the default), then by visibility
-//!    in the source queue (`sqs-visibility`, `retry_queue=false`);
+//!    lateness (`test_support::busy`), through the retry queue (`sqs`, the default); `busy-visibility`
+//!    the same by visibility in the source queue (`sqs-visibility`, `retry_queue=false`);
 //! 6. `backlog-raw` (only when named): the backlog part's healthy-event latency with the raw client and
 //!    no SDK — a receive loop as the adapter's (up to 10 per receive, long polling 1 s), messages sent at
 //!    100/s — idle and while 1,000 and 100,000 received messages are hidden for 10 minutes by
@@ -20,7 +20,7 @@
 //! ```text
 //! scripts/brokers start sqs && source target/brokers/env.sh
 //! cargo bench -p event-retry-sqs --bench sqs                 # every part
-//! cargo bench -p event-retry-sqs --bench sqs -- throughput   # or lateness, backlog, scale, busy
+//! cargo bench -p event-retry-sqs --bench sqs -- throughput   # or lateness, backlog, scale, busy, busy-visibility
 //! cargo bench -p event-retry-sqs --bench sqs -- backlog-raw  # the broker alone under a backlog
 //! ```
 
@@ -168,6 +168,8 @@ async fn run(url: &str) -> Result<(), Error> {
         )
         .await?;
         transport.delete(&topic).await?;
+    }
+    if bench::wants("busy-visibility") {
         // The same by visibility in the source queue (`retry_queue=false`, as FIFO queues retry).
         let config = SqsConfig {
             retry_queue: false,
