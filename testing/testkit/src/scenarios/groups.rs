@@ -56,7 +56,9 @@ pub async fn rebalance_during_retries(f: Arc<Fixture>) -> ScenarioResult {
         probe.call_count() >= 15
     })
     .await?;
+    let shutdown_began = std::time::Instant::now();
     a.shutdown().await.map_err(|e| format!("shutdown a: {e}"))?;
+    let shutdown_took = shutdown_began.elapsed();
     if let Err(timed_out) = wait_for("20 successes", patience(&f, 60), || {
         probe.successes().len() >= 20
     })
@@ -74,7 +76,10 @@ pub async fn rebalance_during_retries(f: Arc<Fixture>) -> ScenarioResult {
         .map(|id| (id.clone(), probe.calls_of(id).len()))
         .collect();
     ensure(ids.iter().all(|id| counts.get(id) == Some(&1)), || {
-        format!("successes {counts:?}")
+        format!(
+            "successes {counts:?}; {}",
+            calls_around(&probe, &ids, &counts, shutdown_began, shutdown_took)
+        )
     })?;
     ensure(calls.values().all(|&n| n == 2), || {
         format!("calls per event {calls:?}")
@@ -82,6 +87,42 @@ pub async fn rebalance_during_retries(f: Arc<Fixture>) -> ScenarioResult {
     ensure(dlq(&f, &topic).await?.is_empty(), || "DLQ not empty".into())?;
     finish(&f, &topic, vec![b]).await?;
     Ok(Verdict::Pass(None))
+}
+
+/// For each id not handled successfully exactly once: its calls' attempts and start times, in ms from
+/// the moment consumer a's shutdown began (negative: before it), beside how long that shutdown took —
+/// what tells a copy handled twice from an original delivered again.
+fn calls_around(
+    probe: &Probe,
+    ids: &[String],
+    counts: &HashMap<String, usize>,
+    shutdown_began: std::time::Instant,
+    shutdown_took: std::time::Duration,
+) -> String {
+    let ms_from_shutdown = |at: std::time::Instant| {
+        if at >= shutdown_began {
+            (at - shutdown_began).as_millis() as i64
+        } else {
+            -((shutdown_began - at).as_millis() as i64)
+        }
+    };
+    let odd: Vec<String> = ids
+        .iter()
+        .filter(|id| counts.get(*id) != Some(&1))
+        .map(|id| {
+            let calls: Vec<String> = probe
+                .calls_of(id)
+                .iter()
+                .map(|c| format!("attempt {} at {} ms", c.attempt, ms_from_shutdown(c.at)))
+                .collect();
+            format!("{id}: [{}]", calls.join(", "))
+        })
+        .collect();
+    format!(
+        "calls, in ms from the start of a's shutdown (which took {} ms): {}",
+        shutdown_took.as_millis(),
+        odd.join("; ")
+    )
 }
 
 /// What a scenario that waited in vain for every id to succeed saw: the ids without a success, the
