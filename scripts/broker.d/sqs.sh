@@ -1,9 +1,17 @@
 # ElasticMQ (the SQS API) from Maven Central jars (the Maven project in broker.d/sqs/), the local stand-in
-# for Amazon SQS. State under $STATE/sqs/: elasticmq.conf, pid, port, sqs.log, and messages.mv.db — queues
-# and messages in an embedded H2 database, each change written at once (WRITE_DELAY=0), so a restart
+# for Amazon SQS. State under $STATE/sqs/: elasticmq.conf, pid, port, sqs.log, and — when started with
+# --durable (RETRY_BROKERS_DURABLE=1; the marker file `durable` records it) — messages.mv.db: queues and
+# messages in an embedded H2 database, each change written at once (WRITE_DELAY=0), so a restart
 # (`scripts/brokers restart sqs`, the fault runs' F2) comes back with what it had, as SQS keeps what it
 # acknowledged. What it does not keep: a received message's invisibility (it is visible again after a
 # restart). A start (not a restart) begins empty.
+#
+# Why the store is not on by default: in ElasticMQ 1.7.1 the store's actor serializes the same mutable
+# message object the queue's actor goes on changing, and now and then fails with "mutation occurred during
+# iteration" (ConcurrentModificationException in DBMessage.from). The queue's actor has already applied the
+# request, but waits in vain for the store's answer and never replies: the HTTP request is answered 503
+# after 20 s, and the client's SDK sends it again — a SendMessage then stores a second copy. A conformance
+# run once saw an event succeed twice that way. Without the store nothing waits on that actor.
 
 SQS_POM_DIR="$ROOT/scripts/broker.d/sqs"
 
@@ -38,10 +46,19 @@ sqs_start() {
   cp=$(maven_classpath sqs "$SQS_POM_DIR")
   java=$(java_bin)
   port=$(pick_port sqs $(recorded_port "$d/port") 9324 19324 29324)
-  [ -n "${RETRY_BROKERS_KEEP_DATA:-}" ] || rm -f "$d"/messages.*.db
-  sed -e "s/@PORT@/$port/g" -e "s|@DATA@|$d/messages|g" "$SQS_POM_DIR/elasticmq.conf.in" > "$d/elasticmq.conf"
+  # A restart keeps what the broker had, the store's choice with it; a start takes RETRY_BROKERS_DURABLE.
+  if [ -z "${RETRY_BROKERS_KEEP_DATA:-}" ]; then
+    rm -f "$d"/messages.*.db
+    if [ -n "${RETRY_BROKERS_DURABLE:-}" ]; then : > "$d/durable"; else rm -f "$d/durable"; fi
+  elif [ ! -f "$d/durable" ]; then
+    log "sqs: held its queues in memory: it comes back empty (scripts/brokers start --durable sqs keeps them)"
+  fi
+  local store=false
+  [ -f "$d/durable" ] && store=true
+  sed -e "s/@PORT@/$port/g" -e "s|@DATA@|$d/messages|g" -e "s/@STORE@/$store/g" \
+    "$SQS_POM_DIR/elasticmq.conf.in" > "$d/elasticmq.conf"
   printf '%s\n' "$port" > "$d/port"
-  log "sqs: starting ElasticMQ on 127.0.0.1:$port"
+  log "sqs: starting ElasticMQ on 127.0.0.1:$port ($([ "$store" = true ] && echo "durable: messages in H2" || echo "messages in memory"))"
   # ElasticMQ holds every message on its heap: 100,000 waiting retries with their attributes take about
   # 200 MB, and a heap near its ceiling spends its time collecting (RETRY_BROKERS_SQS_HEAP, default 1g).
   launch_detached sqs "$d" "$d/sqs.log" \
@@ -67,3 +84,6 @@ sqs_stop() {
   if [ -e "$pidfile" ] && ! cmdline_has "$pidfile" org.elasticmq.server.Main; then rm -f "$pidfile"; return 0; fi
   stop_pid sqs "$pidfile" 30
 }
+
+# sqs_durable — whether our ElasticMQ keeps its messages across a restart (started with --durable).
+sqs_durable() { [ -f "$STATE/sqs/durable" ]; }
