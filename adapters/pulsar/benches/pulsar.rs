@@ -2,8 +2,10 @@
 //!
 //! 1. happy-path throughput: the same topic drained on a Shared subscription by a raw consumer (receiver
 //!    queue P, up to P messages handled and acknowledged concurrently) and by the SDK's consumer
-//!    (concurrency P, same handler), three times each, alternating (the broker's JVM warms up and its
-//!    rate swings between rounds); the ratio compares the best run of each;
+//!    (concurrency P, same handler) and by the SDK's consumer with a batch handler (the same work per
+//!    event, batches of up to P), three times each, alternating (the broker's JVM warms up and its rate
+//!    swings between rounds); `ratio sdk/raw pulsar <payload>` and `ratio sdk/raw pulsar-batch
+//!    <payload>` compare them;
 //! 2. retry lateness: events fail once and retry after delays spread over 1–60 s through the retry topic;
 //!    lateness is the retry's start minus its due time (wall clock); an early retry fails the bench.
 //! 3. backlog: healthy-event latency and the consumer process's resident set, idle and while 1,000 and
@@ -116,21 +118,40 @@ async fn sdk_run(
     bench::sdk_round(&Broker::new(transport.clone()), topic, MESSAGES, PREFETCH).await
 }
 
+/// The same messages drained by the SDK with a batch handler (batches of up to `PREFETCH`).
+async fn sdk_batch_run(
+    client: &Pulsar<TokioExecutor>,
+    transport: &PulsarTransport,
+    topic: &str,
+) -> Result<Rate, Error> {
+    prefill(transport, client, topic, &format!("{topic}-consumers")).await?;
+    bench::sdk_batch_round(&Broker::new(transport.clone()), topic, MESSAGES, PREFETCH).await
+}
+
 async fn throughput(url: &str, transport: &PulsarTransport) -> Result<(), Error> {
     let client: Pulsar<TokioExecutor> = Pulsar::builder(url, TokioExecutor).build().await?;
-    let mut rounds = Throughput::default();
+    let (mut rounds, mut batch_rounds) = (Throughput::default(), Throughput::default());
     for _ in 0..3 {
         let id = uuid::Uuid::new_v4().simple();
         let raw = raw_run(&client, transport, &format!("bench-raw-{id}")).await?;
         let sdk = sdk_run(&client, transport, &format!("bench-sdk-{id}")).await?;
+        let batch = sdk_batch_run(&client, transport, &format!("bench-batch-{id}")).await?;
         rounds.round(
             raw,
             sdk,
             "raw pulsar",
             &format!("{MESSAGES} messages, receiver queue/concurrency {PREFETCH}"),
         );
+        batch_rounds.round(
+            raw,
+            batch,
+            "raw pulsar",
+            &format!("{MESSAGES} messages, receiver queue {PREFETCH}, a batch handler, batches of up to {PREFETCH}"),
+        );
     }
+    // The ratio lines come last.
     rounds.report("pulsar");
+    batch_rounds.report("pulsar-batch");
     Ok(())
 }
 
