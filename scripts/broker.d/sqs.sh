@@ -10,8 +10,9 @@
 # message object the queue's actor goes on changing, and now and then fails with "mutation occurred during
 # iteration" (ConcurrentModificationException in DBMessage.from). The queue's actor has already applied the
 # request, but waits in vain for the store's answer and never replies: the HTTP request is answered 503
-# after 20 s, and the client's SDK sends it again — a SendMessage then stores a second copy. A conformance
-# run once saw an event succeed twice that way. Without the store nothing waits on that actor.
+# after 20 s, and the client's SDK sends it again — a SendMessage then stores a second copy (the likely
+# cause of a conformance run that once saw an event succeed twice). Without the store nothing waits on
+# that actor.
 
 SQS_POM_DIR="$ROOT/scripts/broker.d/sqs"
 
