@@ -51,11 +51,11 @@ sqs_start() {
   if [ -z "${RETRY_BROKERS_KEEP_DATA:-}" ]; then
     rm -f "$d"/messages.*.db
     if [ -n "${RETRY_BROKERS_DURABLE:-}" ]; then : > "$d/durable"; else rm -f "$d/durable"; fi
-  elif [ ! -f "$d/durable" ]; then
+  elif ! sqs_durable; then
     log "sqs: held its queues in memory: it comes back empty (scripts/brokers start --durable sqs keeps them)"
   fi
   local store=false
-  [ -f "$d/durable" ] && store=true
+  if sqs_durable; then store=true; fi
   sed -e "s/@PORT@/$port/g" -e "s|@DATA@|$d/messages|g" -e "s/@STORE@/$store/g" \
     "$SQS_POM_DIR/elasticmq.conf.in" > "$d/elasticmq.conf"
   printf '%s\n' "$port" > "$d/port"

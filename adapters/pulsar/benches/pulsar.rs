@@ -109,23 +109,21 @@ async fn raw_run(
     Ok(clock.rate(MESSAGES))
 }
 
+/// The messages drained by the SDK with the same work per event: a per-event handler (concurrency
+/// `PREFETCH`), or with `batch` a batch handler (batches of up to `PREFETCH`).
 async fn sdk_run(
     client: &Pulsar<TokioExecutor>,
     transport: &PulsarTransport,
     topic: &str,
+    batch: bool,
 ) -> Result<Rate, Error> {
     prefill(transport, client, topic, &format!("{topic}-consumers")).await?;
-    bench::sdk_round(&Broker::new(transport.clone()), topic, MESSAGES, PREFETCH).await
-}
-
-/// The same messages drained by the SDK with a batch handler (batches of up to `PREFETCH`).
-async fn sdk_batch_run(
-    client: &Pulsar<TokioExecutor>,
-    transport: &PulsarTransport,
-    topic: &str,
-) -> Result<Rate, Error> {
-    prefill(transport, client, topic, &format!("{topic}-consumers")).await?;
-    bench::sdk_batch_round(&Broker::new(transport.clone()), topic, MESSAGES, PREFETCH).await
+    let broker = Broker::new(transport.clone());
+    if batch {
+        bench::sdk_batch_round(&broker, topic, MESSAGES, PREFETCH).await
+    } else {
+        bench::sdk_round(&broker, topic, MESSAGES, PREFETCH).await
+    }
 }
 
 async fn throughput(url: &str, transport: &PulsarTransport) -> Result<(), Error> {
@@ -134,8 +132,8 @@ async fn throughput(url: &str, transport: &PulsarTransport) -> Result<(), Error>
     for _ in 0..3 {
         let id = uuid::Uuid::new_v4().simple();
         let raw = raw_run(&client, transport, &format!("bench-raw-{id}")).await?;
-        let sdk = sdk_run(&client, transport, &format!("bench-sdk-{id}")).await?;
-        let batch = sdk_batch_run(&client, transport, &format!("bench-batch-{id}")).await?;
+        let sdk = sdk_run(&client, transport, &format!("bench-sdk-{id}"), false).await?;
+        let batch = sdk_run(&client, transport, &format!("bench-batch-{id}"), true).await?;
         rounds.round(
             raw,
             sdk,
