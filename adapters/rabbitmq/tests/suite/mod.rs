@@ -13,5 +13,7 @@ pub(crate) async fn connect(url: String, name: &'static str) -> Result<Fixture, 
         .map_err(|e| e.to_string())?;
     let fixture = Fixture::new(name, Broker::new(transport), Duration::from_millis(250));
     let node = event_retry_testkit::env::url("RETRY_TEST_AMQP_NODE");
-    Ok(raw_brokers::fixture::rabbitmq::equip(fixture, &url, node))
+    raw_brokers::fixture::rabbitmq::equip(fixture, &url, node)
+        .await
+        .map_err(|e| e.to_string())
 }
