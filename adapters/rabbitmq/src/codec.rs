@@ -27,19 +27,21 @@ use event_retry_core::metadata::{self, Packing};
 use lapin::BasicProperties;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 
-/// Headers RabbitMQ adds when it dead-letters; a copy must not carry them on (attempts are ours).
+/// Headers RabbitMQ adds when it dead-letters, and the delay ladder's time of the next hop; a copy must
+/// not carry them on (attempts are ours), and no handler sees them.
 fn is_broker_header(name: &str) -> bool {
-    matches!(
-        name,
-        "x-death"
-            | "x-first-death-exchange"
-            | "x-first-death-queue"
-            | "x-first-death-reason"
-            | "x-last-death-exchange"
-            | "x-last-death-queue"
-            | "x-last-death-reason"
-            | "x-delivery-count"
-    )
+    name == metadata::names::HOP_DUE
+        || matches!(
+            name,
+            "x-death"
+                | "x-first-death-exchange"
+                | "x-first-death-queue"
+                | "x-first-death-reason"
+                | "x-last-death-exchange"
+                | "x-last-death-queue"
+                | "x-last-death-reason"
+                | "x-delivery-count"
+        )
 }
 
 /// Headers the SDK writes anew on every message: its metadata, the layout, the key, a DLQ entry's id.

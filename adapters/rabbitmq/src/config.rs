@@ -1,9 +1,9 @@
 //! How the adapter lays out its queues: granularity and depth of the delay ladder, queue type, names.
 //!
 //! The defaults suit most services: delays exact to 100 ms up to 19 days, classic durable queues, topology
-//! declared on first use. Quorum queues (`queue_type=quorum`) move a copy between delay levels at least
-//! once; they are not the default yet (see the adapter README's Limits). Everything the broker stores is named from these settings, so two services with
-//! the same settings share one ladder and a service with different ones gets its own.
+//! declared on first use. Quorum queues (`queue_type=quorum`) replicate every queue over a cluster.
+//! Everything the broker stores is named from these settings, so two services with the same settings
+//! share one ladder and a service with different ones gets its own.
 
 use std::time::Duration;
 
@@ -15,14 +15,12 @@ pub use crate::security::RabbitSecurity;
 /// The queue type for every queue the adapter declares.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum QueueType {
-    /// Classic durable queues (the default): dead-lettering between delay levels is at most once, so a
-    /// broker crash can lose a retry copy on its way through the ladder.
+    /// Classic durable queues (the default): on one node; a broker crash redelivers what was
+    /// acknowledged since a queue's index was last written (duplicates, never losses).
     #[default]
     Classic,
-    /// Quorum queues: replicated; delay levels dead-letter at least once (`x-dead-letter-strategy`), the
-    /// ladder's exit keeps a copy whose work queue is gone in its `unroutable` queue instead of stalling,
-    /// and work queues carry an explicit `x-delivery-limit` whose overflow goes to the DLQ, never
-    /// dropped. After a broker crash the broker's dead-letter worker can hold copies for minutes.
+    /// Quorum queues: replicated over a cluster, acknowledgements journaled; work queues carry an
+    /// explicit `x-delivery-limit` whose overflow goes to the DLQ, never dropped.
     Quorum,
 }
 
@@ -41,8 +39,8 @@ impl QueueType {
 pub struct RabbitConfig {
     /// The ladder's step: every delay is rounded up to a multiple of it (never early). Default 100 ms.
     pub granularity: Duration,
-    /// How many binary delay levels (queues with TTL granularity × 2ᵏ, k < levels); the longest delay is
-    /// granularity × (2^levels − 1). Default 24 (19.4 days at 100 ms).
+    /// How many binary delay levels (queues where a copy waits granularity × 2ᵏ, k < levels); the longest
+    /// delay is granularity × (2^levels − 1). Default 24 (19.4 days at 100 ms).
     pub levels: u32,
     /// Queue type of the work queues, DLQs and delay levels. Default classic.
     pub queue_type: QueueType,
@@ -76,8 +74,10 @@ impl Default for RabbitConfig {
     }
 }
 
-/// RabbitMQ refuses a TTL above 2³² − 1 ms.
-const MAX_TTL_MS: u128 = u32::MAX as u128;
+/// The longest wait of one delay level, 2³² − 1 ms (49.7 days): RabbitMQ's limit for a TTL, which the
+/// ladder's levels had when the broker moved the copies, kept so that every setting valid then is valid
+/// now and none beyond it.
+const MAX_LEVEL_WAIT_MS: u128 = u32::MAX as u128;
 
 /// AMQP URI query parameters lapin itself reads; they pass through to the connection URL.
 pub(crate) const URI_PARAMETERS: [&str; 5] = [
@@ -158,11 +158,11 @@ impl RabbitConfig {
             ));
         }
         let top = g << (self.levels - 1);
-        if top > MAX_TTL_MS {
+        if top > MAX_LEVEL_WAIT_MS {
             return Err(Error::new(
                 Kind::Config,
                 format!(
-                    "the top delay level would need a TTL of {top} ms, above RabbitMQ's limit of {MAX_TTL_MS} ms: \
+                    "the top delay level would wait {top} ms, above the limit of {MAX_LEVEL_WAIT_MS} ms: \
                  lower levels or granularity"
                 ),
             ));
@@ -230,7 +230,7 @@ mod tests {
             ..RabbitConfig::default()
         };
         let err = too_deep.validate().err().map(|e| e.to_string());
-        assert!(err.is_some_and(|e| e.contains("RabbitMQ's limit")));
+        assert!(err.is_some_and(|e| e.contains("above the limit")));
         let fractional = RabbitConfig {
             granularity: Duration::from_micros(1_500),
             ..RabbitConfig::default()

@@ -2,11 +2,12 @@
 //!
 //! A topic is a fanout exchange of that name; each consumer group has a durable work queue bound to it
 //! (`<topic>:<group>`), whose consumers share its messages. A retry is a copy sent through a fixed ladder
-//! of delay levels — queues with a fixed TTL that dead-letter into the next level and finally into the
-//! group's retry queue (`<topic>:<group>:retries`), which its consumers read before the work queue (see
-//! the `topology` module's docs in the source) — so any delay up to the ladder's maximum is exact to its
-//! granularity, a due retry does not wait behind a backlog, and the original is acknowledged only after
-//! the broker confirmed the copy. Dead letters go to `<topic>.dlq` with their metadata as headers. A
+//! of delay levels — queues where a copy waits a fixed time, moved on by the consumer processes with
+//! publisher confirms (the `mover` module in the source), and finally into the group's retry queue
+//! (`<topic>:<group>:retries`), which its consumers read before the work queue (see the `topology`
+//! module's docs) — so any delay up to the ladder's maximum is exact to its granularity, a due retry
+//! does not wait behind a backlog, no broker crash loses a copy between levels, and the original is
+//! acknowledged only after the broker confirmed the copy. Dead letters go to `<topic>.dlq` with their metadata as headers. A
 //! blocking error cancels the consumers until the dependency heals. An ordered consumer (per-key order)
 //! consumes exclusively; another one stands by until it leaves.
 //!
@@ -24,6 +25,7 @@ pub mod config;
 mod dlq;
 mod error;
 mod link;
+mod mover;
 mod security;
 mod subscription;
 mod topology;
@@ -147,9 +149,11 @@ impl Transport for RabbitTransport {
     }
 
     /// Declares the group's queue before it returns, so the group receives every event published from
-    /// then on.
+    /// then on, and starts moving the delay ladder's due copies (see the adapter's docs) if this
+    /// transport does not yet.
     async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
         self.link.ensure_group(&spec.topic, &spec.group).await?;
+        self.link.start_movers();
         Ok(Box::new(RabbitSubscription::new(
             self.link.clone(),
             spec.clone(),

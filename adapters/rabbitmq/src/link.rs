@@ -27,6 +27,7 @@ use tokio::sync::Mutex;
 use crate::codec;
 use crate::config::RabbitConfig;
 use crate::error::{self as errors, amqp_error, connection_error};
+use crate::mover::Movers;
 use crate::topology::{self, Names};
 
 /// Publisher channels: as many publishes can be in flight at once.
@@ -53,6 +54,9 @@ pub(crate) struct Link {
     next_publisher: AtomicUsize,
     /// What this transport declared: the ladder (`("", None)`), topics (`(topic, None)`) and groups.
     declared: std::sync::Mutex<HashSet<(String, Option<String>)>>,
+    /// The tasks moving the delay ladder's due copies, once a consumer subscribed; stopped when the link
+    /// is closed or dropped.
+    movers: std::sync::Mutex<Option<Movers>>,
 }
 
 /// Checks, with passive declares, that `queues` exist (declaring is off).
@@ -99,6 +103,7 @@ impl Link {
             publishers: (0..PUBLISHERS).map(|_| Mutex::new(None)).collect(),
             next_publisher: AtomicUsize::new(0),
             declared: std::sync::Mutex::new(HashSet::new()),
+            movers: std::sync::Mutex::new(None),
         })
     }
 
@@ -370,8 +375,19 @@ impl Link {
         self.declared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Closes the connection (best effort).
+    /// Starts moving the delay ladder's due copies, once per link (a consumer's process moves them; a
+    /// process that only publishes does not).
+    pub(crate) fn start_movers(self: &Arc<Self>) {
+        let mut movers = self.movers.lock().unwrap_or_else(|p| p.into_inner());
+        if movers.is_none() {
+            *movers = Some(Movers::start(self));
+        }
+    }
+
+    /// Closes the connection (best effort), after stopping the ladder's movers: what they held goes
+    /// back to its level when the connection closes.
     pub(crate) async fn close(&self) {
+        drop(self.movers.lock().unwrap_or_else(|p| p.into_inner()).take());
         if let Some(conn) = self.connection.lock().await.take() {
             // Bounded: a node that lost a queue leader may never answer; the socket closes either way.
             if tokio::time::timeout(CLOSE_WITHIN, conn.close(200, "bye".into()))

@@ -14,24 +14,29 @@
 //! seconds, hours under an outage's). The work queue stays bound to the ladder's exit too, so copies sent
 //! there by an earlier version of the adapter still arrive.
 //!
-//! Level `k` is a topic exchange and a queue of the same name whose `x-message-ttl` is granularity × 2ᵏ.
-//! A delay of `u` granularity units travels with a routing key that spells `u` in binary, least
+//! Level `k` is a topic exchange and a durable queue of the same name where a copy waits granularity ×
+//! 2ᵏ. A delay of `u` granularity units travels with a routing key that spells `u` in binary, least
 //! significant bit first, then the destination queue: `1.0.1.<queue>` is 5 units. Level `k`'s exchange
-//! sends a key whose word `k` is `1` into its queue and a `0` straight on to level `k − 1`'s exchange; the
-//! queue dead-letters (keeping the key) into level `k − 1`'s exchange when its TTL expires; level 0 hands
-//! on to the `out` exchange, which routes by destination to the work queue. Every message in one level
-//! waits the same time, so a level's head is always the next due: nothing waits behind a message that is
-//! not due, no per-message TTL, delays exact to the granularity with `levels` queues. This is the scheme
-//! NServiceBus uses, with the routing key's bit order fixed so that levels never depend on the ladder's
-//! depth.
+//! sends a key whose word `k` is `1` into its queue and a `0` straight on to level `k − 1`'s exchange;
+//! level 0 hands on to the `out` exchange, which routes by destination to the group's retry queue (work
+//! queues stay bound too). Every copy in one level waits the same time, so a level's head is always the
+//! next due: nothing waits behind a copy that is not due, delays exact to the granularity with `levels`
+//! queues. This is the scheme NServiceBus uses, with the routing key's bit order fixed so that levels
+//! never depend on the ladder's depth.
 //!
-//! With quorum queues (`queue_type=quorum`) a level dead-letters at least once: the broker keeps a copy at the
-//! head of its level until the next hop has confirmed it, so a crash mid-hop loses nothing. The price is
-//! that a copy nothing can take would stay at the head for ever and hold up every copy behind it — which
-//! is what a copy whose work queue was deleted (a topic deleted while its retries wait) is at the exit.
-//! So a quorum ladder's `out` exchange has an alternate exchange: such a copy goes to the ladder's
-//! `unroutable` queue, kept for an operator, and the level moves on. A classic ladder dead-letters at most
-//! once and drops it instead (declared as before, since an exchange's arguments cannot change).
+//! The hops between levels are the SDK's, not the broker's (see the `mover` module): a level is a plain
+//! queue, and a consumer process takes a copy whose time at its level is up (`x-retry-hop-due`), sends it
+//! on to the next level's exchange with a publisher confirm and only then acknowledges it. RabbitMQ's own
+//! way — a TTL per level that dead-letters into the next — is at most once on classic queues (a broker
+//! crash mid-hop loses the copy) and, on quorum queues, goes through a dead-letter worker that after a
+//! crash or a node loss held copies for minutes; both were measured losing or holding copies (see the
+//! adapter README's Limits). The ladder's `out` exchange has an alternate exchange: a due copy whose
+//! retry queue no longer exists (its topic deleted while the copy waited) goes to the ladder's
+//! `unroutable` queue, kept for an operator, and the level moves on.
+//!
+//! Earlier versions declared a TTL ladder named `<prefix>.delay-<g>ms-<type>`; this one is
+//! `<prefix>.ladder-<g>ms-<type>`, so both live side by side and copies already in the old ladder still
+//! reach their queues through its own exit.
 
 use event_retry_core::error::{Error, Kind};
 use lapin::options::{
@@ -57,7 +62,7 @@ impl Names {
     pub(crate) fn new(config: &RabbitConfig) -> Self {
         Self {
             ladder: format!(
-                "{}.delay-{}ms-{}",
+                "{}.ladder-{}ms-{}",
                 config.prefix,
                 config.granularity.as_millis(),
                 config.queue_type.as_str()
@@ -75,6 +80,19 @@ impl Names {
     /// The exchange a delayed copy is published to: the top level.
     pub(crate) fn entry(&self) -> String {
         self.level(self.levels - 1)
+    }
+
+    /// The exchange a copy leaving level `k` is sent to: level `k − 1`'s, or the exit after level 0.
+    pub(crate) fn below(&self, k: u32) -> String {
+        match k.checked_sub(1) {
+            Some(next) => self.level(next),
+            None => self.out(),
+        }
+    }
+
+    /// How many levels the ladder has.
+    pub(crate) fn levels(&self) -> u32 {
+        self.levels
     }
 
     /// The exchange that routes a due copy to its work queue.
@@ -120,6 +138,18 @@ impl Names {
         }
         key.push_str(queue);
         key
+    }
+
+    /// The level a copy sent with `routing_key` waits in next, below level `below` (`levels` for a copy
+    /// entering the ladder): its highest `1` word under `below`, or `None` when it leaves the ladder.
+    pub(crate) fn next_level(&self, routing_key: &str, below: u32) -> Option<u32> {
+        let words: Vec<&str> = routing_key
+            .splitn(self.levels as usize + 1, '.')
+            .take(self.levels as usize)
+            .collect();
+        (0..below.min(words.len() as u32))
+            .rev()
+            .find(|&k| words[k as usize] == "1")
     }
 
     /// The binding of `queue` to the `out` exchange: any bits, then exactly the queue's name.
@@ -231,9 +261,6 @@ fn upgrade_hint(refusal: &str) -> &'static str {
     if refusal.contains("inequivalent arg 'x-queue-type'") {
         " (it exists with another queue type, and a queue's type never changes: set queue_type to the \
          type it has, or drain and delete it so that it is declared again)"
-    } else if refusal.contains("inequivalent arg 'alternate-exchange'") {
-        " (a quorum ladder declared by an earlier version has no alternate exchange on its exit: see \
-         \"Upgrading\" in the RabbitMQ adapter's README)"
     } else {
         ""
     }
@@ -258,17 +285,14 @@ pub(crate) async fn declare_ladder(
         ..ExchangeDeclareOptions::default()
     };
     let out = names.out();
+    let unroutable = names.unroutable();
+    declare_unroutable(channel, &unroutable, config.queue_type, ex_opts).await?;
     let mut out_args = FieldTable::default();
-    if config.queue_type == QueueType::Quorum {
-        let unroutable = names.unroutable();
-        declare_unroutable(channel, &unroutable, ex_opts).await?;
-        out_args.insert("alternate-exchange".into(), text(&unroutable));
-    }
+    out_args.insert("alternate-exchange".into(), text(&unroutable));
     channel
         .exchange_declare(out.as_str().into(), topic.clone(), ex_opts, out_args)
         .await
         .map_err(failed(format!("exchange {out}")))?;
-    let g = u64::try_from(config.granularity.as_millis()).unwrap_or(u64::MAX);
     for k in 0..config.levels {
         let level = names.level(k);
         let next = if k == 0 {
@@ -285,13 +309,8 @@ pub(crate) async fn declare_ladder(
             )
             .await
             .map_err(failed(format!("exchange {level}")))?;
-        let mut args = type_args(config.queue_type);
-        args.push(("x-message-ttl", AMQPValue::LongLongInt((g << k) as i64)));
-        args.push(("x-dead-letter-exchange", text(&next)));
-        if config.queue_type == QueueType::Quorum {
-            args.push(("x-dead-letter-strategy", text("at-least-once")));
-            args.push(("x-overflow", text("reject-publish")));
-        }
+        // No TTL and no dead-lettering: the SDK moves a copy on (the `mover` module).
+        let args = type_args(config.queue_type);
         channel
             .queue_declare(level.as_str().into(), durable(), table(&args))
             .await
@@ -321,10 +340,11 @@ pub(crate) async fn declare_ladder(
     Ok(())
 }
 
-/// Declares a quorum ladder's `unroutable` fanout exchange and the quorum queue bound to it.
+/// Declares the ladder's `unroutable` fanout exchange and the queue bound to it.
 async fn declare_unroutable(
     channel: &Channel,
     unroutable: &str,
+    queue_type: QueueType,
     ex_opts: ExchangeDeclareOptions,
 ) -> Result<(), Error> {
     channel
@@ -337,11 +357,7 @@ async fn declare_unroutable(
         .await
         .map_err(failed(format!("exchange {unroutable}")))?;
     channel
-        .queue_declare(
-            unroutable.into(),
-            durable(),
-            table(&type_args(QueueType::Quorum)),
-        )
+        .queue_declare(unroutable.into(), durable(), table(&type_args(queue_type)))
         .await
         .map_err(failed(format!("queue {unroutable}")))?;
     channel
@@ -479,9 +495,27 @@ mod tests {
         assert_eq!(n.routing_key(0, "a.b"), "0.0.0.0.a.b");
         assert_eq!(n.routing_key(15, "q"), "1.1.1.1.q");
         assert_eq!(n.out_binding("a.b"), "*.*.*.*.a.b");
-        assert_eq!(n.entry(), "event-retry.delay-100ms-classic.03");
-        assert_eq!(n.unroutable(), "event-retry.delay-100ms-classic.unroutable");
+        assert_eq!(n.entry(), "event-retry.ladder-100ms-classic.03");
+        assert_eq!(
+            n.unroutable(),
+            "event-retry.ladder-100ms-classic.unroutable"
+        );
+        assert_eq!(n.below(2), "event-retry.ladder-100ms-classic.01");
+        assert_eq!(n.below(0), "event-retry.ladder-100ms-classic.out");
         assert_eq!(n.dlq("orders"), "orders.dlq");
+    }
+
+    #[test]
+    fn a_copy_waits_next_in_its_highest_one_below_the_level_it_left() {
+        let n = names(4);
+        let key = n.routing_key(0b1011, "a.1.b");
+        assert_eq!(n.next_level(&key, n.levels()), Some(3));
+        assert_eq!(n.next_level(&key, 3), Some(1));
+        assert_eq!(n.next_level(&key, 1), Some(0));
+        assert_eq!(n.next_level(&key, 0), None);
+        // The destination's own words are never read as bits.
+        assert_eq!(n.next_level(&n.routing_key(0, "1.1"), 4), None);
+        assert_eq!(n.next_level("garbage", 4), None);
     }
 
     #[test]
@@ -489,9 +523,6 @@ mod tests {
         let queue = "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'orders:billing' \
                      in vhost '/': received the value 'quorum' of type 'longstr' but current is none";
         assert!(upgrade_hint(queue).contains("set queue_type"));
-        let exit = "PRECONDITION_FAILED - inequivalent arg 'alternate-exchange' for exchange \
-                    'event-retry.delay-100ms-quorum.out' in vhost '/'";
-        assert!(upgrade_hint(exit).contains("Upgrading"));
         assert_eq!(upgrade_hint("NOT_FOUND - no queue 'x'"), "");
     }
 

@@ -4,11 +4,10 @@
 //!   in the delay ladder loses none of them: durable queues and persistent messages keep them, the
 //!   consumer reconnects, and every retry runs once, no earlier than its delay;
 //! * under concurrent publishing, a return (unroutable copy) fails its own publish and no other;
-//! * with quorum queues (replicated work queue, DLQ and ladder, at-least-once dead-lettering) retries and
-//!   dead letters behave the same;
-//! * a topic deleted while its retries wait in the quorum ladder stalls no other topic's retries: its
-//!   copies, due at an exit that routes them nowhere, go to the ladder's `unroutable` queue (read with
-//!   lapin), and a live topic's retry behind them comes back on time;
+//! * with quorum queues (replicated work queue, DLQ and ladder) retries and dead letters behave the same;
+//! * a topic deleted while its retries wait in the ladder stalls no other topic's retries, with quorum
+//!   and with classic queues: its copies, due at an exit that routes them nowhere, go to the ladder's
+//!   `unroutable` queue (read with lapin), and a live topic's retry behind them comes back on time;
 //! * acknowledgements sent in batches (`basic.ack` with `multiple`) settle every delivery once, with
 //!   handlers finishing out of order, retries through the ladder, and deliveries requeued at a shutdown
 //!   cut in the middle: every event succeeds exactly once and the queue, read with lapin, ends empty;
@@ -45,7 +44,7 @@ const DELAY: Duration = Duration::from_secs(20);
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 9] = [
+    let tests: [(&str, Test); 10] = [
         (
             "a_batch_handler_gets_what_the_subscription_holds",
             a_batch_handler_gets_what_the_subscription_holds,
@@ -61,6 +60,10 @@ fn main() {
         (
             "a_deleted_topics_waiting_retries_stall_no_other_topic",
             a_deleted_topics_waiting_retries_stall_no_other_topic,
+        ),
+        (
+            "a_deleted_topics_waiting_retries_stall_no_other_topic_classic",
+            a_deleted_topics_waiting_retries_stall_no_other_topic_classic,
         ),
         (
             "a_connection_lost_in_a_dlq_outage_ends_the_hold",
@@ -332,8 +335,8 @@ fn quorum_queues_retry_and_dead_letter(url: String) -> Result<(), String> {
     })
 }
 
-/// Copies of the deleted topic: more than the 32 a quorum queue's dead-letter worker keeps in flight, so
-/// that without somewhere to go they would fill it and hold up its level.
+/// Copies of the deleted topic: without somewhere to go each would come back to the ladder's mover as a
+/// return and hold up its level.
 const ORPHANS: usize = 50;
 
 /// A ladder of its own (a fresh prefix, 6 levels): `ORPHANS` events of one topic fail and wait 2 s in
@@ -341,15 +344,26 @@ const ORPHANS: usize = 50;
 /// them. The live retry must run within 10 s of its first attempt, the `unroutable` queue must hold
 /// exactly the deleted topic's copies, and every delay level must end empty (each read with lapin).
 fn a_deleted_topics_waiting_retries_stall_no_other_topic(url: String) -> Result<(), String> {
+    deleted_topic_in_a_ladder_of_its_own(url, QueueType::Quorum)
+}
+
+/// The same with classic queues (the default).
+fn a_deleted_topics_waiting_retries_stall_no_other_topic_classic(
+    url: String,
+) -> Result<(), String> {
+    deleted_topic_in_a_ladder_of_its_own(url, QueueType::Classic)
+}
+
+fn deleted_topic_in_a_ladder_of_its_own(url: String, queue_type: QueueType) -> Result<(), String> {
     runtime()?.block_on(async move {
         let prefix = format!("stall-{}", uuid::Uuid::new_v4().simple());
         let config = RabbitConfig {
             prefix: prefix.clone(),
             levels: 6,
-            queue_type: QueueType::Quorum,
+            queue_type,
             ..RabbitConfig::default()
         };
-        let ladder = format!("{prefix}.delay-100ms-quorum");
+        let ladder = format!("{prefix}.ladder-100ms-{}", queue_type.as_str());
         let transport = RabbitTransport::connect_with(&url, config)
             .await
             .map_err(|e| e.to_string())?;

@@ -1,0 +1,274 @@
+//! The delay ladder's hops, made by the SDK: a copy moves from one level to the next with a publisher
+//! confirm, and leaves its level only once the next one holds it.
+//!
+//! Why not the broker's own TTL and dead-lettering: on classic queues dead-lettering is at most once — a
+//! broker crash while a copy moves between levels loses it (a crash run of 10,000 events lost 27 copies
+//! that way) — and on quorum queues it goes through a dead-letter worker that, after a crash or the loss
+//! of a node, held copies for minutes. Here a level is a plain durable queue and every consumer process
+//! of this transport moves what is due:
+//!
+//! * one consumer per level, with manual acks and a prefetch of [`PREFETCH`] copies;
+//! * a copy's time out of its level travels in its `x-retry-hop-due` header (milliseconds since the Unix
+//!   epoch, written when it entered the level); the mover waits until then, sends the copy to the next
+//!   level's exchange with the same routing key and its next due time — this one plus the wait of the
+//!   level it goes to, so the hops' own latency never adds up — waits for the broker's confirm, and only
+//!   then acknowledges it. A crash at any point leaves the copy in at least one queue: a copy can be
+//!   moved twice, never lost;
+//! * a level's copies all wait the same time, so they come in the order they fall due, and one due
+//!   later never holds up one due sooner.
+//!
+//! A due time the mover cannot trust — no header, a malformed one, or one further away than the level's
+//! whole wait (a clock ahead of this one) — counts from now: a copy is moved late rather than early.
+//! Copies wait in the ladder while no consumer process of any topic runs; they move on once one does.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use event_retry_core::error::{Error, Kind};
+use event_retry_core::metadata::names::HOP_DUE;
+use futures::TryStreamExt;
+use lapin::BasicProperties;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use tokio::task::AbortHandle;
+use tracing::{debug, warn};
+
+use crate::error::connection_error;
+use crate::link::Link;
+
+/// Copies each level's consumer holds at once (waiting for their time, or being sent on).
+pub(crate) const PREFETCH: u16 = 256;
+
+/// The first wait after a level's consumer ended with an error; it doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(200);
+
+/// The longest wait between two attempts to consume a level.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// A consumer that ran this long before it ended starts again after [`MIN_BACKOFF`].
+const HEALTHY_RUN: Duration = Duration::from_secs(30);
+
+/// The ladder's movers of one transport: one task per level, stopped when this is dropped.
+pub(crate) struct Movers {
+    tasks: Vec<AbortHandle>,
+}
+
+impl Movers {
+    /// Starts one mover per level of `link`'s ladder on the current runtime. The tasks hold the link
+    /// weakly: they end when it is gone.
+    pub(crate) fn start(link: &Arc<Link>) -> Self {
+        let tasks = (0..link.names.levels())
+            .map(|k| tokio::spawn(run(Arc::downgrade(link), k)).abort_handle())
+            .collect();
+        Self { tasks }
+    }
+}
+
+impl Drop for Movers {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Moves level `k`'s due copies for as long as the link lives, consuming again after any error.
+async fn run(link: Weak<Link>, k: u32) {
+    let mut backoff = MIN_BACKOFF;
+    loop {
+        let started = tokio::time::Instant::now();
+        match move_level(&link, k).await {
+            Ok(()) => return,
+            Err(e) => {
+                if started.elapsed() >= HEALTHY_RUN {
+                    backoff = MIN_BACKOFF;
+                }
+                warn!(level = k, error = %e, retry_in = ?backoff, "moving the delay ladder's copies stopped");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+}
+
+/// The link, or the end of the mover when the transport is gone.
+fn upgrade(link: &Weak<Link>) -> Option<Arc<Link>> {
+    link.upgrade()
+}
+
+/// Consumes level `k` and moves each copy when it is due. Returns `Ok` when the transport is gone, an
+/// error when the channel or a move failed (the broker gives what was not acknowledged to a consumer
+/// again).
+async fn move_level(link: &Weak<Link>, k: u32) -> Result<(), Error> {
+    let Some(strong) = upgrade(link) else {
+        return Ok(());
+    };
+    let queue = strong.names.level(k);
+    let channel = strong.channel().await?;
+    drop(strong);
+    channel
+        .basic_qos(PREFETCH, BasicQosOptions::default())
+        .await
+        .map_err(connection_error("set the prefetch of a delay level"))?;
+    let consumer = channel
+        .basic_consume(
+            queue.as_str().into(),
+            format!("event-retry-ladder-{k:02}").as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(connection_error("consume a delay level"))?;
+    debug!(level = k, %queue, "moving the delay ladder's copies");
+    let moved = consumer
+        .map_err(|e| connection_error("receive from a delay level")(e))
+        .try_for_each_concurrent(usize::from(PREFETCH), |delivery| async move {
+            match upgrade(link) {
+                Some(link) => move_copy(&link, k, delivery).await,
+                None => Err(gone()),
+            }
+        })
+        .await;
+    match moved {
+        Err(e) if e.kind() == Kind::Closed && upgrade(link).is_none() => Ok(()),
+        Err(e) => Err(e),
+        Ok(()) => Err(Error::new(
+            Kind::Connection,
+            format!("the broker ended the consumer of {queue}"),
+        )),
+    }
+}
+
+fn gone() -> Error {
+    Error::new(Kind::Closed, "the transport is gone")
+}
+
+/// Waits until `delivery`, a copy in level `k`, is due out of it, sends it on and acknowledges it.
+async fn move_copy(link: &Link, k: u32, delivery: Delivery) -> Result<(), Error> {
+    let wait = level_wait(link, k);
+    let due = due_out(&delivery.properties, wait, now_ms());
+    let now = now_ms();
+    if due > now {
+        tokio::time::sleep(Duration::from_millis(due - now)).await;
+    }
+    let key = delivery.routing_key.as_str();
+    let next_due = link
+        .names
+        .next_level(key, k)
+        .map(|next| due + level_wait(link, next));
+    let props = with_hop_due(delivery.properties.clone(), next_due);
+    link.publish(
+        &link.names.below(k),
+        key,
+        &delivery.data,
+        props,
+        "move a retry copy down the delay ladder",
+    )
+    .await?;
+    delivery
+        .acker
+        .ack(BasicAckOptions::default())
+        .await
+        .map(drop)
+        .map_err(connection_error("acknowledge a moved copy"))
+}
+
+/// How long a copy waits in level `k`, in milliseconds.
+pub(crate) fn level_wait(link: &Link, k: u32) -> u64 {
+    let g = u64::try_from(link.config.granularity.as_millis()).unwrap_or(u64::MAX);
+    g.saturating_mul(1 << k)
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// When a copy with `props` leaves a level whose wait is `wait` ms, seen at `now`: its header, unless
+/// there is none, it does not parse or it lies further away than the whole wait; then `now + wait`.
+fn due_out(props: &BasicProperties, wait: u64, now: u64) -> u64 {
+    let latest = now.saturating_add(wait);
+    hop_due(props)
+        .filter(|&due| due <= latest)
+        .unwrap_or(latest)
+}
+
+/// The `x-retry-hop-due` header of `props`, in milliseconds since the Unix epoch.
+fn hop_due(props: &BasicProperties) -> Option<u64> {
+    let value = props.headers().as_ref()?.inner().get(HOP_DUE)?;
+    match value {
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.parse().ok(),
+        AMQPValue::LongLongInt(n) => u64::try_from(*n).ok(),
+        AMQPValue::LongUInt(n) => Some(u64::from(*n)),
+        _ => None,
+    }
+}
+
+/// `props` with `x-retry-hop-due` set to `due` (milliseconds since the Unix epoch), or removed for a copy
+/// that leaves the ladder.
+pub(crate) fn with_hop_due(props: BasicProperties, due: Option<u64>) -> BasicProperties {
+    let mut table = FieldTable::default();
+    if let Some(headers) = props.headers() {
+        for (name, value) in headers.inner() {
+            if name.as_str() != HOP_DUE {
+                table.insert(name.clone(), value.clone());
+            }
+        }
+    }
+    if let Some(due) = due {
+        table.insert(
+            ShortString::from(HOP_DUE),
+            AMQPValue::LongString(LongString::from(due.to_string())),
+        );
+    }
+    props.with_headers(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn due_at(due: Option<u64>) -> BasicProperties {
+        with_hop_due(BasicProperties::default(), due)
+    }
+
+    #[test]
+    fn a_copy_leaves_its_level_at_its_header_time() {
+        assert_eq!(due_out(&due_at(Some(1_500)), 800, 1_000), 1_500);
+        // Already past: at once.
+        assert_eq!(due_out(&due_at(Some(900)), 800, 1_000), 900);
+        assert_eq!(hop_due(&due_at(Some(42))), Some(42));
+    }
+
+    #[test]
+    fn a_time_it_cannot_trust_counts_a_whole_wait_from_now() {
+        // No header: never early.
+        assert_eq!(due_out(&BasicProperties::default(), 800, 1_000), 1_800);
+        // Further away than the level's wait: a clock ahead of this one.
+        assert_eq!(due_out(&due_at(Some(5_000)), 800, 1_000), 1_800);
+        let mut table = FieldTable::default();
+        table.insert(
+            ShortString::from(HOP_DUE),
+            AMQPValue::LongString(LongString::from("soon")),
+        );
+        let malformed = BasicProperties::default().with_headers(table);
+        assert_eq!(due_out(&malformed, 800, 1_000), 1_800);
+    }
+
+    #[test]
+    fn leaving_the_ladder_removes_the_header_and_keeps_the_others() {
+        let mut table = FieldTable::default();
+        table.insert(
+            ShortString::from("app"),
+            AMQPValue::LongString(LongString::from("kept")),
+        );
+        let props = with_hop_due(BasicProperties::default().with_headers(table), Some(7));
+        let out = with_hop_due(props, None);
+        let headers = out.headers().clone().unwrap_or_default();
+        assert!(headers.inner().get(HOP_DUE).is_none());
+        assert!(headers.inner().get("app").is_some());
+    }
+}
