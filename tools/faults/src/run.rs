@@ -638,7 +638,9 @@ impl Run<'_> {
                 signal(target::broker_pid(name, None).await?, "KILL").await?;
                 match in_transit {
                     Ok(Some(copies)) => self.notes.push(format!(
-                        "{copies} retry copies in the delay ladder at the kill (raw client)"
+                        "{} retry copies in the delay ladder at the kill, {} of them held by the \
+                         consumer process moving them (rabbitmqctl)",
+                        copies.all, copies.held
                     )),
                     Ok(None) => {}
                     Err(e) => self

@@ -105,9 +105,13 @@ impl Target {
                 Box::new(RawKafka::new(&url)),
                 vec![("replication_factor".into(), "3".into())],
             ),
-            BrokerName::Rabbitmq | BrokerName::RabbitmqCluster => {
-                (Box::new(RawRabbit::new(&url)), vec![])
-            }
+            BrokerName::Rabbitmq => (Box::new(RawRabbit::new(&url)), vec![]),
+            // A classic queue lives on one node, so killing its node is no cluster fault: quorum queues
+            // (replicated) unless `--option queue_type=…` says otherwise (a later option wins).
+            BrokerName::RabbitmqCluster => (
+                Box::new(RawRabbit::new(&url)),
+                vec![("queue_type".into(), "quorum".into())],
+            ),
             BrokerName::Sqs => (Box::new(RawSqs::new(&url)), vec![]),
             BrokerName::Pulsar => {
                 let admin = variable("RETRY_TEST_PULSAR_ADMIN")?;
@@ -133,16 +137,17 @@ impl Target {
             .fold(event_retry::Options::new(), |o, (k, v)| o.set(k, v))
     }
 
-    /// RabbitMQ: the retry copies waiting in the delay ladder now, summed over its levels with the raw
-    /// client (the ladder of the queue type and prefix the options choose, granularity and depth the
-    /// defaults); other brokers: `None`.
-    pub(crate) async fn copies_in_transit(&self) -> Result<Option<u64>, BoxError> {
-        if !matches!(
-            self.name,
-            BrokerName::Rabbitmq | BrokerName::RabbitmqCluster
-        ) {
-            return Ok(None);
-        }
+    /// RabbitMQ: the retry copies in the delay ladder now, summed over its levels with `rabbitmqctl
+    /// list_queues` (AMQP itself tells only the messages ready) — all of them, and those a consumer
+    /// process holds unacknowledged, waiting for their time or being moved on; the ladder of the queue
+    /// type and prefix the options choose, granularity and depth the defaults. Other brokers: `None`.
+    pub(crate) async fn copies_in_transit(&self) -> Result<Option<LadderCopies>, BoxError> {
+        let node = match self.name {
+            BrokerName::Rabbitmq => variable("RETRY_TEST_AMQP_NODE")?,
+            // The consumer and the harness use node 2; a quorum queue's counts are the same on each.
+            BrokerName::RabbitmqCluster => "eventretry-c2@localhost".to_string(),
+            _ => return Ok(None),
+        };
         let option = |key: &str, default: &'static str| {
             self.options
                 .iter()
@@ -154,11 +159,16 @@ impl Target {
             option("queue_type", "classic"),
             option("prefix", "event-retry"),
         );
-        let levels: Vec<String> = (0..24)
-            .map(|level| format!("{prefix}.delay-100ms-{queue_type}.{level:02}"))
-            .collect();
-        let levels: Vec<&str> = levels.iter().map(String::as_str).collect();
-        Ok(Some(RawRabbit::new(&self.url).total_depth(&levels).await?))
+        let counts = rabbitmq_queue_messages(&node).await?;
+        let mut copies = LadderCopies::default();
+        for level in 0..24 {
+            let name = format!("{prefix}.ladder-100ms-{queue_type}.{level:02}");
+            if let Some(&(all, held)) = counts.get(&name) {
+                copies.all += all;
+                copies.held += held;
+            }
+        }
+        Ok(Some(copies))
     }
 
     /// The TCP port of the URL's first host (what a consumer in another network namespace needs
@@ -227,6 +237,46 @@ pub(crate) async fn rabbitmq_cluster_leader(queue: &str, ask: u32) -> Result<u32
         .and_then(|rest| rest.strip_suffix("@localhost"))
         .and_then(|n| n.parse().ok())
         .ok_or_else(|| format!("{queue}'s leader {leader} is not a node of ours").into())
+}
+
+/// The retry copies in a RabbitMQ delay ladder at one moment.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LadderCopies {
+    /// Every copy in the levels, ready or held.
+    pub(crate) all: u64,
+    /// Those a consumer process holds unacknowledged: waiting for their time or being moved on.
+    pub(crate) held: u64,
+}
+
+/// Every queue's messages (ready and unacknowledged) and its unacknowledged ones, on RabbitMQ node
+/// `node` (`rabbitmqctl list_queues name messages messages_unacknowledged`).
+async fn rabbitmq_queue_messages(
+    node: &str,
+) -> Result<std::collections::HashMap<String, (u64, u64)>, BoxError> {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args(["-q", "-n", node])
+        .args(["list_queues", "name", "messages", "messages_unacknowledged"])
+        .args(["--formatter", "json"])
+        .output()
+        .await?;
+    if !out.status.success() {
+        return Err(format!(
+            "rabbitmqctl list_queues: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    let queues: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)?;
+    Ok(queues
+        .iter()
+        .filter_map(|q| {
+            let counts = (
+                q["messages"].as_u64()?,
+                q["messages_unacknowledged"].as_u64()?,
+            );
+            Some((q["name"].as_str()?.to_string(), counts))
+        })
+        .collect())
 }
 
 /// Starts the broker again on its data and ports (`scripts/brokers restart NAME`), after a kill.
