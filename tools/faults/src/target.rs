@@ -214,19 +214,8 @@ pub(crate) async fn broker_pid(name: BrokerName, node: Option<u32>) -> Result<u3
 /// The node (1, 2 or 3) of the RabbitMQ cluster leading quorum queue `queue`, asked of node `ask` with
 /// `rabbitmqctl list_queues name leader`.
 pub(crate) async fn rabbitmq_cluster_leader(queue: &str, ask: u32) -> Result<u32, BoxError> {
-    let out = tokio::process::Command::new("rabbitmqctl")
-        .args(["-q", "-n", &format!("eventretry-c{ask}@localhost")])
-        .args(["list_queues", "name", "leader", "--formatter", "json"])
-        .output()
-        .await?;
-    if !out.status.success() {
-        return Err(format!(
-            "rabbitmqctl list_queues: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )
-        .into());
-    }
-    let queues: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)?;
+    let node = format!("eventretry-c{ask}@localhost");
+    let queues = rabbitmq_list_queues(&node, &["name", "leader"]).await?;
     let leader = queues
         .iter()
         .find(|q| q["name"] == queue)
@@ -253,20 +242,8 @@ pub(crate) struct LadderCopies {
 async fn rabbitmq_queue_messages(
     node: &str,
 ) -> Result<std::collections::HashMap<String, (u64, u64)>, BoxError> {
-    let out = tokio::process::Command::new("rabbitmqctl")
-        .args(["-q", "-n", node])
-        .args(["list_queues", "name", "messages", "messages_unacknowledged"])
-        .args(["--formatter", "json"])
-        .output()
-        .await?;
-    if !out.status.success() {
-        return Err(format!(
-            "rabbitmqctl list_queues: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )
-        .into());
-    }
-    let queues: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout)?;
+    let columns = ["name", "messages", "messages_unacknowledged"];
+    let queues = rabbitmq_list_queues(node, &columns).await?;
     Ok(queues
         .iter()
         .filter_map(|q| {
@@ -277,6 +254,27 @@ async fn rabbitmq_queue_messages(
             Some((q["name"].as_str()?.to_string(), counts))
         })
         .collect())
+}
+
+/// `rabbitmqctl list_queues` with `columns` on RabbitMQ node `node`: one JSON object per queue.
+async fn rabbitmq_list_queues(
+    node: &str,
+    columns: &[&str],
+) -> Result<Vec<serde_json::Value>, BoxError> {
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args(["-q", "-n", node, "list_queues"])
+        .args(columns)
+        .args(["--formatter", "json"])
+        .output()
+        .await?;
+    if !out.status.success() {
+        return Err(format!(
+            "rabbitmqctl list_queues: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+        .into());
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// Starts the broker again on its data and ports (`scripts/brokers restart NAME`), after a kill.
