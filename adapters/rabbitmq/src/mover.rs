@@ -92,16 +92,11 @@ async fn run(link: Weak<Link>, k: u32) {
     }
 }
 
-/// The link, or the end of the mover when the transport is gone.
-fn upgrade(link: &Weak<Link>) -> Option<Arc<Link>> {
-    link.upgrade()
-}
-
 /// Consumes level `k` and moves each copy when it is due. Returns `Ok` when the transport is gone, an
 /// error when the channel or a move failed (the broker gives what was not acknowledged to a consumer
 /// again).
 async fn move_level(link: &Weak<Link>, k: u32) -> Result<(), Error> {
-    let Some(strong) = upgrade(link) else {
+    let Some(strong) = link.upgrade() else {
         return Ok(());
     };
     let queue = strong.names.level(k);
@@ -123,15 +118,12 @@ async fn move_level(link: &Weak<Link>, k: u32) -> Result<(), Error> {
     debug!(level = k, %queue, "moving the delay ladder's copies");
     let moved = consumer
         .map_err(|e| connection_error("receive from a delay level")(e))
-        .try_for_each_concurrent(usize::from(PREFETCH), |delivery| async move {
-            match upgrade(link) {
-                Some(link) => move_copy(&link, k, delivery).await,
-                None => Err(gone()),
-            }
+        .try_for_each_concurrent(usize::from(PREFETCH), |delivery| {
+            move_copy(link, k, delivery)
         })
         .await;
     match moved {
-        Err(e) if e.kind() == Kind::Closed && upgrade(link).is_none() => Ok(()),
+        Err(e) if e.kind() == Kind::Closed && link.upgrade().is_none() => Ok(()),
         Err(e) => Err(e),
         Ok(()) => Err(Error::new(
             Kind::Connection,
@@ -144,19 +136,21 @@ fn gone() -> Error {
     Error::new(Kind::Closed, "the transport is gone")
 }
 
-/// Waits until `delivery`, a copy in level `k`, is due out of it, sends it on and acknowledges it.
-async fn move_copy(link: &Link, k: u32, delivery: Delivery) -> Result<(), Error> {
-    let wait = level_wait(link, k);
-    let due = due_out(&delivery.properties, wait, now_ms());
+/// Waits until `delivery`, a copy in level `k`, is due out of it, sends it on and acknowledges it. The
+/// link is held only to read the settings and to publish, never while waiting, so a transport dropped
+/// meanwhile is dropped (and its movers stopped).
+async fn move_copy(link: &Weak<Link>, k: u32, delivery: Delivery) -> Result<(), Error> {
+    let key = delivery.routing_key.as_str();
     let now = now_ms();
+    let (due, next_due) = {
+        let link = link.upgrade().ok_or_else(gone)?;
+        let due = due_out(&delivery.properties, level_wait(&link, k), now);
+        (due, next_due(&link, key, k, due))
+    };
     if due > now {
         tokio::time::sleep(Duration::from_millis(due - now)).await;
     }
-    let key = delivery.routing_key.as_str();
-    let next_due = link
-        .names
-        .next_level(key, k)
-        .map(|next| due + level_wait(link, next));
+    let link = link.upgrade().ok_or_else(gone)?;
     let props = with_hop_due(delivery.properties.clone(), next_due);
     link.publish(
         &link.names.below(k),
@@ -174,8 +168,16 @@ async fn move_copy(link: &Link, k: u32, delivery: Delivery) -> Result<(), Error>
         .map_err(connection_error("acknowledge a moved copy"))
 }
 
+/// When a copy sent with `routing_key` out of level `below` (`levels` for one entering the ladder) at
+/// `from` (ms since the Unix epoch) leaves the next level it waits in; `None` when it leaves the ladder.
+pub(crate) fn next_due(link: &Link, routing_key: &str, below: u32, from: u64) -> Option<u64> {
+    link.names
+        .next_level(routing_key, below)
+        .map(|next| from.saturating_add(level_wait(link, next)))
+}
+
 /// How long a copy waits in level `k`, in milliseconds.
-pub(crate) fn level_wait(link: &Link, k: u32) -> u64 {
+fn level_wait(link: &Link, k: u32) -> u64 {
     let g = u64::try_from(link.config.granularity.as_millis()).unwrap_or(u64::MAX);
     g.saturating_mul(1 << k)
 }

@@ -562,9 +562,7 @@ impl RabbitReceipt {
         let names = &self.link.names;
         let key = names.routing_key(units as u64, &self.retry_queue);
         // The time the copy leaves the first level it waits in; the ladder's movers take it from there.
-        let due = names
-            .next_level(&key, names.levels())
-            .map(|k| crate::mover::now_ms() + crate::mover::level_wait(&self.link, k));
+        let due = crate::mover::next_due(&self.link, &key, names.levels(), crate::mover::now_ms());
         let props = crate::mover::with_hop_due(props, due);
         self.link
             .publish(&names.entry(), &key, body, props, operation)
