@@ -8,6 +8,10 @@
 //! generation). Both land, or neither; every consumer reads `read_committed`, so a copy of an aborted
 //! transaction is never seen.
 //!
+//! A copy whose offset cannot be committed within a second (a record before it is still unsettled, and
+//! may be waiting for this copy's settle) goes in a transaction without the offset: see the worker's
+//! `STRANDED_AFTER`.
+//!
 //! Each consumer thread owns one transactional producer with a transactional id of its own. The open
 //! transaction of a process that crashed is aborted by the coordinator after `transaction.timeout.ms`
 //! ([`TRANSACTION_TIMEOUT_MS`] unless set); until then `read_committed` readers of the partitions it
@@ -179,16 +183,20 @@ impl Transactional {
                 copies: failures,
             });
         }
-        producer
-            .send_offsets_to_transaction(offsets, group, CALL_TIMEOUT)
-            .map_err(|e| {
-                self.abort(
-                    producer,
-                    e,
-                    "add the offsets to the transaction",
-                    copies.len(),
-                )
-            })?;
+        // No offsets: the copies of records an unsettled record holds back (see the worker's
+        // `STRANDED_AFTER`), committed before their offsets.
+        if offsets.count() > 0 {
+            producer
+                .send_offsets_to_transaction(offsets, group, CALL_TIMEOUT)
+                .map_err(|e| {
+                    self.abort(
+                        producer,
+                        e,
+                        "add the offsets to the transaction",
+                        copies.len(),
+                    )
+                })?;
+        }
         // A process that dies here has produced its copies and not committed them.
         fail::fail_point!("kafka-before-commit-transaction", |_| std::process::abort());
         // A commit that fails is aborted, also one that timed out and might still land: resuming it

@@ -15,7 +15,8 @@
 //! Receipts report settled offsets into the shared state (no wake-up per settle); the thread commits each partition's
 //! contiguous settled prefix (see [`crate::offsets`]). With transactional hops a retry or DLQ copy is
 //! handed to the thread with its settle, and a commit that passes a record with a copy is one
-//! transaction carrying both (see [`crate::txn`]); the receipt returns once it is committed. Losing partitions in a rebalance, it first waits
+//! transaction carrying both (see [`crate::txn`]); the receipt returns once it is committed. A copy
+//! whose offset a commit cannot reach within [`STRANDED_AFTER`] is committed without it. Losing partitions in a rebalance, it first waits
 //! (up to `revoke_grace`) for the work in flight on them, commits it, and forgets them, so a settle that
 //! comes later never commits for a partition this member no longer owns.
 
@@ -52,6 +53,13 @@ const TRANSACTION_TRIES: u32 = 3;
 
 /// How long commits carrying copies wait after a transaction failed before the next try.
 const TRANSACTION_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How long a copy waits for a commit that passes its record before it goes in a transaction without
+/// that offset. An earlier record of the partition can stay unsettled until this copy's settle returns
+/// — the runtime holding consumption for an unwritable DLQ hands out the records it gave back only
+/// once the DLQ copy is accepted — so waiting for the offset without bound can wait forever. Such a
+/// copy is committed alone; a crash before its offset follows copies the record again (never loses it).
+const STRANDED_AFTER: Duration = Duration::from_secs(1);
 
 /// The most records handed to the subscription at once.
 const HANDOUT_BATCH: usize = 256;
@@ -116,6 +124,8 @@ struct PendingCopy {
     tp: Tp,
     offset: i64,
     epoch: u64,
+    /// When the receipt handed it over.
+    since: Instant,
     copy: Copy,
     done: tokio::sync::oneshot::Sender<Result<(), Error>>,
 }
@@ -216,6 +226,7 @@ impl Worker {
                 tp: tp.clone(),
                 offset,
                 epoch,
+                since: Instant::now(),
                 copy,
                 done,
             });
@@ -374,7 +385,7 @@ impl Worker {
         mode: CommitMode,
     ) {
         if let Some(hops) = &self.hops {
-            let copies = self.copies_below(&commits);
+            let copies = self.copies_due(&commits);
             if !copies.is_empty() {
                 // The partitions with copies commit in the transaction; the others go on plainly,
                 // whatever becomes of it.
@@ -400,18 +411,20 @@ impl Worker {
         }
     }
 
-    /// Takes the copies waiting of the records `commits` pass.
-    fn copies_below(&self, commits: &[(Tp, i64)]) -> Vec<PendingCopy> {
+    /// Takes the copies waiting of the records `commits` pass, and those stranded: waiting longer than
+    /// [`STRANDED_AFTER`] for a commit that passes their record.
+    fn copies_due(&self, commits: &[(Tp, i64)]) -> Vec<PendingCopy> {
         let mut state = self.lock();
-        let (below, rest): (Vec<PendingCopy>, Vec<PendingCopy>) = std::mem::take(&mut state.copies)
+        let (due, rest): (Vec<PendingCopy>, Vec<PendingCopy>) = std::mem::take(&mut state.copies)
             .into_iter()
             .partition(|c| {
-                commits
-                    .iter()
-                    .any(|(tp, point)| *tp == c.tp && c.offset < *point)
+                c.since.elapsed() >= STRANDED_AFTER
+                    || commits
+                        .iter()
+                        .any(|(tp, point)| *tp == c.tp && c.offset < *point)
             });
         state.copies = rest;
-        below
+        due
     }
 
     /// Commits `commits` with `copies` in one transaction and answers each copy's receipt; after a
@@ -454,8 +467,16 @@ impl Worker {
                     None => again = copies,
                     Some(aborted) => {
                         warn!(error = %aborted.error, "a transaction of copies and offsets failed");
-                        state.transaction_retry_at = Some(Instant::now() + TRANSACTION_BACKOFF);
-                        state.transaction_failures += 1;
+                        // A copy the broker refused (answered below, without it the transaction can
+                        // commit) is not the transaction's failure: the others go again at once and
+                        // count no failure, so one refused copy (a DLQ that takes no more) does not
+                        // fail the retry copies beside it.
+                        let refused_copy =
+                            aborted.copies.iter().flatten().any(|e| !e.is_temporary());
+                        if !refused_copy {
+                            state.transaction_retry_at = Some(Instant::now() + TRANSACTION_BACKOFF);
+                            state.transaction_failures += 1;
+                        }
                         // Transactions that keep failing (the broker unreachable, transactions
                         // refused) answer their copies with the error, as a send that fails would:
                         // the runtime then holds, releases or tries again, and the failure shows.

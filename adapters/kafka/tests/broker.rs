@@ -6,6 +6,9 @@
 //!   exactly one copy of each on the retry topic with transactional hops (read with rdkafka,
 //!   `read_committed`), and two of the copies it made without them (the crash point is a `fail`
 //!   failpoint, `kafka-before-commit-transaction` / `kafka-before-commit`);
+//! * with transactional hops, a DLQ copy settled while an earlier record of its partition is still
+//!   unsettled is committed within seconds (the runtime holding for a DLQ outage waits for it before
+//!   it hands that record out again), and the offsets are not committed past the unsettled record;
 //! * DLQ replay progress is a committed offset: a replayed or purged entry is not seen again, also by a
 //!   new connection, and an entry left alone stays;
 //! * a policy with a delay beyond the ladder's maximum is refused when the consumer is built;
@@ -79,7 +82,11 @@ fn main() {
     // by side passed. The transactional test once found two copies in a full workspace run; that cause
     // is not found, so the tests stay serial by default.
     args.test_threads = args.test_threads.or(Some(1));
-    let tests: [(&str, Test); 10] = [
+    let tests: [(&str, Test); 11] = [
+        (
+            "transactional_copy_waits_for_no_earlier_unsettled_record",
+            transactional_copy_waits_for_no_earlier_unsettled_record,
+        ),
         (
             "a_batch_handler_gets_what_the_subscription_holds",
             a_batch_handler_gets_what_the_subscription_holds,
@@ -1307,5 +1314,95 @@ fn a_batch_handler_gets_what_the_subscription_holds(url: String) -> Result<(), S
         let transport = connect(&url).await?;
         let topic = format!("batch-{}", uuid::Uuid::new_v4().simple());
         test_support::batch::batches_take_what_is_at_hand(&Broker::new(transport), &topic).await
+    })
+}
+
+/// With transactional hops, a copy is committed with the offset that passes its record — but a record
+/// before it in the partition may stay unsettled until the copy's settle returns: the runtime holding
+/// consumption for a DLQ outage waits for the DLQ copy before it hands out the records it gave back (a
+/// fault run lost thousands of events that way when a transaction failed and released them). Here
+/// record A stays unsettled while B is dead-lettered: B's settle must return within 10 s, its copy be on
+/// the DLQ once (`read_committed`), and the group's offset stay at A; once A is acknowledged the offset
+/// passes both and the DLQ still holds one copy of B.
+fn transactional_copy_waits_for_no_earlier_unsettled_record(url: String) -> Result<(), String> {
+    use event_retry_core::adapter::SubscriptionSpec;
+    let config = transactional_config(true);
+    let bootstrap = event_retry_kafka::bootstrap_of(&url).map_err(|e| e.to_string())?;
+    runtime()?.block_on(async move {
+        let transport = KafkaTransport::connect_with(&url, config.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("unsettled-{}", uuid::Uuid::new_v4().simple());
+        let group = format!("{topic}-group");
+        // One key: both records in one partition, A before B.
+        for id in ["A", "B"] {
+            transport
+                .publish(&topic, &Event::new(id).with_key("one").with_id(id))
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let spec = SubscriptionSpec::new(&topic, &group, "unsettled-test").with_max_in_flight(8);
+        let mut subscription = transport
+            .subscribe(&spec)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut deliveries = HashMap::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while deliveries.len() < 2 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let delivery = tokio::time::timeout(left, subscription.next())
+                .await
+                .map_err(|_| format!("A and B not delivered in 60 s: {:?}", deliveries.keys()))?
+                .map_err(|e| e.to_string())?
+                .ok_or("the subscription ended")?;
+            let event = Event::from_raw(delivery.message.clone()).map_err(|e| e.to_string())?;
+            let id = event.id().unwrap_or_default().to_string();
+            deliveries.insert(id, (delivery, event));
+        }
+        let (mut a, _) = deliveries.remove("A").ok_or("A not delivered")?;
+        let (mut b, b_event) = deliveries.remove("B").ok_or("B not delivered")?;
+        let settled =
+            tokio::time::timeout(Duration::from_secs(10), b.receipt.dead_letter(&b_event))
+                .await
+                .map_err(|_| {
+                    "B's dead-letter did not return in 10 s while A, before it, is unsettled"
+                        .to_string()
+                })?;
+        settled.map_err(|e| format!("B's dead-letter failed: {e}"))?;
+        let dlq = config.dlq_topic(&topic);
+        let on_dlq = records_per_id(
+            &bootstrap,
+            std::slice::from_ref(&dlq),
+            Duration::from_secs(3),
+        )?;
+        if on_dlq.get("B") != Some(&1) || on_dlq.len() != 1 {
+            return Err(format!("the DLQ holds {on_dlq:?}, want one copy of B"));
+        }
+        let report = committed_report(&bootstrap, &group, &topic)?;
+        if report.contains("committed Offset(2)") {
+            return Err(format!("the offset passed A, which is unsettled: {report}"));
+        }
+        a.receipt.ack().await.map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let report = committed_report(&bootstrap, &group, &topic)?;
+            if report.contains("committed Offset(2)") {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "A acknowledged, the offset did not pass B in 30 s: {report}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        subscription.close().await.map_err(|e| e.to_string())?;
+        let on_dlq = records_per_id(&bootstrap, &[dlq], Duration::from_secs(3))?;
+        if on_dlq.get("B") != Some(&1) || on_dlq.len() != 1 {
+            return Err(format!(
+                "after the commit the DLQ holds {on_dlq:?}, want one copy of B"
+            ));
+        }
+        Ok(())
     })
 }
