@@ -15,6 +15,9 @@
 //!   with it, so the broker gives the event again; once the DLQ is back the event lands there once and
 //!   consumption goes on (before, the held dead letter was retried on the dead channel for ever).
 //!
+//! * a transport dropped without `close` stops moving its delay ladder: each level of its own ladder has
+//!   one consumer while it lives and none once it is dropped (read with `rabbitmqctl list_queues`);
+//!
 //! * a due retry runs while a backlog of healthy events waits in the work queue (it comes back to the
 //!   group's retry queue, read first), with classic and with quorum queues;
 //!
@@ -44,7 +47,11 @@ const DELAY: Duration = Duration::from_secs(20);
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 10] = [
+    let tests: [(&str, Test); 11] = [
+        (
+            "a_dropped_transport_stops_moving_its_ladder",
+            a_dropped_transport_stops_moving_its_ladder,
+        ),
         (
             "a_batch_handler_gets_what_the_subscription_holds",
             a_batch_handler_gets_what_the_subscription_holds,
@@ -827,5 +834,99 @@ fn a_batch_handler_gets_what_the_subscription_holds(url: String) -> Result<(), S
             .map_err(|e| e.to_string())?;
         let topic = format!("batch-{}", uuid::Uuid::new_v4().simple());
         test_support::batch::batches_take_what_is_at_hand(&Broker::new(transport), &topic).await
+    })
+}
+
+/// How many consumers each of `queues` has, read with `rabbitmqctl list_queues` on the node
+/// `RETRY_TEST_AMQP_NODE` names (a queue that does not exist is missing from the answer).
+async fn consumers_of(queues: &[String]) -> Result<HashMap<String, u64>, String> {
+    let node = test_support::broker::url("RETRY_TEST_AMQP_NODE")
+        .ok_or("RETRY_TEST_AMQP_NODE is not set (scripts/brokers writes it)")?;
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args(["-q", "-n", &node, "list_queues", "name", "consumers"])
+        .arg("--no-table-headers")
+        .output()
+        .await
+        .map_err(|e| format!("run rabbitmqctl: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "rabbitmqctl list_queues: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let mut counts = HashMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let mut fields = line.split_whitespace();
+        if let (Some(name), Some(n)) = (fields.next(), fields.next())
+            && queues.iter().any(|q| q == name)
+        {
+            let n = n
+                .parse()
+                .map_err(|e| format!("consumers of {name}: '{n}': {e}"))?;
+            counts.insert(name.to_string(), n);
+        }
+    }
+    Ok(counts)
+}
+
+/// Waits up to 15 s until every one of `queues` has `want` consumers; the last counts otherwise.
+async fn until_consumers(queues: &[String], want: u64) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let counts = consumers_of(queues).await?;
+        if queues.iter().all(|q| counts.get(q) == Some(&want)) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "after 15 s the levels' consumers are {counts:?}, want {want} on each"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// A subscription starts moving its transport's delay ladder — one consumer on each level of a ladder
+/// of its own — and dropping the subscription and the transport, without `close`, stops it: within 15 s
+/// no level has a consumer (a mover left running would take copies from the levels that no process
+/// of the service moves on).
+fn a_dropped_transport_stops_moving_its_ladder(url: String) -> Result<(), String> {
+    use event_retry_core::adapter::SubscriptionSpec;
+    const LEVELS: u32 = 6;
+    runtime()?.block_on(async move {
+        let prefix = format!("drop-{}", uuid::Uuid::new_v4().simple());
+        let config = RabbitConfig {
+            prefix: prefix.clone(),
+            levels: LEVELS,
+            ..RabbitConfig::default()
+        };
+        let ladder = format!("{prefix}.ladder-100ms-{}", config.queue_type.as_str());
+        let levels: Vec<String> = (0..LEVELS).map(|k| format!("{ladder}.{k:02}")).collect();
+        let topic = format!("{prefix}-topic");
+        let transport = RabbitTransport::connect_with(&url, config.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let subscription = transport
+            .subscribe(&SubscriptionSpec::new(&topic, "drop", "drop-test"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let living = until_consumers(&levels, 1)
+            .await
+            .map_err(|e| format!("while the transport lives: {e}"));
+        drop(subscription);
+        drop(transport);
+        let dropped = match living {
+            Ok(()) => until_consumers(&levels, 0)
+                .await
+                .map_err(|e| format!("once the transport was dropped: {e}")),
+            Err(e) => Err(e),
+        };
+        let cleaner = RabbitTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let deleted = cleaner.delete(&topic).await.map_err(|e| e.to_string());
+        cleaner.close().await;
+        let cleanup = delete_ladder(&url, &ladder, LEVELS).await;
+        dropped.and(deleted).and(cleanup)
     })
 }
