@@ -37,9 +37,11 @@ impl Timestamp {
         UNIX_EPOCH + Duration::from_millis(self.0)
     }
 
-    /// This time plus `d`, saturating.
+    /// This time plus `d` rounded up to whole milliseconds, saturating: a due time `now.plus(delay)`
+    /// is never before `now` and the whole delay.
     pub fn plus(self, d: Duration) -> Self {
-        Self(self.0.saturating_add(duration_ms(d)))
+        let ms = u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+        Self(self.0.saturating_add(ms))
     }
 
     /// This time minus `d`, saturating at the epoch.
@@ -132,6 +134,7 @@ mod tests {
     fn arithmetic_saturates() {
         let t = Timestamp::from_millis(1_000);
         assert_eq!(t.plus(Duration::from_millis(500)).as_millis(), 1_500);
+        assert_eq!(t.plus(Duration::from_micros(500_001)).as_millis(), 1_501);
         assert_eq!(
             t.since(Timestamp::from_millis(400)),
             Duration::from_millis(600)
