@@ -18,7 +18,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::codec::{self, Nulls, Outbound, Route};
 use crate::config::KafkaConfig;
 use crate::error::{error, settings_error};
-use crate::hops::{Hop, next_hop};
+use crate::hops::{Hop, handover_at, next_hop};
 use crate::producer::{Handle, KafkaProducer, Producers};
 
 /// How long a produced record may take to be acknowledged before it is an error.
@@ -426,7 +426,12 @@ impl Link {
                 u64::try_from(delay.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX) + 1,
             ))
         };
-        match next_hop(now, due, self.config.granularity, self.config.levels()) {
+        match next_hop(
+            now,
+            handover_at(due, self.config.handover_lead()),
+            self.config.granularity,
+            self.config.levels(),
+        ) {
             Hop::Due => (to.to_string(), Vec::new()),
             Hop::Level { level, leave_at } => {
                 let route = Route {

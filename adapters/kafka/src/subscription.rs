@@ -8,7 +8,14 @@
 //! offset in one transaction.
 //! A receipt dropped unsettled leaves its offset uncommitted: the record is consumed again when its
 //! partition moves to another member or the group restarts.
+//!
+//! The ladder hands a retry over a little before it is due ([`crate::hops::HANDOVER_LEAD`]), so that the
+//! way through the retry topic does not make it late; a record of the retry topic that arrives before
+//! its `x-retry-due-at` is held here, in due order, and handed to the runtime at that time (at most
+//! [`EARLY_HOLD_MAX`] after it arrived: a due time further away says the clocks disagree, and the record
+//! goes on rather than wait for a clock).
 
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
@@ -20,7 +27,8 @@ use event_retry_core::adapter::{
 };
 use event_retry_core::error::{Error, Kind, wrap};
 use event_retry_core::event::{Event, RawMessage};
-use event_retry_core::metadata::Origin;
+use event_retry_core::metadata::{Origin, names};
+use event_retry_core::time::Timestamp;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use tokio::sync::mpsc;
 
@@ -52,6 +60,9 @@ fn default_fetch_wait(config: &mut rdkafka::ClientConfig) {
         config.set("fetch.wait.max.ms", SOURCE_FETCH_WAIT_MS);
     }
 }
+
+/// The longest a record of the retry topic that came before its due time is held.
+const EARLY_HOLD_MAX: Duration = Duration::from_secs(1);
 
 /// How long a new subscription waits for its consumers to join their groups.
 const JOIN_WAIT: Duration = Duration::from_secs(10);
@@ -115,6 +126,8 @@ pub(crate) async fn subscribe(
         names,
         rx,
         batch: std::collections::VecDeque::new(),
+        early: BinaryHeap::new(),
+        held: 0,
         commands,
         worker,
         ladder: Some(ladder),
@@ -129,6 +142,10 @@ pub(crate) struct KafkaSubscription {
     rx: mpsc::Receiver<Result<Vec<Record>, Error>>,
     /// Records received and not yet handed to the runtime.
     batch: std::collections::VecDeque<Record>,
+    /// Retries that came before their due time, held until it (earliest first).
+    early: BinaryHeap<Early>,
+    /// How many retries were held so far: orders those due at the same time by arrival.
+    held: u64,
     commands: Sender<Command>,
     worker: Arc<Worker>,
     ladder: Option<Ladder>,
@@ -162,20 +179,104 @@ impl KafkaSubscription {
     }
 }
 
+/// A retry held until its due time.
+struct Early {
+    /// When it is handed out.
+    at: Timestamp,
+    /// Arrival order, among those held.
+    seq: u64,
+    tp: Tp,
+    epoch: u64,
+    delivery: Delivery,
+}
+
+impl PartialEq for Early {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Early {}
+
+impl PartialOrd for Early {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Early {
+    /// Reversed: the heap's top is the earliest.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// What `x-retry-due-at` may lie below the true due time, in ms (see [`hold_until`]).
+const DUE_AT_ROUNDING_MS: u64 = 1;
+
+/// When a record of the retry topic whose event says when it is due (`x-retry-due-at`), received at
+/// `now`, is to be handed out: `None` when it is due already (or says nothing), else its due time, at
+/// most [`EARLY_HOLD_MAX`] away.
+fn hold_until(message: &RawMessage, now: Timestamp) -> Option<Timestamp> {
+    let due = message
+        .headers
+        .get(names::DUE_AT)
+        .and_then(|value| std::str::from_utf8(value).ok()?.parse::<u64>().ok())
+        // Whole milliseconds: the time the delay counts from was cut to the millisecond below (the
+        // delay rounded up), so the true due time can be up to 1 ms later.
+        .map(|ms| Timestamp::from_millis(ms.saturating_add(DUE_AT_ROUNDING_MS)))?;
+    (due > now).then(|| due.min(now.plus(EARLY_HOLD_MAX)))
+}
+
+impl KafkaSubscription {
+    /// Whether `tp` is still this member's in `epoch` (a record read before a revocation is its new
+    /// owner's).
+    fn is_current(&self, tp: &Tp, epoch: u64) -> bool {
+        self.worker.lock().offsets.is_current(tp, epoch)
+    }
+
+    /// The earliest held retry, once it is due.
+    fn due_early(&mut self) -> Option<Delivery> {
+        while self.early.peek().is_some_and(|e| e.at <= Timestamp::now()) {
+            let early = self.early.pop()?;
+            if self.is_current(&early.tp, early.epoch) {
+                return Some(early.delivery);
+            }
+        }
+        None
+    }
+}
+
 #[async_trait]
 impl Subscription for KafkaSubscription {
-    /// The next record of the batch at hand, skipping those whose partition was revoked since they were
-    /// read (they belong to its new owner).
+    /// The next record at hand — a held retry now due, else the next of the batch — skipping those whose
+    /// partition was revoked since they were read (they belong to its new owner); a retry that came
+    /// before its due time is held instead.
     fn next_ready(&mut self) -> Option<Delivery> {
+        if !self.early.is_empty()
+            && let Some(delivery) = self.due_early()
+        {
+            return Some(delivery);
+        }
         while let Some(record) = self.batch.pop_front() {
-            if self
-                .worker
-                .lock()
-                .offsets
-                .is_current(&record.tp, record.epoch)
-            {
-                return Some(self.delivery(record));
+            if !self.is_current(&record.tp, record.epoch) {
+                continue;
             }
+            let retry = *record.tp.0 == *self.names.retry_topic;
+            let (tp, epoch) = (record.tp.clone(), record.epoch);
+            let delivery = self.delivery(record);
+            if retry && let Some(at) = hold_until(&delivery.message, Timestamp::now()) {
+                self.held += 1;
+                self.early.push(Early {
+                    at,
+                    seq: self.held,
+                    tp,
+                    epoch,
+                    delivery,
+                });
+                continue;
+            }
+            return Some(delivery);
         }
         None
     }
@@ -185,8 +286,18 @@ impl Subscription for KafkaSubscription {
             if let Some(delivery) = self.next_ready() {
                 return Ok(Some(delivery));
             }
+            // To the microsecond: a wait counted from the current whole millisecond would add up to one.
+            let wake = self.early.peek().map(|e| {
+                e.at.to_system_time()
+                    .duration_since(std::time::SystemTime::now())
+                    .unwrap_or_default()
+            });
             // Cancel-safe: a batch is either received whole (and kept in `self.batch`) or not at all.
-            match self.rx.recv().await {
+            let received = tokio::select! {
+                received = self.rx.recv() => received,
+                () = tokio::time::sleep(wake.unwrap_or_default()), if wake.is_some() => continue,
+            };
+            match received {
                 Some(Ok(records)) => self.batch.extend(records),
                 Some(Err(e)) => return Err(e),
                 None => return Err(Error::closed()),
@@ -377,6 +488,37 @@ impl Receipt for KafkaReceipt {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn due_at(value: &str) -> RawMessage {
+        let mut headers = event_retry_core::headers::Headers::default();
+        headers.push(names::DUE_AT, value.to_string());
+        RawMessage {
+            payload: bytes::Bytes::new(),
+            key: None,
+            headers,
+        }
+    }
+
+    #[test]
+    fn a_retry_is_held_until_its_due_time_and_at_most_a_second() {
+        let now = Timestamp::from_millis(1_000_000);
+        assert_eq!(
+            hold_until(&due_at("1000060"), now),
+            Some(Timestamp::from_millis(1_000_061)),
+            "the due time, and the 1 ms its rounding may have taken off"
+        );
+        assert_eq!(hold_until(&due_at("999999"), now), None, "due now");
+        assert_eq!(hold_until(&due_at("999000"), now), None, "overdue");
+        assert_eq!(
+            hold_until(&due_at("1060000"), now),
+            Some(Timestamp::from_millis(1_001_000)),
+            "a clock a minute ahead holds it a second"
+        );
+        assert_eq!(hold_until(&due_at("soon"), now), None, "unreadable");
+        let mut none = due_at("0");
+        none.headers = event_retry_core::headers::Headers::default();
+        assert_eq!(hold_until(&none, now), None, "no due time");
+    }
 
     #[test]
     fn the_fetch_wait_is_short_unless_the_user_set_it() {
