@@ -120,28 +120,32 @@ async fn dead_letters(transport: &RabbitTransport, topic: &str) -> Result<Vec<De
         .map_err(|e| e.to_string())
 }
 
-/// Closes every client connection to the node `RETRY_TEST_AMQP_NODE` names, with `rabbitmqctl`.
-async fn close_all_connections() -> Result<(), String> {
+/// Runs `rabbitmqctl -q -n <node> <args>` on the node `RETRY_TEST_AMQP_NODE` names; its output, or
+/// its error.
+async fn rabbitmqctl(args: &[&str]) -> Result<String, String> {
     let node = test_support::broker::url("RETRY_TEST_AMQP_NODE")
         .ok_or("RETRY_TEST_AMQP_NODE is not set (scripts/brokers writes it)")?;
     let out = tokio::process::Command::new("rabbitmqctl")
-        .args([
-            "-q",
-            "-n",
-            &node,
-            "close_all_connections",
-            "test: connection lost",
-        ])
+        .args(["-q", "-n", &node])
+        .args(args)
         .output()
         .await
         .map_err(|e| format!("run rabbitmqctl: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "rabbitmqctl close_all_connections: {}",
+            "rabbitmqctl {}: {}",
+            args.first().unwrap_or(&""),
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Closes every client connection to the node `RETRY_TEST_AMQP_NODE` names, with `rabbitmqctl`.
+async fn close_all_connections() -> Result<(), String> {
+    rabbitmqctl(&["close_all_connections", "test: connection lost"])
+        .await
+        .map(drop)
 }
 
 /// The DLQ refuses the victim's dead letter, so the runtime holds consumption and tries again; then every
@@ -840,22 +844,9 @@ fn a_batch_handler_gets_what_the_subscription_holds(url: String) -> Result<(), S
 /// How many consumers each of `queues` has, read with `rabbitmqctl list_queues` on the node
 /// `RETRY_TEST_AMQP_NODE` names (a queue that does not exist is missing from the answer).
 async fn consumers_of(queues: &[String]) -> Result<HashMap<String, u64>, String> {
-    let node = test_support::broker::url("RETRY_TEST_AMQP_NODE")
-        .ok_or("RETRY_TEST_AMQP_NODE is not set (scripts/brokers writes it)")?;
-    let out = tokio::process::Command::new("rabbitmqctl")
-        .args(["-q", "-n", &node, "list_queues", "name", "consumers"])
-        .arg("--no-table-headers")
-        .output()
-        .await
-        .map_err(|e| format!("run rabbitmqctl: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "rabbitmqctl list_queues: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
+    let out = rabbitmqctl(&["list_queues", "name", "consumers", "--no-table-headers"]).await?;
     let mut counts = HashMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in out.lines() {
         let mut fields = line.split_whitespace();
         if let (Some(name), Some(n)) = (fields.next(), fields.next())
             && queues.iter().any(|q| q == name)
