@@ -232,8 +232,8 @@ impl KafkaConfig {
     /// How long before its due time the ladder hands a retry over ([`crate::hops::HANDOVER_LEAD`]);
     /// none with transactional hops. There a retry copy waits for the commit that passes its record, and
     /// a record held until its due time while later ones of its partition are handled holds back their
-    /// commits: with every work slot taken by records whose copies wait, the held one cannot be handed
-    /// out (scenario 13's p99 went from 0.5–0.8 s to 1.4 s, the copies' stranded wait).
+    /// commits: with every work slot taken by records whose copies wait, the held one could not be
+    /// handed out until the copies' one-second bound lets them commit alone.
     pub(crate) fn handover_lead(&self) -> Duration {
         if self.transactional_hops {
             Duration::ZERO
