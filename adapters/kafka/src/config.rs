@@ -322,6 +322,19 @@ impl std::fmt::Display for KafkaConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retries_are_handed_over_early_unless_hops_are_transactional() {
+        assert_eq!(
+            KafkaConfig::default().handover_lead(),
+            crate::hops::HANDOVER_LEAD
+        );
+        let transactional = KafkaConfig {
+            transactional_hops: true,
+            ..KafkaConfig::default()
+        };
+        assert_eq!(transactional.handover_lead(), Duration::ZERO);
+    }
     use event_retry_core::adapter::Honour;
 
     #[test]

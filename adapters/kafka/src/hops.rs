@@ -34,12 +34,6 @@ pub(crate) enum Hop {
 /// time, never early.
 pub(crate) const HANDOVER_LEAD: Duration = Duration::from_millis(100);
 
-/// When the ladder hands over a retry due at `due`: `lead` before it (see
-/// [`crate::KafkaConfig::handover_lead`]).
-pub(crate) fn handover_at(due: Timestamp, lead: Duration) -> Timestamp {
-    due.minus(lead)
-}
-
 /// The next hop at `now` of a record due at `due`, on a ladder of `levels` levels of `step`.
 pub(crate) fn next_hop(now: Timestamp, due: Timestamp, step: Duration, levels: u32) -> Hop {
     let (now_ms, due_ms) = (now.as_millis(), due.as_millis());
@@ -110,17 +104,6 @@ mod tests {
             assert!(at >= due, "{delay}: early");
             assert!(at < due + 100 + 7, "{delay}: {} ms late", at - due);
         }
-    }
-
-    #[test]
-    fn the_handover_is_the_lead_before_the_due_time() {
-        let due = Timestamp::from_millis(1_000_000);
-        assert_eq!(handover_at(due, HANDOVER_LEAD).as_millis(), 1_000_000 - 100);
-        assert_eq!(handover_at(due, Duration::ZERO), due);
-        assert_eq!(
-            handover_at(Timestamp::from_millis(30), HANDOVER_LEAD).as_millis(),
-            0
-        );
     }
 
     #[test]

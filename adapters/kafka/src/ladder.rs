@@ -25,7 +25,7 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tracing::{debug, warn};
 
 use crate::codec::{self, Decoded};
-use crate::hops::{Hop, handover_at, next_hop};
+use crate::hops::{Hop, next_hop};
 use crate::link::{Link, delivered};
 use crate::offsets::Tp;
 use crate::txn::{Copy, Transactional};
@@ -325,7 +325,8 @@ impl Forwarder {
         }
         match next_hop(
             now,
-            handover_at(route.due, self.link.config.handover_lead()),
+            // Handed over early by the lead; the consumer holds it to its due time.
+            route.due.minus(self.link.config.handover_lead()),
             self.link.config.granularity,
             self.link.config.levels(),
         ) {

@@ -18,7 +18,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::codec::{self, Nulls, Outbound, Route};
 use crate::config::KafkaConfig;
 use crate::error::{error, settings_error};
-use crate::hops::{Hop, handover_at, next_hop};
+use crate::hops::{Hop, next_hop};
 use crate::producer::{Handle, KafkaProducer, Producers};
 
 /// How long a produced record may take to be acknowledged before it is an error.
@@ -417,18 +417,17 @@ impl Link {
         delay: Duration,
     ) -> (String, Vec<(&'static str, Vec<u8>)>) {
         let now = Timestamp::now();
-        // Whole milliseconds: one more keeps a sub-millisecond remainder and the clock's rounding from
+        // Whole milliseconds (`plus` rounds the delay up): one more keeps the clock's rounding from
         // making the retry early.
         let due = if delay.is_zero() {
             now
         } else {
-            now.plus(Duration::from_millis(
-                u64::try_from(delay.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX) + 1,
-            ))
+            now.plus(delay).plus(Duration::from_millis(1))
         };
         match next_hop(
             now,
-            handover_at(due, self.config.handover_lead()),
+            // Handed over early by the lead; the consumer holds it to its due time.
+            due.minus(self.config.handover_lead()),
             self.config.granularity,
             self.config.levels(),
         ) {

@@ -253,9 +253,7 @@ impl Subscription for KafkaSubscription {
     /// partition was revoked since they were read (they belong to its new owner); a retry that came
     /// before its due time is held instead.
     fn next_ready(&mut self) -> Option<Delivery> {
-        if !self.early.is_empty()
-            && let Some(delivery) = self.due_early()
-        {
+        if let Some(delivery) = self.due_early() {
             return Some(delivery);
         }
         while let Some(record) = self.batch.pop_front() {
