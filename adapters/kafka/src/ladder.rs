@@ -21,6 +21,7 @@ use event_retry_core::error::{Error, Kind, wrap};
 use event_retry_core::time::Timestamp;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::producer::DeliveryFuture;
+use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tracing::{debug, warn};
 
@@ -28,6 +29,7 @@ use crate::codec::{self, Decoded};
 use crate::hops::{Hop, next_hop};
 use crate::link::{Link, delivered};
 use crate::offsets::Tp;
+use crate::stranding::{BrokerWatch, report_statistics};
 use crate::txn::{Copy, Transactional};
 
 /// The most records forwarded in one batch.
@@ -87,11 +89,13 @@ struct LadderState {
     ready: Vec<Entry>,
 }
 
-/// The ladder consumer's context: drops what it holds of partitions it loses.
+/// The ladder consumer's context: drops what it holds of partitions it loses, and watches whether
+/// the consumer was left with no broker (see [`crate::stranding`]).
 struct LadderContext {
     state: Mutex<LadderState>,
     /// Set at the first assignment (the member joined its group).
     joined: Arc<AtomicBool>,
+    brokers: BrokerWatch,
 }
 
 impl LadderContext {
@@ -100,7 +104,11 @@ impl LadderContext {
     }
 }
 
-impl ClientContext for LadderContext {}
+impl ClientContext for LadderContext {
+    fn stats(&self, statistics: Statistics) {
+        self.brokers.observe(&statistics);
+    }
+}
 
 impl ConsumerContext for LadderContext {
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -138,14 +146,16 @@ impl Ladder {
     /// Starts a member of `source`'s ladder group.
     pub(crate) fn start(link: Arc<Link>, source: &str) -> Result<Self, Error> {
         let joined = Arc::new(AtomicBool::new(false));
-        let context = LadderContext {
-            state: Mutex::new(LadderState::default()),
-            joined: joined.clone(),
-        };
         let mut config = link.consumer_config(&link.config.ladder_group(source));
         // A resumed partition is fetched only once the fetch request in flight returns; a short wait
         // keeps the records behind a head that just left from waiting for it (500 ms by default).
         config.set("fetch.wait.max.ms", LADDER_FETCH_WAIT_MS);
+        report_statistics(&mut config);
+        let context = LadderContext {
+            state: Mutex::new(LadderState::default()),
+            joined: joined.clone(),
+            brokers: BrokerWatch::new(&config)?,
+        };
         let consumer: BaseConsumer<LadderContext> = config
             .create_with_context(context)
             .map_err(crate::error::settings_error("consumer"))?;
@@ -211,6 +221,7 @@ impl Forwarder {
 
     fn run(mut self) {
         while !self.stop.load(Ordering::Acquire) {
+            self.consumer.context().brokers.heal(self.consumer.client());
             let now = Timestamp::now();
             let next_due = self.release_due_heads(now);
             let wait = if !self.state().ready.is_empty() {

@@ -3,13 +3,10 @@
 //! Two states of a librdkafka producer never heal by themselves:
 //! - **fatal**: an idempotent producer that lost its sequence refuses every later record until it is
 //!   replaced;
-//! - **stranded**: it holds no broker to reach. After a single broker was paused longer than its
-//!   session timeout, the controller fences it for a moment, and the metadata that answers right then
-//!   does not list it; librdkafka drops its connection to the only broker it knew, and the re-bootstrap
-//!   that should follow can race with that drop and add nothing. From then on the producer sends no
-//!   request at all, so nothing tries again: every record waits until it times out (the outbox suite's
-//!   `broker_down_30s` caught it, about one run in six). The producer's statistics, every few seconds,
-//!   show whether any broker other than librdkafka's internal one is left.
+//! - **stranded**: it holds no broker to reach, and librdkafka's re-bootstrap was lost (see
+//!   [`crate::stranding`]). From then on the producer sends no request at all, so nothing tries again:
+//!   every record waits until it times out (the outbox suite's `broker_down_30s` caught it, about one
+//!   run in six). The producer's statistics, every few seconds, show it.
 //!
 //! The first send that finds the producer in either state replaces it with a new one, which bootstraps
 //! afresh; a record whose delivery failed because of it is sent once more through the new one (at least
@@ -24,8 +21,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::statistics::Statistics;
 
-/// How often a producer reports its statistics, by which a stranded one is found (ms).
-const STATISTICS_INTERVAL_MS: &str = "5000";
+use crate::stranding::{report_statistics, stranded};
 
 /// A producer with the context that watches it.
 pub(crate) type KafkaProducer = FutureProducer<ProducerWatch>;
@@ -43,15 +39,6 @@ impl ClientContext for ProducerWatch {
         self.stranded
             .store(stranded(&statistics), Ordering::Relaxed);
     }
-}
-
-/// Whether `statistics` list no broker but librdkafka's internal and logical ones: nothing learned
-/// from metadata and no bootstrap server left to connect to.
-fn stranded(statistics: &Statistics) -> bool {
-    !statistics
-        .brokers
-        .values()
-        .any(|b| b.source == "learned" || b.source == "configured")
 }
 
 /// A producer and what its context found.
@@ -88,9 +75,7 @@ pub(crate) struct Producers {
 impl Producers {
     /// A first producer with `config` (statistics on, unless the user set their interval).
     pub(crate) fn new(mut config: ClientConfig) -> Result<Self, Error> {
-        if config.get("statistics.interval.ms").is_none() {
-            config.set("statistics.interval.ms", STATISTICS_INTERVAL_MS);
-        }
+        report_statistics(&mut config);
         let first = create(&config)?;
         Ok(Self {
             current: RwLock::new(first),
@@ -151,39 +136,14 @@ fn create(config: &ClientConfig) -> Result<Handle, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn statistics(sources: &[&str]) -> Statistics {
-        let brokers: Vec<String> = sources
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                format!(
-                    r#""b{i}": {{"name": "b{i}", "nodeid": {i}, "nodename": "b{i}", "source": "{s}",
-                    "state": "UP", "stateage": 0, "outbuf_cnt": 0, "outbuf_msg_cnt": 0,
-                    "waitresp_cnt": 0, "waitresp_msg_cnt": 0, "tx": 0, "txbytes": 0, "txerrs": 0,
-                    "txretries": 0, "txidle": 0, "req_timeouts": 0, "rx": 0, "rxbytes": 0,
-                    "rxerrs": 0, "rxcorriderrs": 0, "rxpartial": 0, "rxidle": 0,
-                    "zbuf_grow": 0, "buf_grow": 0, "wakeups": 0, "connects": 0, "disconnects": 0,
-                    "req": {{}}, "toppars": {{}}}}"#
-                )
-            })
-            .collect();
-        let json = format!(
-            r#"{{"name": "p", "client_id": "p", "type": "producer", "ts": 0, "time": 0, "age": 0,
-            "replyq": 0, "msg_cnt": 0, "msg_size": 0, "msg_max": 0, "msg_size_max": 0,
-            "simple_cnt": 0, "metadata_cache_cnt": 0, "brokers": {{{}}}, "topics": {{}},
-            "tx": 0, "tx_bytes": 0, "rx": 0, "rx_bytes": 0, "txmsgs": 0, "txmsg_bytes": 0,
-            "rxmsgs": 0, "rxmsg_bytes": 0}}"#,
-            brokers.join(",")
-        );
-        serde_json::from_str(&json).expect("statistics JSON")
-    }
+    use crate::stranding::tests::statistics;
 
     #[test]
-    fn a_producer_with_only_its_internal_broker_is_stranded() {
-        assert!(stranded(&statistics(&["internal"])));
-        assert!(stranded(&statistics(&[])));
-        assert!(!stranded(&statistics(&["internal", "learned"])));
-        assert!(!stranded(&statistics(&["internal", "configured"])));
+    fn a_producer_whose_statistics_list_no_broker_is_marked_stranded_until_they_list_one() {
+        let watch = ProducerWatch::default();
+        watch.stats(statistics(&["internal", "logical"]));
+        assert!(watch.stranded.load(Ordering::Relaxed));
+        watch.stats(statistics(&["internal", "learned"]));
+        assert!(!watch.stranded.load(Ordering::Relaxed));
     }
 }

@@ -36,6 +36,7 @@ use crate::codec::{self, Nulls};
 use crate::ladder::Ladder;
 use crate::link::Link;
 use crate::offsets::Tp;
+use crate::stranding::{BrokerWatch, report_statistics};
 use crate::txn::Copy;
 use crate::worker::{self, Command, Hops, Record, Worker};
 
@@ -79,10 +80,16 @@ pub(crate) async fn subscribe(
         .config
         .transactional_hops
         .then(|| Hops::new(link.clone(), &format!("{}-{}", spec.group, spec.consumer)));
-    let context = Worker::new(command_rx, link.config.revoke_grace, hops);
     let mut config = link.consumer_config(&spec.group);
     config.set("client.id", &spec.consumer);
     default_fetch_wait(&mut config);
+    report_statistics(&mut config);
+    let context = Worker::new(
+        command_rx,
+        link.config.revoke_grace,
+        hops,
+        BrokerWatch::new(&config)?,
+    );
     // The range assignor shares out each topic's partitions on its own, so every member of a group gets
     // its share of the source topic (and, for per-key order, the same partition numbers of the source
     // and retry topics, which have the same count). The cooperative assignor balances only the total

@@ -31,6 +31,7 @@ use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::BorrowedMessage;
+use rdkafka::statistics::Statistics;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tracing::{debug, warn};
 
@@ -38,6 +39,7 @@ use crate::codec::{Chunks, Copied};
 use crate::error::consume_error;
 use crate::link::Link;
 use crate::offsets::{Offsets, Tp};
+use crate::stranding::BrokerWatch;
 use crate::txn::{Copy, Transactional};
 
 /// How often the settled offsets are committed.
@@ -153,6 +155,8 @@ pub(crate) struct Worker {
     pub(crate) joined: Arc<AtomicBool>,
     /// Set with transactional hops.
     hops: Option<Hops>,
+    /// Whether the consumer was left with no broker (see [`crate::stranding`]).
+    brokers: BrokerWatch,
 }
 
 impl Worker {
@@ -160,6 +164,7 @@ impl Worker {
         commands: Receiver<Command>,
         revoke_grace: Duration,
         hops: Option<Hops>,
+        brokers: BrokerWatch,
     ) -> Self {
         Self {
             state: Mutex::new(State {
@@ -181,6 +186,7 @@ impl Worker {
             revoke_grace,
             joined: Arc::new(AtomicBool::new(false)),
             hops,
+            brokers,
         }
     }
 
@@ -564,7 +570,11 @@ fn moved(tp: &Tp) -> Error {
     )
 }
 
-impl ClientContext for Worker {}
+impl ClientContext for Worker {
+    fn stats(&self, statistics: Statistics) {
+        self.brokers.observe(&statistics);
+    }
+}
 
 impl ConsumerContext for Worker {
     /// An asynchronous commit that failed (e.g. during a rebalance) is tried again with the next one.
@@ -760,6 +770,7 @@ pub(crate) fn run(
         if worker.serve_commands(&consumer, Duration::ZERO) {
             break;
         }
+        worker.brokers.heal(consumer.client());
         if std::mem::take(&mut worker.lock().reassigned) && !priority.split(&consumer) {
             warn!("splitting the retry topic's partitions off failed; trying again");
             worker.lock().reassigned = true;

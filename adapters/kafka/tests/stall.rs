@@ -1,20 +1,33 @@
-//! The adapter's producer against its only broker paused longer than the broker's session timeout
+//! The adapter's clients against their only broker paused longer than the broker's session timeout
 //! (`RETRY_TEST_KAFKA`, the single-node cluster `scripts/brokers` starts): on resume the controller
 //! fences the broker for a moment, the metadata answered then lists no broker, and librdkafka drops its
-//! connection to the only broker it knew — a producer left so sends nothing again (every record waits
-//! for its 30 s timeout, for ever). Right after the resume the test reads metadata through the
-//! producer many times over (declaring fresh topics: the producer looks each one up), so one answer
-//! lands while the broker is fenced, and publishes events. They must all be confirmed well within the
-//! message timeout: the adapter finds the stranded producer and replaces it.
+//! connection to the only broker it knew; its own re-bootstrap can be lost, and a client left so sends
+//! nothing again (see the adapter's `stranding` module).
 //!
-//! A binary of its own: the stall stops the broker every other test uses. It fails when
-//! `RETRY_TEST_REQUIRE` names `kafka` and the variable is unset, and is skipped loudly otherwise.
+//! - The producer: right after the resume the test reads metadata through the producer many times
+//!   over (declaring fresh topics: the producer looks each one up), so one answer lands while the
+//!   broker is fenced, and publishes events. They must all be confirmed well within the message
+//!   timeout: the adapter finds the stranded producer and replaces it.
+//! - The consumers: a consumer whose clients refresh their metadata every 10 ms (so answers land while
+//!   the broker is fenced) and never re-bootstrap by themselves (`metadata.recovery.strategy=none`:
+//!   what a lost re-bootstrap leaves, every time instead of now and then) must handle every event
+//!   published after the resume, each failing once and coming back through the retry ladder — the
+//!   source's consumer and the ladder's both read again.
+//!
+//! A binary of its own, its tests one at a time: a stall stops the broker every other test uses. It
+//! fails when `RETRY_TEST_REQUIRE` names `kafka` and the variable is unset, and is skipped loudly
+//! otherwise.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use event_retry_core::broker::Broker;
+use event_retry_core::classify::HandlerError;
 use event_retry_core::event::Event;
-use event_retry_kafka::KafkaTransport;
+use event_retry_core::policy::RetryPolicy;
+use event_retry_core::runtime::{Context, handler_fn};
+use event_retry_kafka::{KafkaConfig, KafkaTransport};
 use libtest_mimic::Arguments;
 use test_support::broker::{Test, runtime};
 use test_support::stall::Stall;
@@ -28,12 +41,33 @@ const SPACING: Duration = Duration::from_millis(10);
 /// Every publish must be confirmed within this, well inside librdkafka's 30 s message timeout.
 const CONFIRMED_WITHIN: Duration = Duration::from_secs(20);
 
+/// Events published after the resume, and how soon after it every one must have been handled twice
+/// (failed once, then succeeded from the retry topic). A stranded consumer would never handle them.
+const EVENTS_AFTER: usize = 20;
+const HANDLED_WITHIN: Duration = Duration::from_secs(40);
+
 fn main() {
-    let args = Arguments::from_args();
-    let tests: [(&str, Test); 1] = [(
-        "publishes_go_on_after_the_only_broker_comes_back_fenced",
-        publishes_go_on_after_the_only_broker_comes_back_fenced,
-    )];
+    // The adapter's warnings (a stranded client found and healed) on stderr; RUST_LOG overrides.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "warn,rdkafka=off,librdkafka=off".into()),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let mut args = Arguments::from_args();
+    // Each test stalls the one broker: never two at once.
+    args.test_threads = Some(1);
+    let tests: [(&str, Test); 2] = [
+        (
+            "publishes_go_on_after_the_only_broker_comes_back_fenced",
+            publishes_go_on_after_the_only_broker_comes_back_fenced,
+        ),
+        (
+            "consumers_read_again_after_the_only_broker_comes_back_fenced",
+            consumers_read_again_after_the_only_broker_comes_back_fenced,
+        ),
+    ];
     let trials = test_support::broker::trials("kafka", "RETRY_TEST_KAFKA", &tests);
     libtest_mimic::run(&args, trials).exit();
 }
@@ -99,6 +133,115 @@ fn publishes_go_on_after_the_only_broker_comes_back_fenced(url: String) -> Resul
         println!(
             "  {PUBLISHES} publishes after a {STALL:?} stall: all confirmed, the last {:.1} s after the resume",
             slowest.as_secs_f64()
+        );
+        Ok(())
+    })
+}
+
+fn consumers_read_again_after_the_only_broker_comes_back_fenced(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let config = KafkaConfig {
+            // Metadata asked for all the time, so some answers land while the broker is fenced.
+            client: vec![
+                ("topic.metadata.refresh.interval.ms".into(), "10".into()),
+                // librdkafka's own re-bootstrap off: it stands in for the re-bootstrap librdkafka
+                // loses now and then, every time.
+                ("metadata.recovery.strategy".into(), "none".into()),
+            ],
+            ..KafkaConfig::default()
+        };
+        let transport = KafkaTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let broker = Broker::new(transport);
+        let topic = format!("stall-consume-{}", uuid::Uuid::new_v4().simple());
+        broker
+            .admin()
+            .declare(&topic, Some("stall"))
+            .await
+            .map_err(|e| e.to_string())?;
+        // Every event fails its first attempt and succeeds from its retry.
+        let attempts: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+        let seen = attempts.clone();
+        let handler = handler_fn(move |event: Event, _ctx: Context| {
+            let seen = seen.clone();
+            async move {
+                let id = event.id().unwrap_or_default().to_string();
+                let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                let n = seen.entry(id).or_insert(0);
+                *n += 1;
+                if *n == 1 {
+                    Err(HandlerError::deferred("the first attempt fails"))
+                } else {
+                    Ok(())
+                }
+            }
+        });
+        let policy = RetryPolicy::parse("100ms x1").map_err(|e| e.to_string())?;
+        let consumer = broker
+            .consumer(&topic)
+            .group("stall")
+            .policy(policy)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        let producer = broker.producer();
+        producer
+            .publish(&topic, Event::new("before").with_id("before"))
+            .await
+            .map_err(|e| format!("publish before the stall: {e}"))?;
+        tokio::time::timeout(
+            HANDLED_WITHIN,
+            consumer.wait_until(|s| s.succeeded_after_retry >= 1),
+        )
+        .await
+        .map_err(|_| {
+            format!(
+                "the event before the stall was not retried and handled: {:?}",
+                consumer.stats()
+            )
+        })?;
+
+        let mut stall = Stall::start("kafka", "pid")?;
+        tokio::time::sleep(STALL).await;
+        stall.resume()?;
+        let resumed = Instant::now();
+        for i in 0..EVENTS_AFTER {
+            let id = format!("after-{i}");
+            producer
+                .publish(&topic, Event::new(id.clone()).with_id(id))
+                .await
+                .map_err(|e| format!("publish {i} after the resume: {e}"))?;
+        }
+        let all = 1 + EVENTS_AFTER as u64;
+        let done = tokio::time::timeout(
+            HANDLED_WITHIN.saturating_sub(resumed.elapsed()),
+            consumer.wait_until(|s| s.succeeded_after_retry >= all),
+        )
+        .await;
+        let took = resumed.elapsed();
+        let stats = consumer.stats();
+        let _ = consumer.shutdown().await;
+        if done.is_err() {
+            let handled: Vec<String> = attempts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter(|(id, _)| id.starts_with("after-"))
+                .map(|(id, n)| format!("{id}:{n}"))
+                .collect();
+            return Err(format!(
+                "{} of {EVENTS_AFTER} events published after the resume were not handled from their \
+                 retry within {HANDLED_WITHIN:?} of it; attempts seen {handled:?}; {stats:?}",
+                all - stats.succeeded_after_retry.min(all)
+            ));
+        }
+        println!(
+            "  {EVENTS_AFTER} events after a {STALL:?} stall: each failed once and was handled from its \
+             retry, the last {:.1} s after the resume",
+            took.as_secs_f64()
         );
         Ok(())
     })
