@@ -26,6 +26,7 @@ use event_retry_core::broker::Broker;
 use event_retry_core::classify::HandlerError;
 use event_retry_core::event::Event;
 use event_retry_core::policy::RetryPolicy;
+use event_retry_core::producer::Producer;
 use event_retry_core::runtime::{Context, handler_fn};
 use event_retry_kafka::{KafkaConfig, KafkaTransport};
 use libtest_mimic::Arguments;
@@ -72,6 +73,23 @@ fn main() {
     libtest_mimic::run(&args, trials).exit();
 }
 
+/// Publishes the event `before` to `topic`: the clients work before the stall.
+async fn publish_before(producer: &Producer, topic: &str) -> Result<(), String> {
+    producer
+        .publish(topic, Event::new("before").with_id("before"))
+        .await
+        .map(drop)
+        .map_err(|e| format!("publish before the stall: {e}"))
+}
+
+/// Stops the broker for [`STALL`] and lets it run again; returns when it was resumed.
+async fn stall_then_resume() -> Result<Instant, String> {
+    let mut stall = Stall::start("kafka", "pid")?;
+    tokio::time::sleep(STALL).await;
+    stall.resume()?;
+    Ok(Instant::now())
+}
+
 fn publishes_go_on_after_the_only_broker_comes_back_fenced(url: String) -> Result<(), String> {
     runtime()?.block_on(async move {
         let transport = KafkaTransport::connect(&url)
@@ -85,15 +103,9 @@ fn publishes_go_on_after_the_only_broker_comes_back_fenced(url: String) -> Resul
             .await
             .map_err(|e| e.to_string())?;
         let producer = broker.producer();
-        producer
-            .publish(&topic, Event::new("before").with_id("before"))
-            .await
-            .map_err(|e| format!("publish before the stall: {e}"))?;
+        publish_before(&producer, &topic).await?;
 
-        let mut stall = Stall::start("kafka", "pid")?;
-        tokio::time::sleep(STALL).await;
-        stall.resume()?;
-        let resumed = Instant::now();
+        let resumed = stall_then_resume().await?;
         let mut sends = Vec::new();
         let mut lookups = Vec::new();
         for i in 0..PUBLISHES {
@@ -188,10 +200,7 @@ fn consumers_read_again_after_the_only_broker_comes_back_fenced(url: String) -> 
             .await
             .map_err(|e| e.to_string())?;
         let producer = broker.producer();
-        producer
-            .publish(&topic, Event::new("before").with_id("before"))
-            .await
-            .map_err(|e| format!("publish before the stall: {e}"))?;
+        publish_before(&producer, &topic).await?;
         tokio::time::timeout(
             HANDLED_WITHIN,
             consumer.wait_until(|s| s.succeeded_after_retry >= 1),
@@ -204,10 +213,7 @@ fn consumers_read_again_after_the_only_broker_comes_back_fenced(url: String) -> 
             )
         })?;
 
-        let mut stall = Stall::start("kafka", "pid")?;
-        tokio::time::sleep(STALL).await;
-        stall.resume()?;
-        let resumed = Instant::now();
+        let resumed = stall_then_resume().await?;
         for i in 0..EVENTS_AFTER {
             let id = format!("after-{i}");
             producer
