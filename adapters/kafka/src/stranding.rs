@@ -1,7 +1,7 @@
 //! A librdkafka client left with no broker at all, and the way back to its bootstrap servers.
 //!
-//! A lone broker paused past its group session timeout is fenced by its controller for a moment, and
-//! a metadata response it sends right then lists no broker. librdkafka decommissions every broker
+//! A lone broker paused past its session with the controller (`broker.session.timeout.ms`) is fenced
+//! for a moment, and a metadata response it sends right then lists no broker. librdkafka decommissions every broker
 //! such a response does not list, so the client is left with only its internal and logical ones. Its
 //! own re-bootstrap should follow, but it can be lost: the all-brokers-down report schedules it on the
 //! main thread, and the handling of the same metadata response, still running there, stops that
