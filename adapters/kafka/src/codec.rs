@@ -202,21 +202,37 @@ pub(crate) struct Copied {
 /// The length written for a null header value.
 const NULL: u32 = u32::MAX;
 
+/// Headers a record may have for [`Copied::from_message`] to read them from librdkafka once (more are
+/// read twice): the SDK's metadata of a retry and a few of the producer's own.
+const KEPT_HEADERS: usize = 24;
+
 impl Copied {
     /// Copies `message` into `chunks`.
     pub(crate) fn from_message(message: &BorrowedMessage<'_>, chunks: &mut Chunks) -> Copied {
         let headers = message.headers();
-        Copied::from_parts(
+        let all = || {
+            headers
+                .iter()
+                .flat_map(|hs| hs.iter().map(|h| (h.key, h.value)))
+        };
+        let (payload, key, timestamp) = (
             message.payload().unwrap_or_default(),
             message.key(),
-            || {
-                headers
-                    .iter()
-                    .flat_map(|hs| hs.iter().map(|h| (h.key, h.value)))
-            },
             message.timestamp(),
-            chunks,
-        )
+        );
+        // The headers are walked twice (sizes, then bytes), and each step through librdkafka's list is a
+        // call into it and a check of the name's UTF-8: the first walk keeps them on the stack.
+        let mut kept = [("", None); KEPT_HEADERS];
+        let mut count = 0;
+        for header in all() {
+            if count == KEPT_HEADERS {
+                return Copied::from_parts(payload, key, all, timestamp, chunks);
+            }
+            kept[count] = header;
+            count += 1;
+        }
+        let kept = &kept[..count];
+        Copied::from_parts(payload, key, || kept.iter().copied(), timestamp, chunks)
     }
 
     /// Copies a record's parts into `chunks`; `headers` gives its headers in order, each time it is

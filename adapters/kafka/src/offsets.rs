@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A topic and partition (the topic name shared, so a record's costs no allocation).
 pub(crate) type Tp = (Arc<str>, i32);
@@ -24,16 +25,33 @@ struct Partition {
     committed: Option<i64>,
 }
 
+/// The change count of an assignment, read without the lock of its [`Offsets`].
+#[derive(Debug, Clone)]
+pub(crate) struct Generation(Arc<AtomicU64>);
+
+impl Generation {
+    /// Whether the assignment has not changed since it was `generation`: every epoch read then is still
+    /// current.
+    pub(crate) fn unchanged_since(&self, generation: u64) -> bool {
+        self.0.load(Ordering::Acquire) == generation
+    }
+}
+
 /// The offsets of the partitions assigned to one consumer.
 #[derive(Debug, Default)]
 pub(crate) struct Offsets {
     partitions: HashMap<Tp, Partition>,
     epochs: u64,
+    /// Counts the changes of the assignment (every assign and revoke), readable without the lock that
+    /// guards the rest: a record read while it was `g` is still its partition's current epoch's as long
+    /// as it is `g` — the check the runtime makes for every record, without the lock.
+    changes: Arc<AtomicU64>,
 }
 
 impl Offsets {
     /// `tp` was assigned: a new epoch starts for it.
     pub(crate) fn assigned(&mut self, tp: Tp) {
+        self.changes.fetch_add(1, Ordering::Release);
         self.epochs += 1;
         self.partitions.insert(
             tp,
@@ -57,7 +75,18 @@ impl Offsets {
 
     /// `tp` was revoked: later settles for it are ignored.
     pub(crate) fn revoked(&mut self, tp: &Tp) {
+        self.changes.fetch_add(1, Ordering::Release);
         self.partitions.remove(tp);
+    }
+
+    /// The assignment's change count now (see [`Offsets::changes`]).
+    pub(crate) fn generation(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
+    }
+
+    /// The change count, shared: [`Generation::unchanged_since`] reads it without this struct's lock.
+    pub(crate) fn changes(&self) -> Generation {
+        Generation(self.changes.clone())
     }
 
     /// Whether `epoch` is the current assignment of `tp`.
@@ -177,6 +206,30 @@ mod tests {
 
     fn tp(p: i32) -> Tp {
         (Arc::from("t"), p)
+    }
+
+    #[test]
+    fn the_generation_moves_with_every_assign_and_revoke_only() {
+        let mut o = Offsets::default();
+        let changes = o.changes();
+        o.assigned(tp(0));
+        let g = o.generation();
+        assert!(changes.unchanged_since(g));
+        let e = o.received(&tp(0), 1).unwrap_or_default();
+        o.settled(&tp(0), 1, e);
+        o.take_commits(None);
+        assert!(
+            changes.unchanged_since(g),
+            "reads, settles and commits change no epoch"
+        );
+        o.revoked(&tp(0));
+        assert!(
+            !changes.unchanged_since(g),
+            "a revoke ends the epoch read at g"
+        );
+        let g = o.generation();
+        o.assigned(tp(0));
+        assert!(!changes.unchanged_since(g), "an assign starts a new epoch");
     }
 
     #[test]

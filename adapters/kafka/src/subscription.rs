@@ -194,6 +194,8 @@ struct Early {
     seq: u64,
     tp: Tp,
     epoch: u64,
+    /// The assignment's change count when the record was read.
+    generation: u64,
     delivery: Delivery,
 }
 
@@ -236,17 +238,19 @@ fn hold_until(message: &RawMessage, now: Timestamp) -> Option<Timestamp> {
 }
 
 impl KafkaSubscription {
-    /// Whether `tp` is still this member's in `epoch` (a record read before a revocation is its new
-    /// owner's).
-    fn is_current(&self, tp: &Tp, epoch: u64) -> bool {
-        self.worker.lock().offsets.is_current(tp, epoch)
+    /// Whether `tp` is still this member's in `epoch`, read when the assignment's change count was
+    /// `generation` (a record read before a revocation is its new owner's). Without the consumer thread's
+    /// lock while the assignment has not changed since.
+    fn is_current(&self, tp: &Tp, epoch: u64, generation: u64) -> bool {
+        self.worker.changes.unchanged_since(generation)
+            || self.worker.lock().offsets.is_current(tp, epoch)
     }
 
     /// The earliest held retry, once it is due.
     fn due_early(&mut self) -> Option<Delivery> {
         while self.early.peek().is_some_and(|e| e.at <= Timestamp::now()) {
             let early = self.early.pop()?;
-            if self.is_current(&early.tp, early.epoch) {
+            if self.is_current(&early.tp, early.epoch, early.generation) {
                 return Some(early.delivery);
             }
         }
@@ -264,11 +268,11 @@ impl Subscription for KafkaSubscription {
             return Some(delivery);
         }
         while let Some(record) = self.batch.pop_front() {
-            if !self.is_current(&record.tp, record.epoch) {
+            if !self.is_current(&record.tp, record.epoch, record.generation) {
                 continue;
             }
             let retry = *record.tp.0 == *self.names.retry_topic;
-            let (tp, epoch) = (record.tp.clone(), record.epoch);
+            let (tp, epoch, generation) = (record.tp.clone(), record.epoch, record.generation);
             let delivery = self.delivery(record);
             if retry && let Some(at) = hold_until(&delivery.message, Timestamp::now()) {
                 self.held += 1;
@@ -277,6 +281,7 @@ impl Subscription for KafkaSubscription {
                     seq: self.held,
                     tp,
                     epoch,
+                    generation,
                     delivery,
                 });
                 continue;

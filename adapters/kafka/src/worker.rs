@@ -38,7 +38,7 @@ use tracing::{debug, warn};
 use crate::codec::{Chunks, Copied};
 use crate::error::consume_error;
 use crate::link::Link;
-use crate::offsets::{Offsets, Tp};
+use crate::offsets::{Generation, Offsets, Tp};
 use crate::stranding::BrokerWatch;
 use crate::txn::{Copy, Transactional};
 
@@ -88,9 +88,23 @@ pub(crate) struct Record {
     pub(crate) tp: Tp,
     pub(crate) offset: i64,
     pub(crate) epoch: u64,
+    /// The assignment's change count when the record was kept: while it stays so, `epoch` is current.
+    pub(crate) generation: u64,
     /// The record as read, decoded by the subscription (on the thread that handles it).
     pub(crate) copied: Copied,
 }
+
+/// A record read and copied, its librdkafka message already destroyed (outside the state's lock).
+pub(crate) struct Read {
+    /// The topic's name, one allocation per run of records of the same topic.
+    topic: Arc<str>,
+    partition: i32,
+    offset: i64,
+    copied: Copied,
+}
+
+/// A settle a receipt reported: offset, partition and the epoch it was read in.
+type Settle = (Tp, i64, u64);
 
 /// What the thread and the rebalance callbacks share.
 pub(crate) struct State {
@@ -119,6 +133,8 @@ pub(crate) struct State {
     transaction_retry_at: Option<Instant>,
     /// Transactions failed in a row.
     transaction_failures: u32,
+    /// Settles taken from [`Worker::settles`], being applied (kept to reuse its allocation).
+    applying: Vec<Settle>,
 }
 
 /// A copy waiting for its transaction, and the receipt waiting for the outcome.
@@ -149,6 +165,12 @@ impl Hops {
 /// The consumer's context: the shared state, and the commands (served inside a revoke too).
 pub(crate) struct Worker {
     pub(crate) state: Mutex<State>,
+    /// Settles reported by receipts, applied to the offsets by the next [`Worker::lock`]. A receipt holds
+    /// this lock only for a push, so the runtime's threads do not wait for the consumer thread's longer
+    /// work under `state` (measured on the Kafka bench: they did, put to sleep on its futex).
+    settles: Mutex<Vec<Settle>>,
+    /// The assignment's change count, read without a lock.
+    pub(crate) changes: Generation,
     commands: Mutex<Receiver<Command>>,
     revoke_grace: Duration,
     /// Set at the first assignment (the member joined its group).
@@ -166,9 +188,12 @@ impl Worker {
         hops: Option<Hops>,
         brokers: BrokerWatch,
     ) -> Self {
+        let offsets = Offsets::default();
         Self {
+            changes: offsets.changes(),
+            settles: Mutex::new(Vec::new()),
             state: Mutex::new(State {
-                offsets: Offsets::default(),
+                offsets,
                 pending: VecDeque::new(),
                 priority: VecDeque::new(),
                 reassigned: false,
@@ -181,6 +206,7 @@ impl Worker {
                 copies: Vec::new(),
                 transaction_retry_at: None,
                 transaction_failures: 0,
+                applying: Vec::new(),
             }),
             commands: Mutex::new(commands),
             revoke_grace,
@@ -242,19 +268,34 @@ impl Worker {
         outcome
     }
 
+    /// The shared state, with every settle reported so far applied to its offsets.
     pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let State {
+            offsets, applying, ..
+        } = &mut *state;
+        std::mem::swap(
+            applying,
+            &mut *self.settles.lock().unwrap_or_else(|p| p.into_inner()),
+        );
+        for (tp, offset, epoch) in applying.drain(..) {
+            offsets.settled(&tp, offset, epoch);
+        }
+        state
     }
 
     /// A receipt settled `offset` of `tp`, read in `epoch`; it is committed with the next commit if
     /// everything before it is settled too and the partition is still this member's.
     pub(crate) fn settled(&self, tp: &Tp, offset: i64, epoch: u64) {
-        self.lock().offsets.settled(tp, offset, epoch);
+        self.settles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((tp.clone(), offset, epoch));
     }
 
     /// Keeps the records just read (and copied) in the backlog, under one lock, except those whose
     /// partition is not assigned (any more): they are not this member's to hand out.
-    fn keep(&self, read: Vec<(BorrowedMessage<'_>, Copied)>, priority: bool) {
+    fn keep(&self, read: Vec<Read>, priority: bool) {
         if read.is_empty() {
             return;
         }
@@ -266,22 +307,27 @@ impl Worker {
             ..
         } = &mut *state;
         let queue = if priority { first } else { pending };
+        let generation = offsets.generation();
         // Records of a poll come from few partitions: the topic's shared name is looked up once per run.
-        let mut topic: Option<Arc<str>> = None;
-        for (message, copied) in read {
-            if topic.as_deref() != Some(message.topic()) {
-                topic = offsets.topic(message.topic());
+        let mut topic: Option<(Arc<str>, Option<Arc<str>>)> = None;
+        for record in read {
+            if !topic
+                .as_ref()
+                .is_some_and(|(read_as, _)| Arc::ptr_eq(read_as, &record.topic))
+            {
+                topic = Some((record.topic.clone(), offsets.topic(&record.topic)));
             }
-            let Some(name) = &topic else {
+            let Some((_, Some(name))) = &topic else {
                 continue;
             };
-            let (tp, offset) = ((name.clone(), message.partition()), message.offset());
+            let (tp, offset) = ((name.clone(), record.partition), record.offset);
             if let Some(epoch) = offsets.received(&tp, offset) {
                 queue.push_back(Record {
                     tp,
                     offset,
                     epoch,
-                    copied,
+                    generation,
+                    copied: record.copied,
                 });
             }
         }
@@ -722,20 +768,28 @@ impl PriorityQueues {
 }
 
 /// Reads records from `first` on, taking the next ones from `next` (which does not wait), up to
-/// [`HANDOUT_BATCH`], each copied into `chunks` as it is read (the batch is then kept under one lock);
-/// with the error that ended the read, if one did.
+/// [`HANDOUT_BATCH`], each copied into `chunks` as it is read and its message destroyed then, before the
+/// batch is kept under the state's lock; with the error that ended the read, if one did.
 fn read_batch<'c>(
     first: Option<KafkaResult<BorrowedMessage<'c>>>,
     chunks: &mut Chunks,
     mut next: impl FnMut() -> Option<KafkaResult<BorrowedMessage<'c>>>,
-) -> (Vec<(BorrowedMessage<'c>, Copied)>, Option<KafkaError>) {
-    let mut read = Vec::new();
+) -> (Vec<Read>, Option<KafkaError>) {
+    let mut read: Vec<Read> = Vec::new();
     let mut polled = first;
     while let Some(result) = polled {
         match result {
             Ok(message) => {
-                let copied = Copied::from_message(&message, chunks);
-                read.push((message, copied));
+                let topic = match read.last() {
+                    Some(last) if *last.topic == *message.topic() => last.topic.clone(),
+                    _ => Arc::from(message.topic()),
+                };
+                read.push(Read {
+                    topic,
+                    partition: message.partition(),
+                    offset: message.offset(),
+                    copied: Copied::from_message(&message, chunks),
+                });
             }
             Err(e) => return (read, Some(e)),
         }

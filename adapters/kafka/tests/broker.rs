@@ -16,6 +16,8 @@
 //!   (librdkafka keeps a paused partition paused across its revocation);
 //! * two ordered consumers of one group keep each key's order while its first event retries (a key's
 //!   source and retry records meet in one member);
+//! * an event with 40 headers (more than the consumer keeps on its stack while it copies a record; names
+//!   repeated) reaches the handler with all of them, in order, from the source and from its retry;
 //! * with topic creation off, subscribing to a topic whose derived topics are missing is an error naming
 //!   them, and nothing is created.
 //!
@@ -82,7 +84,11 @@ fn main() {
     // by side passed. The transactional test once found two copies in a full workspace run; that cause
     // is not found, so the tests stay serial by default.
     args.test_threads = args.test_threads.or(Some(1));
-    let tests: [(&str, Test); 11] = [
+    let tests: [(&str, Test); 12] = [
+        (
+            "forty_headers_reach_the_handler_whole_before_and_after_a_retry",
+            forty_headers_reach_the_handler_whole_before_and_after_a_retry,
+        ),
         (
             "transactional_copy_waits_for_no_earlier_unsettled_record",
             transactional_copy_waits_for_no_earlier_unsettled_record,
@@ -1314,6 +1320,83 @@ fn a_batch_handler_gets_what_the_subscription_holds(url: String) -> Result<(), S
         let transport = connect(&url).await?;
         let topic = format!("batch-{}", uuid::Uuid::new_v4().simple());
         test_support::batch::batches_take_what_is_at_hand(&Broker::new(transport), &topic).await
+    })
+}
+
+/// An event's headers as the handler saw them, in order.
+type HeaderList = Vec<(String, String)>;
+
+/// The consumer reads a record's headers from librdkafka once when it has up to 24 and twice when it has
+/// more: an event with 40 (20 names, each twice) must reach the handler whole on both ways, first from
+/// the source and then, failed once, from its retry through the ladder.
+fn forty_headers_reach_the_handler_whole_before_and_after_a_retry(
+    url: String,
+) -> Result<(), String> {
+    test_support::broker::runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("headers-{}", uuid::Uuid::new_v4().simple());
+        let sent: Vec<(String, String)> = (0..40)
+            .map(|i| (format!("h-{}", i % 20), format!("value-{i}")))
+            .collect();
+        let event = sent
+            .iter()
+            .fold(Event::new("many").with_id("many"), |e, (n, v)| {
+                e.with_header(n.clone(), v.clone())
+            });
+        transport
+            .publish(&topic, &event)
+            .await
+            .map_err(|e| e.to_string())?;
+        let seen: Arc<Mutex<Vec<(u32, HeaderList)>>> = Arc::default();
+        let calls = seen.clone();
+        let handler = handler_fn(move |event: Event, ctx: Context| {
+            let calls = calls.clone();
+            async move {
+                let headers = event
+                    .headers
+                    .iter()
+                    .map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v).into_owned()))
+                    .collect();
+                calls
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((ctx.attempt, headers));
+                if ctx.attempt == 1 {
+                    Err(HandlerError::transient("fail once"))
+                } else {
+                    Ok(())
+                }
+            }
+        });
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
+            .policy(RetryPolicy::parse("100ms x1").map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while seen.lock().unwrap_or_else(|p| p.into_inner()).len() < 2 && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let attempts: Vec<u32> = seen.iter().map(|(a, _)| *a).collect();
+        if attempts != [1, 2] {
+            return Err(format!("attempts {attempts:?}, want [1, 2]"));
+        }
+        for (attempt, headers) in &seen {
+            if *headers != sent {
+                return Err(format!(
+                    "attempt {attempt} saw {} headers, want the 40 sent in order; first difference at {:?}",
+                    headers.len(),
+                    headers.iter().zip(&sent).position(|(a, b)| a != b)
+                ));
+            }
+        }
+        Ok(())
     })
 }
 
