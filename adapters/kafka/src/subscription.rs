@@ -135,6 +135,7 @@ pub(crate) async fn subscribe(
         batch: std::collections::VecDeque::new(),
         early: BinaryHeap::new(),
         held: 0,
+        precise: None,
         commands,
         worker,
         ladder: Some(ladder),
@@ -153,6 +154,8 @@ pub(crate) struct KafkaSubscription {
     early: BinaryHeap<Early>,
     /// How many retries were held so far: orders those due at the same time by arrival.
     held: u64,
+    /// The blocking sleep ending at the earliest held retry's due time, once that is near.
+    precise: Option<(Timestamp, tokio::task::JoinHandle<()>)>,
     commands: Sender<Command>,
     worker: Arc<Worker>,
     ladder: Option<Ladder>,
@@ -218,6 +221,22 @@ impl Ord for Early {
     fn cmp(&self, other: &Self) -> std::cmp::Ordering {
         (other.at, other.seq).cmp(&(self.at, self.seq))
     }
+}
+
+/// How close to its due time a held retry's wait leaves Tokio's timer (see [`wait_for`]).
+const PRECISE_WITHIN: Duration = Duration::from_millis(3);
+
+/// The last stretch of a held retry's wait, `d` (at most [`PRECISE_WITHIN`]), slept by a blocking
+/// thread: a held retry waits with Tokio's timer until [`PRECISE_WITHIN`] before its due time, then
+/// this way.
+///
+/// Why: Tokio's timer wakes on whole milliseconds, rounded up, and its driver sleeps in whole
+/// milliseconds too, so a retry held to its due time that way started 1–2 ms after it (measured beside
+/// Spring Kafka's retry topics, `scripts/peer-bench fixed`: p50 2 ms, as Spring's). A thread's sleep
+/// ends within tens of microseconds of its time. One such sleep per subscription at a time (the
+/// earliest held retry's; the retries due with it go at once), kept across a batch's arrival.
+fn precise_sleep(d: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::task::spawn_blocking(move || std::thread::sleep(d))
 }
 
 /// What `x-retry-due-at` may lie below the true due time, in ms (see [`hold_until`]).
@@ -298,14 +317,35 @@ impl Subscription for KafkaSubscription {
             }
             // To the microsecond: a wait counted from the current whole millisecond would add up to one.
             let wake = self.early.peek().map(|e| {
-                e.at.to_system_time()
-                    .duration_since(std::time::SystemTime::now())
-                    .unwrap_or_default()
+                let d =
+                    e.at.to_system_time()
+                        .duration_since(std::time::SystemTime::now())
+                        .unwrap_or_default();
+                (e.at, d)
             });
-            // Cancel-safe: a batch is either received whole (and kept in `self.batch`) or not at all.
-            let received = tokio::select! {
-                received = self.rx.recv() => received,
-                () = tokio::time::sleep(wake.unwrap_or_default()), if wake.is_some() => continue,
+            // Cancel-safe: a batch is either received whole (and kept in `self.batch`) or not at all, and
+            // a precise sleep cut short is kept for the next round.
+            let received = match wake {
+                None => self.rx.recv().await,
+                Some((_, d)) if d > PRECISE_WITHIN => tokio::select! {
+                    received = self.rx.recv() => received,
+                    () = tokio::time::sleep(d - PRECISE_WITHIN) => continue,
+                },
+                Some((at, d)) => {
+                    if self.precise.as_ref().is_none_or(|(t, _)| *t != at) {
+                        self.precise = Some((at, precise_sleep(d)));
+                    }
+                    let Some((_, sleep)) = self.precise.as_mut() else {
+                        continue;
+                    };
+                    tokio::select! {
+                        received = self.rx.recv() => received,
+                        _ = sleep => {
+                            self.precise = None;
+                            continue;
+                        }
+                    }
+                }
             };
             match received {
                 Some(Ok(records)) => self.batch.extend(records),
