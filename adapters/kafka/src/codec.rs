@@ -187,7 +187,9 @@ impl Chunks {
 /// A record copied out of librdkafka's buffers as it was read, not yet decoded: its payload, its key and
 /// its headers in one slice of a shared chunk (see [`Chunks`]). Decoding — the header list, the names of
 /// a producer's own headers — is left to the thread that takes the record, so what it allocates is freed
-/// on the thread that allocated it.
+/// on the thread that allocated it. A clone shares the chunk (no copy): a receipt keeps one to decode
+/// the record again in the rare case it needs the whole original.
+#[derive(Clone)]
 pub(crate) struct Copied {
     /// The payload, the key, then each header as the length of its name (4 bytes, little-endian), the
     /// name, the length of its value (4 bytes, [`NULL`] for a null value) and the value.

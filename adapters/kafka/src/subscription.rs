@@ -32,7 +32,7 @@ use event_retry_core::time::Timestamp;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use tokio::sync::mpsc;
 
-use crate::codec::{self, Nulls};
+use crate::codec::{self, Copied, Nulls};
 use crate::ladder::Ladder;
 use crate::link::Link;
 use crate::offsets::Tp;
@@ -163,6 +163,7 @@ pub(crate) struct KafkaSubscription {
 
 impl KafkaSubscription {
     fn delivery(&self, record: Record) -> Delivery {
+        let original = record.copied.clone();
         let decoded = record.copied.decode();
         let (topic, partition) = record.tp.clone();
         let info = DeliveryInfo::new(format!("{topic}/{partition}/{}", record.offset), {
@@ -182,7 +183,7 @@ impl KafkaSubscription {
                 offset: record.offset,
                 epoch: record.epoch,
             }),
-            original: decoded.raw.clone(),
+            original,
             nulls: decoded.nulls,
         });
         Delivery::new(decoded.raw, info, receipt)
@@ -410,7 +411,9 @@ struct KafkaReceipt {
     names: Arc<Names>,
     partition: i32,
     position: Unsettled<Position>,
-    original: RawMessage,
+    /// The record as copied, decoded again only if [`Receipt::release`] needs it whole (a clone of the
+    /// decoded message per record would cost a header list and a reference count per header).
+    original: Copied,
     /// The record's headers whose value was null: every copy writes them null again.
     nulls: Nulls,
 }
@@ -530,7 +533,7 @@ impl Receipt for KafkaReceipt {
         self.position.get()?;
         // Kafka cannot hand one record back: a copy comes back through the retry topic instead, and
         // if it cannot be produced the offset stays uncommitted.
-        let original = self.original.clone();
+        let original = self.original.clone().decode().raw;
         self.delay(&original, after, "release").await
     }
 }
