@@ -30,6 +30,11 @@ struct Partition {
 pub(crate) struct Generation(Arc<AtomicU64>);
 
 impl Generation {
+    /// The change count now: read under the offsets' lock, it dates the epochs read under it.
+    pub(crate) fn now(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
     /// Whether the assignment has not changed since it was `generation`: every epoch read then is still
     /// current.
     pub(crate) fn unchanged_since(&self, generation: u64) -> bool {
@@ -77,11 +82,6 @@ impl Offsets {
     pub(crate) fn revoked(&mut self, tp: &Tp) {
         self.changes.fetch_add(1, Ordering::Release);
         self.partitions.remove(tp);
-    }
-
-    /// The assignment's change count now (see [`Offsets::changes`]).
-    pub(crate) fn generation(&self) -> u64 {
-        self.changes.load(Ordering::Acquire)
     }
 
     /// The change count, shared: [`Generation::unchanged_since`] reads it without this struct's lock.
@@ -213,7 +213,7 @@ mod tests {
         let mut o = Offsets::default();
         let changes = o.changes();
         o.assigned(tp(0));
-        let g = o.generation();
+        let g = changes.now();
         assert!(changes.unchanged_since(g));
         let e = o.received(&tp(0), 1).unwrap_or_default();
         o.settled(&tp(0), 1, e);
@@ -227,7 +227,7 @@ mod tests {
             !changes.unchanged_since(g),
             "a revoke ends the epoch read at g"
         );
-        let g = o.generation();
+        let g = changes.now();
         o.assigned(tp(0));
         assert!(!changes.unchanged_since(g), "an assign starts a new epoch");
     }

@@ -224,7 +224,7 @@ impl Ord for Early {
     }
 }
 
-/// How close to its due time a held retry's wait leaves Tokio's timer (see [`wait_for`]).
+/// How close to its due time a held retry's wait leaves Tokio's timer (see [`precise_sleep`]).
 const PRECISE_WITHIN: Duration = Duration::from_millis(3);
 
 /// The last stretch of a held retry's wait, `d` (at most [`PRECISE_WITHIN`]), slept by a blocking
@@ -333,11 +333,9 @@ impl Subscription for KafkaSubscription {
                     () = tokio::time::sleep(d - PRECISE_WITHIN) => continue,
                 },
                 Some((at, d)) => {
-                    if self.precise.as_ref().is_none_or(|(t, _)| *t != at) {
-                        self.precise = Some((at, precise_sleep(d)));
-                    }
-                    let Some((_, sleep)) = self.precise.as_mut() else {
-                        continue;
+                    let sleep = match &mut self.precise {
+                        Some((until, sleep)) if *until == at => sleep,
+                        slot => &mut slot.insert((at, precise_sleep(d))).1,
                     };
                     tokio::select! {
                         received = self.rx.recv() => received,

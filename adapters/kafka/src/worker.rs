@@ -307,7 +307,7 @@ impl Worker {
             ..
         } = &mut *state;
         let queue = if priority { first } else { pending };
-        let generation = offsets.generation();
+        let generation = self.changes.now();
         // Records of a poll come from few partitions: the topic's shared name is looked up once per run.
         let mut topic: Option<(Arc<str>, Option<Arc<str>>)> = None;
         for record in read {
