@@ -13,6 +13,10 @@
 //!
 //! Three rounds of each setting; the report gives every round and the median.
 //!
+//! For a profiler: `RETRY_BENCH_PROFILE=<events>` runs one round of the multi-threaded runtime with
+//! defaults only, over that many events, and after publishing them prints `published, pid N` and waits
+//! 2 s before the consumer starts — time to attach (`perf record -g -p N`) to the consuming alone.
+//!
 //! The bench waits for the last handler call through a signal the handler raises, and only then for the
 //! last acknowledgement through `wait_until`: a `wait_until` for all of them would be woken at every
 //! change of the counters — several times per event, a cost of the waiting bench, not of a consumer.
@@ -30,6 +34,8 @@ use event_retry_core::runtime::{Context, batch_handler_fn, handler_fn};
 
 /// Events per round.
 const EVENTS: usize = 200_000;
+/// The environment variable of the profiling round (see the module docs).
+const PROFILE_ENV: &str = "RETRY_BENCH_PROFILE";
 /// Rounds per setting.
 const ROUNDS: usize = 3;
 /// Payload size of each event, in bytes.
@@ -55,19 +61,33 @@ enum Setting {
 /// One round: `EVENTS` events published to a fresh in-memory topic, then consumed by a consumer with
 /// `concurrency` (the default when `None`); the rate from the consumer's start to the last success.
 async fn round(concurrency: Option<usize>, setting: Setting) -> Result<Round, Error> {
+    round_of(EVENTS, concurrency, setting, false).await
+}
+
+/// [`round`] over `events`; with `pause`, a 2 s pause for a profiler after publishing.
+async fn round_of(
+    events: usize,
+    concurrency: Option<usize>,
+    setting: Setting,
+    pause: bool,
+) -> Result<Round, Error> {
     let broker = Broker::memory();
     let producer = broker.producer();
     let body = "x".repeat(PAYLOAD);
-    for i in 0..EVENTS {
+    for i in 0..events {
         producer
             .publish("bench", Event::new(body.clone()).with_id(format!("m{i}")))
             .await?;
+    }
+    if pause {
+        println!("published, pid {}", std::process::id());
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     }
     let (calls, last_call) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
     let handler = handler_fn({
         let (calls, last_call) = (calls.clone(), last_call.clone());
         move |_event: Event, _ctx: Context| {
-            if calls.fetch_add(1, Ordering::Relaxed) + 1 == EVENTS {
+            if calls.fetch_add(1, Ordering::Relaxed) + 1 == events {
                 last_call.notify_one();
             }
             async { Ok::<(), HandlerError>(()) }
@@ -86,7 +106,7 @@ async fn round(concurrency: Option<usize>, setting: Setting) -> Result<Round, Er
                     let (calls, last_call) = (calls.clone(), last_call.clone());
                     move |batch: Vec<(Event, Context)>| {
                         let n = batch.len();
-                        if calls.fetch_add(n, Ordering::Relaxed) + n == EVENTS {
+                        if calls.fetch_add(n, Ordering::Relaxed) + n == events {
                             last_call.notify_one();
                         }
                         async move { (0..n).map(|_| Ok::<(), HandlerError>(())).collect() }
@@ -102,18 +122,18 @@ async fn round(concurrency: Option<usize>, setting: Setting) -> Result<Round, Er
             () = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
         }
     }
-    let stats = consumer.wait_until(|s| s.succeeded >= EVENTS as u64).await;
+    let stats = consumer.wait_until(|s| s.succeeded >= events as u64).await;
     let elapsed = started.elapsed().as_secs_f64();
     consumer.shutdown().await?;
-    if stats.succeeded < EVENTS as u64 {
+    if stats.succeeded < events as u64 {
         return Err(format!(
-            "the consumer stopped after {} of {EVENTS} events",
+            "the consumer stopped after {} of {events} events",
             stats.succeeded
         )
         .into());
     }
     Ok(Round {
-        rate: EVENTS as f64 / elapsed,
+        rate: events as f64 / elapsed,
     })
 }
 
@@ -152,6 +172,17 @@ fn measure(runtime: &tokio::runtime::Runtime, on: &str) -> Result<f64, Error> {
 
 fn main() -> Result<(), Error> {
     if std::env::args().any(|a| a == "--test" || a == "--list") {
+        return Ok(());
+    }
+    if let Ok(events) = std::env::var(PROFILE_ENV) {
+        let events: usize = events
+            .parse()
+            .map_err(|e| format!("{PROFILE_ENV}={events}: {e}"))?;
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?;
+        let round = multi.block_on(round_of(events, None, Setting::PerEvent, true))?;
+        println!("profiled round: {:.0} events/s", round.rate);
         return Ok(());
     }
     let one_core = tokio::runtime::Builder::new_current_thread()
