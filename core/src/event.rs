@@ -5,6 +5,7 @@
 //! the producer's headers — byte for byte as it found it, on every hop and into the DLQ.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -62,8 +63,8 @@ impl Event {
     }
 
     /// Sets the event id (used for idempotency and tracing); without one the broker's message id is used.
-    pub fn with_id(mut self, id: impl Into<String>) -> Self {
-        self.meta.event_id = Some(id.into());
+    pub fn with_id(mut self, id: impl AsRef<str>) -> Self {
+        self.meta.event_id = Some(Arc::from(id.as_ref()));
         self
     }
 

@@ -12,6 +12,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -178,8 +179,8 @@ pub mod names {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Origin {
-    /// Topic or queue name.
-    pub topic: String,
+    /// Topic or queue name (shared: a consumer's deliveries all name the same one).
+    pub topic: Arc<str>,
     /// Partition, where the broker has partitions.
     pub partition: Option<i32>,
     /// Offset, where the broker has offsets.
@@ -190,7 +191,7 @@ pub struct Origin {
 
 impl Origin {
     /// An origin in `topic`.
-    pub fn new(topic: impl Into<String>) -> Self {
+    pub fn new(topic: impl Into<Arc<str>>) -> Self {
         Self {
             topic: topic.into(),
             ..Self::default()
@@ -319,8 +320,9 @@ pub struct DeadInfo {
 /// The SDK's bookkeeping for one event; travels with it on every hop.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RetryMetadata {
-    /// Event id (the producer's, or the broker's message id when the producer set none).
-    pub event_id: Option<String>,
+    /// Event id (the producer's, or the broker's message id when the producer set none); shared, so
+    /// every copy of the event and every handler context carries it without an allocation of its own.
+    pub event_id: Option<Arc<str>>,
     /// Handler calls that failed so far.
     pub attempts: u32,
     /// Retries scheduled through the broker so far (the policy's position).
@@ -883,7 +885,7 @@ fn apply(
     check_length(name, value, MAX_VALUE_BYTES)?;
     let text = |v| text(name, v);
     match field {
-        Field::EventId => meta.event_id = Some(text(value)?.to_string()),
+        Field::EventId => meta.event_id = Some(Arc::from(text(value)?)),
         Field::Attempts => meta.attempts = number(name, value)?,
         Field::Retries => meta.retries = number(name, value)?,
         Field::FirstSeen => meta.first_seen = Some(Timestamp::from_millis(number(name, value)?)),
@@ -892,7 +894,7 @@ fn apply(
             meta.replayed_at = Some(Timestamp::from_millis(number(name, value)?));
         }
         Field::OriginTopic => {
-            meta.origin.get_or_insert_with(Origin::default).topic = text(value)?.to_string()
+            meta.origin.get_or_insert_with(Origin::default).topic = text(value)?.into()
         }
         Field::OriginPartition => {
             meta.origin.get_or_insert_with(Origin::default).partition = Some(signed(name, value)?)

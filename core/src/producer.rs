@@ -121,8 +121,10 @@ fn prepare(topic: &str, mut event: Event) -> Result<Event, Error> {
         ));
     }
     let id = event
-        .id()
-        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string);
+        .metadata()
+        .event_id
+        .clone()
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string().into());
     *event.metadata_mut() = RetryMetadata {
         event_id: Some(id),
         ..RetryMetadata::default()

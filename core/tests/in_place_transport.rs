@@ -65,7 +65,7 @@ impl Subscription for VisibilitySubscription {
         };
         let earlier = {
             let mut receives = self.receives.lock().unwrap_or_else(|p| p.into_inner());
-            let n = receives.entry(d.info.message_id.clone()).or_insert(0);
+            let n = receives.entry(d.info.message_id()).or_insert(0);
             *n += 1;
             *n - 1
         };

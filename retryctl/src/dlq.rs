@@ -158,7 +158,7 @@ pub fn entry_json(entry: &DeadLetter, with_payload: bool) -> serde_json::Value {
         .collect();
     let mut doc = serde_json::json!({
         "id": entry.id,
-        "event_id": m.event_id,
+        "event_id": m.event_id.as_deref(),
         "key": e.key.as_deref().map(render::bytes_json),
         "reason": dead.map(|d| d.reason.to_string()),
         "dead_at": render::time_json(dead.map(|d| d.at)),
@@ -170,7 +170,7 @@ pub fn entry_json(entry: &DeadLetter, with_payload: bool) -> serde_json::Value {
         "first_seen": render::time_json(m.first_seen),
         "last_delay_ms": m.last_delay.map(|d| d.as_millis() as u64),
         "origin": m.origin.as_ref().map(|o| serde_json::json!({
-            "topic": o.topic, "partition": o.partition, "offset": o.offset,
+            "topic": &*o.topic, "partition": o.partition, "offset": o.offset,
         })),
         "replay_count": m.replay_count,
         "replayed_at": render::time_json(m.replayed_at),

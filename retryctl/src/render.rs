@@ -136,7 +136,7 @@ pub fn entry_fields(entry: &DeadLetter) -> Vec<(&'static str, String)> {
     let dead = m.dead.as_ref();
     vec![
         ("id", entry.id.clone()),
-        ("event id", opt(m.event_id.clone())),
+        ("event id", opt(m.event_id.as_deref().map(str::to_string))),
         ("key", opt(e.key.as_deref().map(text_or_hex))),
         ("consumer group", opt(entry.group.clone())),
         ("dead", opt(dead.map(|d| d.reason.to_string()))),
@@ -155,7 +155,7 @@ pub fn entry_fields(entry: &DeadLetter) -> Vec<(&'static str, String)> {
             "origin",
             opt(m.origin.as_ref().map(|o| match (o.partition, o.offset) {
                 (Some(p), Some(off)) => format!("{} (partition {p}, offset {off})", o.topic),
-                _ => o.topic.clone(),
+                _ => o.topic.to_string(),
             })),
         ),
         ("replays", m.replay_count.to_string()),

@@ -358,7 +358,8 @@ fn history_moves(pair: Pair) -> Result<(), String> {
             let meta = meta_of(entry);
             let id = meta
                 .event_id
-                .clone()
+                .as_deref()
+                .map(str::to_string)
                 .ok_or("an entry without an event id")?;
             let want = expected
                 .get(&id)
@@ -543,7 +544,7 @@ fn killed_and_resumed(pair: Pair) -> Result<(), String> {
         let moved = RawKafka::new(to_url).messages(&target_dlq).await.map_err(fail)?;
         let ids: BTreeSet<String> = moved
             .iter()
-            .filter_map(|m| meta_of(m).event_id)
+            .filter_map(|m| meta_of(m).event_id.as_deref().map(str::to_string))
             .collect();
         let want: BTreeSet<String> = (0..N).map(|i| format!("e{i}")).collect();
         if moved.len() != N || ids != want {

@@ -123,7 +123,7 @@ pub(crate) async fn subscribe(
     }
     let names = Arc::new(Names {
         dlq_topic: link.config.dlq_topic(&spec.topic),
-        source: spec.topic.clone(),
+        source: Arc::from(spec.topic.as_str()),
         group: spec.group.clone(),
         retry_topic,
     });
@@ -166,13 +166,18 @@ impl KafkaSubscription {
         let original = record.copied.clone();
         let decoded = record.copied.decode();
         let (topic, partition) = record.tp.clone();
-        let info = DeliveryInfo::new(format!("{topic}/{partition}/{}", record.offset), {
-            let origin = Origin::new(self.spec.topic.clone()).at(partition, record.offset);
-            match decoded.timestamp {
-                Some(t) => origin.with_timestamp(t),
-                None => origin,
-            }
-        });
+        let origin = Origin::new(self.names.source.clone()).at(partition, record.offset);
+        let origin = match decoded.timestamp {
+            Some(t) => origin.with_timestamp(t),
+            None => origin,
+        };
+        // A source record's place names it (`<topic>/<partition>/<offset>`), made only if its event
+        // has no id; a record of the retry topic is named by its own topic.
+        let info = if *topic == *self.names.source {
+            DeliveryInfo::at(origin)
+        } else {
+            DeliveryInfo::new(format!("{topic}/{partition}/{}", record.offset), origin)
+        };
         let receipt = Box::new(KafkaReceipt {
             link: self.link.clone(),
             worker: self.worker.clone(),
@@ -389,7 +394,7 @@ impl Subscription for KafkaSubscription {
 
 /// The topics and group a subscription's receipts settle to, shared by all of them.
 struct Names {
-    source: String,
+    source: Arc<str>,
     retry_topic: String,
     dlq_topic: String,
     group: String,
@@ -494,6 +499,10 @@ impl KafkaReceipt {
 impl Receipt for KafkaReceipt {
     async fn ack(&mut self) -> Result<(), Error> {
         self.finish()
+    }
+
+    fn try_ack(&mut self) -> Option<Result<(), Error>> {
+        Some(self.finish())
     }
 
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {

@@ -410,6 +410,10 @@ impl Receipt for PulsarReceipt {
         self.finish(true)
     }
 
+    fn try_ack(&mut self) -> Option<Result<(), Error>> {
+        Some(self.finish(true))
+    }
+
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
         self.unsettled()?;
         let operation = format!("retry through {}", self.retry_topic);

@@ -510,7 +510,7 @@ impl RabbitReceipt {
     /// Marks the delivery acknowledged; its `basic.ack` goes out with the channel's next batch (see
     /// [`Acks`]). A channel already gone is reported here; one lost before the batch is sent makes the
     /// broker redeliver the message (at least once), as a lost single ack would.
-    async fn ack(&mut self) -> Result<(), Error> {
+    fn ack(&mut self) -> Result<(), Error> {
         if !self.acker.get()?.usable() {
             return Err(Error::new(
                 Kind::Connection,
@@ -573,7 +573,11 @@ impl RabbitReceipt {
 #[async_trait]
 impl Receipt for RabbitReceipt {
     async fn ack(&mut self) -> Result<(), Error> {
-        RabbitReceipt::ack(self).await
+        RabbitReceipt::ack(self)
+    }
+
+    fn try_ack(&mut self) -> Option<Result<(), Error>> {
+        Some(RabbitReceipt::ack(self))
     }
 
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
@@ -583,7 +587,7 @@ impl Receipt for RabbitReceipt {
         let props = codec::properties(event, Some(&self.native), &id, &self.link.user, &[]);
         self.delay_copy(&event.payload, props, delay, &operation)
             .await?;
-        RabbitReceipt::ack(self).await
+        RabbitReceipt::ack(self)
     }
 
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
@@ -604,7 +608,7 @@ impl Receipt for RabbitReceipt {
         self.link
             .dead_letter(&self.topic, Some(&self.group), event, Some(&self.native))
             .await?;
-        RabbitReceipt::ack(self).await
+        RabbitReceipt::ack(self)
     }
 
     async fn release(&mut self, after: Duration) -> Result<(), Error> {
@@ -615,7 +619,7 @@ impl Receipt for RabbitReceipt {
         let props = codec::unchanged(&self.native, &self.link.user);
         let body = self.body.clone();
         match self.delay_copy(&body, props, after, "release").await {
-            Ok(()) => RabbitReceipt::ack(self).await,
+            Ok(()) => RabbitReceipt::ack(self),
             Err(e) => {
                 debug!(error = %e, "a delayed release failed; requeueing at once");
                 self.requeue().await

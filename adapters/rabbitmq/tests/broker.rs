@@ -221,7 +221,7 @@ fn a_connection_lost_in_a_dlq_outage_ends_the_hold(url: String) -> Result<(), St
         };
         let ids: Vec<_> = dead
             .iter()
-            .map(|d| d.event.metadata().event_id.clone().unwrap_or_default())
+            .map(|d| d.event.id().unwrap_or_default().to_string())
             .collect();
         if ids != ["victim"] {
             return Err(format!("DLQ entries {ids:?}, want the victim once"));

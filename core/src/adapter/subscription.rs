@@ -12,8 +12,10 @@ use crate::metadata::Origin;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DeliveryInfo {
-    /// The broker's id for the message; the event id when the producer set none.
-    pub message_id: String,
+    /// The broker's own id for the message, where it has one (SQS, Pulsar); `None` where the place the
+    /// message sits names it (Kafka's partition and offset): [`DeliveryInfo::message_id`] then makes the
+    /// id from the origin, and only if it is needed — for an event without an id of its own.
+    pub message_id: Option<String>,
     /// Where it was consumed (topic, and partition/offset where the broker has them).
     pub origin: Origin,
     /// Failed attempts as the broker counts them, for brokers where a retry is the same message coming
@@ -32,11 +34,47 @@ impl DeliveryInfo {
     /// A delivery of the message `message_id`, consumed at `origin`.
     pub fn new(message_id: impl Into<String>, origin: Origin) -> Self {
         Self {
-            message_id: message_id.into(),
+            message_id: Some(message_id.into()),
             origin,
             broker_attempts: None,
             broker_retries: None,
         }
+    }
+
+    /// A delivery of the message at `origin`, which names it (`<topic>/<partition>/<offset>`, the
+    /// partition left out where there is none): nothing is allocated for the id unless it is needed.
+    ///
+    /// ```
+    /// use event_retry_core::adapter::DeliveryInfo;
+    /// use event_retry_core::metadata::Origin;
+    ///
+    /// assert_eq!(DeliveryInfo::at(Origin::new("orders").at(2, 17)).message_id(), "orders/2/17");
+    /// assert_eq!(DeliveryInfo::new("m-1", Origin::new("orders")).message_id(), "m-1");
+    /// ```
+    pub fn at(origin: Origin) -> Self {
+        Self {
+            message_id: None,
+            origin,
+            broker_attempts: None,
+            broker_retries: None,
+        }
+    }
+
+    /// The message's id: the broker's own, or the one its place makes (see [`DeliveryInfo::at`]).
+    pub fn message_id(&self) -> String {
+        if let Some(id) = &self.message_id {
+            return id.clone();
+        }
+        let origin = &self.origin;
+        let mut id = origin.topic.to_string();
+        for part in [origin.partition.map(i64::from), origin.offset]
+            .into_iter()
+            .flatten()
+        {
+            id.push('/');
+            id.push_str(itoa::Buffer::new().format(part));
+        }
+        id
     }
 
     /// Sets the broker's own count of failed attempts and retries (see the fields).
@@ -85,6 +123,14 @@ impl std::fmt::Debug for Delivery {
 pub trait Receipt: Send {
     /// The handler succeeded (or the event was a duplicate): let go of the message for good.
     async fn ack(&mut self) -> Result<(), Error>;
+
+    /// Acknowledges now, without waiting, where that needs no round trip to the broker (an offset to
+    /// commit later, an in-memory queue): `Some` with what [`Receipt::ack`] would return; `None` where
+    /// the acknowledgement must wait (the runtime then awaits `ack`). The default has none. What it
+    /// spares the runtime is a future per event for the common, successful case.
+    fn try_ack(&mut self) -> Option<Result<(), Error>> {
+        None
+    }
 
     /// Make `event` (the same payload, key and headers, with updated metadata) come back after `delay` at
     /// the earliest, durably, then let go of the original.

@@ -236,9 +236,9 @@ fn retargeted(entry: &DeadLetter, source_topic: &str, to_topic: &str) -> crate::
     let mut event = entry.event.clone();
     if source_topic != to_topic
         && let Some(origin) = event.metadata_mut().origin.as_mut()
-        && origin.topic == source_topic
+        && *origin.topic == *source_topic
     {
-        origin.topic = to_topic.to_string();
+        origin.topic = to_topic.into();
     }
     event
 }
@@ -479,7 +479,7 @@ mod tests {
         let moved = retargeted(&entry, "orders", "orders-v2");
         let origin = moved.metadata().origin.clone().unwrap();
         assert_eq!(
-            (origin.topic.as_str(), origin.partition, origin.offset),
+            (&*origin.topic, origin.partition, origin.offset),
             ("orders-v2", Some(2), Some(7))
         );
         assert_eq!(retargeted(&entry, "orders", "orders"), entry.event);

@@ -71,7 +71,7 @@ impl DeadLetter {
             .metadata()
             .origin
             .as_ref()
-            .map_or(source_topic, |o| o.topic.as_str())
+            .map_or(source_topic, |o| &*o.topic)
             .to_string();
         (event, origin)
     }

@@ -47,13 +47,10 @@ impl MemorySubscription {
         queue.in_flight += 1;
         Ok(Delivery {
             message: stored.raw.clone(),
-            info: DeliveryInfo::new(
-                format!("{}/{}", self.topic, stored.offset),
-                Origin {
-                    offset: Some(stored.offset),
-                    ..Origin::new(self.topic.to_string())
-                },
-            ),
+            info: DeliveryInfo::at(Origin {
+                offset: Some(stored.offset),
+                ..Origin::new(self.topic.clone())
+            }),
             receipt: Box::new(MemoryReceipt {
                 broker: self.broker.clone(),
                 topic: Arc::clone(&self.topic),
@@ -115,6 +112,10 @@ impl MemoryReceipt {
 impl Receipt for MemoryReceipt {
     async fn ack(&mut self) -> Result<(), Error> {
         self.settle().map(drop)
+    }
+
+    fn try_ack(&mut self) -> Option<Result<(), Error>> {
+        Some(self.settle().map(drop))
     }
 
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {

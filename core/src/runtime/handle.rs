@@ -2,9 +2,11 @@
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use tokio_util::sync::CancellationToken;
+use tokio_util::sync::WaitForCancellationFuture;
 
 use super::builder::ConsumerError;
 use super::health::{Health, HealthState};
@@ -18,7 +20,7 @@ use super::stats::{Counters, Stats};
 #[must_use = "a consumer stops when asked to; keep the handle to stop it or wait for it"]
 pub struct ConsumerHandle {
     task: tokio::task::JoinHandle<Result<(), ConsumerError>>,
-    shutdown: CancellationToken,
+    shutdown: StopSignal,
     counters: Arc<Counters>,
     health: Arc<HealthState>,
     /// The state every task of the consumer holds: gone once none of them can run.
@@ -36,25 +38,51 @@ impl std::fmt::Debug for ConsumerHandle {
 
 /// Asks a consumer (or an [`App`](super::App)) to stop gracefully; cheap to clone and to send anywhere.
 #[derive(Clone, Debug)]
-pub struct Shutdown(CancellationToken);
+pub struct Shutdown(StopSignal);
 
 impl Shutdown {
     /// Starts the graceful shutdown: receiving stops, in-flight handlers finish within the grace period,
     /// the rest is released to the broker.
     pub fn trigger(&self) {
-        self.0.cancel();
+        self.0.trigger();
     }
 
     /// Whether shutdown was asked for.
     pub fn is_triggered(&self) -> bool {
-        self.0.is_cancelled()
+        self.0.is_triggered()
+    }
+}
+
+/// A consumer's shutdown signal: a token its tasks wait on, and a flag the receive loop reads for every
+/// delivery — without the lock the token takes to tell whether it is cancelled.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct StopSignal {
+    token: CancellationToken,
+    asked: Arc<AtomicBool>,
+}
+
+impl StopSignal {
+    /// Asks for the shutdown.
+    pub(crate) fn trigger(&self) {
+        self.asked.store(true, Ordering::Release);
+        self.token.cancel();
+    }
+
+    /// Whether the shutdown was asked for.
+    pub(crate) fn is_triggered(&self) -> bool {
+        self.asked.load(Ordering::Acquire)
+    }
+
+    /// Completes once the shutdown is asked for.
+    pub(crate) fn triggered(&self) -> WaitForCancellationFuture<'_> {
+        self.token.cancelled()
     }
 }
 
 impl ConsumerHandle {
     pub(super) fn new(
         task: tokio::task::JoinHandle<Result<(), ConsumerError>>,
-        shutdown: CancellationToken,
+        shutdown: StopSignal,
         counters: Arc<Counters>,
         health: Arc<HealthState>,
         alive: Weak<Shared>,
@@ -121,7 +149,7 @@ impl ConsumerHandle {
     /// Stops receiving, lets in-flight handlers finish within the grace period, releases the rest to the
     /// broker, leaves the subscription, and returns how the consumer ended.
     pub async fn shutdown(self) -> Result<(), ConsumerError> {
-        self.shutdown.cancel();
+        self.shutdown.trigger();
         self.await
     }
 

@@ -1,6 +1,7 @@
 //! The handler API: what a service writes, once, for every broker.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,11 +35,23 @@ pub struct Context {
     pub replay_count: u32,
 }
 
+/// A handler call that owns what it was given: what the runtime polls.
+pub type HandlerCall = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send + 'static>>;
+
 /// Handles events. Return `Ok(())` on success; any error is classified (see [`crate::classify`]).
 #[async_trait]
 pub trait Handler: Send + Sync + 'static {
     /// Handles one event.
     async fn handle(&self, event: &Event, ctx: &Context) -> Result<(), HandlerError>;
+
+    /// Starts a call that owns its event and context — what the runtime polls. A call owning its
+    /// inputs can be polled first in the receive loop and, if it has to wait, go on in a task of its
+    /// own: the runtime makes no future of its own per event for a call that is done at its first poll.
+    /// The default calls [`Handler::handle`]; handlers made with [`handler_fn`] and [`json_handler`]
+    /// call their closure directly (one allocation per call, the closure's future).
+    fn call(self: Arc<Self>, event: Event, ctx: Context) -> HandlerCall {
+        Box::pin(async move { self.handle(&event, &ctx).await })
+    }
 }
 
 /// A handler made from an async closure taking the event and context by value.
@@ -62,6 +75,10 @@ where
 {
     async fn handle(&self, event: &Event, ctx: &Context) -> Result<(), HandlerError> {
         (self.0)(event.clone(), ctx.clone()).await
+    }
+
+    fn call(self: Arc<Self>, event: Event, ctx: Context) -> HandlerCall {
+        Box::pin((self.0)(event, ctx))
     }
 }
 
@@ -127,6 +144,13 @@ where
     async fn handle(&self, event: &Event, ctx: &Context) -> Result<(), HandlerError> {
         let value: T = decode_json(event)?;
         (self.f)(value, ctx.clone()).await
+    }
+
+    fn call(self: Arc<Self>, event: Event, ctx: Context) -> HandlerCall {
+        match decode_json::<T>(&event) {
+            Ok(value) => Box::pin((self.f)(value, ctx)),
+            Err(e) => Box::pin(std::future::ready(Err(e))),
+        }
     }
 }
 

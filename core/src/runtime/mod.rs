@@ -44,8 +44,8 @@ pub use batch::{BatchFnHandler, BatchHandler, BatchItem, batch_handler_fn};
 pub use builder::{Consumer, ConsumerBuilder, ConsumerError, ParkedAfterDead};
 pub use handle::{ConsumerHandle, HealthWatch, Shutdown};
 pub use handler::{
-    Context, FnHandler, Handler, JsonHandler, UndecodablePayload, decode_json, handler_fn,
-    json_handler,
+    Context, FnHandler, Handler, HandlerCall, JsonHandler, UndecodablePayload, decode_json,
+    handler_fn, json_handler,
 };
 pub use health::{Health, UNREACHABLE_AFTER_LAST_ERROR};
 pub use stats::Stats;

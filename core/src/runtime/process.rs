@@ -1,6 +1,12 @@
 //! One delivery, from decoding to a settled outcome.
 //!
-//! Each delivery's future is allocated and moved whole, so it is kept small: the delivery is decoded
+//! The common case costs no future of the runtime's own: [`start`] decodes and claims a delivery, polls
+//! its handler's call once and acknowledges a success at once where the receipt can
+//! ([`Receipt::try_ack`]), all in the receive loop's poll. The handler's call owns its event and context
+//! ([`Handler::call`](super::handler::Handler::call)), so a call that has to wait moves, with the rest of
+//! the handling ([`finish`]), into a task of its own. On that path, and on every path that waits before
+//! the call (per-key parking, an idempotency claim), the delivery's future is allocated and moved whole,
+//! so it is kept small: the delivery is decoded
 //! before the future is made, the future holds the decoded event once and every step borrows it (a step
 //! that took the handling by value left a copy of it in each enclosing future: 4,240 bytes per event, now
 //! about 1,000), and the cold paths (a retry, a dead letter, a hold, an in-place wait, a failed settle,
@@ -19,8 +25,10 @@
 //! the same decision and settle code as a single delivery.
 
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::task::Poll;
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use futures::FutureExt;
@@ -28,7 +36,7 @@ use rand::RngCore;
 use tracing::{Instrument, debug, info_span, warn};
 
 use super::batch::{BatchHandler, BatchItem, one_per_event};
-use super::handler::{Context, UndecodablePayload};
+use super::handler::{Context, HandlerCall, UndecodablePayload};
 use super::ordering::Verdict;
 use super::receive::Shared;
 use crate::adapter::{Delivery, DeliveryInfo, Receipt};
@@ -58,38 +66,117 @@ pub(super) fn process<G: Send + 'static>(
     let Delivery {
         message,
         info,
+        receipt,
+    } = delivery;
+    let prepared = prepare(&shared, message, info);
+    finish(shared, prepared, receipt, guard, Resume::Admit)
+}
+
+/// Where [`finish`] takes a delivery's handling up.
+enum Resume {
+    /// From the start: admission (parking, the idempotency claim), then the handler's call.
+    Admit,
+    /// Claimed, its first call made: `attempt` takes the call from there.
+    Called {
+        lateness: Option<Duration>,
+        first: FirstCall,
+        state: State,
+    },
+    /// Claimed and called with success, the acknowledgement still to make (it has to wait).
+    Ack(State),
+    /// Acknowledged at once, but the broker refused it: released for redelivery.
+    AckFailed(crate::error::Error),
+    /// The claim was refused by the lifecycle: given back unsettled.
+    GiveBack,
+}
+
+/// Runs a decoded delivery's handling from `resume` to its end, then drops its receipt and `guard`.
+async fn finish<G: Send + 'static>(
+    shared: Arc<Shared>,
+    mut prepared: Prepared,
+    mut receipt: Box<dyn Receipt>,
+    guard: G,
+    resume: Resume,
+) {
+    match &mut prepared {
+        Prepared::Ready(ready) => {
+            let span = std::mem::replace(&mut ready.span, tracing::Span::none());
+            let mut handling = Handling::new(&shared, &mut *receipt, ready);
+            async move {
+                match resume {
+                    Resume::Admit => handling.run().await,
+                    Resume::Called {
+                        lateness,
+                        first,
+                        state,
+                    } => {
+                        handling.state = state;
+                        handling.attempt(lateness, first).await;
+                    }
+                    Resume::Ack(succeeded) => handling.ack(succeeded).await,
+                    Resume::AckFailed(e) => {
+                        Box::pin(settle_failed(handling.shared, handling.receipt, "ack", e)).await;
+                    }
+                    Resume::GiveBack => handling.release(Duration::ZERO).await,
+                }
+            }
+            .instrument(span)
+            .await;
+        }
+        Prepared::Poison(poison) => {
+            Box::pin(dead_letter(
+                &shared,
+                &mut *receipt,
+                poison,
+                DeadReason::Poison,
+            ))
+            .await;
+        }
+    }
+    // The delivery (its receipt) goes before its work slot, so that no more deliveries are alive
+    // than the slots allow.
+    drop(prepared);
+    drop(receipt);
+    drop(guard);
+}
+
+/// A delivery's processing, boxed so that it can run as a task.
+pub(super) type Processing = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Handles a delivery as far as it goes without waiting, here and now (the receive loop calls it, with
+/// its task's `cx`): decoded, claimed, its handler's call polled once and — when that call is done with
+/// success and the receipt acknowledges without waiting ([`Receipt::try_ack`]) — acknowledged. `None`
+/// when the delivery is settled; otherwise the rest of its handling, to run as a task (a call still
+/// running goes on in it). Without a future of the runtime's own for an event that is done at once: the
+/// handler's call (see [`Handler::call`](super::handler::Handler::call)) is the only one.
+///
+/// A delivery that needs more before its call — a poison one, one of a consumer with per-key ordering
+/// or an idempotency store — takes the whole path ([`process`]) as a task.
+pub(super) fn start<G: Send + 'static>(
+    shared: &Arc<Shared>,
+    delivery: Delivery,
+    guard: G,
+    cx: &mut std::task::Context<'_>,
+) -> Option<Processing> {
+    let Delivery {
+        message,
+        info,
         mut receipt,
     } = delivery;
-    let mut prepared = prepare(&shared, message, info);
-    async move {
-        match &mut prepared {
-            Prepared::Ready(ready) => {
-                let span = std::mem::replace(&mut ready.span, tracing::Span::none());
-                let mut handling = Handling {
-                    shared: &shared,
-                    receipt: &mut *receipt,
-                    event: &mut ready.event,
-                    id: &ready.id,
-                    state: State::Pending,
-                };
-                handling.run(ready.received).instrument(span).await;
-            }
-            Prepared::Poison(poison) => {
-                Box::pin(dead_letter(
-                    &shared,
-                    &mut *receipt,
-                    poison,
-                    DeadReason::Poison,
-                ))
-                .await;
-            }
+    let mut prepared = prepare(shared, message, info);
+    let resume = match &mut prepared {
+        Prepared::Ready(ready) if shared.idempotency.is_none() && shared.parking.is_none() => {
+            let span = ready.span.clone();
+            let mut handling = Handling::new(shared, &mut *receipt, ready);
+            span.in_scope(|| handling.first_poll(cx))?
         }
-        // The delivery (its receipt) goes before its work slot, so that no more deliveries are alive
-        // than the slots allow.
-        drop(prepared);
-        drop(receipt);
-        drop(guard);
-    }
+        _ => Resume::Admit,
+    };
+    // Polled once here too, as a whole processing polled first in the loop was: what it does before it
+    // first waits — a blocking error's hold above all, which pauses consumption — happens before the
+    // next delivery is taken.
+    let mut rest: Processing = Box::pin(finish(shared.clone(), prepared, receipt, guard, resume));
+    rest.as_mut().poll(cx).is_pending().then_some(rest)
 }
 
 /// Decodes a delivery: ready to handle, with its receipt; `None` when it was poison, and went to the DLQ.
@@ -134,23 +221,16 @@ pub(super) async fn process_batch(
         }
     }
     let handlings = prepared.iter_mut().map(|(ready, receipt)| {
-        let handling = Handling {
-            shared: &shared,
-            receipt: &mut **receipt,
-            event: &mut ready.event,
-            id: &ready.id,
-            state: State::Pending,
-        };
         let span = std::mem::replace(&mut ready.span, tracing::Span::none());
-        (handling, span, ready.received)
+        (Handling::new(&shared, &mut **receipt, ready), span)
     });
     let mut admitted = Vec::with_capacity(handlings.len());
     let mut busy = Vec::new();
     let mut refused = Vec::new();
     if shared.idempotency.is_none() && shared.parking.is_none() {
         // Nothing to wait for before the call: admitted in place, without a future each.
-        for (mut handling, span, received) in handlings {
-            let lateness = handling.lateness_at(received);
+        for (mut handling, span) in handlings {
+            let lateness = handling.lateness();
             if handling.step(Input::Claim) {
                 admitted.push((handling, lateness, span));
             } else {
@@ -158,10 +238,10 @@ pub(super) async fn process_batch(
             }
         }
     } else {
-        let admitting = handlings.map(|(mut handling, span, received)| {
+        let admitting = handlings.map(|(mut handling, span)| {
             let outer = span.clone();
             async move {
-                let admission = handling.admit(received, false).await;
+                let admission = handling.admit(false).await;
                 (handling, admission, span)
             }
             .instrument(outer)
@@ -185,7 +265,7 @@ pub(super) async fn process_batch(
     for (mut handling, lateness, span) in busy {
         async move {
             if let Admission::Run(lateness) = handling.claim(lateness, true).await {
-                handling.attempt(lateness, None).await;
+                handling.attempt(lateness, FirstCall::None).await;
             }
         }
         .instrument(span)
@@ -231,7 +311,10 @@ async fn call_and_settle<'a>(
             .into_iter()
             .zip(results)
             .map(|((mut handling, lateness, span), result)| {
-                async move { handling.attempt(lateness, Some(result)).await }.instrument(span)
+                async move {
+                    handling.attempt(lateness, FirstCall::Done(result)).await;
+                }
+                .instrument(span)
             });
     join_all_chunked(settling.collect()).await;
 }
@@ -255,6 +338,15 @@ async fn join_all_chunked<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Out
         .into_iter()
         .flatten()
         .collect()
+}
+
+/// How long since `started`, read on the wall clock: the first call's time starts with the clock
+/// reading taken when its delivery was (one reading fewer per event than a monotonic clock of its own).
+/// A clock set back meanwhile gives zero.
+fn elapsed_since(started: SystemTime) -> Duration {
+    SystemTime::now()
+        .duration_since(started)
+        .unwrap_or_default()
 }
 
 /// The error a handler's panic becomes: unclassified, with the panic's message.
@@ -315,14 +407,18 @@ struct Ready {
     event: Event,
     id: Arc<str>,
     span: tracing::Span,
-    /// When the delivery was taken (one clock reading serves first-seen and lateness).
+    /// When the delivery was taken, to the millisecond: one clock reading serves first-seen, lateness
+    /// and the start of the first call's time (`taken`, the same reading).
     received: Timestamp,
+    /// The same reading, whole.
+    taken: SystemTime,
 }
 
 /// Decodes a delivery's metadata and completes it from the broker's facts.
 fn prepare(shared: &Shared, message: crate::event::RawMessage, info: DeliveryInfo) -> Prepared {
     shared.counters.bump(&shared.counters.received);
-    let now = Timestamp::now();
+    let taken = SystemTime::now();
+    let now = Timestamp::from_system_time(taken);
     // Decoded from the headers in place: the message itself is needed again only for a poison event.
     let mut event = match metadata::decode(&message.headers) {
         Ok((meta, headers)) => Event {
@@ -343,7 +439,7 @@ fn prepare(shared: &Shared, message: crate::event::RawMessage, info: DeliveryInf
             poison
                 .meta
                 .event_id
-                .get_or_insert_with(|| info.message_id.clone());
+                .get_or_insert_with(|| info.message_id().into());
             poison
                 .meta
                 .origin
@@ -357,19 +453,22 @@ fn prepare(shared: &Shared, message: crate::event::RawMessage, info: DeliveryInf
                 reasons.join("; ")
             };
             poison.meta.set_last_error(&format!("poison: {reasons}"));
-            warn!(event_id = %info.message_id, error = %err, "poison message: malformed metadata");
+            warn!(event_id = %info.message_id(), error = %err, "poison message: malformed metadata");
             return Prepared::Poison(poison);
         }
     };
     let meta = &mut event.meta;
+    let id = meta
+        .event_id
+        .get_or_insert_with(|| info.message_id().into())
+        .clone();
     // The delivery's facts are moved in, not copied: each is needed once.
     let DeliveryInfo {
-        message_id,
         origin,
         broker_attempts,
         broker_retries,
+        ..
     } = info;
-    let id: Arc<str> = Arc::from(meta.event_id.get_or_insert(message_id).as_str());
     meta.first_seen.get_or_insert(now);
     meta.origin.get_or_insert(origin);
     if let Some(counted) = broker_attempts {
@@ -403,7 +502,54 @@ fn prepare(shared: &Shared, message: crate::event::RawMessage, info: DeliveryInf
         id,
         span,
         received: now,
+        taken,
     })
+}
+
+/// The first call's state when [`Handling::attempt`] takes over.
+pub(super) enum FirstCall {
+    /// Not made yet: `attempt` makes it.
+    None,
+    /// Made and done (a batch's call, or a call done at its first poll).
+    Done(Result<(), HandlerError>),
+    /// Made and still running, since the time given: `attempt` awaits it.
+    Running(HandlerCall, SystemTime),
+}
+
+/// The consumer's random source, locked only if a decision draws from it (jitter): most decisions —
+/// every success — draw nothing, and the lock is shared by every event in flight.
+struct LazyRng<'a> {
+    shared: &'a Shared,
+    locked: Option<std::sync::MutexGuard<'a, rand::rngs::StdRng>>,
+}
+
+impl<'a> LazyRng<'a> {
+    fn new(shared: &'a Shared) -> Self {
+        Self {
+            shared,
+            locked: None,
+        }
+    }
+
+    fn rng(&mut self) -> &mut rand::rngs::StdRng {
+        let shared = self.shared;
+        self.locked
+            .get_or_insert_with(|| shared.rng.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl RngCore for LazyRng<'_> {
+    fn next_u32(&mut self) -> u32 {
+        self.rng().next_u32()
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.rng().next_u64()
+    }
+
+    fn fill_bytes(&mut self, dst: &mut [u8]) {
+        self.rng().fill_bytes(dst);
+    }
 }
 
 /// One event's handling: references to what the delivery's future holds, so that the nested futures of
@@ -414,10 +560,27 @@ struct Handling<'a> {
     event: &'a mut Event,
     /// The event id, shared with every context made for it.
     id: &'a Arc<str>,
+    /// When the delivery was taken.
+    received: Timestamp,
+    /// The same, whole: when the first call's time starts.
+    taken: SystemTime,
     state: State,
 }
 
 impl<'a> Handling<'a> {
+    /// The handling of `ready`, settled through `receipt`, from the start of its lifecycle.
+    fn new(shared: &'a Shared, receipt: &'a mut dyn Receipt, ready: &'a mut Ready) -> Self {
+        Self {
+            shared,
+            receipt,
+            event: &mut ready.event,
+            id: &ready.id,
+            received: ready.received,
+            taken: ready.taken,
+            state: State::Pending,
+        }
+    }
+
     /// The state `input` moves the event to, if the lifecycle allows it now. The runtime asks before
     /// it acts and takes the action only when allowed: a refused transition is a bug in the runtime, so
     /// it panics in debug builds (every test), and in production it is counted (`lifecycle_violations`,
@@ -463,18 +626,105 @@ impl<'a> Handling<'a> {
         self.shared.parking.as_ref().and(self.event.key.clone())
     }
 
-    /// Handles the event, received at `now`.
-    async fn run(&mut self, now: Timestamp) {
-        if let Admission::Run(lateness) = self.admit(now, true).await {
-            self.attempt(lateness, None).await;
+    /// Handles the event.
+    async fn run(&mut self) {
+        if let Admission::Run(lateness) = self.admit(true).await {
+            self.attempt(lateness, FirstCall::None).await;
         }
     }
 
-    /// Everything before the handler's first call, received at `now`: lateness, per-key parking, the
-    /// idempotency claim and the claim transition (see [`Handling::claim`]).
-    async fn admit(&mut self, now: Timestamp, wait_for_owner: bool) -> Admission {
+    /// The first stretch of [`start`]: claims the event, calls the handler and polls the call once with
+    /// `cx`; on success, acknowledges if the receipt can without waiting. `None` once settled, else where
+    /// the rest of the handling resumes. Only for a consumer without per-key ordering or an idempotency
+    /// store (nothing to wait for before the call).
+    fn first_poll(&mut self, cx: &mut std::task::Context<'_>) -> Option<Resume> {
+        let lateness = self.lateness();
+        if !self.step(Input::Claim) {
+            return Some(Resume::GiveBack);
+        }
+        let mut call = self.start_call(lateness);
+        let started = self.taken;
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx)));
+        let result = match polled {
+            Ok(Poll::Pending) => {
+                return Some(Resume::Called {
+                    lateness,
+                    first: FirstCall::Running(call, started),
+                    state: self.state,
+                });
+            }
+            Ok(Poll::Ready(result)) => result,
+            Err(panic) => Err(panicked(&*panic)),
+        };
+        drop(call);
+        self.shared.telemetry.attempt(elapsed_since(started));
+        if result.is_ok() {
+            return self.ack_at_once();
+        }
+        Some(Resume::Called {
+            lateness,
+            first: FirstCall::Done(result),
+            state: self.state,
+        })
+    }
+
+    /// The success of the first call, acknowledged here if the receipt can without waiting: `None` once
+    /// acknowledged, else where the handling resumes (the acknowledgement to await, or its refusal).
+    fn ack_at_once(&mut self) -> Option<Resume> {
+        let Decision { outcome, next } = match self.decide(Ok(()), 0, 0) {
+            Ok(decision) => decision,
+            Err(e) => {
+                self.refused(e);
+                return Some(Resume::GiveBack);
+            }
+        };
+        debug!(?outcome, "decided");
+        record_outcome(&outcome);
+        match self.receipt.try_ack() {
+            Some(Ok(())) => {
+                self.acked(next);
+                None
+            }
+            Some(Err(e)) => Some(Resume::AckFailed(e)),
+            None => Some(Resume::Ack(next)),
+        }
+    }
+
+    /// The pure decision on a call's `result` (the error's kind), with its transition: at the time of
+    /// receipt on success (nothing then depends on the time), the current time otherwise.
+    fn decide(
+        &self,
+        result: Result<(), FailureKind>,
+        in_place_retries: u32,
+        holds: u32,
+    ) -> Result<Decision, TransitionError> {
+        let now = if result.is_ok() {
+            self.received
+        } else {
+            Timestamp::now()
+        };
+        let attempt = Attempt {
+            meta: &self.event.meta,
+            in_place_retries,
+            holds,
+            now,
+        };
         let shared = self.shared;
-        let lateness = self.lateness_at(now);
+        decide_in(
+            self.state,
+            result,
+            &attempt,
+            &shared.policies,
+            &mut LazyRng::new(shared),
+        )
+    }
+
+    /// Everything before the handler's first call: lateness, per-key parking, the idempotency claim and
+    /// the claim transition (see [`Handling::claim`]).
+    async fn admit(&mut self, wait_for_owner: bool) -> Admission {
+        let shared = self.shared;
+        let now = self.received;
+        let lateness = self.lateness();
         if let (Some(parking), Some(key)) = (&shared.parking, self.ordered_key()) {
             match parking.verdict(&key, self.id, now) {
                 Verdict::Run => self.event.meta.parked_behind = None,
@@ -510,11 +760,11 @@ impl<'a> Handling<'a> {
         self.claim(lateness, wait_for_owner).await
     }
 
-    /// How late this retry, received at `now`, started (recorded in the lateness metric); `None` for a
-    /// first delivery, and for a parked event coming back (lateness is a property of retries).
-    fn lateness_at(&self, now: Timestamp) -> Option<Duration> {
+    /// How late this retry started, received when it was (recorded in the lateness metric); `None` for
+    /// a first delivery, and for a parked event coming back (lateness is a property of retries).
+    fn lateness(&self) -> Option<Duration> {
         let lateness = match self.event.meta.parked_behind {
-            None => self.event.meta.due_at.map(|due| now.since(due)),
+            None => self.event.meta.due_at.map(|due| self.received.since(due)),
             Some(_) => None,
         };
         if let Some(late) = lateness {
@@ -542,22 +792,22 @@ impl<'a> Handling<'a> {
         Admission::Run(lateness)
     }
 
-    /// Calls the handler (or takes `first`, the result of a batch call already made) and carries out
-    /// what the decision says, calling again for in-place retries and holds, until the event is
-    /// settled or given back.
-    async fn attempt(
-        &mut self,
-        lateness: Option<Duration>,
-        mut first: Option<Result<(), HandlerError>>,
-    ) {
+    /// Calls the handler (or takes `first`, a call made already) and carries out what the decision
+    /// says, calling again for in-place retries and holds, until the event is settled or given back.
+    async fn attempt(&mut self, lateness: Option<Duration>, mut first: FirstCall) {
         let shared = self.shared;
         let mut in_place_retries = 0;
         let mut holds = 0;
         let mut pause = None;
         loop {
-            let result = match first.take() {
-                Some(result) => result,
-                None => self.call_handler(lateness).await,
+            let result = match std::mem::replace(&mut first, FirstCall::None) {
+                FirstCall::Done(result) => result,
+                FirstCall::Running(call, started) => self.finish_call(call, started).await,
+                FirstCall::None => {
+                    let started = SystemTime::now();
+                    let call = self.start_call(lateness);
+                    self.finish_call(call, started).await
+                }
             };
             let poison = result
                 .as_ref()
@@ -572,27 +822,13 @@ impl<'a> Handling<'a> {
                 self.event.meta.set_last_error(&e.message());
                 self.event.meta.error_kind = kind;
             }
-            let now = Timestamp::now();
             let decided = if poison {
                 let outcome = Outcome::Dead(DeadReason::Poison);
                 outcome
-                    .transition(self.state, now)
+                    .transition(self.state, Timestamp::now())
                     .map(|next| Decision { outcome, next })
             } else {
-                let attempt = Attempt {
-                    meta: &self.event.meta,
-                    in_place_retries,
-                    holds,
-                    now,
-                };
-                let mut rng = shared.rng.lock().unwrap_or_else(|p| p.into_inner());
-                decide_in(
-                    self.state,
-                    kind.map_or(Ok(()), Err),
-                    &attempt,
-                    &shared.policies,
-                    &mut *rng as &mut dyn RngCore,
-                )
+                self.decide(kind.map_or(Ok(()), Err), in_place_retries, holds)
             };
             // The decision carries the state its action leads to; a refused one is not acted on.
             let Decision { outcome, next } = match decided {
@@ -808,15 +1044,24 @@ impl<'a> Handling<'a> {
         }
     }
 
-    async fn call_handler(&mut self, lateness: Option<Duration>) -> Result<(), HandlerError> {
+    /// Starts a handler call with this event's context, counted.
+    fn start_call(&mut self, lateness: Option<Duration>) -> HandlerCall {
         let ctx = self.context(lateness);
         self.shared.counters.bump(&self.shared.counters.attempts);
-        let started = Instant::now();
-        let result = AssertUnwindSafe(self.shared.handler.handle(self.event, &ctx))
+        self.shared.handler.clone().call(self.event.clone(), ctx)
+    }
+
+    /// Awaits a call made at `started` (a panic is its error) and records how long it took.
+    async fn finish_call(
+        &mut self,
+        call: HandlerCall,
+        started: SystemTime,
+    ) -> Result<(), HandlerError> {
+        let result = AssertUnwindSafe(call)
             .catch_unwind()
             .await
             .unwrap_or_else(|panic| Err(panicked(&*panic)));
-        self.shared.telemetry.attempt(started.elapsed());
+        self.shared.telemetry.attempt(elapsed_since(started));
         result
     }
 
@@ -824,7 +1069,7 @@ impl<'a> Handling<'a> {
     async fn wait(&mut self, d: Duration) -> bool {
         tokio::select! {
             () = tokio::time::sleep(d) => true,
-            () = self.shared.shutdown.cancelled() => false,
+            () = self.shared.shutdown.triggered() => false,
         }
     }
 
@@ -838,9 +1083,14 @@ impl<'a> Handling<'a> {
         {
             warn!(error = %e, "idempotency store: complete failed");
         }
-        if !self.settle_ack().await {
-            return;
+        if self.settle_ack().await {
+            self.acked(succeeded);
         }
+    }
+
+    /// The acknowledgement was accepted: the event moves to `succeeded` and is counted.
+    fn acked(&mut self, succeeded: State) {
+        let shared = self.shared;
         self.state = succeeded;
         // `succeeded` last: whoever waits on it sees the success complete, its retry count included.
         if self.event.meta.attempts > 0 {
@@ -982,7 +1232,7 @@ async fn dead_letter(
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}
             // Shutdown: the delivery is left unsettled; dropping its receipt gives it back to the broker.
-            () = shared.shutdown.cancelled() => return false,
+            () = shared.shutdown.triggered() => return false,
         }
     }
 }

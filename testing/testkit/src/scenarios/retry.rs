@@ -125,9 +125,10 @@ pub async fn policy_spent_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
         m.error_kind == Some(event_retry_core::classify::FailureKind::Deferred),
         || format!("kind {:?}", m.error_kind),
     )?;
-    ensure(m.origin.as_ref().is_some_and(|o| o.topic == topic), || {
-        format!("origin {:?}", m.origin)
-    })?;
+    ensure(
+        m.origin.as_ref().is_some_and(|o| *o.topic == *topic),
+        || format!("origin {:?}", m.origin),
+    )?;
     ensure(
         m.first_seen.is_some() && dead.at >= m.first_seen.unwrap_or_default(),
         || "first seen / dead at".into(),
