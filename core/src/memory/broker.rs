@@ -3,6 +3,8 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+
+use rustc_hash::FxHashMap;
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -20,7 +22,9 @@ pub(super) struct Broker {
 
 #[derive(Default)]
 pub(super) struct State {
-    pub(super) topics: HashMap<String, Topic>,
+    /// By name, hashed with Fx: every delivery and every settle looks its queue up here, twice, and
+    /// the names are the process's own (nothing for a hash-flooding attacker to choose).
+    pub(super) topics: FxHashMap<String, Topic>,
     /// Dead letters by source topic, each with the group that dead-lettered it.
     pub(super) dead: HashMap<String, Vec<StoredDeadLetter>>,
     pub(super) unwritable_dlq: HashSet<String>,
@@ -50,7 +54,7 @@ impl State {
 /// A topic: one queue per consumer group, and the offsets its messages are numbered with.
 #[derive(Default)]
 pub(super) struct Topic {
-    pub(super) groups: HashMap<String, Queue>,
+    pub(super) groups: FxHashMap<String, Queue>,
     pub(super) next_offset: i64,
 }
 

@@ -40,7 +40,7 @@ use crate::options::Options;
 
 use self::broker::{Broker, Queue};
 use self::dlq::MemoryDlqSession;
-use self::subscription::MemorySubscription;
+use self::subscription::{GroupQueue, MemorySubscription};
 
 /// The in-memory broker. Cheap to clone; clones share the same queues.
 #[derive(Clone, Default)]
@@ -165,9 +165,11 @@ impl Transport for MemoryTransport {
     async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
         Broker::topic(&mut self.broker.lock(), &spec.topic).group(&spec.group);
         Ok(Box::new(MemorySubscription {
-            broker: self.broker.clone(),
-            topic: Arc::from(spec.topic.as_str()),
-            group: Arc::from(spec.group.as_str()),
+            queue: Arc::new(GroupQueue {
+                broker: self.broker.clone(),
+                topic: Arc::from(spec.topic.as_str()),
+                group: Arc::from(spec.group.as_str()),
+            }),
         }))
     }
 

@@ -13,10 +13,23 @@ use crate::event::Event;
 use crate::metadata::Origin;
 
 pub(super) struct MemorySubscription {
+    /// The broker and the group's queue, shared with every receipt (one reference count per delivery).
+    pub(super) queue: Arc<GroupQueue>,
+}
+
+/// A group's queue of a topic, by name, in its broker.
+pub(super) struct GroupQueue {
     pub(super) broker: Arc<Broker>,
-    // Shared with every receipt, which would otherwise copy both names for each delivery.
     pub(super) topic: Arc<str>,
     pub(super) group: Arc<str>,
+}
+
+impl std::ops::Deref for MemorySubscription {
+    type Target = GroupQueue;
+
+    fn deref(&self) -> &GroupQueue {
+        &self.queue
+    }
 }
 
 impl MemorySubscription {
@@ -52,9 +65,7 @@ impl MemorySubscription {
                 ..Origin::new(self.topic.clone())
             }),
             receipt: Box::new(MemoryReceipt {
-                broker: self.broker.clone(),
-                topic: Arc::clone(&self.topic),
-                group: Arc::clone(&self.group),
+                queue: self.queue.clone(),
                 original: Unsettled::new(stored),
             }),
         })
@@ -93,10 +104,16 @@ impl Subscription for MemorySubscription {
 
 /// Settles one in-memory delivery; dropping it unsettled puts the message back at once.
 pub(super) struct MemoryReceipt {
-    pub(super) broker: Arc<Broker>,
-    pub(super) topic: Arc<str>,
-    pub(super) group: Arc<str>,
+    pub(super) queue: Arc<GroupQueue>,
     pub(super) original: Unsettled<Stored>,
+}
+
+impl std::ops::Deref for MemoryReceipt {
+    type Target = GroupQueue;
+
+    fn deref(&self) -> &GroupQueue {
+        &self.queue
+    }
 }
 
 impl MemoryReceipt {
