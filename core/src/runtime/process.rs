@@ -144,7 +144,8 @@ async fn finish<G: Send + 'static>(
 pub(super) type Processing = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Handles a delivery as far as it goes without waiting, here and now (the receive loop calls it, with
-/// its task's `cx`): decoded, claimed, its handler's call polled once and — when that call is done with
+/// its task's `cx`; `guard` makes what the rest of its handling holds to its end, a work slot, and is
+/// called only if there is a rest): decoded, claimed, its handler's call polled once and — when that call is done with
 /// success and the receipt acknowledges without waiting ([`Receipt::try_ack`]) — acknowledged. `None`
 /// when the delivery is settled; otherwise the rest of its handling, to run as a task (a call still
 /// running goes on in it). Without a future of the runtime's own for an event that is done at once: the
@@ -155,7 +156,7 @@ pub(super) type Processing = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub(super) fn start<G: Send + 'static>(
     shared: &Arc<Shared>,
     delivery: Delivery,
-    guard: G,
+    guard: impl FnOnce() -> G,
     cx: &mut std::task::Context<'_>,
 ) -> Option<Processing> {
     let Delivery {
@@ -175,7 +176,7 @@ pub(super) fn start<G: Send + 'static>(
     // Polled once here too, as a whole processing polled first in the loop was: what it does before it
     // first waits — a blocking error's hold above all, which pauses consumption — happens before the
     // next delivery is taken.
-    let mut rest: Processing = Box::pin(finish(shared.clone(), prepared, receipt, guard, resume));
+    let mut rest: Processing = Box::pin(finish(shared.clone(), prepared, receipt, guard(), resume));
     rest.as_mut().poll(cx).is_pending().then_some(rest)
 }
 

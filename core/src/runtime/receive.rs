@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use rand::SeedableRng;
 use rand::rngs::StdRng;
-use tokio::sync::{Semaphore, TryAcquireError, watch};
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
@@ -245,6 +245,24 @@ struct ReceiveLoop {
     inlined: u32,
 }
 
+/// A work slot for the next delivery: taken already (it had to be waited for), or free — taken only once
+/// the delivery needs it beyond the loop's own poll of it. Only the receive loop takes slots, so a slot
+/// free when looked at stays free until the loop takes it.
+enum Slot {
+    Held(tokio::sync::OwnedSemaphorePermit),
+    Free,
+}
+
+impl Slot {
+    /// The slot itself, taken from `slots` now if it was free (`None` only if they were closed).
+    fn take(self, slots: &Arc<Semaphore>) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        match self {
+            Slot::Held(permit) => Some(permit),
+            Slot::Free => slots.clone().try_acquire_owned().ok(),
+        }
+    }
+}
+
 /// Counts permanent receive errors in a row ([`Error::is_temporary`](crate::error::Error::is_temporary)
 /// false) and tells when they are enough to stop: retrying refused credentials or a deleted queue for
 /// ever only hides the fault, while a stopped consumer's handle says what is wrong.
@@ -333,6 +351,11 @@ impl Inlining {
 }
 
 impl ReceiveLoop {
+    /// `slot`, taken.
+    fn take(&self, slot: Slot) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        slot.take(&self.slots)
+    }
+
     /// On a multi-threaded runtime, deliveries handled in the loop per unit of the cooperative budget.
     /// The loop yields once its budget (128 units) is spent, and a task that yields there is taken up
     /// by an idle worker thread, which another thread must wake (a system call) and which then reads
@@ -361,19 +384,21 @@ impl ReceiveLoop {
             // that is already there are taken without waiting on anything else (registering for
             // shutdown and pause changes twice per event cost more than the rest of the loop); only
             // when one of them must be waited for does the loop wait on shutdown and pause too.
-            let permit = match self.slots.clone().try_acquire_owned() {
-                Ok(p) => p,
-                Err(TryAcquireError::Closed) => break,
+            // A free slot is taken only once a delivery needs it for longer than the loop's own poll
+            // (`Slot::Free`): only this loop takes slots, so one free now stays free until then.
+            let permit = if self.slots.available_permits() > 0 {
+                Slot::Free
+            } else {
                 // `biased`: once shutdown is asked for, no new delivery is taken.
-                Err(TryAcquireError::NoPermits) => tokio::select! {
+                tokio::select! {
                     biased;
                     () = shutdown.triggered() => break,
                     _ = self.pause.changed() => continue,
                     permit = self.slots.clone().acquire_owned() => match permit {
-                        Ok(p) => p,
+                        Ok(p) => Slot::Held(p),
                         Err(_) => break,
                     },
-                },
+                }
             };
             // The delivery first: one already at hand is taken without a future; when one is there,
             // shutdown and pause are not polled (nor registered with).
@@ -390,7 +415,7 @@ impl ReceiveLoop {
                 // A delivery taken together with shutdown is handled as in-flight work (the drain waits
                 // for it within the grace period): given back, it would be received again, which on a
                 // broker that counts receives as attempts (SQS) costs the event an attempt.
-                if let Ok(Some(delivery)) = next {
+                if let (Ok(Some(delivery)), Some(permit)) = (next, self.take(permit)) {
                     let spawned = self.dispatch(delivery, permit, Start::Task);
                     debug_assert!(spawned.is_none(), "a Start::Task dispatch runs as a task");
                 }
@@ -412,8 +437,8 @@ impl ReceiveLoop {
                         if let Some(started) = started {
                             self.inlining.timed(started.elapsed());
                         }
-                    } else if let Some((processing, events)) =
-                        self.dispatch(delivery, permit, start)
+                    } else if let Some(permit) = self.take(permit)
+                        && let Some((processing, events)) = self.dispatch(delivery, permit, start)
                     {
                         let started = (start == Start::InlineTimed).then(Instant::now);
                         self.run_inline_first(processing).await;
@@ -506,17 +531,14 @@ impl ReceiveLoop {
     /// Handles `delivery` here as far as it goes without waiting ([`process::start`]); what is left of
     /// it goes on as a task. A panic outside the handler (which is caught inside) is logged as a task's
     /// would be, and the delivery, dropped unsettled, goes back to the broker.
-    async fn start_inline(
-        &mut self,
-        delivery: Delivery,
-        permit: tokio::sync::OwnedSemaphorePermit,
-    ) {
-        let shared = &self.shared;
-        let mut once = Some((delivery, permit));
+    async fn start_inline(&mut self, delivery: Delivery, slot: Slot) {
+        let (shared, slots) = (&self.shared, &self.slots);
+        let mut once = Some((delivery, slot));
         let rest = std::future::poll_fn(|cx| {
             Poll::Ready(std::panic::catch_unwind(AssertUnwindSafe(|| {
-                once.take()
-                    .and_then(|(delivery, permit)| process::start(shared, delivery, permit, cx))
+                once.take().and_then(|(delivery, slot)| {
+                    process::start(shared, delivery, || slot.take(slots), cx)
+                })
             })))
         })
         .await;
