@@ -220,8 +220,10 @@ impl Forwarder {
     }
 
     fn run(mut self) {
+        let mut resumed_again = std::time::Instant::now();
         while !self.stop.load(Ordering::Acquire) {
             self.consumer.context().brokers.heal(self.consumer.client());
+            self.resume_again(&mut resumed_again);
             let now = Timestamp::now();
             let next_due = self.release_due_heads(now);
             let wait = if !self.state().ready.is_empty() {
@@ -274,10 +276,39 @@ impl Forwarder {
         let result = if pause {
             self.consumer.pause(&tpl)
         } else {
-            self.consumer.resume(&tpl)
+            crate::worker::resume(&self.consumer, &tpl, "kafka-ladder-resume-discarded")
         };
         if let Err(e) = result {
             warn!(error = %e, topic = %tp.0, partition = tp.1, "pausing or resuming a ladder partition failed");
+        }
+    }
+
+    /// Resumes again, at most once per [`crate::worker::RESUME_AGAIN_EVERY`] (`last` says when it last
+    /// did), every assigned partition that holds no head: a resume librdkafka dropped as outdated would
+    /// otherwise leave its level's later records unread for ever.
+    fn resume_again(&self, last: &mut std::time::Instant) {
+        if last.elapsed() < crate::worker::RESUME_AGAIN_EVERY {
+            return;
+        }
+        *last = std::time::Instant::now();
+        let Ok(assignment) = self.consumer.assignment() else {
+            return;
+        };
+        let free = {
+            let state = self.state();
+            let mut free = TopicPartitionList::new();
+            for e in assignment.elements() {
+                let tp: Tp = (Arc::from(e.topic()), e.partition());
+                if !state.held.contains_key(&tp) {
+                    free.add_partition(e.topic(), e.partition());
+                }
+            }
+            free
+        };
+        if free.count() > 0
+            && let Err(e) = self.consumer.resume(&free)
+        {
+            warn!(error = %e, ladder = %self.source, "resuming the ladder's partitions again failed");
         }
     }
 

@@ -73,6 +73,28 @@ const PENDING_LOW: usize = 500;
 /// (well within `max.poll.interval.ms`, 5 minutes by default).
 const STALL_AFTER: Duration = Duration::from_secs(3);
 
+/// How often the partitions that should be fetching are resumed again (the source's consumer, and the
+/// ladder's: [`crate::ladder`]). librdkafka can drop an application's resume as outdated — when an
+/// operation of its own on the partition (a library pause or a fetch start, around a rebalance) takes
+/// a newer version in between — and still answer success; the partition then stays paused, and every
+/// record after it waits for ever, nothing noticing. A resume of a partition librdkafka does not hold
+/// paused returns at once without touching it, so asking again costs a call and nothing else.
+pub(crate) const RESUME_AGAIN_EVERY: Duration = Duration::from_secs(5);
+
+/// Resumes `partitions` — except, with the `failpoints` feature, while the failpoint named `failpoint`
+/// is set to `return`: then the resume is left out and success answered, as librdkafka does with a
+/// resume it drops as outdated (what the broker tests of [`RESUME_AGAIN_EVERY`] make happen).
+pub(crate) fn resume<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    partitions: &TopicPartitionList,
+    failpoint: &str,
+) -> KafkaResult<()> {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!(failpoint, |_| Ok(()));
+    let _ = failpoint;
+    consumer.resume(partitions)
+}
+
 /// What the subscription asks of the thread (receipts report settles straight into the shared state).
 pub(crate) enum Command {
     /// The runtime holds consumption (a blocking error).
@@ -409,11 +431,29 @@ impl Worker {
         let result = if want {
             consumer.pause(&assignment)
         } else {
-            consumer.resume(&assignment)
+            resume(consumer, &assignment, "kafka-resume-discarded")
         };
         match result {
             Ok(()) => self.lock().paused = want,
             Err(e) => warn!(error = %e, "pausing or resuming the partitions failed"),
+        }
+    }
+
+    /// Resumes every assigned partition again, at most once per [`RESUME_AGAIN_EVERY`] (`last` says
+    /// when it last did), while none is meant to be paused: a resume librdkafka dropped is made good.
+    fn resume_again(&self, consumer: &BaseConsumer<Worker>, last: &mut Instant) {
+        if last.elapsed() < RESUME_AGAIN_EVERY {
+            return;
+        }
+        *last = Instant::now();
+        if self.lock().paused {
+            return;
+        }
+        if let Ok(assignment) = consumer.assignment()
+            && assignment.count() > 0
+            && let Err(e) = consumer.resume(&assignment)
+        {
+            warn!(error = %e, "resuming the partitions again failed");
         }
     }
 
@@ -819,6 +859,7 @@ pub(crate) fn run(
         queues: Vec::new(),
     };
     let mut last_commit = Instant::now();
+    let mut resumed_again = Instant::now();
     let mut chunks = Chunks::default();
     loop {
         if worker.serve_commands(&consumer, Duration::ZERO) {
@@ -861,6 +902,7 @@ pub(crate) fn run(
         }
         let read = worker.may_read();
         worker.apply_pause(&consumer);
+        worker.resume_again(&consumer, &mut resumed_again);
         if !read {
             // The runtime is behind: wait for its settles (which also wake this wait) and hand out more.
             if worker.serve_commands(&consumer, Duration::from_millis(1)) {

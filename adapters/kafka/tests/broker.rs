@@ -19,7 +19,11 @@
 //! * an event with 40 headers (more than the consumer keeps on its stack while it copies a record; names
 //!   repeated) reaches the handler with all of them, in order, from the source and from its retry;
 //! * with topic creation off, subscribing to a topic whose derived topics are missing is an error naming
-//!   them, and nothing is created.
+//!   them, and nothing is created;
+//! * a resume librdkafka drops as outdated (made to happen with a failpoint that leaves the call out
+//!   and answers success, as librdkafka does) is made good within seconds: on the source after a
+//!   blocking hold ends, and on a ladder level after its held head left — the records behind it are
+//!   still handled.
 //!
 //! They run one at a time when `RETRY_TEST_KAFKA` names a broker started by `scripts/brokers`; otherwise they are listed
 //! as ignored with the reason, and fail when `RETRY_TEST_REQUIRE` names kafka. The killed process is this
@@ -84,7 +88,15 @@ fn main() {
     // by side passed. The transactional test once found two copies in a full workspace run; that cause
     // is not found, so the tests stay serial by default.
     args.test_threads = args.test_threads.or(Some(1));
-    let tests: [(&str, Test); 12] = [
+    let tests: [(&str, Test); 14] = [
+        (
+            "a_resume_librdkafka_drops_is_made_good",
+            a_resume_librdkafka_drops_is_made_good,
+        ),
+        (
+            "a_ladder_resume_librdkafka_drops_is_made_good",
+            a_ladder_resume_librdkafka_drops_is_made_good,
+        ),
         (
             "forty_headers_reach_the_handler_whole_before_and_after_a_retry",
             forty_headers_reach_the_handler_whole_before_and_after_a_retry,
@@ -1320,6 +1332,149 @@ fn a_batch_handler_gets_what_the_subscription_holds(url: String) -> Result<(), S
         let transport = connect(&url).await?;
         let topic = format!("batch-{}", uuid::Uuid::new_v4().simple());
         test_support::batch::batches_take_what_is_at_hand(&Broker::new(transport), &topic).await
+    })
+}
+
+/// Sets a failpoint for the life of the value, removing it when dropped (also when a test fails early:
+/// the tests share the process).
+struct Failpoint(&'static str);
+
+impl Failpoint {
+    fn set(name: &'static str, actions: &str) -> Result<Self, String> {
+        fail::cfg(name, actions).map_err(|e| format!("failpoint {name}: {e}"))?;
+        Ok(Self(name))
+    }
+}
+
+impl Drop for Failpoint {
+    fn drop(&mut self) {
+        fail::remove(self.0);
+    }
+}
+
+/// A blocking error holds consumption (the source's partitions paused), and the resume after it heals
+/// is dropped (the failpoint `kafka-resume-discarded`: librdkafka can drop a resume as outdated and
+/// answer success). Events published afterwards must still be handled: the consumer resumes its
+/// partitions again every few seconds while none is meant to be paused. Without that they would wait
+/// for ever (shown: with `resume_again` disabled this test fails, none handled in 30 s).
+fn a_resume_librdkafka_drops_is_made_good(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("dropped-resume-{}", uuid::Uuid::new_v4().simple());
+        let down = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let handled: Arc<Mutex<Vec<String>>> = Arc::default();
+        let (flag, seen) = (down.clone(), handled.clone());
+        let handler = handler_fn(move |event: Event, _ctx: Context| {
+            let (flag, seen) = (flag.clone(), seen.clone());
+            async move {
+                let id = event.id().unwrap_or_default().to_string();
+                if id == "blocker" && flag.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Err(HandlerError::blocking("dependency down"));
+                }
+                seen.lock().unwrap_or_else(|p| p.into_inner()).push(id);
+                Ok(())
+            }
+        });
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        publish_keyed(&transport, &topic, std::iter::once("blocker".to_string())).await?;
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            consumer.wait_until(|s| s.holds >= 2),
+        )
+        .await
+        .map_err(|_| format!("the blocking error never held: {:?}", consumer.stats()))?;
+        // Held: the next resume, the one after the hold, is dropped.
+        let failpoint = Failpoint::set("kafka-resume-discarded", "1*return")?;
+        down.store(false, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            consumer.wait_until(|s| s.succeeded >= 1),
+        )
+        .await
+        .map_err(|_| format!("the held event never succeeded: {:?}", consumer.stats()))?;
+        // The hold's end (the resume) follows the success at once; give it a moment to be dropped.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let later: Vec<String> = (0..10).map(|i| format!("later-{i}")).collect();
+        publish_keyed(&transport, &topic, later.iter().cloned()).await?;
+        let all = tokio::time::timeout(
+            Duration::from_secs(30),
+            consumer.wait_until(|s| s.succeeded >= 11),
+        )
+        .await;
+        drop(failpoint);
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let handled = handled.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if all.is_err() {
+            let missing: Vec<&String> = later.iter().filter(|id| !handled.contains(id)).collect();
+            return Err(format!(
+                "after a dropped resume, events published later were not handled within 30 s: {missing:?}"
+            ));
+        }
+        Ok(())
+    })
+}
+
+/// A retry's copy waits in a ladder level (its partition paused while the head waits) and the resume
+/// after the head left is dropped (the failpoint `kafka-ladder-resume-discarded`). A second event that
+/// fails after the first retried takes the same way through the same levels: it must still come back,
+/// because the ladder resumes its partitions that hold nothing again every few seconds. Without that the
+/// second retry would never run (shown: with `resume_again` disabled this test fails).
+fn a_ladder_resume_librdkafka_drops_is_made_good(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = KafkaTransport::connect_with(
+            &url,
+            KafkaConfig {
+                partitions: 1,
+                ..config()
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let topic = format!("dropped-ladder-resume-{}", uuid::Uuid::new_v4().simple());
+        let handler = handler_fn(move |_event: Event, ctx: Context| async move {
+            if ctx.attempt == 1 {
+                Err(HandlerError::deferred("once"))
+            } else {
+                Ok(())
+            }
+        });
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
+            .policy(RetryPolicy::parse("1s x1").map_err(|e| e.to_string())?)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        let failpoint = Failpoint::set("kafka-ladder-resume-discarded", "1*return")?;
+        publish_keyed(&transport, &topic, std::iter::once("first".to_string())).await?;
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            consumer.wait_until(|s| s.succeeded_after_retry >= 1),
+        )
+        .await
+        .map_err(|_| format!("the first retry never ran: {:?}", consumer.stats()))?;
+        publish_keyed(&transport, &topic, std::iter::once("second".to_string())).await?;
+        let second = tokio::time::timeout(
+            Duration::from_secs(30),
+            consumer.wait_until(|s| s.succeeded_after_retry >= 2),
+        )
+        .await;
+        drop(failpoint);
+        let stats = consumer.stats();
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        if second.is_err() {
+            return Err(format!(
+                "after a dropped ladder resume, a later retry through the same level never came back within 30 s: {stats:?}"
+            ));
+        }
+        Ok(())
     })
 }
 
