@@ -20,10 +20,7 @@ impl Admin for MemoryTransport {
     }
 
     async fn delete(&self, topic: &str) -> Result<(), Error> {
-        let mut state = self.broker.lock();
-        state.topics.remove(topic);
-        state.dead.remove(topic);
-        state.unwritable_dlq.remove(topic);
+        self.broker.delete(topic);
         Ok(())
     }
 

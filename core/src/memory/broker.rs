@@ -3,9 +3,10 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
-use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -18,12 +19,15 @@ use crate::event::{Event, RawMessage};
 pub(super) struct Broker {
     pub(super) state: Mutex<State>,
     pub(super) arrivals: Notify,
+    /// Whether any topic's receives are made to fail ([`State::failing_receives`] not empty): a
+    /// receive looks at the map, under the broker's lock, only then.
+    pub(super) any_failing: AtomicBool,
 }
 
 #[derive(Default)]
 pub(super) struct State {
-    /// By name, hashed with Fx: every delivery and every settle looks its queue up here, twice, and
-    /// the names are the process's own (nothing for a hash-flooding attacker to choose).
+    /// By name, hashed with Fx (the names are the process's own: nothing for a hash-flooding attacker
+    /// to choose).
     pub(super) topics: FxHashMap<String, Topic>,
     /// Dead letters by source topic, each with the group that dead-lettered it.
     pub(super) dead: HashMap<String, Vec<StoredDeadLetter>>,
@@ -54,19 +58,31 @@ impl State {
 /// A topic: one queue per consumer group, and the offsets its messages are numbered with.
 #[derive(Default)]
 pub(super) struct Topic {
-    pub(super) groups: FxHashMap<String, Queue>,
+    /// Each group's queue, locked on its own: a subscription and its receipts hold their queue, so a
+    /// delivery and its settle take that lock alone — not the broker's, and no lookup by name.
+    pub(super) groups: FxHashMap<String, Arc<QueueCell>>,
     pub(super) next_offset: i64,
 }
 
+/// A group's queue, with its own lock (taken after the broker's where both are).
+pub(super) type QueueCell = Mutex<Queue>;
+
 impl Topic {
     /// The queue of `group`, declared now if it was not.
-    pub(super) fn group(&mut self, group: &str) -> &mut Queue {
+    pub(super) fn group(&mut self, group: &str) -> &Arc<QueueCell> {
         self.groups.entry(group.to_string()).or_default()
     }
 }
 
+/// Locks `queue`.
+pub(super) fn lock_queue(queue: &QueueCell) -> MutexGuard<'_, Queue> {
+    queue.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 #[derive(Default)]
 pub(super) struct Queue {
+    /// Set when its topic is deleted: a subscription that holds it looks its group up again.
+    pub(super) deleted: bool,
     pub(super) waiting: Waiting,
     /// Messages handed out and not settled yet.
     pub(super) in_flight: usize,
@@ -176,12 +192,16 @@ impl Broker {
         let now = Instant::now();
         match group {
             Some(group) => {
-                t.group(group).waiting.push(due, seq, stored, now);
+                lock_queue(t.group(group))
+                    .waiting
+                    .push(due, seq, stored, now);
                 seq += 1;
             }
             None => {
-                for queue in t.groups.values_mut() {
-                    queue.waiting.push(due, seq, stored.clone(), now);
+                for queue in t.groups.values() {
+                    lock_queue(queue)
+                        .waiting
+                        .push(due, seq, stored.clone(), now);
                     seq += 1;
                 }
             }
@@ -195,22 +215,48 @@ impl Broker {
     /// Counts one retry scheduled into `group`'s queue of `topic`.
     pub(super) fn count_retry(&self, topic: &str, group: &str) {
         let mut state = self.lock();
-        Self::topic(&mut state, topic)
-            .group(group)
-            .retries_scheduled += 1;
+        lock_queue(Self::topic(&mut state, topic).group(group)).retries_scheduled += 1;
+    }
+
+    /// The queue of `group` of `topic`, both declared now if they were not.
+    pub(super) fn queue(&self, topic: &str, group: &str) -> Arc<QueueCell> {
+        Self::topic(&mut self.lock(), topic).group(group).clone()
+    }
+
+    /// Deletes `topic`: its queues are marked deleted for the subscriptions that hold them.
+    pub(super) fn delete(&self, topic: &str) {
+        let mut state = self.lock();
+        if let Some(t) = state.topics.remove(topic) {
+            for queue in t.groups.values() {
+                lock_queue(queue).deleted = true;
+            }
+        }
+        state.dead.remove(topic);
+        state.unwritable_dlq.remove(topic);
+    }
+
+    /// Makes every receive from `topic` fail with an error of `kind` (`Some`), or work again.
+    pub(super) fn fail_receives(&self, topic: &str, kind: Option<Kind>) {
+        let mut state = self.lock();
+        match kind {
+            Some(kind) => state.failing_receives.insert(topic.to_string(), kind),
+            None => state.failing_receives.remove(topic),
+        };
+        self.any_failing
+            .store(!state.failing_receives.is_empty(), Ordering::Release);
+    }
+
+    /// The kind of error receives from `topic` fail with, if they are made to fail.
+    pub(super) fn refusal(&self, topic: &str) -> Option<Kind> {
+        if !self.any_failing.load(Ordering::Acquire) {
+            return None;
+        }
+        self.lock().failing_receives.get(topic).copied()
     }
 }
 
-impl Broker {
-    /// A delivery of `group` of `topic` was settled or given back.
-    pub(super) fn landed(&self, topic: &str, group: &str) {
-        if let Some(queue) = self
-            .lock()
-            .topics
-            .get_mut(topic)
-            .and_then(|t| t.groups.get_mut(group))
-        {
-            queue.in_flight = queue.in_flight.saturating_sub(1);
-        }
-    }
+/// A delivery of `queue` was settled or given back.
+pub(super) fn landed(queue: &QueueCell) {
+    let mut queue = lock_queue(queue);
+    queue.in_flight = queue.in_flight.saturating_sub(1);
 }

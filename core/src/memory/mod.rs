@@ -73,11 +73,7 @@ impl MemoryTransport {
     /// Makes every receive from `topic` fail with an error of `kind` (`Some`), or work again (`None`):
     /// for tests of how a consumer meets a broker that refuses it.
     pub fn fail_receives(&self, topic: &str, kind: Option<Kind>) {
-        let mut state = self.broker.lock();
-        match kind {
-            Some(kind) => state.failing_receives.insert(topic.to_string(), kind),
-            None => state.failing_receives.remove(topic),
-        };
+        self.broker.fail_receives(topic, kind);
     }
 
     /// Messages the broker still holds for `group` of `topic`: waiting (due or not) and handed out
@@ -102,7 +98,7 @@ impl MemoryTransport {
             .topics
             .get(topic)
             .and_then(|t| t.groups.get(group))
-            .map_or(0, count)
+            .map_or(0, |queue| count(&broker::lock_queue(queue)))
     }
 
     /// Capabilities of the in-memory transport: every feature, delays exact to the millisecond.
@@ -163,13 +159,12 @@ impl Transport for MemoryTransport {
     }
 
     async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
-        Broker::topic(&mut self.broker.lock(), &spec.topic).group(&spec.group);
         Ok(Box::new(MemorySubscription {
-            queue: Arc::new(GroupQueue {
-                broker: self.broker.clone(),
-                topic: Arc::from(spec.topic.as_str()),
-                group: Arc::from(spec.group.as_str()),
-            }),
+            queue: Arc::new(GroupQueue::of(
+                self.broker.clone(),
+                Arc::from(spec.topic.as_str()),
+                Arc::from(spec.group.as_str()),
+            )),
         }))
     }
 
@@ -326,6 +321,38 @@ mod tests {
             (1, 1),
             "a dropped one is back"
         );
+    }
+
+    /// A subscription holds its group's queue: once its topic is deleted and published to again, it
+    /// takes the new topic's messages, and none of the deleted one's.
+    #[tokio::test]
+    async fn a_subscription_outlives_its_topic_being_deleted() {
+        let t = MemoryTransport::new();
+        let mut sub = t.subscribe(&spec("d")).await.unwrap();
+        t.publish("d", &Event::new("old")).await.unwrap();
+        t.delete("d").await.unwrap();
+        assert!(sub.next_ready().is_none(), "the deleted topic's message");
+        t.publish("d", &Event::new("new")).await.unwrap();
+        let d = sub.next_ready().expect("the new topic's message");
+        assert_eq!(d.message.payload.as_ref(), b"new");
+        assert_eq!(t.held("d", "g"), 1, "in flight in the new topic's queue");
+    }
+
+    #[tokio::test]
+    async fn receives_fail_while_made_to_and_work_again_after() {
+        let t = MemoryTransport::new();
+        let mut sub = t.subscribe(&spec("f")).await.unwrap();
+        t.publish("f", &Event::new("x")).await.unwrap();
+        t.fail_receives("f", Some(Kind::Connection));
+        t.fail_receives("other", Some(Kind::Security));
+        assert!(sub.next_ready().is_none());
+        assert_eq!(sub.next().await.unwrap_err().kind(), Kind::Connection);
+        t.fail_receives("f", None);
+        assert!(
+            sub.next_ready().is_some(),
+            "another topic's failing does not matter"
+        );
+        t.fail_receives("other", None);
     }
 
     #[tokio::test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::broker::{Broker, Stored};
+use super::broker::{Broker, QueueCell, Stored, landed, lock_queue};
 use crate::adapter::{Delivery, DeliveryInfo, Receipt, Subscription, Unsettled};
 use crate::error::{Error, Kind};
 use crate::event::Event;
@@ -17,11 +17,25 @@ pub(super) struct MemorySubscription {
     pub(super) queue: Arc<GroupQueue>,
 }
 
-/// A group's queue of a topic, by name, in its broker.
+/// A group's queue of a topic, with its names and broker.
 pub(super) struct GroupQueue {
     pub(super) broker: Arc<Broker>,
     pub(super) topic: Arc<str>,
     pub(super) group: Arc<str>,
+    pub(super) cell: Arc<QueueCell>,
+}
+
+impl GroupQueue {
+    /// The queue of `group` of `topic` in `broker`, declared now if it was not.
+    pub(super) fn of(broker: Arc<Broker>, topic: Arc<str>, group: Arc<str>) -> Self {
+        let cell = broker.queue(&topic, &group);
+        Self {
+            broker,
+            topic,
+            group,
+            cell,
+        }
+    }
 }
 
 impl std::ops::Deref for MemorySubscription {
@@ -35,29 +49,32 @@ impl std::ops::Deref for MemorySubscription {
 impl MemorySubscription {
     /// The kind of error receives fail with, if they are made to fail.
     pub(super) fn refusal(&self) -> Option<Kind> {
-        self.broker
-            .lock()
-            .failing_receives
-            .get(&*self.topic)
-            .copied()
+        self.broker.refusal(&self.topic)
     }
 
-    /// Takes the head of the group's queue if it is due; otherwise tells when it will be.
-    pub(super) fn take_due(&self) -> Result<Delivery, Option<Instant>> {
-        let mut state = self.broker.lock();
-        if !state.failing_receives.is_empty() && state.failing_receives.contains_key(&*self.topic) {
+    /// Takes the head of the group's queue if it is due; otherwise tells when it will be. Only the
+    /// group's queue is locked; a queue whose topic was deleted is looked up again (the topic declared
+    /// anew, as a subscription to it would).
+    pub(super) fn take_due(&mut self) -> Result<Delivery, Option<Instant>> {
+        if self.refusal().is_some() {
             // Receives fail: `next` reports it.
             return Err(None);
         }
-        let Some(queue) = state
-            .topics
-            .get_mut(&*self.topic)
-            .and_then(|t| t.groups.get_mut(&*self.group))
-        else {
-            return Err(None);
-        };
+        let mut queue = lock_queue(&self.queue.cell);
+        if queue.deleted {
+            drop(queue);
+            let GroupQueue {
+                broker,
+                topic,
+                group,
+                ..
+            } = &*self.queue;
+            self.queue = Arc::new(GroupQueue::of(broker.clone(), topic.clone(), group.clone()));
+            queue = lock_queue(&self.queue.cell);
+        }
         let stored = queue.waiting.pop_due(Instant::now)?;
         queue.in_flight += 1;
+        drop(queue);
         Ok(Delivery {
             message: stored.raw.clone(),
             info: DeliveryInfo::at(Origin {
@@ -83,9 +100,11 @@ impl Subscription for MemorySubscription {
             return Err(Error::new(kind, "the broker refuses receives")
                 .with_operation(format!("receive from {}", self.topic)));
         }
+        // The broker outlives a lookup of the queue again (`take_due` may replace `self.queue`).
+        let broker = self.broker.clone();
         loop {
             // Register for arrivals before looking, so a message published in between is not missed.
-            let arrival = self.broker.arrivals.notified();
+            let arrival = broker.arrivals.notified();
             tokio::pin!(arrival);
             arrival.as_mut().enable();
             match self.take_due() {
@@ -120,7 +139,7 @@ impl MemoryReceipt {
     /// Takes the original to settle it; it is no longer in flight.
     pub(super) fn settle(&mut self) -> Result<Stored, Error> {
         let stored = self.original.take()?;
-        self.broker.landed(&self.topic, &self.group);
+        landed(&self.cell);
         Ok(stored)
     }
 }
@@ -176,7 +195,7 @@ impl Receipt for MemoryReceipt {
 impl Drop for MemoryReceipt {
     fn drop(&mut self) {
         if let Some(stored) = self.original.take_unsettled() {
-            self.broker.landed(&self.topic, &self.group);
+            landed(&self.cell);
             self.broker.enqueue(
                 &self.topic,
                 Some(&self.group),
