@@ -577,15 +577,25 @@ pub fn encode_for_map<'a>(
 /// Unknown names inside the namespace are kept as producer headers (a newer SDK's fields survive an older
 /// consumer). Fails on a value that is too long, not UTF-8, or not of its field's type.
 pub fn decode(headers: &Headers) -> Result<(RetryMetadata, Headers), MetadataError> {
+    let (mut meta, mut foreign) = (RetryMetadata::default(), Headers::new());
+    decode_into(headers, &mut meta, &mut foreign)?;
+    Ok((meta, foreign))
+}
+
+/// [`decode`] into `meta` and `foreign` (default values, as [`RetryMetadata::default`] and
+/// [`Headers::new`] make them): the event a consumer decodes is built where it stays, not moved from a
+/// returned pair (a copy of some 300 bytes per event, measured among the runtime's largest costs).
+pub(crate) fn decode_into(
+    headers: &Headers,
+    meta: &mut RetryMetadata,
+    foreign: &mut Headers,
+) -> Result<(), MetadataError> {
     let mut first_error = None;
-    let decoded = decode_with(headers, |e| {
+    decode_with(headers, meta, foreign, |e| {
         first_error.get_or_insert(e);
         false
     });
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(decoded),
-    }
+    first_error.map_or(Ok(()), Err)
 }
 
 /// Decodes what can be decoded: a malformed field is skipped (and its header dropped) instead of failing
@@ -593,30 +603,31 @@ pub fn decode(headers: &Headers) -> Result<(RetryMetadata, Headers), MetadataErr
 /// origin and history that did parse.
 pub fn decode_lenient(headers: &Headers) -> (RetryMetadata, Headers, Vec<MetadataError>) {
     let mut errors = Vec::new();
-    let (meta, foreign) = decode_with(headers, |e| {
+    let (mut meta, mut foreign) = (RetryMetadata::default(), Headers::new());
+    decode_with(headers, &mut meta, &mut foreign, |e| {
         errors.push(e);
         true
     });
     (meta, foreign, errors)
 }
 
-/// The decoding loop; `on_error` records a problem and says whether to go on.
+/// The decoding loop, into `meta` and `foreign`; `on_error` records a problem and says whether to go on.
 fn decode_with(
     headers: &Headers,
+    meta: &mut RetryMetadata,
+    foreign: &mut Headers,
     mut on_error: impl FnMut(MetadataError) -> bool,
-) -> (RetryMetadata, Headers) {
-    let mut meta = RetryMetadata::default();
-    let mut foreign = Headers::new();
+) {
     let mut parts = Parts::default();
     for (owned_name, value) in headers.entries() {
         let name = owned_name.as_ref();
         let applied = if name == PACKED {
-            decode_packed(value, &mut meta, &mut parts).map(|()| true)
+            decode_packed(value, meta, &mut parts).map(|()| true)
         } else if name == crate::layout::LAYOUT {
             parts.layout = Some(value.clone());
             Ok(true)
         } else if name.starts_with(PREFIX) {
-            apply(&mut meta, &mut parts, name, value)
+            apply(meta, &mut parts, name, value)
         } else {
             Ok(false)
         };
@@ -625,7 +636,7 @@ fn decode_with(
             Ok(false) => foreign.push(owned_name.clone(), value.clone()),
             Err(e) => {
                 if !on_error(e) {
-                    return (meta, foreign);
+                    return;
                 }
             }
         }
@@ -634,7 +645,7 @@ fn decode_with(
         Ok(info) => meta.dead = info,
         Err(e) => {
             if !on_error(e) {
-                return (meta, foreign);
+                return;
             }
         }
     }
@@ -643,15 +654,15 @@ fn decode_with(
         Ok(None) => {}
         Err(e) => {
             if !on_error(e) {
-                return (meta, foreign);
+                return;
             }
         }
     }
     if let Some(layout) = parts.layout {
         // A layout that does not parse leaves the headers as the broker gave them (and makes the event
         // poison, with the reason): nothing of the producer's is dropped.
-        match crate::layout::restore(&foreign, &layout) {
-            Ok(restored) => foreign = restored,
+        match crate::layout::restore(foreign, &layout) {
+            Ok(restored) => *foreign = restored,
             Err(problem) => {
                 on_error(MetadataError {
                     header: crate::layout::LAYOUT.to_string(),
@@ -660,7 +671,6 @@ fn decode_with(
             }
         }
     }
-    (meta, foreign)
 }
 
 /// The metadata fields, for decoding by name.

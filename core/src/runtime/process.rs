@@ -420,44 +420,24 @@ fn prepare(shared: &Shared, message: crate::event::RawMessage, info: DeliveryInf
     shared.counters.bump(&shared.counters.received);
     let taken = SystemTime::now();
     let now = Timestamp::from_system_time(taken);
-    // Decoded from the headers in place: the message itself is needed again only for a poison event.
-    let mut event = match metadata::decode(&message.headers) {
-        Ok((meta, headers)) => Event {
-            payload: message.payload,
-            key: message.key,
-            headers,
-            meta,
-        },
-        Err(err) => {
-            // Keep what did parse (event id, origin, history) for whoever triages the DLQ entry.
-            let (meta, headers, problems) = metadata::decode_lenient(&message.headers);
-            let mut poison = Event {
-                payload: message.payload,
-                key: message.key,
-                headers,
-                meta,
-            };
-            poison
-                .meta
-                .event_id
-                .get_or_insert_with(|| info.message_id().into());
-            poison
-                .meta
-                .origin
-                .get_or_insert_with(|| info.origin.clone());
-            poison.meta.first_seen.get_or_insert(now);
-            poison.meta.error_kind = Some(FailureKind::NonRetryable);
-            let reasons: Vec<String> = problems.iter().map(ToString::to_string).collect();
-            let reasons = if reasons.is_empty() {
-                err.to_string()
-            } else {
-                reasons.join("; ")
-            };
-            poison.meta.set_last_error(&format!("poison: {reasons}"));
-            warn!(event_id = %info.message_id(), error = %err, "poison message: malformed metadata");
-            return Prepared::Poison(poison);
-        }
+    // Decoded from the headers into the event where it stays: the message itself is needed again only
+    // for a poison event.
+    let crate::event::RawMessage {
+        payload,
+        key,
+        headers: raw_headers,
+    } = message;
+    let mut event = Event {
+        payload,
+        key,
+        headers: crate::headers::Headers::new(),
+        meta: metadata::RetryMetadata::default(),
     };
+    let decoded = metadata::decode_into(&raw_headers, &mut event.meta, &mut event.headers);
+    if let Err(err) = decoded {
+        return Prepared::Poison(poison(event, &raw_headers, &info, now, &err));
+    }
+    drop(raw_headers);
     let meta = &mut event.meta;
     let id = meta
         .event_id
@@ -551,6 +531,43 @@ impl RngCore for LazyRng<'_> {
     fn fill_bytes(&mut self, dst: &mut [u8]) {
         self.rng().fill_bytes(dst);
     }
+}
+
+/// The poison event a delivery whose metadata does not parse (`err`) becomes: what did parse (event
+/// id, origin, history) kept for whoever triages its DLQ entry, completed from the broker's facts, its
+/// kind non-retryable and the reasons as its last error.
+fn poison(
+    event: Event,
+    raw_headers: &crate::headers::Headers,
+    info: &DeliveryInfo,
+    now: Timestamp,
+    err: &metadata::MetadataError,
+) -> Event {
+    let (meta, headers, problems) = metadata::decode_lenient(raw_headers);
+    let mut poison = Event {
+        headers,
+        meta,
+        ..event
+    };
+    poison
+        .meta
+        .event_id
+        .get_or_insert_with(|| info.message_id().into());
+    poison
+        .meta
+        .origin
+        .get_or_insert_with(|| info.origin.clone());
+    poison.meta.first_seen.get_or_insert(now);
+    poison.meta.error_kind = Some(FailureKind::NonRetryable);
+    let reasons: Vec<String> = problems.iter().map(ToString::to_string).collect();
+    let reasons = if reasons.is_empty() {
+        err.to_string()
+    } else {
+        reasons.join("; ")
+    };
+    poison.meta.set_last_error(&format!("poison: {reasons}"));
+    warn!(event_id = %info.message_id(), error = %err, "poison message: malformed metadata");
+    poison
 }
 
 /// One event's handling: references to what the delivery's future holds, so that the nested futures of
