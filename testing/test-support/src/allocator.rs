@@ -13,10 +13,18 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// With the feature `jemalloc`, jemalloc is the global allocator and — built unprefixed — the process's
+/// `malloc` too, so C code linked in (librdkafka) allocates from it as well; `MALLOC_CONF` tunes it.
+#[cfg(all(feature = "jemalloc", not(feature = "mimalloc")))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// The allocator's name, as the benches print it.
 pub fn name() -> &'static str {
     if cfg!(feature = "mimalloc") {
         "mimalloc"
+    } else if cfg!(feature = "jemalloc") {
+        "jemalloc"
     } else {
         "glibc malloc"
     }

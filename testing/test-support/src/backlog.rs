@@ -12,7 +12,8 @@
 //! bytes in use, and the bytes freed but still held (not returned to the system). A resident set that
 //! grows with the backlog while the heap in use stays flat holds no state per waiting retry: it is
 //! memory a burst used and the allocator kept. With the feature `mimalloc` (see [`crate::allocator`])
-//! Rust's allocations are mimalloc's and glibc's counts are what C libraries (librdkafka) allocate.
+//! Rust's allocations are mimalloc's and glibc's counts are what C libraries (librdkafka) allocate; with
+//! `jemalloc` every allocation is jemalloc's, and no heap is reported.
 //!
 //! At the end the consumer is stopped and 300 more healthy events are published with the backlog still
 //! in the broker: their publish time alone tells a broker slowed by what it holds from one slowed by the
@@ -528,9 +529,13 @@ async fn wait_for(
 /// This process's heap as glibc's allocator reports it (`malloc_info`): KiB in use — the arenas' memory
 /// less their free chunks, plus chunks mapped on their own — and KiB free in the arenas (freed, held).
 /// With mimalloc as Rust's allocator this is what C code (librdkafka) allocates through glibc. `None`
-/// where glibc does not answer.
+/// where glibc does not answer, and with jemalloc, which serves every allocation then (glibc's arenas
+/// stay empty).
 fn heap_kib() -> Option<(u64, u64)> {
     use malloc_info::info::{SystemType, TotalType};
+    if cfg!(feature = "jemalloc") {
+        return None;
+    }
     let info = malloc_info::malloc_info().ok()?;
     let total = |kind: TotalType| -> usize {
         info.total
@@ -598,8 +603,8 @@ mod tests {
     }
 
     /// The heap this process reports grows by what it holds: 32 MiB kept alive shows in use. Only on
-    /// glibc's allocator: with mimalloc glibc does not see Rust's allocations.
-    #[cfg(not(feature = "mimalloc"))]
+    /// glibc's allocator: with mimalloc glibc does not see Rust's allocations, and with jemalloc nothing.
+    #[cfg(not(any(feature = "mimalloc", feature = "jemalloc")))]
     #[test]
     fn the_heap_in_use_counts_what_is_held() {
         let (before, _) = heap_kib().expect("glibc's malloc_info");
