@@ -144,12 +144,12 @@ async fn finish<G: Send + 'static>(
 pub(super) type Processing = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Handles a delivery as far as it goes without waiting, here and now (the receive loop calls it, with
-/// its task's `cx`; `guard` makes what the rest of its handling holds to its end, a work slot, and is
-/// called only if there is a rest): decoded, claimed, its handler's call polled once and — when that call is done with
+/// its task's `cx`): decoded, claimed, its handler's call polled once and — when that call is done with
 /// success and the receipt acknowledges without waiting ([`Receipt::try_ack`]) — acknowledged. `None`
 /// when the delivery is settled; otherwise the rest of its handling, to run as a task (a call still
-/// running goes on in it). Without a future of the runtime's own for an event that is done at once: the
-/// handler's call (see [`Handler::call`](super::handler::Handler::call)) is the only one.
+/// running goes on in it), holding what `guard` makes (a work slot; made only if there is a rest).
+/// Without a future of the runtime's own for an event that is done at once: the handler's call (see
+/// [`Handler::call`](super::handler::Handler::call)) is the only one.
 ///
 /// A delivery that needs more before its call — a poison one, one of a consumer with per-key ordering
 /// or an idempotency store — takes the whole path ([`process`]) as a task.
