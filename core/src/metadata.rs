@@ -154,6 +154,25 @@ pub mod names {
     /// use them (they would be overwritten), and a broker codec that interns names builds on this list.
     pub const ALL: [&str; FIELDS.len() + OTHERS.len()] = concat(FIELDS, OTHERS);
 
+    /// The SDK's own static name equal to `name`, if it is one of [`ALL`]: what a broker codec that
+    /// interns names (so the SDK's headers cost no allocation per message) looks up for every header
+    /// of every message. A name outside the namespace — most of a producer's — is told from its first
+    /// bytes, without a comparison with each of the SDK's names.
+    ///
+    /// ```
+    /// use event_retry_core::metadata::names;
+    ///
+    /// assert_eq!(names::interned("x-retry-attempts"), Some(names::ATTEMPTS));
+    /// assert_eq!(names::interned("content-type"), None);
+    /// assert_eq!(names::interned("x-retry-unknown"), None);
+    /// ```
+    pub fn interned(name: &str) -> Option<&'static str> {
+        if !name.starts_with(PACKED) {
+            return None;
+        }
+        ALL.iter().copied().find(|known| *known == name)
+    }
+
     /// `a` followed by `b`, at compile time.
     const fn concat<const A: usize, const B: usize, const C: usize>(
         a: [&'static str; A],
@@ -964,6 +983,7 @@ mod tests {
         assert_eq!(codec, names::FIELDS);
         assert_eq!(names::ALL[..names::FIELDS.len()], names::FIELDS);
         for name in names::ALL {
+            assert_eq!(names::interned(name), Some(name));
             let written_by_codec =
                 names::FIELDS.contains(&name) || name == names::PACKED || name == names::LAYOUT;
             assert_eq!(is_sdk_field(name), written_by_codec, "{name}");

@@ -122,7 +122,7 @@ fn millis(value: &[u8]) -> Option<Timestamp> {
 }
 
 fn header_name(name: &str) -> Cow<'static, str> {
-    match names::ALL.iter().find(|k| **k == name) {
+    match names::interned(name) {
         Some(known) => Cow::Borrowed(known),
         None => Cow::Owned(name.to_string()),
     }

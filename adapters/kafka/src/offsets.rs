@@ -6,7 +6,9 @@
 //! a new epoch; a settle from an earlier epoch (the partition was revoked meanwhile, maybe to come back)
 //! is ignored, so a consumer never commits for a partition it lost.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -45,7 +47,9 @@ impl Generation {
 /// The offsets of the partitions assigned to one consumer.
 #[derive(Debug, Default)]
 pub(crate) struct Offsets {
-    partitions: HashMap<Tp, Partition>,
+    /// Looked up for every record read and every one settled: hashed with Fx (the keys are the
+    /// assignment's own names).
+    partitions: FxHashMap<Tp, Partition>,
     epochs: u64,
     /// Counts the changes of the assignment (every assign and revoke), readable without the lock that
     /// guards the rest: a record read while it was `g` is still its partition's current epoch's as long

@@ -121,16 +121,17 @@ pub(crate) async fn subscribe(
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let names = Arc::new(Names {
+    let shared = Arc::new(Shared {
+        link: link.clone(),
+        worker: worker.clone(),
         dlq_topic: link.config.dlq_topic(&spec.topic),
         source: Arc::from(spec.topic.as_str()),
         group: spec.group.clone(),
         retry_topic,
     });
     Ok(KafkaSubscription {
-        link,
         spec,
-        names,
+        shared,
         rx,
         batch: std::collections::VecDeque::new(),
         early: BinaryHeap::new(),
@@ -144,9 +145,8 @@ pub(crate) async fn subscribe(
 
 /// One member of a consumer group on a source topic and its retry topic.
 pub(crate) struct KafkaSubscription {
-    link: Arc<Link>,
     spec: SubscriptionSpec,
-    names: Arc<Names>,
+    shared: Arc<Shared>,
     rx: mpsc::Receiver<Result<Vec<Record>, Error>>,
     /// Records received and not yet handed to the runtime.
     batch: std::collections::VecDeque<Record>,
@@ -166,22 +166,20 @@ impl KafkaSubscription {
         let original = record.copied.clone();
         let decoded = record.copied.decode();
         let (topic, partition) = record.tp.clone();
-        let origin = Origin::new(self.names.source.clone()).at(partition, record.offset);
+        let origin = Origin::new(self.shared.source.clone()).at(partition, record.offset);
         let origin = match decoded.timestamp {
             Some(t) => origin.with_timestamp(t),
             None => origin,
         };
         // A source record's place names it (`<topic>/<partition>/<offset>`), made only if its event
         // has no id; a record of the retry topic is named by its own topic.
-        let info = if *topic == *self.names.source {
+        let info = if *topic == *self.shared.source {
             DeliveryInfo::at(origin)
         } else {
             DeliveryInfo::new(format!("{topic}/{partition}/{}", record.offset), origin)
         };
         let receipt = Box::new(KafkaReceipt {
-            link: self.link.clone(),
-            worker: self.worker.clone(),
-            names: self.names.clone(),
+            shared: self.shared.clone(),
             partition,
             position: Unsettled::new(Position {
                 tp: record.tp,
@@ -296,7 +294,7 @@ impl Subscription for KafkaSubscription {
             if !self.is_current(&record.tp, record.epoch, record.generation) {
                 continue;
             }
-            let retry = *record.tp.0 == *self.names.retry_topic;
+            let retry = *record.tp.0 == *self.shared.retry_topic;
             let (tp, epoch, generation) = (record.tp.clone(), record.epoch, record.generation);
             let delivery = self.delivery(record);
             if retry && let Some(at) = hold_until(&delivery.message, Timestamp::now()) {
@@ -392,8 +390,11 @@ impl Subscription for KafkaSubscription {
     }
 }
 
-/// The topics and group a subscription's receipts settle to, shared by all of them.
-struct Names {
+/// What a subscription's receipts share (one reference count per record): the link and the consumer
+/// thread they settle through, and the topics and group they settle to.
+struct Shared {
+    link: Arc<Link>,
+    worker: Arc<Worker>,
     source: Arc<str>,
     retry_topic: String,
     dlq_topic: String,
@@ -409,9 +410,7 @@ struct Position {
 
 /// Settles one record.
 struct KafkaReceipt {
-    link: Arc<Link>,
-    worker: Arc<Worker>,
-    names: Arc<Names>,
+    shared: Arc<Shared>,
     partition: i32,
     position: Unsettled<Position>,
     /// The record as copied, decoded again only if [`Receipt::release`] needs it whole (a clone of the
@@ -427,7 +426,7 @@ impl KafkaReceipt {
     fn finish(&mut self) -> Result<(), Error> {
         let p = self.position.take()?;
         // If the consumer is gone, the offset stays uncommitted and the record is consumed again.
-        self.worker.settled(&p.tp, p.offset, p.epoch);
+        self.shared.worker.settled(&p.tp, p.offset, p.epoch);
         Ok(())
     }
 
@@ -438,18 +437,21 @@ impl KafkaReceipt {
         delay: Duration,
         operation: &str,
     ) -> Result<(), Error> {
-        if self.worker.transactional() {
-            let (topic, extra) =
-                self.link
-                    .delayed_target(&self.names.source, &self.names.retry_topic, delay);
+        if self.shared.worker.transactional() {
+            let (topic, extra) = self.shared.link.delayed_target(
+                &self.shared.source,
+                &self.shared.retry_topic,
+                delay,
+            );
             return self
                 .finish_with_copy(topic, raw.clone(), extra, operation)
                 .await;
         }
-        self.link
+        self.shared
+            .link
             .send_delayed(
-                &self.names.source,
-                &self.names.retry_topic,
+                &self.shared.source,
+                &self.shared.retry_topic,
                 self.partition,
                 codec::Outbound {
                     raw,
@@ -472,7 +474,8 @@ impl KafkaReceipt {
         operation: &str,
     ) -> Result<(), Error> {
         // The copy keeps its record's partition: the topic's count must be known to place it.
-        self.link
+        self.shared
+            .link
             .partitions(&topic)
             .await
             .map_err(|e| e.with_operation(operation.to_string()))?;
@@ -485,7 +488,8 @@ impl KafkaReceipt {
             nulls: self.nulls.clone(),
             extra,
         };
-        self.worker
+        self.shared
+            .worker
             .settled_with_copy(&tp, offset, epoch, copy)
             .await
             .map_err(|_| Error::closed())?
@@ -507,23 +511,24 @@ impl Receipt for KafkaReceipt {
 
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
         self.position.get()?;
-        let operation = format!("retry of {} through the delay ladder", self.names.source);
+        let operation = format!("retry of {} through the delay ladder", self.shared.source);
         self.delay(&event.to_raw(), delay, &operation).await
     }
 
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         self.position.get()?;
-        let dlq = self.names.dlq_topic.clone();
+        let dlq = self.shared.dlq_topic.clone();
         let operation = format!("dead-letter to {dlq}");
         let group = event_retry_core::metadata::names::GROUP;
-        if self.worker.transactional() {
-            let extra = vec![(group, self.names.group.as_bytes().to_vec())];
+        if self.shared.worker.transactional() {
+            let extra = vec![(group, self.shared.group.as_bytes().to_vec())];
             return self
                 .finish_with_copy(dlq, event.to_raw(), extra, &operation)
                 .await;
         }
-        let extra = [(group, self.names.group.as_bytes())];
-        self.link
+        let extra = [(group, self.shared.group.as_bytes())];
+        self.shared
+            .link
             .send(
                 &dlq,
                 Some(self.partition),
