@@ -1352,6 +1352,25 @@ impl Drop for Failpoint {
     }
 }
 
+/// A consumer of `topic` on `transport`, with `policy` (the DSL; the default when `None`) and `handler`.
+async fn start_consumer(
+    transport: &KafkaTransport,
+    topic: &str,
+    policy: Option<&str>,
+    handler: impl event_retry_core::runtime::Handler,
+) -> Result<event_retry_core::runtime::ConsumerHandle, String> {
+    let mut builder = Broker::new(transport.clone()).consumer(topic);
+    if let Some(policy) = policy {
+        builder = builder.policy(RetryPolicy::parse(policy).map_err(|e| e.to_string())?);
+    }
+    builder
+        .build()
+        .map_err(|e| e.to_string())?
+        .start(handler)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 /// A blocking error holds consumption (the source's partitions paused), and the resume after it heals
 /// is dropped (the failpoint `kafka-resume-discarded`: librdkafka can drop a resume as outdated and
 /// answer success). Events published afterwards must still be handled: the consumer resumes its
@@ -1375,13 +1394,7 @@ fn a_resume_librdkafka_drops_is_made_good(url: String) -> Result<(), String> {
                 Ok(())
             }
         });
-        let consumer = Broker::new(transport.clone())
-            .consumer(&topic)
-            .build()
-            .map_err(|e| e.to_string())?
-            .start(handler)
-            .await
-            .map_err(|e| e.to_string())?;
+        let consumer = start_consumer(&transport, &topic, None, handler).await?;
         publish_keyed(&transport, &topic, std::iter::once("blocker".to_string())).await?;
         tokio::time::timeout(
             Duration::from_secs(30),
@@ -1444,14 +1457,7 @@ fn a_ladder_resume_librdkafka_drops_is_made_good(url: String) -> Result<(), Stri
                 Ok(())
             }
         });
-        let consumer = Broker::new(transport.clone())
-            .consumer(&topic)
-            .policy(RetryPolicy::parse("1s x1").map_err(|e| e.to_string())?)
-            .build()
-            .map_err(|e| e.to_string())?
-            .start(handler)
-            .await
-            .map_err(|e| e.to_string())?;
+        let consumer = start_consumer(&transport, &topic, Some("1s x1"), handler).await?;
         let failpoint = Failpoint::set("kafka-ladder-resume-discarded", "1*return")?;
         publish_keyed(&transport, &topic, std::iter::once("first".to_string())).await?;
         tokio::time::timeout(
@@ -1523,14 +1529,7 @@ fn forty_headers_reach_the_handler_whole_before_and_after_a_retry(
                 }
             }
         });
-        let consumer = Broker::new(transport.clone())
-            .consumer(&topic)
-            .policy(RetryPolicy::parse("100ms x1").map_err(|e| e.to_string())?)
-            .build()
-            .map_err(|e| e.to_string())?
-            .start(handler)
-            .await
-            .map_err(|e| e.to_string())?;
+        let consumer = start_consumer(&transport, &topic, Some("100ms x1"), handler).await?;
         let deadline = Instant::now() + Duration::from_secs(30);
         while seen.lock().unwrap_or_else(|p| p.into_inner()).len() < 2 && Instant::now() < deadline
         {
