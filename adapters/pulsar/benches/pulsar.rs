@@ -85,6 +85,9 @@ async fn raw_run(
     let sink = Arc::new(AtomicU64::new(0));
     let (mut taken, mut acked, mut in_hand) = (0, 0, 0);
     while acked < MESSAGES {
+        // A client that stops handing out messages fails the round (as a stalled SDK consumer does,
+        // test_support::bench::Countdown::STALL) instead of holding the bench for ever.
+        let stalled = tokio::time::sleep(test_support::bench::Countdown::STALL);
         tokio::select! {
             biased;
             done = done_rx.recv() => {
@@ -103,6 +106,13 @@ async fn raw_run(
                     sink.fetch_add(work(&message.payload.data), Ordering::Relaxed);
                     let _ = done_tx.send(message);
                 });
+            }
+            () = stalled => {
+                return Err(format!(
+                    "the raw pulsar consumer handed out nothing for {:?}: {taken} of {MESSAGES} taken, {acked} acknowledged",
+                    test_support::bench::Countdown::STALL
+                )
+                .into());
             }
         }
     }
