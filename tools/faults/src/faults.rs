@@ -83,6 +83,16 @@ impl Fault {
     pub(crate) fn consumer_must_survive(self) -> bool {
         self != Fault::ConsumerKill
     }
+
+    /// Whether the fault's cells on different brokers run at the same time. F1 touches nothing but its
+    /// own cell's consumer process, and its cells spend most of their time waiting (for a new process to
+    /// take the killed one's share, for retries to fall due), so together they take about as long as the
+    /// slowest alone. The others run one cell at a time: a broker restart rewrites the brokers' shared
+    /// environment file, and a stall, a cut or a cluster's leader kill is measured on a machine that does
+    /// nothing else.
+    pub(crate) fn runs_beside_other_brokers(self) -> bool {
+        self == Fault::ConsumerKill
+    }
 }
 
 #[cfg(test)]
@@ -99,6 +109,21 @@ mod tests {
         );
         assert_eq!(Fault::BrokerKill.cluster(), None);
         assert_eq!(Fault::QueueLeaderKill.code(), "F7");
+    }
+
+    #[test]
+    fn only_the_consumer_kill_runs_its_brokers_at_once() {
+        assert!(Fault::ConsumerKill.runs_beside_other_brokers());
+        for fault in [
+            Fault::BrokerKill,
+            Fault::BrokerStall,
+            Fault::NetworkCut,
+            Fault::DlqOutage,
+            Fault::LeaderKill,
+            Fault::QueueLeaderKill,
+        ] {
+            assert!(!fault.runs_beside_other_brokers(), "{fault:?}");
+        }
     }
 
     #[test]

@@ -70,24 +70,49 @@ pub(crate) async fn matrix(
                 .filter(|b| !matches!(b, BrokerName::KafkaCluster | BrokerName::RabbitmqCluster))
                 .collect(),
         };
-        for broker in cells {
-            eprintln!("== {broker}: {}", fault.describe(settings.outage));
-            let row = cell(broker, fault, settings, out)
-                .await
-                .unwrap_or_else(|e| Row {
-                    broker: broker.to_string(),
-                    fault: fault.describe(settings.outage),
-                    error: Some(e.to_string()),
-                    ..Row::default()
-                });
-            row.save(out)?;
-            eprintln!("   {}", row.summary());
-            all_passed &= row.passed();
+        let rows = if fault.runs_beside_other_brokers() {
+            futures::future::join_all(
+                cells
+                    .iter()
+                    .map(|&broker| reported_cell(broker, fault, settings, out)),
+            )
+            .await
+        } else {
+            let mut rows = Vec::with_capacity(cells.len());
+            for &broker in &cells {
+                rows.push(reported_cell(broker, fault, settings, out).await);
+            }
+            rows
+        };
+        for row in rows {
+            all_passed &= row?.passed();
         }
     }
     let report = crate::report::write(out)?;
     println!("{report}");
     Ok(all_passed)
+}
+
+/// Runs `fault` on `broker`, saves its row and says so on the terminal, at its start and with the row; a
+/// run that could not be carried out is a failed row that says why.
+async fn reported_cell(
+    broker: BrokerName,
+    fault: Fault,
+    settings: &Settings,
+    out: &Path,
+) -> std::io::Result<Row> {
+    eprintln!("== {broker}: {}", fault.describe(settings.outage));
+    let row = cell(broker, fault, settings, out)
+        .await
+        .unwrap_or_else(|e| Row {
+            broker: broker.to_string(),
+            fault: fault.describe(settings.outage),
+            error: Some(e.to_string()),
+            ..Row::default()
+        });
+    row.save(out)?;
+    eprintln!("   {}", row.summary());
+    Ok(row)
 }
 
 /// Sends `signal` (`KILL`, `STOP`, `CONT`, `TERM`) to `pid`.
