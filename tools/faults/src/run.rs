@@ -62,7 +62,7 @@ pub(crate) async fn matrix(
     }
     let mut all_passed = true;
     for &fault in faults {
-        let cells: Vec<BrokerName> = match fault.cluster() {
+        let mut cells: Vec<BrokerName> = match fault.cluster() {
             Some(cluster) => vec![cluster],
             None => brokers
                 .iter()
@@ -70,6 +70,14 @@ pub(crate) async fn matrix(
                 .filter(|b| !matches!(b, BrokerName::KafkaCluster | BrokerName::RabbitmqCluster))
                 .collect(),
         };
+        // A broker named twice runs once: two cells of one broker and fault share their record, inbox
+        // and row files (and at the same time, with F1, would clear each other's).
+        let mut named = Vec::with_capacity(cells.len());
+        cells.retain(|b| {
+            let first = !named.contains(b);
+            named.push(*b);
+            first
+        });
         let rows = if fault.runs_beside_other_brokers() {
             futures::future::join_all(
                 cells
@@ -102,7 +110,7 @@ async fn reported_cell(
     out: &Path,
 ) -> std::io::Result<Row> {
     eprintln!("== {broker}: {}", fault.describe(settings.outage));
-    let row = cell(broker, fault, settings, out)
+    let mut row = cell(broker, fault, settings, out)
         .await
         .unwrap_or_else(|e| Row {
             broker: broker.to_string(),
@@ -110,6 +118,15 @@ async fn reported_cell(
             error: Some(e.to_string()),
             ..Row::default()
         });
+    if fault.runs_beside_other_brokers() && row.error.is_none() {
+        // Its recovery time and duplicates were measured on a machine the other cells shared.
+        let beside = "ran beside the other brokers' cells of this fault";
+        row.note = if row.note.is_empty() {
+            beside.to_string()
+        } else {
+            format!("{}; {beside}", row.note)
+        };
+    }
     row.save(out)?;
     eprintln!("   {}", row.summary());
     Ok(row)
@@ -246,7 +263,11 @@ impl Consumer {
             let _ = child.start_kill();
             // The report's row holds one line; the log's tail goes to the run's output, which a CI
             // run keeps after its clone (and the log file) is gone.
-            eprintln!("   {how}; the end of its log:{}", log_tail(log, 20));
+            eprintln!(
+                "   {}: {how}; the end of its log:{}",
+                target.name,
+                log_tail(log, 20)
+            );
             return Err(format!("{how} (its log: {})", log.display()).into());
         }
         // Keep reading its output, so it never blocks on a full pipe.
@@ -429,7 +450,7 @@ async fn cell(
     }
     // The harness's own topics go; a failed cleanup only leaves a topic behind.
     if let Err(e) = run.broker.admin().delete(&run.topic).await {
-        eprintln!("   cleanup: deleting {} failed: {e}", run.topic);
+        eprintln!("   {name} cleanup: deleting {} failed: {e}", run.topic);
     }
     row
 }
