@@ -384,10 +384,13 @@ impl Link {
         }
     }
 
-    /// Closes the connection (best effort), after stopping the ladder's movers: what they held goes
-    /// back to its level when the connection closes.
+    /// Closes the connection (best effort), after stopping the ladder's movers once the moves under way
+    /// are acknowledged: what they still held goes back to its level when the connection closes.
     pub(crate) async fn close(&self) {
-        drop(self.movers.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let movers = self.movers.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(movers) = movers {
+            movers.stop(CLOSE_WITHIN).await;
+        }
         if let Some(conn) = self.connection.lock().await.take() {
             // Bounded: a node that lost a queue leader may never answer; the socket closes either way.
             if tokio::time::timeout(CLOSE_WITHIN, conn.close(200, "bye".into()))

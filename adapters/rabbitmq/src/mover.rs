@@ -20,18 +20,24 @@
 //! A due time the mover cannot trust — no header, a malformed one, or one further away than the level's
 //! whole wait (a clock ahead of this one) — counts from now: a copy is moved late rather than early.
 //! Copies wait in the ladder while no consumer process of any topic runs; they move on once one does.
+//!
+//! Closing a transport stops its movers without cutting a move in half: a copy already sent on is
+//! acknowledged before the connection closes (otherwise the broker gives it to another process's mover,
+//! which sends it a second time and the handler sees that retry twice); a copy still waiting for its
+//! time is left unacknowledged and goes back to its level.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use event_retry_core::error::{Error, Kind};
 use event_retry_core::metadata::names::HOP_DUE;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use tokio::task::AbortHandle;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::error::connection_error;
@@ -49,53 +55,73 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A consumer that ran this long before it ended starts again after [`MIN_BACKOFF`].
 const HEALTHY_RUN: Duration = Duration::from_secs(30);
 
-/// The ladder's movers of one transport: one task per level, stopped when this is dropped.
+/// The ladder's movers of one transport: one task per level. [`Movers::stop`] ends them once no move
+/// is half done; dropping them aborts the tasks, which is safe only because a mover holds the link
+/// strongly for the whole of a move — a link being dropped has no move in flight.
 pub(crate) struct Movers {
-    tasks: Vec<AbortHandle>,
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 impl Movers {
     /// Starts one mover per level of `link`'s ladder on the current runtime. The tasks hold the link
     /// weakly: they end when it is gone.
     pub(crate) fn start(link: &Arc<Link>) -> Self {
+        let stop = CancellationToken::new();
         let tasks = (0..link.names.levels())
-            .map(|k| tokio::spawn(run(Arc::downgrade(link), k)).abort_handle())
+            .map(|k| tokio::spawn(run(Arc::downgrade(link), k, stop.clone())))
             .collect();
-        Self { tasks }
+        Self { stop, tasks }
+    }
+
+    /// Stops taking copies and waits, up to `within`, until every move under way is acknowledged;
+    /// copies still waiting for their time stay unacknowledged (they go back to their level when the
+    /// channel closes). Tasks still running after `within` are aborted.
+    pub(crate) async fn stop(mut self, within: Duration) {
+        self.stop.cancel();
+        let ended = futures::future::join_all(self.tasks.iter_mut());
+        if tokio::time::timeout(within, ended).await.is_err() {
+            warn!("a delay-ladder move did not finish within {within:?}; it is abandoned");
+        }
     }
 }
 
 impl Drop for Movers {
     fn drop(&mut self) {
+        self.stop.cancel();
         for task in &self.tasks {
             task.abort();
         }
     }
 }
 
-/// Moves level `k`'s due copies for as long as the link lives, consuming again after any error.
-async fn run(link: Weak<Link>, k: u32) {
+/// Moves level `k`'s due copies until the link is gone or `stop` is cancelled, consuming again after
+/// any error.
+async fn run(link: Weak<Link>, k: u32, stop: CancellationToken) {
     let mut backoff = MIN_BACKOFF;
-    loop {
+    while !stop.is_cancelled() {
         let started = tokio::time::Instant::now();
-        match move_level(&link, k).await {
+        match move_level(&link, k, &stop).await {
             Ok(()) => return,
             Err(e) => {
                 if started.elapsed() >= HEALTHY_RUN {
                     backoff = MIN_BACKOFF;
                 }
                 warn!(level = k, error = %e, retry_in = ?backoff, "moving the delay ladder's copies stopped");
-                tokio::time::sleep(backoff).await;
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = stop.cancelled() => return,
+                }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
     }
 }
 
-/// Consumes level `k` and moves each copy when it is due. Returns `Ok` when the transport is gone, an
-/// error when the channel or a move failed (the broker gives what was not acknowledged to a consumer
-/// again).
-async fn move_level(link: &Weak<Link>, k: u32) -> Result<(), Error> {
+/// Consumes level `k` and moves each copy when it is due. Returns `Ok` when the transport is gone or
+/// `stop` was cancelled and the moves under way are done, an error when the channel or a move failed
+/// (the broker gives what was not acknowledged to a consumer again).
+async fn move_level(link: &Weak<Link>, k: u32, stop: &CancellationToken) -> Result<(), Error> {
     let Some(strong) = link.upgrade() else {
         return Ok(());
     };
@@ -117,12 +143,14 @@ async fn move_level(link: &Weak<Link>, k: u32) -> Result<(), Error> {
         .map_err(connection_error("consume a delay level"))?;
     debug!(level = k, %queue, "moving the delay ladder's copies");
     let moved = consumer
+        .take_until(stop.clone().cancelled_owned())
         .map_err(|e| connection_error("receive from a delay level")(e))
         .try_for_each_concurrent(usize::from(PREFETCH), |delivery| {
-            move_copy(link, k, delivery)
+            move_copy(link, k, delivery, stop)
         })
         .await;
     match moved {
+        Ok(()) if stop.is_cancelled() => Ok(()),
         Err(e) if e.kind() == Kind::Closed && link.upgrade().is_none() => Ok(()),
         Err(e) => Err(e),
         Ok(()) => Err(Error::new(
@@ -137,9 +165,15 @@ fn gone() -> Error {
 }
 
 /// Waits until `delivery`, a copy in level `k`, is due out of it, sends it on and acknowledges it. The
-/// link is held only to read the settings and to publish, never while waiting, so a transport dropped
-/// meanwhile is dropped (and its movers stopped).
-async fn move_copy(link: &Weak<Link>, k: u32, delivery: Delivery) -> Result<(), Error> {
+/// link is held only to read the settings and from the send to the acknowledgement, never while
+/// waiting, so a transport dropped meanwhile is dropped (and its movers stopped). Once `stop` is
+/// cancelled a copy still waiting is left unacknowledged; one being sent is sent and acknowledged.
+async fn move_copy(
+    link: &Weak<Link>,
+    k: u32,
+    delivery: Delivery,
+    stop: &CancellationToken,
+) -> Result<(), Error> {
     let key = delivery.routing_key.as_str();
     let now = now_ms();
     let (due, next_due) = {
@@ -148,7 +182,13 @@ async fn move_copy(link: &Weak<Link>, k: u32, delivery: Delivery) -> Result<(), 
         (due, next_due(&link, key, k, due))
     };
     if due > now {
-        tokio::time::sleep(Duration::from_millis(due - now)).await;
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(due - now)) => {}
+            () = stop.cancelled() => return Ok(()),
+        }
+    }
+    if stop.is_cancelled() {
+        return Ok(());
     }
     let link = link.upgrade().ok_or_else(gone)?;
     let props = with_hop_due(delivery.properties.clone(), next_due);

@@ -18,6 +18,9 @@
 //! * a transport dropped without `close` stops moving its delay ladder: each level of its own ladder has
 //!   one consumer while it lives and none once it is dropped (read with `rabbitmqctl list_queues`);
 //!
+//! * closing a transport while its movers send copies on sends each copy on once: the ladder's exit
+//!   and levels, read with lapin, hold exactly the copies put in;
+//!
 //! * a due retry runs while a backlog of healthy events waits in the work queue (it comes back to the
 //!   group's retry queue, read first), with classic and with quorum queues;
 //!
@@ -47,7 +50,11 @@ const DELAY: Duration = Duration::from_secs(20);
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 11] = [
+    let tests: [(&str, Test); 12] = [
+        (
+            "closing_mid_move_sends_each_copy_on_once",
+            closing_mid_move_sends_each_copy_on_once,
+        ),
         (
             "a_dropped_transport_stops_moving_its_ladder",
             a_dropped_transport_stops_moving_its_ladder,
@@ -920,4 +927,182 @@ fn a_dropped_transport_stops_moving_its_ladder(url: String) -> Result<(), String
         let cleanup = delete_ladder(&url, &ladder, LEVELS).await;
         dropped.and(deleted).and(cleanup)
     })
+}
+
+/// Closing a transport while its movers send copies on sends each copy on once. `COPIES` copies, all
+/// due, are put (with lapin) into the top level of a two-level ladder of its own, routed to an exit
+/// queue of the test's; a transport starts moving them and is closed once the exit holds some. Then the
+/// exit and the levels, read with lapin, hold exactly `COPIES`: none lost, none sent on twice (before,
+/// `close` aborted moves between the send and the acknowledgement, and the broker gave those copies,
+/// already sent on, to a mover again).
+fn closing_mid_move_sends_each_copy_on_once(url: String) -> Result<(), String> {
+    use event_retry_core::adapter::SubscriptionSpec;
+    const LEVELS: u32 = 2;
+    runtime()?.block_on(async move {
+        let prefix = format!("close-{}", uuid::Uuid::new_v4().simple());
+        let config = RabbitConfig {
+            prefix: prefix.clone(),
+            levels: LEVELS,
+            ..RabbitConfig::default()
+        };
+        let ladder = format!("{prefix}.ladder-100ms-{}", config.queue_type.as_str());
+        let topic = format!("{prefix}-topic");
+        let exit = format!("{prefix}-exit");
+        // The ladder, declared by a transport that closes before a copy is in it.
+        let declarer = RabbitTransport::connect_with(&url, config.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+        let declared = declarer
+            .subscribe(&SubscriptionSpec::new(&topic, "close", "close-test"))
+            .await
+            .map(drop)
+            .map_err(|e| format!("declare the ladder: {e}"));
+        declarer.close().await;
+        let counted = match declared {
+            Ok(()) => fill_then_close_mid_move(&url, &config, &topic, &ladder, &exit).await,
+            Err(e) => Err(e),
+        };
+        let cleaner = RabbitTransport::connect_with(&url, config)
+            .await
+            .map_err(|e| e.to_string())?;
+        let deleted = cleaner.delete(&topic).await.map_err(|e| e.to_string());
+        cleaner.close().await;
+        let raw = raw_brokers::RawRabbit::new(&url);
+        let exit_deleted = raw.delete_queue(&exit).await.map_err(|e| e.to_string());
+        let cleanup = delete_ladder(&url, &ladder, LEVELS).await;
+        counted.and(deleted).and(exit_deleted).and(cleanup)
+    })
+}
+
+/// Copies put into the ladder for [`closing_mid_move_sends_each_copy_on_once`].
+const COPIES: u64 = 3_000;
+
+/// Puts [`COPIES`] due copies into level 01 of `ladder`, routed to a new queue `exit`; starts a
+/// transport's movers, closes it once `exit` holds some, and counts what the exit and levels hold.
+async fn fill_then_close_mid_move(
+    url: &str,
+    config: &RabbitConfig,
+    topic: &str,
+    ladder: &str,
+    exit: &str,
+) -> Result<(), String> {
+    use event_retry_core::adapter::SubscriptionSpec;
+    use lapin::options::{
+        BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
+    };
+    use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+    let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| e.to_string())?;
+    channel
+        .queue_declare(
+            exit.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| format!("declare {exit}: {e}"))?;
+    channel
+        .queue_bind(
+            exit.into(),
+            format!("{ladder}.out").as_str().into(),
+            format!("*.*.{exit}").as_str().into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| format!("bind {exit}: {e}"))?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    // Due long ago: each copy waits in level 01, then in level 00, then leaves for the exit.
+    let mut headers = FieldTable::default();
+    headers.insert(
+        ShortString::from(event_retry_core::metadata::names::HOP_DUE),
+        AMQPValue::LongString(LongString::from("1")),
+    );
+    let props = lapin::BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(headers);
+    let key = format!("1.1.{exit}");
+    for i in 0..COPIES {
+        channel
+            .basic_publish(
+                format!("{ladder}.01").as_str().into(),
+                key.as_str().into(),
+                BasicPublishOptions::default(),
+                format!("copy-{i}").as_bytes(),
+                props.clone(),
+            )
+            .await
+            .map_err(|e| format!("put copy {i}: {e}"))?;
+    }
+    channel
+        .wait_for_confirms()
+        .await
+        .map_err(|e| format!("confirms of the copies: {e}"))?;
+    let _ = connection.close(200, "filled".into()).await;
+
+    let raw = raw_brokers::RawRabbit::new(url);
+    let queues = [
+        format!("{ladder}.01"),
+        format!("{ladder}.00"),
+        exit.to_string(),
+    ];
+    let queues: Vec<&str> = queues.iter().map(String::as_str).collect();
+    let held = |what: &'static str| {
+        let (raw, queues) = (&raw, &queues);
+        async move {
+            raw.total_depth(queues)
+                .await
+                .map_err(|e| format!("count {what}: {e}"))
+        }
+    };
+    let before = held("the copies put in").await?;
+    if before != COPIES {
+        return Err(format!(
+            "the ladder holds {before} copies, want the {COPIES} put in"
+        ));
+    }
+
+    let mover = RabbitTransport::connect_with(url, config.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let subscription = mover
+        .subscribe(&SubscriptionSpec::new(topic, "close", "close-test"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let moving = loop {
+        let out = raw.depth(exit).await.map_err(|e| e.to_string())?;
+        if out >= 200 {
+            break Ok(out);
+        }
+        if Instant::now() > deadline {
+            break Err(format!(
+                "after 15 s the exit holds {out} copies, want 200 or more"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    drop(subscription);
+    mover.close().await;
+    let out_at_close = moving?;
+    let after = held("the copies after the close").await?;
+    if after != COPIES {
+        return Err(format!(
+            "after a close with {out_at_close} copies out, the exit and the levels hold {after}, \
+             want the {COPIES} put in ({} sent on twice)",
+            after.saturating_sub(COPIES)
+        ));
+    }
+    Ok(())
 }
