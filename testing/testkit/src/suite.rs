@@ -230,6 +230,28 @@ fn container_url(adapter: &Adapter, runtime: &tokio::runtime::Runtime) -> Option
     }
 }
 
+/// Held by every running scenario: shared by most, whole by one that must run alone
+/// ([`scenarios::Scenario::alone`]).
+static TURNS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// A scenario's turn to run: shared with other scenarios, or the whole suite's for one that runs alone.
+enum Turn {
+    Shared(#[allow(dead_code)] std::sync::RwLockReadGuard<'static, ()>),
+    Whole(#[allow(dead_code)] std::sync::RwLockWriteGuard<'static, ()>),
+}
+
+impl Turn {
+    /// Waits for the turn: until no scenario runs when `alone`, else until none runs alone. A scenario
+    /// that panicked leaves the lock poisoned; the turn is taken all the same.
+    fn take(alone: bool) -> Self {
+        if alone {
+            Self::Whole(TURNS.write().unwrap_or_else(|p| p.into_inner()))
+        } else {
+            Self::Shared(TURNS.read().unwrap_or_else(|p| p.into_inner()))
+        }
+    }
+}
+
 fn trials_for(
     fixture: Arc<Fixture>,
     runtime: &Arc<tokio::runtime::Runtime>,
@@ -250,6 +272,7 @@ fn trials_for(
             }
             let (fixture, runtime, report) = (fixture.clone(), runtime.clone(), report.clone());
             Trial::test(name.clone(), move || {
+                let _turn = Turn::take(s.alone);
                 let outcome = runtime.block_on(async {
                     tokio::time::timeout(SCENARIO_TIMEOUT, (s.run)(fixture)).await
                 });

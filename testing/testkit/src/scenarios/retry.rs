@@ -141,6 +141,34 @@ pub async fn policy_spent_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
     Ok(Verdict::Pass(None))
 }
 
+/// The ids of scenario 13 not called exactly three times (two broker retries, then a success), with
+/// each call's attempt, due time and recorded delay: what tells a lost retry from a duplicate delivery.
+fn calls_not_three(probe: &Probe, ids: &[String]) -> String {
+    let odd: Vec<String> = ids
+        .iter()
+        .filter(|id| probe.calls_of(id).len() != 3)
+        .map(|id| {
+            let calls: Vec<String> = probe
+                .calls_of(id)
+                .iter()
+                .map(|c| {
+                    format!(
+                        "attempt {} due {:?} delay {:?}",
+                        c.attempt,
+                        c.due_at,
+                        c.last_delay.map(ms)
+                    )
+                })
+                .collect();
+            format!("{id}: [{}]", calls.join(", "))
+        })
+        .collect();
+    format!(
+        "calls of the ids not called three times: {}",
+        odd.join("; ")
+    )
+}
+
 /// Scenario 4: Non-retryable → DLQ after one call.
 pub async fn non_retryable_to_dlq(f: Arc<Fixture>) -> ScenarioResult {
     let topic = f.fresh_topic("s04").await.map_err(|e| e.to_string())?;
@@ -202,7 +230,11 @@ pub async fn delay_precision(f: Arc<Fixture>) -> ScenarioResult {
         }
     }
     ensure(late.len() == 80, || {
-        format!("{} retries measured, want 80", late.len())
+        format!(
+            "{} retries measured, want 80; {}",
+            late.len(),
+            calls_not_three(&probe, &ids)
+        )
     })?;
     let note = lateness_note(&mut late);
     let bound = f.capabilities().delay.granularity + Duration::from_secs(2);
