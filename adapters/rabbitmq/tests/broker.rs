@@ -892,20 +892,15 @@ fn a_dropped_transport_stops_moving_its_ladder(url: String) -> Result<(), String
     use event_retry_core::adapter::SubscriptionSpec;
     const LEVELS: u32 = 6;
     runtime()?.block_on(async move {
-        let prefix = format!("drop-{}", uuid::Uuid::new_v4().simple());
-        let config = RabbitConfig {
-            prefix: prefix.clone(),
-            levels: LEVELS,
-            ..RabbitConfig::default()
-        };
-        let ladder = format!("{prefix}.ladder-100ms-{}", config.queue_type.as_str());
-        let levels: Vec<String> = (0..LEVELS).map(|k| format!("{ladder}.{k:02}")).collect();
-        let topic = format!("{prefix}-topic");
-        let transport = RabbitTransport::connect_with(&url, config.clone())
+        let own = OwnLadder::new("drop", LEVELS);
+        let levels: Vec<String> = (0..LEVELS)
+            .map(|k| format!("{}.{k:02}", own.ladder))
+            .collect();
+        let transport = RabbitTransport::connect_with(&url, own.config.clone())
             .await
             .map_err(|e| e.to_string())?;
         let subscription = transport
-            .subscribe(&SubscriptionSpec::new(&topic, "drop", "drop-test"))
+            .subscribe(&SubscriptionSpec::new(&own.topic, "drop", "drop-test"))
             .await
             .map_err(|e| e.to_string())?;
         let living = until_consumers(&levels, 1)
@@ -919,14 +914,45 @@ fn a_dropped_transport_stops_moving_its_ladder(url: String) -> Result<(), String
                 .map_err(|e| format!("once the transport was dropped: {e}")),
             Err(e) => Err(e),
         };
-        let cleaner = RabbitTransport::connect_with(&url, config)
+        dropped.and(own.remove(&url).await)
+    })
+}
+
+/// A delay ladder of a test's own (a fresh prefix, the default queue type) and a topic on it.
+struct OwnLadder {
+    config: RabbitConfig,
+    /// The ladder's name: its levels are `{ladder}.00`, `{ladder}.01`, …
+    ladder: String,
+    /// A topic of the test's, named from the prefix.
+    topic: String,
+}
+
+impl OwnLadder {
+    /// A ladder of `levels` levels, its prefix `{what}-<uuid>`.
+    fn new(what: &str, levels: u32) -> Self {
+        let prefix = format!("{what}-{}", uuid::Uuid::new_v4().simple());
+        let config = RabbitConfig {
+            prefix: prefix.clone(),
+            levels,
+            ..RabbitConfig::default()
+        };
+        Self {
+            ladder: format!("{prefix}.ladder-100ms-{}", config.queue_type.as_str()),
+            topic: format!("{prefix}-topic"),
+            config,
+        }
+    }
+
+    /// Deletes the topic (through a transport with these settings) and the ladder.
+    async fn remove(&self, url: &str) -> Result<(), String> {
+        let cleaner = RabbitTransport::connect_with(url, self.config.clone())
             .await
             .map_err(|e| e.to_string())?;
-        let deleted = cleaner.delete(&topic).await.map_err(|e| e.to_string());
+        let deleted = cleaner.delete(&self.topic).await.map_err(|e| e.to_string());
         cleaner.close().await;
-        let cleanup = delete_ladder(&url, &ladder, LEVELS).await;
-        dropped.and(deleted).and(cleanup)
-    })
+        let cleanup = delete_ladder(url, &self.ladder, self.config.levels).await;
+        deleted.and(cleanup)
+    }
 }
 
 /// Closing a transport while its movers send copies on sends each copy on once. `COPIES` copies, all
@@ -939,53 +965,35 @@ fn closing_mid_move_sends_each_copy_on_once(url: String) -> Result<(), String> {
     use event_retry_core::adapter::SubscriptionSpec;
     const LEVELS: u32 = 2;
     runtime()?.block_on(async move {
-        let prefix = format!("close-{}", uuid::Uuid::new_v4().simple());
-        let config = RabbitConfig {
-            prefix: prefix.clone(),
-            levels: LEVELS,
-            ..RabbitConfig::default()
-        };
-        let ladder = format!("{prefix}.ladder-100ms-{}", config.queue_type.as_str());
-        let topic = format!("{prefix}-topic");
-        let exit = format!("{prefix}-exit");
+        let own = OwnLadder::new("close", LEVELS);
+        let exit = format!("{}-exit", own.config.prefix);
         // The ladder, declared by a transport that closes before a copy is in it.
-        let declarer = RabbitTransport::connect_with(&url, config.clone())
+        let declarer = RabbitTransport::connect_with(&url, own.config.clone())
             .await
             .map_err(|e| e.to_string())?;
         let declared = declarer
-            .subscribe(&SubscriptionSpec::new(&topic, "close", "close-test"))
+            .subscribe(&SubscriptionSpec::new(&own.topic, "close", "close-test"))
             .await
             .map(drop)
             .map_err(|e| format!("declare the ladder: {e}"));
         declarer.close().await;
         let counted = match declared {
-            Ok(()) => fill_then_close_mid_move(&url, &config, &topic, &ladder, &exit).await,
+            Ok(()) => fill_then_close_mid_move(&url, &own, &exit).await,
             Err(e) => Err(e),
         };
-        let cleaner = RabbitTransport::connect_with(&url, config)
-            .await
-            .map_err(|e| e.to_string())?;
-        let deleted = cleaner.delete(&topic).await.map_err(|e| e.to_string());
-        cleaner.close().await;
         let raw = raw_brokers::RawRabbit::new(&url);
         let exit_deleted = raw.delete_queue(&exit).await.map_err(|e| e.to_string());
-        let cleanup = delete_ladder(&url, &ladder, LEVELS).await;
-        counted.and(deleted).and(exit_deleted).and(cleanup)
+        counted.and(exit_deleted).and(own.remove(&url).await)
     })
 }
 
 /// Copies put into the ladder for [`closing_mid_move_sends_each_copy_on_once`].
 const COPIES: u64 = 3_000;
 
-/// Puts [`COPIES`] due copies into level 01 of `ladder`, routed to a new queue `exit`; starts a
+/// Puts [`COPIES`] due copies into level 01 of `own`'s ladder, routed to a new queue `exit`; starts a
 /// transport's movers, closes it once `exit` holds some, and counts what the exit and levels hold.
-async fn fill_then_close_mid_move(
-    url: &str,
-    config: &RabbitConfig,
-    topic: &str,
-    ladder: &str,
-    exit: &str,
-) -> Result<(), String> {
+async fn fill_then_close_mid_move(url: &str, own: &OwnLadder, exit: &str) -> Result<(), String> {
+    let ladder = own.ladder.as_str();
     use event_retry_core::adapter::SubscriptionSpec;
     use lapin::options::{
         BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
@@ -1073,11 +1081,11 @@ async fn fill_then_close_mid_move(
         ));
     }
 
-    let mover = RabbitTransport::connect_with(url, config.clone())
+    let mover = RabbitTransport::connect_with(url, own.config.clone())
         .await
         .map_err(|e| e.to_string())?;
     let subscription = mover
-        .subscribe(&SubscriptionSpec::new(topic, "close", "close-test"))
+        .subscribe(&SubscriptionSpec::new(&own.topic, "close", "close-test"))
         .await
         .map_err(|e| e.to_string())?;
     let deadline = Instant::now() + Duration::from_secs(15);
