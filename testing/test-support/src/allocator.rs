@@ -1,5 +1,5 @@
-//! Which allocator the binaries built with this crate use: glibc's (the system's, by default) or
-//! mimalloc (feature `mimalloc`).
+//! Which allocator the binaries built with this crate use: glibc's (the system's, by default),
+//! mimalloc (feature `mimalloc`) or jemalloc (feature `jemalloc`).
 //!
 //! glibc's allocator keeps the memory a burst freed in its arenas instead of returning it to the system,
 //! so a consumer's resident set stays above its idle size after a burst of retries although the heap in
