@@ -504,13 +504,18 @@ async fn deleted_topic_then_live_retry(
         ));
     }
     for k in 0..6 {
-        let level = format!("{ladder}.{k:02}");
+        let level = level_queue(ladder, k);
         let depth = raw.depth(&level).await.map_err(|e| e.to_string())?;
         if depth != 0 {
             return Err(format!("delay level {level} still holds {depth} copies"));
         }
     }
     Ok(())
+}
+
+/// The queue of delay level `k` of the ladder named `ladder`, as the adapter names it on the broker.
+fn level_queue(ladder: &str, k: u32) -> String {
+    format!("{ladder}.{k:02}")
 }
 
 /// Deletes a test's own ladder: its levels' queues and exchanges, its exit and its unroutable queue.
@@ -523,7 +528,7 @@ async fn delete_ladder(url: &str, ladder: &str, levels: u32) -> Result<(), Strin
         .create_channel()
         .await
         .map_err(|e| e.to_string())?;
-    let mut names: Vec<String> = (0..levels).map(|k| format!("{ladder}.{k:02}")).collect();
+    let mut names: Vec<String> = (0..levels).map(|k| level_queue(ladder, k)).collect();
     names.push(format!("{ladder}.unroutable"));
     for name in &names {
         channel
@@ -893,9 +898,7 @@ fn a_dropped_transport_stops_moving_its_ladder(url: String) -> Result<(), String
     const LEVELS: u32 = 6;
     runtime()?.block_on(async move {
         let own = OwnLadder::new("drop", LEVELS);
-        let levels: Vec<String> = (0..LEVELS)
-            .map(|k| format!("{}.{k:02}", own.ladder))
-            .collect();
+        let levels: Vec<String> = (0..LEVELS).map(|k| level_queue(&own.ladder, k)).collect();
         let transport = RabbitTransport::connect_with(&url, own.config.clone())
             .await
             .map_err(|e| e.to_string())?;
@@ -993,12 +996,12 @@ const COPIES: u64 = 3_000;
 /// Puts [`COPIES`] due copies into level 01 of `own`'s ladder, routed to a new queue `exit`; starts a
 /// transport's movers, closes it once `exit` holds some, and counts what the exit and levels hold.
 async fn fill_then_close_mid_move(url: &str, own: &OwnLadder, exit: &str) -> Result<(), String> {
-    let ladder = own.ladder.as_str();
     use event_retry_core::adapter::SubscriptionSpec;
     use lapin::options::{
         BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions,
     };
     use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+    let ladder = own.ladder.as_str();
     let connection = lapin::Connection::connect(url, lapin::ConnectionProperties::default())
         .await
         .map_err(|e| e.to_string())?;
@@ -1044,7 +1047,7 @@ async fn fill_then_close_mid_move(url: &str, own: &OwnLadder, exit: &str) -> Res
     for i in 0..COPIES {
         channel
             .basic_publish(
-                format!("{ladder}.01").as_str().into(),
+                level_queue(ladder, 1).as_str().into(),
                 key.as_str().into(),
                 BasicPublishOptions::default(),
                 format!("copy-{i}").as_bytes(),
@@ -1061,8 +1064,8 @@ async fn fill_then_close_mid_move(url: &str, own: &OwnLadder, exit: &str) -> Res
 
     let raw = raw_brokers::RawRabbit::new(url);
     let queues = [
-        format!("{ladder}.01"),
-        format!("{ladder}.00"),
+        level_queue(ladder, 1),
+        level_queue(ladder, 0),
         exit.to_string(),
     ];
     let queues: Vec<&str> = queues.iter().map(String::as_str).collect();
