@@ -82,11 +82,18 @@ enum Resume {
         first: FirstCall,
         state: State,
     },
+    /// Decided without waiting; what is left of its settle to carry out.
+    Settle(Settle),
+}
+
+/// What is left of a settle that [`Handling::ack_at_once`] (or a refused claim) could not finish
+/// without waiting.
+enum Settle {
     /// Claimed and called with success, the acknowledgement still to make (it has to wait).
     Ack(State),
     /// Acknowledged at once, but the broker refused it: released for redelivery.
     AckFailed(crate::error::Error),
-    /// The claim was refused by the lifecycle: given back unsettled.
+    /// The lifecycle refused the claim or the decision: given back unsettled.
     GiveBack,
 }
 
@@ -113,11 +120,7 @@ async fn finish<G: Send + 'static>(
                         handling.state = state;
                         handling.attempt(lateness, first).await;
                     }
-                    Resume::Ack(succeeded) => handling.ack(succeeded).await,
-                    Resume::AckFailed(e) => {
-                        Box::pin(settle_failed(handling.shared, handling.receipt, "ack", e)).await;
-                    }
-                    Resume::GiveBack => handling.release(Duration::ZERO).await,
+                    Resume::Settle(rest) => handling.settle(rest).await,
                 }
             }
             .instrument(span)
@@ -307,17 +310,33 @@ async fn call_and_settle<'a>(
         shared.telemetry.attempt(took);
     }
     one_per_event(&mut results, events);
-    let settling =
-        admitted
-            .into_iter()
-            .zip(results)
-            .map(|((mut handling, lateness, span), result)| {
-                async move {
-                    handling.attempt(lateness, FirstCall::Done(result)).await;
+    // A success is acknowledged here where the receipt can without waiting, as a single delivery's is
+    // (`Handling::first_poll`): only the events with something to wait for — a failure's route, an
+    // acknowledgement in flight, an idempotency record — get a future of their own.
+    let at_once = shared.idempotency.is_none();
+    let mut settling = Vec::new();
+    for ((mut handling, lateness, span), result) in admitted.into_iter().zip(results) {
+        let rest = if at_once && result.is_ok() {
+            match span.in_scope(|| handling.ack_at_once()) {
+                None => continue,
+                rest => rest,
+            }
+        } else {
+            None
+        };
+        settling.push(
+            async move {
+                match rest {
+                    Some(rest) => handling.settle(rest).await,
+                    None => handling.attempt(lateness, FirstCall::Done(result)).await,
                 }
-                .instrument(span)
-            });
-    join_all_chunked(settling.collect()).await;
+            }
+            .instrument(span),
+        );
+    }
+    if !settling.is_empty() {
+        join_all_chunked(settling).await;
+    }
 }
 
 /// Runs `futures` concurrently and returns their outputs in order. `futures::future::join_all` keeps a
@@ -658,7 +677,7 @@ impl<'a> Handling<'a> {
     fn first_poll(&mut self, cx: &mut std::task::Context<'_>) -> Option<Resume> {
         let lateness = self.lateness();
         if !self.step(Input::Claim) {
-            return Some(Resume::GiveBack);
+            return Some(Resume::Settle(Settle::GiveBack));
         }
         let mut call = self.start_call(lateness);
         let started = self.taken;
@@ -677,7 +696,7 @@ impl<'a> Handling<'a> {
         drop(call);
         self.shared.telemetry.attempt(elapsed_since(started));
         if result.is_ok() {
-            return self.ack_at_once();
+            return self.ack_at_once().map(Resume::Settle);
         }
         Some(Resume::Called {
             lateness,
@@ -687,13 +706,15 @@ impl<'a> Handling<'a> {
     }
 
     /// The success of the first call, acknowledged here if the receipt can without waiting: `None` once
-    /// acknowledged, else where the handling resumes (the acknowledgement to await, or its refusal).
-    fn ack_at_once(&mut self) -> Option<Resume> {
+    /// acknowledged, else what is left to carry out ([`Handling::settle`]: the acknowledgement to await,
+    /// or its refusal). Only for a consumer without an idempotency store, whose success has nothing to
+    /// record before its acknowledgement.
+    fn ack_at_once(&mut self) -> Option<Settle> {
         let Decision { outcome, next } = match self.decide(Ok(()), 0, 0) {
             Ok(decision) => decision,
             Err(e) => {
                 self.refused(e);
-                return Some(Resume::GiveBack);
+                return Some(Settle::GiveBack);
             }
         };
         debug!(?outcome, "decided");
@@ -703,8 +724,19 @@ impl<'a> Handling<'a> {
                 self.acked(next);
                 None
             }
-            Some(Err(e)) => Some(Resume::AckFailed(e)),
-            None => Some(Resume::Ack(next)),
+            Some(Err(e)) => Some(Settle::AckFailed(e)),
+            None => Some(Settle::Ack(next)),
+        }
+    }
+
+    /// Carries out what [`Handling::ack_at_once`] left.
+    async fn settle(&mut self, rest: Settle) {
+        match rest {
+            Settle::Ack(succeeded) => self.ack(succeeded).await,
+            Settle::AckFailed(e) => {
+                Box::pin(settle_failed(self.shared, self.receipt, "ack", e)).await;
+            }
+            Settle::GiveBack => self.release(Duration::ZERO).await,
         }
     }
 
