@@ -227,5 +227,4 @@ rabbitmq_stop() {
     epmd -kill >/dev/null 2>&1 || pkill -x epmd || true
   fi
   rm -f "$d/epmd"
-  log "rabbitmq: stopped"
 }
