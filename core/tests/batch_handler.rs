@@ -270,3 +270,62 @@ async fn per_key_ordering_with_a_batch_handler_is_refused_at_start() -> TestResu
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn batches_in_flight_together_hold_no_more_events_than_the_concurrency() -> TestResult {
+    // 200 events at hand, batches of up to 16, 40 events in flight at most, and a handler that keeps
+    // every call waiting until released: the batches taken before the first returns fill the 40 slots
+    // (16 + 16 + 8) and no more.
+    let ids = ids("c", 200);
+    let broker = broker_holding("slots", &ids).await?;
+    let (in_calls, peak) = (
+        Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+    );
+    let (release, released) = tokio::sync::watch::channel(false);
+    let handler = batch_handler_fn({
+        let (in_calls, peak) = (in_calls.clone(), peak.clone());
+        move |batch: Vec<(Event, Context)>| {
+            let n = batch.len();
+            let now = in_calls.fetch_add(n, std::sync::atomic::Ordering::SeqCst) + n;
+            peak.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+            let (in_calls, mut released) = (in_calls.clone(), released.clone());
+            async move {
+                let _ = released.wait_for(|r| *r).await;
+                in_calls.fetch_sub(n, std::sync::atomic::Ordering::SeqCst);
+                (0..n)
+                    .map(|_| Ok(()))
+                    .collect::<Vec<Result<(), HandlerError>>>()
+            }
+        }
+    });
+    let handle = broker
+        .consumer("slots")
+        .concurrency(40)
+        .batch_size(16)
+        .start_batch(handler)
+        .await?;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while in_calls.load(std::sync::atomic::Ordering::SeqCst) < 40 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await?;
+    // Time for a batch beyond the slots to be taken, were it taken.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        peak.load(std::sync::atomic::Ordering::SeqCst),
+        40,
+        "events in calls at once, with 40 slots"
+    );
+    release.send(true)?;
+    let stats = tokio::time::timeout(
+        Duration::from_secs(20),
+        handle.wait_until(|s| s.succeeded >= 200),
+    )
+    .await?;
+    handle.shutdown().await?;
+    assert_eq!(stats.succeeded, 200);
+    assert!(peak.load(std::sync::atomic::Ordering::SeqCst) <= 40);
+    Ok(())
+}

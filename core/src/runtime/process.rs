@@ -183,33 +183,6 @@ pub(super) fn start<G: Send + 'static>(
     rest.as_mut().poll(cx).is_pending().then_some(rest)
 }
 
-/// Decodes a delivery: ready to handle, with its receipt; `None` when it was poison, and went to the DLQ.
-async fn prepare_or_dead_letter(
-    shared: &Shared,
-    delivery: Delivery,
-) -> Option<(Ready, Box<dyn Receipt>)> {
-    let Delivery {
-        message,
-        info,
-        mut receipt,
-    } = delivery;
-    // Decoding is synchronous and its locals die before the first await: only what the handling needs
-    // is kept in this future.
-    match prepare(shared, message, info) {
-        Prepared::Ready(ready) => Some((ready, receipt)),
-        Prepared::Poison(mut poison) => {
-            Box::pin(dead_letter(
-                shared,
-                &mut *receipt,
-                &mut poison,
-                DeadReason::Poison,
-            ))
-            .await;
-            None
-        }
-    }
-}
-
 /// Handles a batch of deliveries with `handler`: each delivery is decoded and admitted on its own (a
 /// poison one dead-lettered, a duplicate acknowledged), the handler is called once with the events
 /// admitted, and each event is then settled by its own result, as [`process`] settles one.
@@ -220,8 +193,23 @@ pub(super) async fn process_batch(
 ) {
     let mut prepared = Vec::with_capacity(deliveries.len());
     for delivery in deliveries {
-        if let Some(ready) = prepare_or_dead_letter(&shared, delivery).await {
-            prepared.push(ready);
+        let Delivery {
+            message,
+            info,
+            mut receipt,
+        } = delivery;
+        // Decoded in place; only a poison delivery waits here, for its dead letter.
+        match prepare(&shared, message, info) {
+            Prepared::Ready(ready) => prepared.push((ready, receipt)),
+            Prepared::Poison(mut poison) => {
+                Box::pin(dead_letter(
+                    &shared,
+                    &mut *receipt,
+                    &mut poison,
+                    DeadReason::Poison,
+                ))
+                .await;
+            }
         }
     }
     let handlings = prepared.iter_mut().map(|(ready, receipt)| {

@@ -640,7 +640,9 @@ impl ReceiveLoop {
 
     /// A batch's processing by `handler`, and its length: `first` and the deliveries the subscription
     /// has at hand, up to `size` and as many as there are free slots for (each event in flight holds
-    /// one). None is waited for; once shutdown is asked for, `first` goes alone.
+    /// one). None is waited for; once shutdown is asked for, `first` goes alone. The slots are counted
+    /// first and taken together once the batch is known: only this loop takes slots, so those free when
+    /// counted are still free then (one semaphore operation per batch, not two per event).
     fn batch_from(
         &mut self,
         first: Delivery,
@@ -648,17 +650,31 @@ impl ReceiveLoop {
         handler: Arc<dyn BatchHandler>,
         size: usize,
     ) -> (Processing, u32) {
-        let mut deliveries = vec![first];
-        let mut permits = vec![permit];
-        while deliveries.len() < size && !self.shared.shutdown.is_triggered() {
-            let Ok(permit) = self.slots.clone().try_acquire_owned() else {
-                break;
-            };
+        let room = if self.shared.shutdown.is_triggered() {
+            0
+        } else {
+            self.slots.available_permits().min(size.saturating_sub(1))
+        };
+        let mut deliveries = Vec::with_capacity(room + 1);
+        deliveries.push(first);
+        while deliveries.len() <= room {
             let Some(delivery) = self.subscription.next_ready() else {
                 break;
             };
             deliveries.push(delivery);
-            permits.push(permit);
+        }
+        let mut permits = permit;
+        let more = u32::try_from(deliveries.len() - 1).unwrap_or(u32::MAX);
+        if more > 0 {
+            match self.slots.clone().try_acquire_many_owned(more) {
+                Ok(taken) => permits.merge(taken),
+                // Not while this loop runs (it alone takes slots, and never closes them): the
+                // deliveries taken beyond the slot held go back to the broker unhandled.
+                Err(e) => {
+                    warn!(error = %e, "no slots for a batch's deliveries; releasing them");
+                    deliveries.truncate(1);
+                }
+            }
         }
         let events = u32::try_from(deliveries.len()).unwrap_or(u32::MAX);
         let shared = self.shared.clone();
