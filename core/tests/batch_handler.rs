@@ -3,6 +3,7 @@
 //! result, also when the handler returns too few results or panics. The conformance suite's
 //! `memory-batch` column runs the scenarios over the same path.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -278,21 +279,18 @@ async fn batches_in_flight_together_hold_no_more_events_than_the_concurrency() -
     // (16 + 16 + 8) and no more.
     let ids = ids("c", 200);
     let broker = broker_holding("slots", &ids).await?;
-    let (in_calls, peak) = (
-        Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-        Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-    );
+    let (in_calls, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let (release, released) = tokio::sync::watch::channel(false);
     let handler = batch_handler_fn({
         let (in_calls, peak) = (in_calls.clone(), peak.clone());
         move |batch: Vec<(Event, Context)>| {
             let n = batch.len();
-            let now = in_calls.fetch_add(n, std::sync::atomic::Ordering::SeqCst) + n;
-            peak.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+            let now = in_calls.fetch_add(n, Ordering::SeqCst) + n;
+            peak.fetch_max(now, Ordering::SeqCst);
             let (in_calls, mut released) = (in_calls.clone(), released.clone());
             async move {
                 let _ = released.wait_for(|r| *r).await;
-                in_calls.fetch_sub(n, std::sync::atomic::Ordering::SeqCst);
+                in_calls.fetch_sub(n, Ordering::SeqCst);
                 (0..n)
                     .map(|_| Ok(()))
                     .collect::<Vec<Result<(), HandlerError>>>()
@@ -306,7 +304,7 @@ async fn batches_in_flight_together_hold_no_more_events_than_the_concurrency() -
         .start_batch(handler)
         .await?;
     tokio::time::timeout(Duration::from_secs(10), async {
-        while in_calls.load(std::sync::atomic::Ordering::SeqCst) < 40 {
+        while in_calls.load(Ordering::SeqCst) < 40 {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
@@ -314,7 +312,7 @@ async fn batches_in_flight_together_hold_no_more_events_than_the_concurrency() -
     // Time for a batch beyond the slots to be taken, were it taken.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        peak.load(std::sync::atomic::Ordering::SeqCst),
+        peak.load(Ordering::SeqCst),
         40,
         "events in calls at once, with 40 slots"
     );
@@ -326,6 +324,6 @@ async fn batches_in_flight_together_hold_no_more_events_than_the_concurrency() -
     .await?;
     handle.shutdown().await?;
     assert_eq!(stats.succeeded, 200);
-    assert!(peak.load(std::sync::atomic::Ordering::SeqCst) <= 40);
+    assert!(peak.load(Ordering::SeqCst) <= 40);
     Ok(())
 }

@@ -301,10 +301,9 @@ async fn call_and_settle<'a>(
     // A success is acknowledged here where the receipt can without waiting, as a single delivery's is
     // (`Handling::first_poll`): only the events with something to wait for — a failure's route, an
     // acknowledgement in flight, an idempotency record — get a future of their own.
-    let at_once = shared.idempotency.is_none();
     let mut settling = Vec::new();
     for ((mut handling, lateness, span), result) in admitted.into_iter().zip(results) {
-        let rest = if at_once && result.is_ok() {
+        let rest = if result.is_ok() {
             match span.in_scope(|| handling.ack_at_once()) {
                 None => continue,
                 rest => rest,
@@ -695,8 +694,8 @@ impl<'a> Handling<'a> {
 
     /// The success of the first call, acknowledged here if the receipt can without waiting: `None` once
     /// acknowledged, else what is left to carry out ([`Handling::settle`]: the acknowledgement to await,
-    /// or its refusal). Only for a consumer without an idempotency store, whose success has nothing to
-    /// record before its acknowledgement.
+    /// or its refusal). With an idempotency store the acknowledgement always waits: the success is
+    /// recorded in the store first.
     fn ack_at_once(&mut self) -> Option<Settle> {
         let Decision { outcome, next } = match self.decide(Ok(()), 0, 0) {
             Ok(decision) => decision,
@@ -707,6 +706,9 @@ impl<'a> Handling<'a> {
         };
         debug!(?outcome, "decided");
         record_outcome(&outcome);
+        if self.shared.idempotency.is_some() {
+            return Some(Settle::Ack(next));
+        }
         match self.receipt.try_ack() {
             Some(Ok(())) => {
                 self.acked(next);
