@@ -502,9 +502,9 @@ impl Throughput {
     }
 
     /// Prints the ratio of the best rounds and of the medians, from the consumers' start and from their
-    /// first message, then the summary line `ratio sdk/raw <broker> <payload>: x` (`100B`, `1KB`,
-    /// `16KB`; medians, from
-    /// the consumers' start).
+    /// first message; the least, median and greatest of the rounds' own ratios (each SDK round against
+    /// the raw round run beside it); then the summary line `ratio sdk/raw <broker> <payload>: x`
+    /// (`100B`, `1KB`, `16KB`; the median SDK rate over the median raw rate, from the consumers' start).
     pub fn report(&self, broker: &str) {
         let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
         let median = |v: &[f64]| {
@@ -546,6 +546,18 @@ impl Throughput {
                 cpu(&self.sdk, |c| c.rest),
             );
         }
+        let per_round: Vec<f64> = self
+            .sdk
+            .iter()
+            .zip(&self.raw)
+            .map(|(s, r)| s.whole / r.whole)
+            .collect();
+        if let Some((min, median, max)) = spread(&per_round) {
+            println!(
+                "SDK/raw per round (each SDK round against the raw round beside it, from the consumer's start), {} rounds: min {min:.2}, median {median:.2}, max {max:.2}",
+                per_round.len()
+            );
+        }
         let whole = |v: &[Rate]| median(&v.iter().map(|r| r.whole).collect::<Vec<_>>());
         println!(
             "ratio sdk/raw {broker} {}: {:.2}",
@@ -553,6 +565,14 @@ impl Throughput {
             whole(&self.sdk) / whole(&self.raw)
         );
     }
+}
+
+/// The smallest, the median (the upper one of an even count) and the largest of `values`; `None` when
+/// there are none.
+pub fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    Some((*sorted.first()?, sorted[sorted.len() / 2], *sorted.last()?))
 }
 
 /// The lateness part: `retries` events fail once and retry after delays spread uniformly over
@@ -628,6 +648,14 @@ pub async fn lateness(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spread_is_the_least_the_middle_and_the_most_of_its_rounds() {
+        assert_eq!(spread(&[0.9, 0.6, 0.7]), Some((0.6, 0.7, 0.9)));
+        assert_eq!(spread(&[0.5, 0.8]), Some((0.5, 0.8, 0.8)));
+        assert_eq!(spread(&[1.1]), Some((1.1, 1.1, 1.1)));
+        assert_eq!(spread(&[]), None);
+    }
 
     #[test]
     fn payloads_are_named_as_the_ratio_lines_name_them() {
