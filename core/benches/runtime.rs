@@ -11,7 +11,8 @@
 //! cargo bench -p event-retry-core --bench runtime
 //! ```
 //!
-//! Three rounds of each setting; the report gives every round and the median.
+//! Three rounds of each setting; the report gives every round, then the least, the median and the
+//! greatest.
 //!
 //! For a profiler: `RETRY_BENCH_PROFILE=<events>` runs one round of the multi-threaded runtime with
 //! defaults only, over that many events, and after publishing them prints `published, pid N` and waits
@@ -137,8 +138,8 @@ async fn round_of(
     })
 }
 
-/// Three rounds of each setting on `runtime`, every round and the median printed; returns the median
-/// rate with the consumer's defaults.
+/// Three rounds of each setting on `runtime`, every round and the least, median and greatest printed;
+/// returns the median rate with the consumer's defaults.
 fn measure(runtime: &tokio::runtime::Runtime, on: &str) -> Result<f64, Error> {
     let mut defaults = 0.0;
     for (name, concurrency, setting) in [
@@ -159,8 +160,10 @@ fn measure(runtime: &tokio::runtime::Runtime, on: &str) -> Result<f64, Error> {
         rounds.sort_by(|a, b| a.rate.total_cmp(&b.rate));
         let median = &rounds[ROUNDS / 2];
         println!(
-            "{on}, {name}: median {:.0} events/s, {:.2} µs per event ({EVENTS} events of {PAYLOAD} B, no-op handler, in-memory transport)",
+            "{on}, {name}: min / median / max {:.0} / {:.0} / {:.0} events/s, {:.2} µs per event at the median ({EVENTS} events of {PAYLOAD} B, no-op handler, in-memory transport)",
+            rounds[0].rate,
             median.rate,
+            rounds[ROUNDS - 1].rate,
             1e6 / median.rate,
         );
         if concurrency.is_none() && setting == Setting::PerEvent {
