@@ -507,11 +507,7 @@ impl Throughput {
     /// (`100B`, `1KB`, `16KB`; the median SDK rate over the median raw rate, from the consumers' start).
     pub fn report(&self, broker: &str) {
         let best = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
-        let median = |v: &[f64]| {
-            let mut v = v.to_vec();
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied().unwrap_or(0.0)
-        };
+        let median = |v: &[f64]| spread(v).map_or(0.0, |(_, median, _)| median);
         for (what, pick) in [
             (
                 "from the consumer's start",

@@ -26,10 +26,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use peer_bench::process::{self, Outcome, Side};
-use peer_bench::report::{Lateness, spread};
+use peer_bench::report::Lateness;
 use peer_bench::workload::Workload;
 use peer_bench::{Error, kafka, sdk};
 use test_support::bench;
+use test_support::bench::spread;
 
 const PARTITIONS: i32 = 4;
 

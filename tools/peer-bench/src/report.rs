@@ -1,14 +1,7 @@
-//! Summaries of rounds: min / median / max of a figure across rounds, lateness percentiles, and the
-//! ratio lines every bench prints last.
+//! A run's lateness percentiles and how a report shows them (a figure's min / median / max across
+//! rounds is `test_support::bench::spread`).
 
 use test_support::bench::percentile;
-
-/// Min, median and max of `values` (`None` when empty).
-pub fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
-    let mut v = values.to_vec();
-    v.sort_by(f64::total_cmp);
-    Some((*v.first()?, v[v.len() / 2], *v.last()?))
-}
 
 /// Lateness percentiles of one run, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,9 +49,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn spread_and_percentiles_use_the_values_given() {
-        assert_eq!(spread(&[3.0, 1.0, 2.0]), Some((1.0, 2.0, 3.0)));
-        assert_eq!(spread(&[]), None);
+    fn percentiles_use_the_values_given() {
         let late: Vec<i64> = (1..=100).collect();
         let l = Lateness::of(&late).expect("some");
         assert_eq!(
