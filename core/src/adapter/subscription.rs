@@ -181,6 +181,18 @@ pub trait Subscription: Send {
     async fn close(self: Box<Self>) -> Result<(), Error> {
         Ok(())
     }
+
+    /// Splits the subscription into receive lanes: returns up to `more` further subscriptions, each a
+    /// lane that one receive loop drains on its own core beside this one. Together the lanes deliver
+    /// what the subscription would, each delivery to one lane. The runtime asks for one lane per worker
+    /// thread, never more than the consumer's concurrency, and for no further lane where per-key
+    /// ordering is asked for (lanes need not keep a key's messages together) or the runtime has one
+    /// thread; pausing, resuming and closing go to every lane. The default gives none: the
+    /// subscription stays whole.
+    fn split_lanes(&mut self, more: usize) -> Vec<Box<dyn Subscription>> {
+        let _ = more;
+        Vec::new()
+    }
 }
 
 /// What a receipt holds until it settles — the broker's handle on the original (an acker, a receipt

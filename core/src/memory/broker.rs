@@ -3,7 +3,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rustc_hash::FxHashMap;
@@ -84,10 +84,52 @@ pub(super) struct Queue {
     /// Set when its topic is deleted: a subscription that holds it looks its group up again.
     pub(super) deleted: bool,
     pub(super) waiting: Waiting,
-    /// Messages handed out and not settled yet.
-    pub(super) in_flight: usize,
+    /// What each subscription lane has handed out and not settled yet: counted by the lane apart from
+    /// this lock, so that a settle takes no lock a lane on another core takes.
+    pub(super) in_flight: Vec<Arc<InFlight>>,
     /// Retries put back into this queue with a delay, in all (the queue's retry route).
     pub(super) retries_scheduled: usize,
+}
+
+impl Queue {
+    /// Messages handed out by every lane and not settled yet.
+    pub(super) fn in_flight(&self) -> usize {
+        self.in_flight.iter().map(|lane| lane.get()).sum()
+    }
+
+    /// A count for a new lane of a subscription, kept with the queue's others; the counts of lanes gone
+    /// with nothing in flight are dropped.
+    pub(super) fn new_lane(&mut self) -> Arc<InFlight> {
+        self.in_flight
+            .retain(|lane| Arc::strong_count(lane) > 1 || lane.get() > 0);
+        let lane = Arc::new(InFlight::default());
+        self.in_flight.push(lane.clone());
+        lane
+    }
+}
+
+/// Messages one subscription lane handed out and has not settled, on cache lines of its own.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(super) struct InFlight(AtomicUsize);
+
+impl InFlight {
+    /// The count now.
+    pub(super) fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// One more handed out (under the queue's lock, as the message leaves the waiting ones, so that a
+    /// count under the lock sees it in one place or the other).
+    pub(super) fn taken(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// One settled or given back (after a message given back is waiting again, so that it is never
+    /// counted nowhere).
+    pub(super) fn landed(&self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A group's waiting messages, handed out by due time, then by arrival. Most are due when they arrive
@@ -253,10 +295,4 @@ impl Broker {
         }
         self.lock().failing_receives.get(topic).copied()
     }
-}
-
-/// A delivery of `queue` was settled or given back.
-pub(super) fn landed(queue: &QueueCell) {
-    let mut queue = lock_queue(queue);
-    queue.in_flight = queue.in_flight.saturating_sub(1);
 }

@@ -79,7 +79,7 @@ impl MemoryTransport {
     /// Messages the broker still holds for `group` of `topic`: waiting (due or not) and handed out
     /// unsettled — what the group would get again after a crash.
     pub fn held(&self, topic: &str, group: &str) -> usize {
-        self.queue_count(topic, group, |q| q.waiting.len() + q.in_flight)
+        self.queue_count(topic, group, |q| q.waiting.len() + q.in_flight())
     }
 
     /// Retries `group` of `topic` scheduled through the broker (put back with a delay), in all.
@@ -159,13 +159,14 @@ impl Transport for MemoryTransport {
     }
 
     async fn subscribe(&self, spec: &SubscriptionSpec) -> Result<Box<dyn Subscription>, Error> {
-        Ok(Box::new(MemorySubscription {
-            queue: Arc::new(GroupQueue::of(
+        Ok(Box::new(MemorySubscription::new(
+            Arc::new(GroupQueue::of(
                 self.broker.clone(),
                 Arc::from(spec.topic.as_str()),
                 Arc::from(spec.group.as_str()),
             )),
-        }))
+            1,
+        )))
     }
 
     async fn open_dead_letters(
@@ -368,6 +369,44 @@ mod tests {
             again.info.origin.offset, offset,
             "same message, same offset"
         );
+    }
+
+    /// Two lanes of one subscription share a few messages out rather than one taking them all, hand
+    /// each out once, and a lane dropped with messages it took and never handed out gives them back:
+    /// the broker holds every message until it is settled.
+    #[tokio::test]
+    async fn lanes_share_the_queue_out_and_give_back_what_they_took() {
+        let t = MemoryTransport::new();
+        let mut a = t.subscribe(&spec("lanes")).await.unwrap();
+        let mut b = a.split_lanes(1).pop().unwrap();
+        for i in 0..4 {
+            t.publish("lanes", &Event::new(i.to_string()))
+                .await
+                .unwrap();
+        }
+        // Lane a takes its half: 2 of the 4, one handed out and one kept at hand.
+        let first = a.next_ready().unwrap();
+        assert_eq!((t.pending("lanes", "g"), t.held("lanes", "g")), (2, 4));
+        let from_b: Vec<_> = std::iter::from_fn(|| b.next_ready()).collect();
+        assert_eq!(from_b.len(), 2, "lane b gets the other half");
+        drop(a);
+        assert_eq!(
+            (t.pending("lanes", "g"), t.held("lanes", "g")),
+            (1, 4),
+            "the message lane a took and never handed out is waiting again"
+        );
+        let again = b.next_ready().unwrap();
+        let mut offsets: Vec<_> = [&first, &again]
+            .into_iter()
+            .chain(&from_b)
+            .map(|d| d.info.origin.offset)
+            .collect();
+        offsets.sort_unstable();
+        assert_eq!(offsets, [Some(0), Some(1), Some(2), Some(3)], "each once");
+        for mut d in [first, again].into_iter().chain(from_b) {
+            d.receipt.ack().await.unwrap();
+        }
+        assert_eq!(t.held("lanes", "g"), 0);
     }
 
     #[tokio::test]

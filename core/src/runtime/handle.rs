@@ -23,8 +23,8 @@ pub struct ConsumerHandle {
     shutdown: StopSignal,
     counters: Arc<Counters>,
     health: Arc<HealthState>,
-    /// The state every task of the consumer holds: gone once none of them can run.
-    alive: Weak<Shared>,
+    /// The state every task of the consumer holds, a lane's each: gone once none of them can run.
+    alive: Vec<Weak<Shared>>,
 }
 
 impl std::fmt::Debug for ConsumerHandle {
@@ -85,7 +85,7 @@ impl ConsumerHandle {
         shutdown: StopSignal,
         counters: Arc<Counters>,
         health: Arc<HealthState>,
-        alive: Weak<Shared>,
+        alive: Vec<Weak<Shared>>,
     ) -> Self {
         Self {
             alive,
@@ -108,7 +108,16 @@ impl ConsumerHandle {
         HealthWatch(self.health.clone())
     }
 
-    /// A snapshot of the consumer's counters.
+    /// How many receive lanes the consumer runs: one per worker thread of a multi-threaded runtime where
+    /// its transport splits its subscription (the in-memory broker does), never more than its
+    /// concurrency, and one with per-key ordering, on a current-thread runtime, or where the transport
+    /// keeps its subscription whole. Each lane is a receive loop of its own with its share of the
+    /// concurrency; [`ConsumerHandle::stats`] sums them.
+    pub fn lanes(&self) -> usize {
+        self.alive.len()
+    }
+
+    /// A snapshot of the consumer's counters, summed over its lanes.
     pub fn stats(&self) -> Stats {
         self.counters.snapshot()
     }
@@ -164,7 +173,9 @@ impl ConsumerHandle {
         self.task.abort();
         let _ = self.task.await;
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-        while self.alive.strong_count() > 0 && tokio::time::Instant::now() < deadline {
+        while self.alive.iter().any(|lane| lane.strong_count() > 0)
+            && tokio::time::Instant::now() < deadline
+        {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }

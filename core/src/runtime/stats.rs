@@ -1,7 +1,7 @@
 //! Counters a running consumer keeps about itself, readable without a metrics exporter.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
@@ -42,15 +42,11 @@ pub struct Stats {
     pub last_error: Option<String>,
 }
 
-/// The live counters; every change wakes whoever waits for a condition on them, so waiting needs no
-/// polling. With nobody waiting (a service in production) a change is one atomic add and one load: the
-/// wake-up, a lock on the waiters' list, is paid only while a waiter is registered.
-///
-/// Why that is sound: a change adds to its counter and then reads `waiters`, a waiter adds to `waiters`
-/// and then reads the counters, all sequentially consistent. Either the change sees the waiter (and wakes
-/// it) or the waiter's check sees the change.
-#[derive(Debug)]
-pub(crate) struct Counters {
+/// One receive lane's counts. Each lane counts on its own cache lines (the alignment), so lanes on
+/// different cores never write to a line another is writing to; a snapshot sums them.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct LaneCounts {
     pub(crate) received: AtomicU64,
     pub(crate) attempts: AtomicU64,
     pub(crate) succeeded: AtomicU64,
@@ -65,6 +61,19 @@ pub(crate) struct Counters {
     pub(crate) settle_errors: AtomicU64,
     pub(crate) receive_errors: AtomicU64,
     pub(crate) lifecycle_violations: AtomicU64,
+}
+
+/// The live counters of a consumer, one [`LaneCounts`] per receive lane; every change wakes whoever
+/// waits for a condition on them, so waiting needs no polling. With nobody waiting (a service in
+/// production) a change is one atomic add and one load: the wake-up, a lock on the waiters' list, is
+/// paid only while a waiter is registered.
+///
+/// Why that is sound: a change adds to its counter and then reads `waiters`, a waiter adds to `waiters`
+/// and then reads the counters, all sequentially consistent. Either the change sees the waiter (and wakes
+/// it) or the waiter's check sees the change.
+#[derive(Debug)]
+pub(crate) struct Counters {
+    lanes: Box<[LaneCounts]>,
     last_error: Mutex<Option<String>>,
     stopped: AtomicBool,
     changes: Notify,
@@ -74,40 +83,62 @@ pub(crate) struct Counters {
 
 impl Default for Counters {
     fn default() -> Self {
+        Self::new(1)
+    }
+}
+
+/// One lane's view of its consumer's [`Counters`]: its fields are the lane's own counts, its changes
+/// are announced to the consumer's waiters.
+#[derive(Debug, Clone)]
+pub(crate) struct LaneCounters {
+    all: Arc<Counters>,
+    lane: usize,
+}
+
+impl std::ops::Deref for LaneCounters {
+    type Target = LaneCounts;
+
+    fn deref(&self) -> &LaneCounts {
+        &self.all.lanes[self.lane]
+    }
+}
+
+impl LaneCounters {
+    /// Adds one to `counter` (one of this lane's) and announces the change.
+    pub(crate) fn bump(&self, counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::SeqCst);
+        self.all.announce();
+    }
+
+    /// Counts an error and keeps its message as the consumer's last error.
+    pub(crate) fn error(&self, counter: &AtomicU64, message: String) {
+        *self
+            .all
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(message);
+        self.bump(counter);
+    }
+}
+
+impl Counters {
+    /// The counters of a consumer of `lanes` receive lanes (at least one).
+    pub(crate) fn new(lanes: usize) -> Self {
         Self {
-            received: AtomicU64::new(0),
-            attempts: AtomicU64::new(0),
-            succeeded: AtomicU64::new(0),
-            succeeded_after_retry: AtomicU64::new(0),
-            retries_scheduled: AtomicU64::new(0),
-            in_place_retries: AtomicU64::new(0),
-            holds: AtomicU64::new(0),
-            dead_lettered: AtomicU64::new(0),
-            parked: AtomicU64::new(0),
-            duplicates_skipped: AtomicU64::new(0),
-            released: AtomicU64::new(0),
-            settle_errors: AtomicU64::new(0),
-            receive_errors: AtomicU64::new(0),
-            lifecycle_violations: AtomicU64::new(0),
+            lanes: (0..lanes.max(1)).map(|_| LaneCounts::default()).collect(),
             last_error: Mutex::new(None),
             stopped: AtomicBool::new(false),
             changes: Notify::new(),
             waiters: AtomicUsize::new(0),
         }
     }
-}
 
-impl Counters {
-    /// Adds one to `counter` and announces the change.
-    pub(crate) fn bump(&self, counter: &AtomicU64) {
-        counter.fetch_add(1, Ordering::SeqCst);
-        self.announce();
-    }
-
-    /// Counts an error and keeps its message as the last error.
-    pub(crate) fn error(&self, counter: &AtomicU64, message: String) {
-        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = Some(message);
-        self.bump(counter);
+    /// Lane `lane`'s counters (lanes past the last count on the last).
+    pub(crate) fn lane(self: &Arc<Self>, lane: usize) -> LaneCounters {
+        LaneCounters {
+            all: self.clone(),
+            lane: lane.min(self.lanes.len() - 1),
+        }
     }
 
     /// Marks the consumer stopped and announces it.
@@ -141,23 +172,29 @@ impl Counters {
         }
     }
 
+    /// The counts of every lane, summed, and the last error.
     pub(crate) fn snapshot(&self) -> Stats {
-        let get = |c: &AtomicU64| c.load(Ordering::SeqCst);
+        let sum = |counter: fn(&LaneCounts) -> &AtomicU64| {
+            self.lanes
+                .iter()
+                .map(|lane| counter(lane).load(Ordering::SeqCst))
+                .sum()
+        };
         Stats {
-            received: get(&self.received),
-            attempts: get(&self.attempts),
-            succeeded: get(&self.succeeded),
-            succeeded_after_retry: get(&self.succeeded_after_retry),
-            retries_scheduled: get(&self.retries_scheduled),
-            in_place_retries: get(&self.in_place_retries),
-            holds: get(&self.holds),
-            dead_lettered: get(&self.dead_lettered),
-            parked: get(&self.parked),
-            duplicates_skipped: get(&self.duplicates_skipped),
-            released: get(&self.released),
-            settle_errors: get(&self.settle_errors),
-            receive_errors: get(&self.receive_errors),
-            lifecycle_violations: get(&self.lifecycle_violations),
+            received: sum(|c| &c.received),
+            attempts: sum(|c| &c.attempts),
+            succeeded: sum(|c| &c.succeeded),
+            succeeded_after_retry: sum(|c| &c.succeeded_after_retry),
+            retries_scheduled: sum(|c| &c.retries_scheduled),
+            in_place_retries: sum(|c| &c.in_place_retries),
+            holds: sum(|c| &c.holds),
+            dead_lettered: sum(|c| &c.dead_lettered),
+            parked: sum(|c| &c.parked),
+            duplicates_skipped: sum(|c| &c.duplicates_skipped),
+            released: sum(|c| &c.released),
+            settle_errors: sum(|c| &c.settle_errors),
+            receive_errors: sum(|c| &c.receive_errors),
+            lifecycle_violations: sum(|c| &c.lifecycle_violations),
             last_error: self
                 .last_error
                 .lock()
@@ -185,7 +222,6 @@ impl Drop for Waiting<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
@@ -195,17 +231,20 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiter_wakes_for_the_change_it_waits_for() {
         for target in [1_u64, 10, 10_000] {
-            let counters = Arc::new(Counters::default());
+            let counters = Arc::new(Counters::new(2));
             let waiter = tokio::spawn({
                 let counters = counters.clone();
                 async move {
                     counters
-                        .wait_for(|| counters.succeeded.load(Ordering::SeqCst) >= target)
+                        .wait_for(|| counters.snapshot().succeeded >= target)
                         .await
                 }
             });
-            for _ in 0..target {
-                counters.bump(&counters.succeeded);
+            // Half the changes on each lane: the waiter is woken by either.
+            let lanes = [counters.lane(0), counters.lane(1)];
+            for i in 0..target {
+                let lane = &lanes[usize::from(i % 2 == 1)];
+                lane.bump(&lane.succeeded);
             }
             tokio::time::timeout(Duration::from_secs(5), waiter)
                 .await
@@ -234,22 +273,45 @@ mod tests {
     #[tokio::test]
     async fn a_change_announces_itself_only_while_somebody_waits() {
         use futures::FutureExt;
-        let counters = Counters::default();
+        let counters = Arc::new(Counters::default());
+        let lane = counters.lane(0);
         let mut unregistered = std::pin::pin!(counters.changes.notified());
         unregistered.as_mut().enable();
-        counters.bump(&counters.succeeded);
+        lane.bump(&lane.succeeded);
         assert!(
             unregistered.as_mut().now_or_never().is_none(),
             "a change with nobody waiting announced itself"
         );
         {
             let _waiting = Waiting::register(&counters.waiters);
-            counters.bump(&counters.succeeded);
+            lane.bump(&lane.succeeded);
         }
         assert!(
             unregistered.as_mut().now_or_never().is_some(),
             "a change while somebody waits did not announce itself"
         );
         assert_eq!(counters.waiters.load(Ordering::SeqCst), 0);
+    }
+
+    /// A snapshot sums every lane's counts; an error on any lane is the consumer's last error.
+    #[test]
+    fn a_snapshot_sums_the_lanes_and_keeps_the_last_error_of_any() {
+        let counters = Arc::new(Counters::new(3));
+        let (a, b, c) = (counters.lane(0), counters.lane(1), counters.lane(2));
+        a.bump(&a.received);
+        b.bump(&b.received);
+        b.bump(&b.succeeded);
+        c.error(&c.settle_errors, "refused".into());
+        let stats = counters.snapshot();
+        assert_eq!(
+            (stats.received, stats.succeeded, stats.settle_errors),
+            (2, 1, 1)
+        );
+        assert_eq!(stats.last_error.as_deref(), Some("refused"));
+        // Each lane counts on its own lines.
+        assert_ne!(
+            std::ptr::from_ref::<LaneCounts>(&*a) as usize / 128,
+            std::ptr::from_ref::<LaneCounts>(&*b) as usize / 128
+        );
     }
 }
