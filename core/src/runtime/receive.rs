@@ -23,8 +23,8 @@
 //! On a multi-threaded runtime a consumer receives in lanes: its subscription split by the transport
 //! (`Subscription::split_lanes`) into one receive loop per worker thread, each with its share of the
 //! work slots and counters of its own, so that the loops run on every core without writing to what the
-//! others write (measured, the runtime alone on two workers: 1.70 M events/s in one lane, 2.1–2.7 M in
-//! two). They share the blocking-hold gate (one blocking error pauses every lane), the shutdown and the
+//! others write (measured, the runtime alone on two workers: about 1.9 M events/s in one lane, 2.7–3.0
+//! M in two; docs/PERFORMANCE.md). They share the blocking-hold gate (one blocking error pauses every lane), the shutdown and the
 //! health. A consumer asks for a single lane where lanes would break what it promises: per-key
 //! ordering (a key's messages may reach either lane), concurrency 1, a batch handler whose batch needs
 //! every slot; and a transport that cannot split keeps one.
