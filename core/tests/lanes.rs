@@ -138,3 +138,59 @@ async fn permanent_receive_errors_in_the_lanes_stop_the_consumer_with_the_error(
     }
     Ok(())
 }
+
+/// Two lanes of one slot each: the first handler call hangs. The lane it hangs in has taken messages
+/// ahead; with its one slot busy it gives them back, and the other lane handles every other event
+/// while the first still hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lane_whose_slots_are_busy_leaves_what_it_took_to_the_other() -> TestResult {
+    const EVENTS: u64 = 40;
+    let transport = MemoryTransport::new();
+    let broker = Broker::new(transport.clone());
+    let producer = broker.producer();
+    for i in 0..EVENTS {
+        producer.publish("busy", Event::new(format!("{i}"))).await?;
+    }
+    let first = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let release = Arc::new(tokio::sync::Notify::new());
+    let handle = broker
+        .consumer("busy")
+        .concurrency(2)
+        .start(handler_fn({
+            let (first, release) = (first.clone(), release.clone());
+            move |_event: Event, _ctx: Context| {
+                let hang = first.swap(false, std::sync::atomic::Ordering::SeqCst);
+                let release = release.clone();
+                async move {
+                    if hang {
+                        release.notified().await;
+                    }
+                    Ok(())
+                }
+            }
+        }))
+        .await?;
+    assert_eq!(handle.lanes(), 2);
+    let stats = tokio::time::timeout(
+        Duration::from_secs(10),
+        handle.wait_until(|s| s.succeeded >= EVENTS - 1),
+    )
+    .await;
+    release.notify_one();
+    let stats = stats.map_err(|_| {
+        format!(
+            "only {} of the {} other events were handled while the first hung: the busy lane kept \
+             what it took",
+            handle.stats().succeeded,
+            EVENTS - 1
+        )
+    })?;
+    assert_eq!(stats.succeeded, EVENTS - 1);
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        handle.wait_until(|s| s.succeeded == EVENTS),
+    )
+    .await?;
+    handle.shutdown().await?;
+    Ok(())
+}

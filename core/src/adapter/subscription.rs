@@ -193,6 +193,12 @@ pub trait Subscription: Send {
         let _ = more;
         Vec::new()
     }
+
+    /// Gives back what this lane took from the broker and has not handed out, for the other lanes to
+    /// take: the runtime calls it when the lane has no free work slot, so that messages a lane took
+    /// ahead do not wait behind its busy handlers while another lane is idle. The default has nothing
+    /// to give back.
+    fn give_back_taken(&mut self) {}
 }
 
 /// What a receipt holds until it settles — the broker's handle on the original (an acker, a receipt

@@ -87,7 +87,8 @@ impl MemoryTransport {
         self.queue_count(topic, group, |q| q.retries_scheduled)
     }
 
-    /// Messages waiting for `group` of `topic` (due or not), not counting those handed out and unsettled.
+    /// Messages waiting for `group` of `topic` (due or not), not counting those handed out and unsettled,
+    /// nor those a lane of a split subscription took ahead (up to 16 a lane) and has not handed out.
     pub fn pending(&self, topic: &str, group: &str) -> usize {
         self.queue_count(topic, group, |q| q.waiting.len())
     }

@@ -120,12 +120,12 @@ impl MemorySubscription {
     /// group's queue is locked; a queue whose topic was deleted is looked up again (the topic declared
     /// anew, as a subscription to it would).
     pub(super) fn take_due(&mut self) -> Result<Delivery, Option<Instant>> {
+        if self.refusal().is_some() {
+            // Receives fail: `next` reports it (what the lane took waits until they work again).
+            return Err(None);
+        }
         if let Some(stored) = self.taken.pop_front() {
             return Ok(self.delivery(stored));
-        }
-        if self.refusal().is_some() {
-            // Receives fail: `next` reports it.
-            return Err(None);
         }
         let mut queue = lock_queue(&self.lane.queue.cell);
         if queue.deleted {
@@ -154,9 +154,19 @@ impl MemorySubscription {
     }
 }
 
-impl Drop for MemorySubscription {
-    /// Messages taken and never handed out go back to the queue, due at once.
-    fn drop(&mut self) {
+impl MemorySubscription {
+    /// Messages taken and never handed out go back to the queue, due at once — behind those waiting —
+    /// unless its topic was deleted meanwhile: they go with it, as the messages waiting there did.
+    fn return_taken(&mut self) {
+        if self.taken.is_empty() {
+            return;
+        }
+        if lock_queue(&self.lane.queue.cell).deleted {
+            for _ in self.taken.drain(..) {
+                self.lane.in_flight.landed();
+            }
+            return;
+        }
         for stored in self.taken.drain(..) {
             self.lane.queue.broker.enqueue(
                 &self.lane.queue.topic,
@@ -167,6 +177,12 @@ impl Drop for MemorySubscription {
             );
             self.lane.in_flight.landed();
         }
+    }
+}
+
+impl Drop for MemorySubscription {
+    fn drop(&mut self) {
+        self.return_taken();
     }
 }
 
@@ -204,6 +220,10 @@ impl Subscription for MemorySubscription {
     /// Lanes on the group's one queue: each takes the message due first when it asks, so together
     /// they hand out every message once, in the queue's order of taking; each counts what it has in
     /// flight on its own, so a settle takes no lock.
+    fn give_back_taken(&mut self) {
+        self.return_taken();
+    }
+
     fn split_lanes(&mut self, more: usize) -> Vec<Box<dyn Subscription>> {
         self.lanes = more + 1;
         (0..more)

@@ -20,14 +20,19 @@
 //! [`Inlining::SPREAD_ABOVE`], makes every delivery a task at once so that handlers spread over the
 //! cores. On a current-thread runtime every task runs on that one thread anyway: always inline.
 //!
-//! On a multi-threaded runtime a consumer receives in lanes: its subscription split by the transport
-//! (`Subscription::split_lanes`) into one receive loop per worker thread, each with its share of the
-//! work slots and counters of its own, so that the loops run on every core without writing to what the
-//! others write (measured, the runtime alone on two workers: about 1.9 M events/s in one lane, 2.7–3.0
-//! M in two; docs/PERFORMANCE.md). They share the blocking-hold gate (one blocking error pauses every lane), the shutdown and the
-//! health. A consumer asks for a single lane where lanes would break what it promises: per-key
-//! ordering (a key's messages may reach either lane), concurrency 1, a batch handler whose batch needs
-//! every slot; and a transport that cannot split keeps one.
+//! On a multi-threaded runtime a consumer receives in lanes: its subscription split by the
+//! transport (`Subscription::split_lanes`) into one receive loop per worker thread, each with its
+//! share of the work slots and counters of its own, so that the loops run on every core without
+//! writing to what the others write (measured, the runtime alone on two workers: about 1.9 M
+//! events/s in one lane, 2.7–3.0 M in two; docs/PERFORMANCE.md). A lane with no free slot gives
+//! back what its subscription took ahead (`Subscription::give_back_taken`), so that it does not
+//! wait behind that lane's busy handlers while another lane is idle. The lanes share the
+//! blocking-hold gate (one blocking error pauses every lane), the shutdown and the health (a lane's
+//! receive failure reads as the consumer's until that lane receives again) and the seeded jitter
+//! source (so which event draws which jitter depends on the lanes' timing). A consumer asks for a
+//! single lane where lanes would break what it promises: per-key ordering (a key's messages may
+//! reach either lane), concurrency 1, a batch handler whose batch needs every slot; and a transport
+//! that cannot split keeps one.
 //!
 //! With a batch handler a delivery starts a batch instead: it and the deliveries the subscription
 //! already holds (`next_ready`), as many as the batch size and free slots allow, processed together
@@ -207,9 +212,11 @@ fn lane_share(max_in_flight: usize, lanes: usize, lane: usize) -> usize {
 }
 
 /// Runs the receive lanes: one in this task, several each in a task of its own so that they spread
-/// over the runtime's workers. The first lane to fail stops the others (through the consumer's
-/// shutdown), and its error is the consumer's; a lane that panics takes the consumer down with it, as
-/// a single receive loop's panic would.
+/// over the runtime's workers. The first lane to end stops the others (through the consumer's
+/// shutdown, which then reads as asked for), and the first error is the consumer's; a lane that panics
+/// takes the consumer down with it, as a single receive loop's panic would. A lane that fails drains
+/// its own work before it ends, so with several lanes a failing consumer can take up to twice the
+/// grace period to stop.
 async fn run_lanes(mut runs: Vec<ReceiveLoop>, shutdown: StopSignal) -> Result<(), ConsumerError> {
     if runs.len() == 1
         && let Some(run) = runs.pop()
@@ -222,11 +229,13 @@ async fn run_lanes(mut runs: Vec<ReceiveLoop>, shutdown: StopSignal) -> Result<(
     }
     let mut result = Ok(());
     while let Some(ended) = lanes.join_next().await {
+        // The consumer stops as a whole: a lane that ends (its subscription closed, or it failed)
+        // ends the others too.
+        shutdown.trigger();
         match ended {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
                 if result.is_ok() {
-                    shutdown.trigger();
                     result = Err(e);
                 }
             }
@@ -323,8 +332,10 @@ impl Drop for PauseGuard<'_> {
 }
 
 struct ReceiveLoop {
-    shared: Arc<Shared>,
+    /// Before `shared`: dropped first when the loop is aborted, so that whatever its drop gives back to
+    /// the broker is done once the lane's state is gone (`ConsumerHandle::abort` waits for that).
     subscription: Box<dyn Subscription>,
+    shared: Arc<Shared>,
     pause: watch::Receiver<usize>,
     tasks: JoinSet<()>,
     slots: Arc<Semaphore>,
@@ -487,6 +498,8 @@ impl ReceiveLoop {
             let permit = if self.slots.available_permits() > 0 {
                 Slot::Free
             } else {
+                // What this lane took ahead goes to the other lanes while its slots are busy.
+                self.subscription.give_back_taken();
                 // `biased`: once shutdown is asked for, no new delivery is taken.
                 tokio::select! {
                     biased;
