@@ -41,6 +41,19 @@ impl Lane {
         let in_flight = lock_queue(&queue.cell).new_lane();
         Self { queue, in_flight }
     }
+
+    /// Puts `stored`, which this lane had in flight, back in the group's queue, due after `after`,
+    /// then counts it out of flight: it is counted in one place or the other throughout.
+    fn give_back(&self, stored: Stored, after: Duration) {
+        self.queue.broker.enqueue(
+            &self.queue.topic,
+            Some(&self.queue.group),
+            stored.raw,
+            Instant::now() + after,
+            Some(stored.offset),
+        );
+        self.in_flight.landed();
+    }
 }
 
 /// A group's queue of a topic, with its names and broker.
@@ -168,14 +181,7 @@ impl MemorySubscription {
             return;
         }
         for stored in self.taken.drain(..) {
-            self.lane.queue.broker.enqueue(
-                &self.lane.queue.topic,
-                Some(&self.lane.queue.group),
-                stored.raw,
-                Instant::now(),
-                Some(stored.offset),
-            );
-            self.lane.in_flight.landed();
+            self.lane.give_back(stored, Duration::ZERO);
         }
     }
 }
@@ -256,19 +262,6 @@ impl MemoryReceipt {
         self.lane.in_flight.landed();
         Ok(stored)
     }
-
-    /// Puts `stored` back in the group's queue, due after `after`, then counts it out of flight: it is
-    /// counted in one place or the other throughout.
-    fn give_back(&self, stored: Stored, after: Duration) {
-        self.broker.enqueue(
-            &self.topic,
-            Some(&self.group),
-            stored.raw,
-            Instant::now() + after,
-            Some(stored.offset),
-        );
-        self.lane.in_flight.landed();
-    }
 }
 
 #[async_trait]
@@ -308,7 +301,7 @@ impl Receipt for MemoryReceipt {
 
     async fn release(&mut self, after: Duration) -> Result<(), Error> {
         let stored = self.original.take()?;
-        self.give_back(stored, after);
+        self.lane.give_back(stored, after);
         Ok(())
     }
 }
@@ -316,7 +309,7 @@ impl Receipt for MemoryReceipt {
 impl Drop for MemoryReceipt {
     fn drop(&mut self) {
         if let Some(stored) = self.original.take_unsettled() {
-            self.give_back(stored, Duration::ZERO);
+            self.lane.give_back(stored, Duration::ZERO);
         }
     }
 }
