@@ -22,6 +22,7 @@ use event_retry_core::time::Timestamp;
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Rebalance};
 use rdkafka::producer::DeliveryFuture;
 use rdkafka::statistics::Statistics;
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tracing::{debug, warn};
 
@@ -96,6 +97,8 @@ struct LadderContext {
     /// Set at the first assignment (the member joined its group).
     joined: Arc<AtomicBool>,
     brokers: BrokerWatch,
+    /// Where a newly assigned level partition with no committed offset starts (see [`crate::start`]).
+    reset: Option<Offset>,
 }
 
 impl LadderContext {
@@ -111,6 +114,16 @@ impl ClientContext for LadderContext {
 }
 
 impl ConsumerContext for LadderContext {
+    /// rdkafka's rebalance, with the start of each new partition that has no committed offset named.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        partitions: &mut TopicPartitionList,
+    ) {
+        crate::start::rebalance(self, consumer, err, partitions, self.reset);
+    }
+
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             self.joined.store(true, Ordering::Release);
@@ -155,6 +168,7 @@ impl Ladder {
             state: Mutex::new(LadderState::default()),
             joined: joined.clone(),
             brokers: BrokerWatch::new(&config)?,
+            reset: crate::start::reset_position(&config),
         };
         let consumer: BaseConsumer<LadderContext> = config
             .create_with_context(context)

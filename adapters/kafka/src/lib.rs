@@ -26,6 +26,7 @@ mod link;
 mod offsets;
 mod producer;
 pub mod security;
+mod start;
 mod stranding;
 mod subscription;
 mod txn;

@@ -89,6 +89,7 @@ pub(crate) async fn subscribe(
         link.config.revoke_grace,
         hops,
         BrokerWatch::new(&config)?,
+        crate::start::reset_position(&config),
     );
     // The range assignor shares out each topic's partitions on its own, so every member of a group gets
     // its share of the source topic (and, for per-key order, the same partition numbers of the source

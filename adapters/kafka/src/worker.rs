@@ -32,6 +32,7 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, ConsumerContext, Reb
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::message::BorrowedMessage;
 use rdkafka::statistics::Statistics;
+use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tracing::{debug, warn};
 
@@ -201,6 +202,8 @@ pub(crate) struct Worker {
     hops: Option<Hops>,
     /// Whether the consumer was left with no broker (see [`crate::stranding`]).
     brokers: BrokerWatch,
+    /// Where a newly assigned partition with no committed offset starts (see [`crate::start`]).
+    reset: Option<Offset>,
 }
 
 impl Worker {
@@ -209,6 +212,7 @@ impl Worker {
         revoke_grace: Duration,
         hops: Option<Hops>,
         brokers: BrokerWatch,
+        reset: Option<Offset>,
     ) -> Self {
         let offsets = Offsets::default();
         Self {
@@ -235,6 +239,7 @@ impl Worker {
             joined: Arc::new(AtomicBool::new(false)),
             hops,
             brokers,
+            reset,
         }
     }
 
@@ -663,6 +668,16 @@ impl ClientContext for Worker {
 }
 
 impl ConsumerContext for Worker {
+    /// rdkafka's rebalance, with the start of each new partition that has no committed offset named.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        partitions: &mut TopicPartitionList,
+    ) {
+        crate::start::rebalance(self, consumer, err, partitions, self.reset);
+    }
+
     /// An asynchronous commit that failed (e.g. during a rebalance) is tried again with the next one.
     fn commit_callback(&self, result: KafkaResult<()>, offsets: &TopicPartitionList) {
         if let Err(e) = result {
