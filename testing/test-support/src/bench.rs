@@ -182,6 +182,9 @@ pub struct Rate {
     pub whole: f64,
     /// Messages per second from the first message to the last.
     pub steady: f64,
+    /// From the consumer's start to its first message: joining the group, finding where to start and
+    /// the first fetch (a large share of a short round's time).
+    pub start_up: Duration,
     /// The CPU time each message cost over the round, where `/proc` tells it (Linux).
     pub cpu: Option<CpuPerMessage>,
 }
@@ -256,6 +259,11 @@ fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6
 }
 
+/// `d` in milliseconds, for a report.
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 /// Times one consumer: started when made, marked at its first message.
 #[derive(Debug)]
 pub struct Clock {
@@ -299,9 +307,11 @@ impl Clock {
                 ),
             }
         });
+        let first = *self.first.get().unwrap_or(&self.started);
         Rate {
             whole: per_second(self.started),
-            steady: per_second(*self.first.get().unwrap_or(&self.started)),
+            steady: per_second(first),
+            start_up: first.duration_since(self.started),
             cpu,
         }
     }
@@ -479,12 +489,14 @@ impl Throughput {
         self.raw.push(raw);
         self.sdk.push(sdk);
         println!(
-            "round {}: {raw_name} {:.0} msg/s, SDK {:.0} msg/s; from the first message: {raw_name} {:.0} msg/s, SDK {:.0} msg/s ({detail})",
+            "round {}: {raw_name} {:.0} msg/s, SDK {:.0} msg/s; from the first message: {raw_name} {:.0} msg/s, SDK {:.0} msg/s; start-up to the first message: {raw_name} {:.0} ms, SDK {:.0} ms ({detail})",
             self.raw.len(),
             raw.whole,
             sdk.whole,
             raw.steady,
             sdk.steady,
+            millis(raw.start_up),
+            millis(sdk.start_up),
         );
         if let (Some(r), Some(s)) = (raw.cpu, sdk.cpu) {
             println!(
@@ -542,6 +554,13 @@ impl Throughput {
                 cpu(&self.sdk, |c| c.rest),
             );
         }
+        let start_up =
+            |v: &[Rate]| median(&v.iter().map(|r| millis(r.start_up)).collect::<Vec<_>>());
+        println!(
+            "start-up to the first message, medians: raw client {:.0} ms, SDK {:.0} ms",
+            start_up(&self.raw),
+            start_up(&self.sdk),
+        );
         let per_round: Vec<f64> = self
             .sdk
             .iter()
