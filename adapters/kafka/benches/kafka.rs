@@ -23,6 +23,7 @@
 //! cargo bench -p event-retry-kafka --bench kafka                 # every part
 //! cargo bench -p event-retry-kafka --bench kafka -- throughput   # or lateness, backlog, scale, busy, hops
 //! cargo bench -p event-retry-kafka --bench kafka -- sdk          # one SDK round alone, for profiling
+//! cargo bench -p event-retry-kafka --bench kafka -- raw          # one raw round alone, the same
 //! RETRY_BENCH_PAYLOAD=1024 cargo bench -p event-retry-kafka --bench kafka -- throughput  # 1 KB records
 //! ```
 
@@ -369,6 +370,15 @@ async fn run(url: &str) -> Result<(), Error> {
         println!(
             "SDK alone: {:?} msg/s",
             sdk_run(&transport, &topic, messages).await?
+        );
+    }
+    if bench::asked("raw") {
+        // The raw client's rounds alone (for profiling beside `sdk`); not part of a default run.
+        let topic = format!("bench-raw-{}", uuid::Uuid::new_v4().simple());
+        let messages = bench::messages(MESSAGES)?;
+        println!(
+            "raw rdkafka alone: {:?} msg/s",
+            raw_run(url, &transport, &topic, messages).await?
         );
     }
     if bench::wants("busy") {
