@@ -6,9 +6,18 @@
 //! previously committed offset" too. Measured on the local broker (a new group, 1,000 records waiting):
 //! the first record came 102 ms after the assignment that way, and 1–2 ms after it when the assignment
 //! itself names the reset position (`auto.offset.reset` as a logical offset), which librdkafka then
-//! queries at once. So each member reads its partitions' committed offsets when they are assigned
-//! (the request librdkafka makes next anyway) and names the reset position of those that have none;
-//! a partition with a committed offset, or whose offset could not be read, is left to librdkafka.
+//! queries at once. So each member reads its new partitions' committed offsets in the rebalance
+//! callback and names the reset position of those that have none; a partition with a committed offset,
+//! or whose offset could not be read, is left to librdkafka, which reads it again (one round trip to
+//! the group's coordinator more than before for such a partition; naming the committed offset itself
+//! would lose the leader epoch librdkafka checks it against, which rdkafka cannot pass).
+//!
+//! librdkafka's own path waits for this member's commits in flight before it reads the committed
+//! offsets; this read does not need to: every commit of the adapter's consumers that can precede an
+//! assignment is synchronous (the source's on revocation, the ladder's and the transactional hops' on
+//! every flush), and a transaction's offsets not yet stable come back as an error, which leaves the
+//! partition to librdkafka. An asynchronous commit on revocation would race this read: a partition's
+//! first commit landing after it would restart the partition at the beginning.
 
 use std::time::Duration;
 
@@ -19,13 +28,20 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tracing::warn;
 
 /// How long reading the committed offsets of a new assignment may take before the assignment goes to
-/// librdkafka as it came (which then reads them itself).
-const COMMITTED_WAIT: Duration = Duration::from_secs(5);
+/// librdkafka as it came (which then reads them itself). The rebalance callback waits for it, and with
+/// the cooperative protocol (the ladder's) librdkafka holds the member's other partitions meanwhile; a
+/// pending transaction's offsets are read again until they are stable, or until this bound.
+const COMMITTED_WAIT: Duration = Duration::from_secs(1);
 
 /// The position `auto.offset.reset` names for a partition with no committed offset, as librdkafka
-/// reads the setting (its default is the latest offset); `None` for `error`, which has no position.
+/// reads the setting (any case; its default is the latest offset); `None` for `error`, which has no
+/// position.
 pub(crate) fn reset_position(config: &ClientConfig) -> Option<Offset> {
-    match config.get("auto.offset.reset").unwrap_or("latest") {
+    let setting = config
+        .get("auto.offset.reset")
+        .unwrap_or("latest")
+        .to_ascii_lowercase();
+    match setting.as_str() {
         "smallest" | "earliest" | "beginning" => Some(Offset::Beginning),
         "largest" | "latest" | "end" => Some(Offset::End),
         _ => None,
@@ -40,6 +56,9 @@ fn name_start_positions<C: ConsumerContext>(
     assignment: &mut TopicPartitionList,
     reset: Offset,
 ) {
+    if assignment.count() == 0 {
+        return;
+    }
     let committed = match consumer.committed_offsets(assignment.clone(), COMMITTED_WAIT) {
         Ok(committed) => committed,
         Err(e) => {
@@ -60,7 +79,7 @@ fn name_start_positions<C: ConsumerContext>(
 
 /// A consumer context's rebalance as rdkafka's default runs it (`pre_rebalance`, the assignment
 /// change, `post_rebalance`), with the start of each newly assigned partition that has no committed
-/// offset named as `reset` (see the module's docs).
+/// offset named as `reset` (see the module's docs); `post_rebalance` sees those starts in the list.
 pub(crate) fn rebalance<C: ConsumerContext>(
     context: &C,
     consumer: &BaseConsumer<C>,
@@ -119,7 +138,71 @@ mod tests {
         for latest in ["largest", "latest", "end"] {
             assert_eq!(with_reset(Some(latest)), Some(Offset::End));
         }
+        assert_eq!(with_reset(Some("Earliest")), Some(Offset::Beginning));
         assert_eq!(with_reset(None), Some(Offset::End), "librdkafka's default");
         assert_eq!(with_reset(Some("error")), None);
+    }
+
+    /// A consumer of librdkafka's mock cluster, in group `billing`, with `orders` of two partitions, and
+    /// offset 3 of partition 0 committed for the group.
+    fn consumer_with_a_commit() -> (
+        rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+        BaseConsumer,
+    ) {
+        let cluster = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("orders", 2, 1).expect("topic");
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", cluster.bootstrap_servers())
+            .set("group.id", "billing")
+            .create()
+            .expect("consumer");
+        let mut committed = TopicPartitionList::new();
+        committed
+            .add_partition_offset("orders", 0, Offset::Offset(3))
+            .expect("offset");
+        consumer
+            .commit(&committed, rdkafka::consumer::CommitMode::Sync)
+            .expect("commit");
+        (cluster, consumer)
+    }
+
+    fn both_partitions() -> TopicPartitionList {
+        let mut assignment = TopicPartitionList::new();
+        assignment.add_partition("orders", 0);
+        assignment.add_partition("orders", 1);
+        assignment
+    }
+
+    fn start_of(assignment: &TopicPartitionList, partition: i32) -> Offset {
+        assignment
+            .find_partition("orders", partition)
+            .expect("in the assignment")
+            .offset()
+    }
+
+    #[test]
+    fn only_a_partition_with_no_committed_offset_is_given_the_reset_position() {
+        let (_cluster, consumer) = consumer_with_a_commit();
+        let mut assignment = both_partitions();
+        name_start_positions(&consumer, &mut assignment, Offset::Beginning);
+        assert_eq!(
+            start_of(&assignment, 0),
+            Offset::Invalid,
+            "committed: librdkafka's"
+        );
+        assert_eq!(start_of(&assignment, 1), Offset::Beginning);
+    }
+
+    #[test]
+    fn committed_offsets_that_cannot_be_read_leave_the_assignment_to_librdkafka() {
+        let (cluster, consumer) = consumer_with_a_commit();
+        cluster.request_errors(
+            rdkafka::types::RDKafkaApiKey::OffsetFetch,
+            &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_GROUP_AUTHORIZATION_FAILED],
+        );
+        let mut assignment = both_partitions();
+        name_start_positions(&consumer, &mut assignment, Offset::Beginning);
+        assert_eq!(start_of(&assignment, 0), Offset::Invalid);
+        assert_eq!(start_of(&assignment, 1), Offset::Invalid);
     }
 }
