@@ -15,9 +15,11 @@
 //! librdkafka's own path waits for this member's commits in flight before it reads the committed
 //! offsets; this read does not need to: every commit of the adapter's consumers that can precede an
 //! assignment is synchronous (the source's on revocation, the ladder's and the transactional hops' on
-//! every flush), and a transaction's offsets not yet stable come back as an error, which leaves the
-//! partition to librdkafka. An asynchronous commit on revocation would race this read: a partition's
-//! first commit landing after it would restart the partition at the beginning.
+//! every flush), and a transaction's offsets not yet stable are asked for again by librdkafka until
+//! they are; if they are not within [`COMMITTED_WAIT`] (or librdkafka's retries), the read fails or
+//! marks the partition with the error, either of which leaves it to librdkafka. An asynchronous
+//! commit on revocation would race this read: a partition's first commit landing after it would
+//! restart the partition at the beginning.
 
 use std::time::Duration;
 
