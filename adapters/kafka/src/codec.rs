@@ -239,7 +239,7 @@ impl Copied {
 
     /// Copies a record's parts into `chunks`; `headers` gives its headers in order, each time it is
     /// called.
-    fn from_parts<'h, I: Iterator<Item = (&'h str, Option<&'h [u8]>)>>(
+    pub(crate) fn from_parts<'h, I: Iterator<Item = (&'h str, Option<&'h [u8]>)>>(
         payload: &[u8],
         key: Option<&[u8]>,
         headers: impl Fn() -> I,

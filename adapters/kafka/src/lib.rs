@@ -20,6 +20,7 @@ mod codec;
 pub mod config;
 mod dlq;
 mod error;
+mod feed;
 mod hops;
 mod ladder;
 mod link;

@@ -110,9 +110,10 @@ pub(crate) async fn subscribe(
     let (out, rx) = mpsc::channel(HANDOFF_BATCHES);
     let worker = consumer.context().clone();
     let priority_topic = retry_topic.clone();
+    let source_topic = spec.topic.clone();
     std::thread::Builder::new()
         .name(format!("kafka-{}", spec.topic))
-        .spawn(move || worker::run(consumer, out, priority_topic))
+        .spawn(move || worker::run(consumer, out, source_topic, priority_topic))
         .map_err(wrap(Kind::Other, "start the consumer thread"))?;
     // Return once both members joined their groups, so the first retries do not wait for the ladder's
     // consumer to start (bounded: a member that gets no partitions may not be told).

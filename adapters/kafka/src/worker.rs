@@ -12,6 +12,12 @@
 //! librdkafka fetches apart from the source's prefetch, and the thread reads them and hands their records
 //! out before the source's, so a due retry does not wait behind a backlog of the source.
 //!
+//! The source's partitions are forwarded to a queue of the thread's own, read in batches and waited
+//! on (see [`crate::feed`]); the consumer's queue, polled without waiting, brings the rebalances and
+//! errors, and wakes that wait when something comes to it, as do the retry topic's queues. After each
+//! assignment the thread forwards the partitions again and reads whatever came to the consumer's queue
+//! meanwhile before anything of the source's queue, so that a partition's records keep their order.
+//!
 //! Receipts report settled offsets into the shared state (no wake-up per settle); the thread commits each partition's
 //! contiguous settled prefix (see [`crate::offsets`]). With transactional hops a retry or DLQ copy is
 //! handed to the thread with its settle, and a commit that passes a record with a copy is one
@@ -38,6 +44,7 @@ use tracing::{debug, warn};
 
 use crate::codec::{Chunks, Copied};
 use crate::error::consume_error;
+use crate::feed::{Item, SourceQueue, Waker};
 use crate::link::Link;
 use crate::offsets::{Generation, Offsets, Tp};
 use crate::stranding::BrokerWatch;
@@ -790,14 +797,19 @@ struct PriorityQueues {
 impl PriorityQueues {
     /// Splits off every assigned partition of the retry topic (an assignment undoes earlier splits);
     /// `false` if it could not, to be tried again.
-    fn split(&mut self, consumer: &Arc<BaseConsumer<Worker>>) -> bool {
+    fn split(&mut self, consumer: &Arc<BaseConsumer<Worker>>, waker: &Waker) -> bool {
         self.queues.clear();
         let Ok(assignment) = consumer.assignment() else {
             return false;
         };
         for e in assignment.elements_for_topic(&self.topic) {
             match consumer.split_partition_queue(&self.topic, e.partition()) {
-                Some(queue) => self.queues.push(queue),
+                Some(mut queue) => {
+                    // A record here ends the thread's wait on the source's queue.
+                    let waker = waker.clone();
+                    queue.set_nonempty_callback(move || waker.wake());
+                    self.queues.push(queue);
+                }
                 None => return false,
             }
         }
@@ -856,17 +868,74 @@ fn read_batch<'c>(
     (read, None)
 }
 
-/// How long a poll waits when nothing waits to be handed out and retry partitions are split off: a
-/// record in a split queue does not end the main queue's wait.
-const IDLE_POLL_SPLIT: Duration = Duration::from_millis(10);
+/// Forwards every assigned partition of the source topic to `source`; `false` if one could not be.
+fn attach_source(consumer: &BaseConsumer<Worker>, source: &SourceQueue, topic: &str) -> bool {
+    let Ok(assignment) = consumer.assignment() else {
+        return false;
+    };
+    assignment
+        .elements_for_topic(topic)
+        .iter()
+        .all(|e| source.attach(consumer, e.partition()))
+}
 
-/// Runs the consumer until the subscription closes or goes away; records of `retry_topic` are read and
-/// handed out before the source's.
+/// Reads what the consumer's own queue holds, without waiting, and keeps its records; how many it
+/// read.
+fn drain_main(
+    consumer: &BaseConsumer<Worker>,
+    worker: &Worker,
+    chunks: &mut Chunks,
+    out: &tokio::sync::mpsc::Sender<Result<Vec<Record>, Error>>,
+) -> usize {
+    let mut total = 0;
+    loop {
+        let (read, error) = read_batch(consumer.poll(Duration::ZERO), chunks, || {
+            consumer.poll(Duration::ZERO)
+        });
+        let n = read.len();
+        total += n;
+        worker.keep(read, false);
+        if let Some(e) = error {
+            report_error(out, e);
+            continue;
+        }
+        if n < HANDOUT_BATCH {
+            return total;
+        }
+    }
+}
+
+/// Hands a consumer error to the runtime (if the channel has room) and logs it.
+fn report_error(out: &tokio::sync::mpsc::Sender<Result<Vec<Record>, Error>>, e: KafkaError) {
+    warn!(error = %e, "consumer error");
+    if out.try_send(Err(consume_error(e))).is_err() {
+        debug!("the consumer error was not handed out: the channel is full");
+    }
+}
+
+/// Runs the consumer of `source_topic` until the subscription closes or goes away; records of
+/// `retry_topic` are read and handed out before the source's.
 pub(crate) fn run(
     consumer: BaseConsumer<Worker>,
     out: tokio::sync::mpsc::Sender<Result<Vec<Record>, Error>>,
+    source_topic: String,
     retry_topic: String,
 ) {
+    let mut consumer = consumer;
+    let Some(source) = SourceQueue::new(&consumer, &source_topic) else {
+        let _ = out.try_send(Err(Error::new(
+            event_retry_core::error::Kind::Other,
+            "librdkafka gave no queue for the source's partitions",
+        )));
+        return;
+    };
+    let waker = source.waker();
+    // Whatever comes to the consumer's own queue — a rebalance, an error, a record of a partition not
+    // forwarded yet — ends the wait on the source's.
+    consumer.set_nonempty_callback({
+        let waker = waker.clone();
+        move || waker.wake()
+    });
     let consumer = Arc::new(consumer);
     let worker = consumer.context().clone();
     let mut priority = PriorityQueues {
@@ -881,9 +950,16 @@ pub(crate) fn run(
             break;
         }
         worker.brokers.heal(consumer.client());
-        if std::mem::take(&mut worker.lock().reassigned) && !priority.split(&consumer) {
-            warn!("splitting the retry topic's partitions off failed; trying again");
-            worker.lock().reassigned = true;
+        if std::mem::take(&mut worker.lock().reassigned) {
+            if !priority.split(&consumer, &waker)
+                || !attach_source(&consumer, &source, &source_topic)
+            {
+                warn!("splitting the topics' partitions off failed; trying again");
+                worker.lock().reassigned = true;
+            }
+            // A partition's records read before it was forwarded wait in the consumer's own queue:
+            // kept first, so that none is handed out after a later one of its partition.
+            drain_main(&consumer, &worker, &mut chunks, &out);
         }
         // A copy's receipt waits for its transaction: commit soon after one waits.
         if last_commit.elapsed() >= COMMIT_INTERVAL
@@ -925,28 +1001,47 @@ pub(crate) fn run(
             }
             continue;
         }
-        let wait = if !worker.lock().pending.is_empty() {
-            Duration::from_millis(1)
-        } else if priority.queues.is_empty() {
-            worker.idle_poll()
-        } else {
-            worker.idle_poll().min(IDLE_POLL_SPLIT)
+        // The consumer's own queue first (events, and records of partitions not forwarded yet), without
+        // waiting; then the source's, waiting there when nothing else came.
+        let main = drain_main(&consumer, &worker, &mut chunks, &out);
+        let waiting = {
+            let state = worker.lock();
+            !state.pending.is_empty() || !state.priority.is_empty()
         };
-        // After a first record, what librdkafka already holds is read without waiting, up to a batch,
-        // before the commands, commits and backlog are looked at again (once per batch, not per record).
-        let (read, error) = read_batch(consumer.poll(wait), &mut chunks, || {
-            consumer.poll(Duration::ZERO)
-        });
-        worker.keep(read, false);
-        if let Some(e) = error {
-            warn!(error = %e, "consumer error");
-            if out.try_send(Err(consume_error(e))).is_err() {
-                debug!("the consumer error was not handed out: the channel is full");
+        let wait = if main > 0 {
+            Duration::ZERO
+        } else if waiting {
+            // What is read waits for room in the channel: the runtime's taking of a batch is not
+            // signalled here, so look again soon.
+            Duration::from_millis(1)
+        } else {
+            worker.idle_poll()
+        };
+        let mut read = Vec::new();
+        for item in source.read(wait, HANDOUT_BATCH, &mut chunks) {
+            match item {
+                Item::Record(topic, partition, offset, copied) => {
+                    let topic = match read.last() {
+                        Some(Read { topic: last, .. }) if **last == *topic => last.clone(),
+                        _ => Arc::from(topic),
+                    };
+                    read.push(Read {
+                        topic,
+                        partition,
+                        offset,
+                        copied,
+                    });
+                }
+                Item::Error(e) => report_error(&out, e),
             }
         }
+        worker.keep(read, false);
     }
-    // The split queues hold the consumer: gone before it is dropped (which leaves the group).
+    // The split queues hold the consumer: gone before it is dropped (which leaves the group), as is
+    // the source's queue (librdkafka's queues go before their client).
     priority.queues.clear();
+    drop(waker);
+    drop(source);
     // Whatever was settled is committed before leaving, whether the subscription closed or was dropped.
     worker.lock().closing = true;
     worker.serve_commands(&consumer, Duration::ZERO);
