@@ -99,17 +99,42 @@ impl SourceQueue {
         true
     }
 
-    /// Reads up to `max` records, waiting up to `wait` for the first, each copied into `chunks`.
+    /// Reads up to `max` records, waiting up to `wait` for the first (not longer once one came), each
+    /// copied into `chunks`.
+    ///
+    /// librdkafka's batch read waits for its batch to fill until its timeout: so the wait is for one
+    /// record alone (`rd_kafka_consume_queue`, which returns with the first), and the batch read takes
+    /// what is there without waiting.
     pub(crate) fn read(&self, wait: Duration, max: usize, chunks: &mut Chunks) -> Vec<Item> {
-        let mut messages: Vec<*mut rd::rd_kafka_message_t> = vec![std::ptr::null_mut(); max];
-        let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: `messages` has room for `max` pointers; librdkafka fills the first `n`.
-        let n = unsafe {
-            rd::rd_kafka_consume_batch_queue(self.queue, wait_ms, messages.as_mut_ptr(), max)
-        };
-        let n = usize::try_from(n).unwrap_or(0);
-        let mut items = Vec::with_capacity(n);
-        for &message in &messages[..n] {
+        let mut items = Vec::new();
+        let mut messages: Vec<*mut rd::rd_kafka_message_t> = Vec::new();
+        if !wait.is_zero() && max > 0 {
+            let wait_ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+            // SAFETY: the queue is alive; the message returned (if any) is ours to destroy.
+            let first = unsafe { rd::rd_kafka_consume_queue(self.queue, wait_ms) };
+            if first.is_null() {
+                return items;
+            }
+            messages.push(first);
+        }
+        let room = max - messages.len();
+        if room > 0 {
+            let start = messages.len();
+            messages.resize(max, std::ptr::null_mut());
+            // SAFETY: `messages[start..]` has room for `room` pointers; librdkafka fills the first
+            // `n` of them and does not wait (timeout 0).
+            let n = unsafe {
+                rd::rd_kafka_consume_batch_queue(
+                    self.queue,
+                    0,
+                    messages[start..].as_mut_ptr(),
+                    room,
+                )
+            };
+            messages.truncate(start + usize::try_from(n).unwrap_or(0));
+        }
+        items.reserve(messages.len());
+        for message in messages {
             // SAFETY: each pointer is a message librdkafka handed over, read then destroyed once.
             unsafe {
                 items.push(item(message, chunks));
@@ -296,6 +321,28 @@ mod tests {
         assert_eq!(expected[0].raw.key.as_deref(), Some(&b"customer-1"[..]));
         assert_eq!(expected[1].raw.key, None);
         drop(queue);
+    }
+
+    #[test]
+    fn a_wait_ends_with_the_first_record_and_does_not_wait_to_fill_the_batch() {
+        let cluster = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
+        cluster.create_topic("orders", 1, 1).expect("topic");
+        let consumer = consumer(&cluster.bootstrap_servers(), "one");
+        let queue = SourceQueue::new(&consumer, "orders").expect("queue");
+        assert!(queue.attach(&consumer, 0));
+        publish(&cluster.bootstrap_servers());
+        let started = std::time::Instant::now();
+        let mut read = Vec::new();
+        while read.len() < 2 && started.elapsed() < Duration::from_secs(30) {
+            consumer.poll(Duration::ZERO);
+            read.extend(queue.read(Duration::from_secs(30), 256, &mut Chunks::default()));
+        }
+        assert_eq!(read.len(), 2);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the records came without waiting for 256 of them ({:?})",
+            started.elapsed()
+        );
     }
 
     #[test]
