@@ -2,9 +2,9 @@
 //!
 //! Why: the rdkafka crate hands out one message per poll, each wrapped in an event of its own and a
 //! reference count, with clock readings around it; librdkafka's batch read
-//! (`rd_kafka_consume_batch_queue`) takes up to a batch under one lock. Measured on the local broker
-//! with 1 KB records, the polling thread's CPU per record: 1.12–1.27 µs polled one at a time, 0.74 µs
-//! read in batches. The crate wraps no batch read, so this module calls librdkafka itself.
+//! (`rd_kafka_consume_batch_queue`) takes up to a batch under one lock (the consumer process's CPU per
+//! 1 KB record on the Kafka bench went from 4.13–4.78 µs to 3.83–4.35: docs/PERFORMANCE.md). The crate
+//! wraps no batch read, so this module calls librdkafka itself.
 //!
 //! The source's partitions are forwarded to the queue after each assignment (an assignment forwards
 //! them back to the consumer's queue); records read from the consumer's queue before that keep their
