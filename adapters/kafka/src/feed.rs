@@ -145,6 +145,38 @@ impl SourceQueue {
     }
 }
 
+/// A handle on the consumer's own queue, to ask how much it holds: the rdkafka crate's poll answers
+/// `None` both when the queue is empty and when it served an event (a rebalance, a commit's result),
+/// so it cannot say when the queue was read to its end.
+pub(crate) struct ConsumerQueue(*mut rd::rd_kafka_queue_t);
+
+// SAFETY: as for `SourceQueue`: the handle's calls are thread-safe, and it is destroyed once.
+unsafe impl Send for ConsumerQueue {}
+
+impl ConsumerQueue {
+    /// A handle on `consumer`'s queue.
+    pub(crate) fn new<C: rdkafka::consumer::ConsumerContext>(
+        consumer: &BaseConsumer<C>,
+    ) -> Option<Self> {
+        // SAFETY: the client is alive for the call; the handle returned is ours to destroy.
+        let queue = unsafe { rd::rd_kafka_queue_get_consumer(consumer.client().native_ptr()) };
+        (!queue.is_null()).then_some(Self(queue))
+    }
+
+    /// Whether the queue holds nothing now.
+    pub(crate) fn is_empty(&self) -> bool {
+        // SAFETY: the handle is alive while `self` is.
+        unsafe { rd::rd_kafka_queue_length(self.0) == 0 }
+    }
+}
+
+impl Drop for ConsumerQueue {
+    fn drop(&mut self) {
+        // SAFETY: the handle is this struct's own, destroyed once.
+        unsafe { rd::rd_kafka_queue_destroy(self.0) }
+    }
+}
+
 impl Drop for SourceQueue {
     fn drop(&mut self) {
         // SAFETY: the handle is this struct's own, destroyed once.

@@ -44,7 +44,7 @@ use tracing::{debug, warn};
 
 use crate::codec::{Chunks, Copied};
 use crate::error::consume_error;
-use crate::feed::{Item, SourceQueue, Waker};
+use crate::feed::{ConsumerQueue, Item, SourceQueue, Waker};
 use crate::link::Link;
 use crate::offsets::{Generation, Offsets, Tp};
 use crate::stranding::BrokerWatch;
@@ -879,10 +879,11 @@ fn attach_source(consumer: &BaseConsumer<Worker>, source: &SourceQueue, topic: &
         .all(|e| source.attach(consumer, e.partition()))
 }
 
-/// Reads what the consumer's own queue holds, without waiting, and keeps its records; how many it
-/// read.
+/// Reads what the consumer's own queue (`main`) holds, without waiting, to its end — past the events
+/// served on the way — and keeps its records; how many it read.
 fn drain_main(
     consumer: &BaseConsumer<Worker>,
+    main: &ConsumerQueue,
     worker: &Worker,
     chunks: &mut Chunks,
     out: &tokio::sync::mpsc::Sender<Result<Vec<Record>, Error>>,
@@ -892,14 +893,12 @@ fn drain_main(
         let (read, error) = read_batch(consumer.poll(Duration::ZERO), chunks, || {
             consumer.poll(Duration::ZERO)
         });
-        let n = read.len();
-        total += n;
+        total += read.len();
         worker.keep(read, false);
         if let Some(e) = error {
             report_error(out, e);
-            continue;
         }
-        if n < HANDOUT_BATCH {
+        if main.is_empty() {
             return total;
         }
     }
@@ -926,6 +925,13 @@ pub(crate) fn run(
         let _ = out.try_send(Err(Error::new(
             event_retry_core::error::Kind::Other,
             "librdkafka gave no queue for the source's partitions",
+        )));
+        return;
+    };
+    let Some(main_queue) = ConsumerQueue::new(&consumer) else {
+        let _ = out.try_send(Err(Error::new(
+            event_retry_core::error::Kind::Other,
+            "librdkafka gave no handle on the consumer's queue",
         )));
         return;
     };
@@ -959,7 +965,7 @@ pub(crate) fn run(
             }
             // A partition's records read before it was forwarded wait in the consumer's own queue:
             // kept first, so that none is handed out after a later one of its partition.
-            drain_main(&consumer, &worker, &mut chunks, &out);
+            drain_main(&consumer, &main_queue, &worker, &mut chunks, &out);
         }
         // A copy's receipt waits for its transaction: commit soon after one waits.
         if last_commit.elapsed() >= COMMIT_INTERVAL
@@ -1003,7 +1009,7 @@ pub(crate) fn run(
         }
         // The consumer's own queue first (events, and records of partitions not forwarded yet), without
         // waiting; then the source's, waiting there when nothing else came.
-        let main = drain_main(&consumer, &worker, &mut chunks, &out);
+        let main = drain_main(&consumer, &main_queue, &worker, &mut chunks, &out);
         let waiting = {
             let state = worker.lock();
             !state.pending.is_empty() || !state.priority.is_empty()
@@ -1042,6 +1048,7 @@ pub(crate) fn run(
     priority.queues.clear();
     drop(waker);
     drop(source);
+    drop(main_queue);
     // Whatever was settled is committed before leaving, whether the subscription closed or was dropped.
     worker.lock().closing = true;
     worker.serve_commands(&consumer, Duration::ZERO);
