@@ -6,9 +6,9 @@
 //! 1 KB record on the Kafka bench went from 4.13–4.78 µs to 3.83–4.35: docs/PERFORMANCE.md). The crate
 //! wraps no batch read, so this module calls librdkafka itself.
 //!
-//! The source's partitions are forwarded to the queue after each assignment (an assignment forwards
-//! them back to the consumer's queue); records read from the consumer's queue before that keep their
-//! place (see `worker::run`). The consumer thread waits on this queue, and anything arriving on the
+//! The source's partitions are forwarded to the queue after each assignment (librdkafka may forward a
+//! partition it starts to the consumer's queue again); records that reached the consumer's queue before
+//! the forwarding are read before anything of this queue, so they keep their place (see `worker::run`). The consumer thread waits on this queue, and anything arriving on the
 //! consumer's own queue (a rebalance, an error) or on a retry partition's wakes that wait
 //! ([`SourceQueue::waker`]).
 #![allow(unsafe_code)]
