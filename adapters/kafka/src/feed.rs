@@ -28,6 +28,9 @@ use crate::codec::{Chunks, Copied};
 pub(crate) struct SourceQueue {
     queue: *mut rd::rd_kafka_queue_t,
     topic: CString,
+    /// The topic's name, shared by every record read: the thread's offset bookkeeping finds a run of
+    /// records of one topic by this pointer.
+    name: Arc<str>,
 }
 
 // SAFETY: a librdkafka queue handle may be used from any thread (every queue operation takes the
@@ -54,7 +57,7 @@ impl Waker {
 /// One record read, or the error read in its place.
 pub(crate) enum Item {
     /// A record: its topic's name, partition, offset and copy.
-    Record(String, i32, i64, Copied),
+    Record(Arc<str>, i32, i64, Copied),
     /// An error librdkafka reported on the queue.
     Error(KafkaError),
 }
@@ -65,10 +68,11 @@ impl SourceQueue {
         consumer: &BaseConsumer<C>,
         topic: &str,
     ) -> Option<Arc<Self>> {
+        let name = Arc::from(topic);
         let topic = CString::new(topic).ok()?;
         // SAFETY: the client handle is alive for the call; the new queue is owned by the result.
         let queue = unsafe { rd::rd_kafka_queue_new(consumer.client().native_ptr()) };
-        (!queue.is_null()).then(|| Arc::new(Self { queue, topic }))
+        (!queue.is_null()).then(|| Arc::new(Self { queue, topic, name }))
     }
 
     /// A waker of this queue's waits.
@@ -137,7 +141,7 @@ impl SourceQueue {
         for message in messages {
             // SAFETY: each pointer is a message librdkafka handed over, read then destroyed once.
             unsafe {
-                items.push(item(message, chunks));
+                items.push(item(self, message, chunks));
                 rd::rd_kafka_message_destroy(message);
             }
         }
@@ -188,7 +192,11 @@ impl Drop for SourceQueue {
 ///
 /// # Safety
 /// `message` must be a live message handed over by librdkafka.
-unsafe fn item(message: *mut rd::rd_kafka_message_t, chunks: &mut Chunks) -> Item {
+unsafe fn item(
+    queue: &SourceQueue,
+    message: *mut rd::rd_kafka_message_t,
+    chunks: &mut Chunks,
+) -> Item {
     // SAFETY (every block below): the caller's promise — `message` and every pointer read from it
     // (topic, payload, key, header list) are librdkafka's own, alive until the message is destroyed,
     // which happens after this function returns.
@@ -198,9 +206,13 @@ unsafe fn item(message: *mut rd::rd_kafka_message_t, chunks: &mut Chunks) -> Ite
             m.err,
         )));
     }
-    let topic = unsafe { CStr::from_ptr(rd::rd_kafka_topic_name(m.rkt)) }
-        .to_string_lossy()
-        .into_owned();
+    // Only the source's partitions are forwarded here: its shared name, without an allocation.
+    let topic = unsafe { CStr::from_ptr(rd::rd_kafka_topic_name(m.rkt)) };
+    let topic = if topic == queue.topic.as_c_str() {
+        queue.name.clone()
+    } else {
+        Arc::from(topic.to_string_lossy())
+    };
     let payload = unsafe { bytes_at(m.payload, m.len) }.unwrap_or_default();
     let key = unsafe { bytes_at(m.key, m.key_len) };
     let mut kind = rd::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
@@ -313,10 +325,25 @@ mod tests {
         consumer
     }
 
-    #[test]
-    fn a_record_read_in_a_batch_is_copied_as_one_polled_alone() {
+    /// A mock cluster with `orders` of one partition.
+    fn cluster() -> rdkafka::mocking::MockCluster<'static, rdkafka::producer::DefaultProducerContext>
+    {
         let cluster = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
         cluster.create_topic("orders", 1, 1).expect("topic");
+        cluster
+    }
+
+    /// A consumer of `orders` in `group` and its source queue, the partition forwarded to it.
+    fn source_queue(bootstrap: &str, group: &str) -> (BaseConsumer, Arc<SourceQueue>) {
+        let consumer = consumer(bootstrap, group);
+        let queue = SourceQueue::new(&consumer, "orders").expect("queue");
+        assert!(queue.attach(&consumer, 0));
+        (consumer, queue)
+    }
+
+    #[test]
+    fn a_record_read_in_a_batch_is_copied_as_one_polled_alone() {
+        let cluster = cluster();
         publish(&cluster.bootstrap_servers());
 
         let polled = consumer(&cluster.bootstrap_servers(), "polled");
@@ -328,9 +355,7 @@ mod tests {
             }
         }
 
-        let batched = consumer(&cluster.bootstrap_servers(), "batched");
-        let queue = SourceQueue::new(&batched, "orders").expect("queue");
-        assert!(queue.attach(&batched, 0));
+        let (batched, queue) = source_queue(&cluster.bootstrap_servers(), "batched");
         let mut read = Vec::new();
         let mut chunks = Chunks::default();
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -343,7 +368,7 @@ mod tests {
             let Item::Record(topic, partition, _, copied) = item else {
                 panic!("an error where a record was");
             };
-            assert_eq!((topic.as_str(), partition), ("orders", 0));
+            assert_eq!((&*topic, partition), ("orders", 0));
             let decoded = copied.decode();
             assert_eq!(decoded.raw, expected.raw);
             assert_eq!(decoded.nulls, expected.nulls);
@@ -357,11 +382,8 @@ mod tests {
 
     #[test]
     fn a_wait_ends_with_the_first_record_and_does_not_wait_to_fill_the_batch() {
-        let cluster = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
-        cluster.create_topic("orders", 1, 1).expect("topic");
-        let consumer = consumer(&cluster.bootstrap_servers(), "one");
-        let queue = SourceQueue::new(&consumer, "orders").expect("queue");
-        assert!(queue.attach(&consumer, 0));
+        let cluster = cluster();
+        let (consumer, queue) = source_queue(&cluster.bootstrap_servers(), "one");
         publish(&cluster.bootstrap_servers());
         let started = std::time::Instant::now();
         let mut read = Vec::new();
@@ -379,10 +401,8 @@ mod tests {
 
     #[test]
     fn a_wait_on_the_queue_ends_when_woken() {
-        let cluster = rdkafka::mocking::MockCluster::new(1).expect("mock cluster");
-        cluster.create_topic("orders", 1, 1).expect("topic");
-        let consumer = consumer(&cluster.bootstrap_servers(), "idle");
-        let queue = SourceQueue::new(&consumer, "orders").expect("queue");
+        let cluster = cluster();
+        let (_consumer, queue) = source_queue(&cluster.bootstrap_servers(), "idle");
         let waker = queue.waker();
         let woken = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(100));

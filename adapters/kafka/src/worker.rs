@@ -921,17 +921,13 @@ pub(crate) fn run(
     retry_topic: String,
 ) {
     let mut consumer = consumer;
-    let Some(source) = SourceQueue::new(&consumer, &source_topic) else {
+    let (Some(source), Some(main_queue)) = (
+        SourceQueue::new(&consumer, &source_topic),
+        ConsumerQueue::new(&consumer),
+    ) else {
         let _ = out.try_send(Err(Error::new(
             event_retry_core::error::Kind::Other,
-            "librdkafka gave no queue for the source's partitions",
-        )));
-        return;
-    };
-    let Some(main_queue) = ConsumerQueue::new(&consumer) else {
-        let _ = out.try_send(Err(Error::new(
-            event_retry_core::error::Kind::Other,
-            "librdkafka gave no handle on the consumer's queue",
+            "librdkafka gave no handle on the consumer's queues",
         )));
         return;
     };
@@ -1026,18 +1022,12 @@ pub(crate) fn run(
         let mut read = Vec::new();
         for item in source.read(wait, HANDOUT_BATCH, &mut chunks) {
             match item {
-                Item::Record(topic, partition, offset, copied) => {
-                    let topic = match read.last() {
-                        Some(Read { topic: last, .. }) if **last == *topic => last.clone(),
-                        _ => Arc::from(topic),
-                    };
-                    read.push(Read {
-                        topic,
-                        partition,
-                        offset,
-                        copied,
-                    });
-                }
+                Item::Record(topic, partition, offset, copied) => read.push(Read {
+                    topic,
+                    partition,
+                    offset,
+                    copied,
+                }),
                 Item::Error(e) => report_error(&out, e),
             }
         }
