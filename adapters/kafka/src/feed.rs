@@ -14,7 +14,7 @@
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, CString, c_void};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use rdkafka::bindings as rd;
@@ -41,16 +41,29 @@ unsafe impl Sync for SourceQueue {}
 
 /// Wakes a wait on a [`SourceQueue`] from any thread. It does not keep the queue: librdkafka's
 /// callbacks hold wakers, and the queue must go before its client does.
+///
+/// Every clone shares one slot, which [`Waker::close`] empties before the queue is dropped: a wake
+/// holds the slot's lock while it holds the queue, so once `close` returns no callback holds the queue
+/// or can take it, and the queue's last reference is dropped by its owner — not inside a librdkafka
+/// callback, on librdkafka's thread, with the lock of the queue that called back held.
 #[derive(Clone)]
-pub(crate) struct Waker(Weak<SourceQueue>);
+pub(crate) struct Waker(Arc<Mutex<Weak<SourceQueue>>>);
 
 impl Waker {
-    /// Ends the current (or next) wait of [`SourceQueue::read`] at once.
+    /// Ends the current (or next) wait of [`SourceQueue::read`] at once; nothing once closed.
     pub(crate) fn wake(&self) {
-        if let Some(queue) = self.0.upgrade() {
+        let slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(queue) = slot.upgrade() {
             // SAFETY: the queue handle is alive while this `Arc` holds it.
             unsafe { rd::rd_kafka_queue_yield(queue.queue) }
         }
+        // `queue` goes before `slot`: `close` cannot return while a wake holds the queue.
+    }
+
+    /// Lets go of the queue for every clone of this waker, after any wake under way has finished;
+    /// later wakes do nothing.
+    pub(crate) fn close(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Weak::new();
     }
 }
 
@@ -75,9 +88,9 @@ impl SourceQueue {
         (!queue.is_null()).then(|| Arc::new(Self { queue, topic, name }))
     }
 
-    /// A waker of this queue's waits.
+    /// A waker of this queue's waits (its clones share it: closing one closes all).
     pub(crate) fn waker(self: &Arc<Self>) -> Waker {
-        Waker(Arc::downgrade(self))
+        Waker(Arc::new(Mutex::new(Arc::downgrade(self))))
     }
 
     /// Forwards `partition` of the topic to this queue; `false` if librdkafka knows no such partition.
@@ -395,6 +408,45 @@ mod tests {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "the records came without waiting for 256 of them ({:?})",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_closed_waker_neither_holds_nor_wakes_the_queue() {
+        let cluster = cluster();
+        let (_consumer, queue) = source_queue(&cluster.bootstrap_servers(), "closing");
+        let waker = queue.waker();
+        // Another thread wakes without pause, as librdkafka's callbacks may while the queue closes.
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waking = std::thread::spawn({
+            let (waker, stop) = (waker.clone(), stop.clone());
+            move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    waker.wake();
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        waker.close();
+        // Sampled many times, as a wake under way would hold it at any moment.
+        for _ in 0..10_000 {
+            assert_eq!(Arc::strong_count(&queue), 1, "a wake held the closed queue");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        waking.join().expect("waking thread");
+        // A wake before the close may have left the queue's yield flag set: a short wait takes it.
+        queue.read(Duration::from_millis(1), 16, &mut Chunks::default());
+        waker.wake();
+        let started = std::time::Instant::now();
+        assert!(
+            queue
+                .read(Duration::from_millis(300), 16, &mut Chunks::default())
+                .is_empty()
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(250),
+            "a wake after close ended the wait ({:?})",
             started.elapsed()
         );
     }

@@ -1036,6 +1036,8 @@ pub(crate) fn run(
     // The split queues hold the consumer: gone before it is dropped (which leaves the group), as is
     // the source's queue (librdkafka's queues go before their client).
     priority.queues.clear();
+    // No callback holds the source's queue once its waker is closed: its last reference goes here.
+    waker.close();
     drop(waker);
     drop(source);
     drop(main_queue);
