@@ -29,7 +29,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use event_retry_core::error::Error;
@@ -54,8 +54,9 @@ use crate::txn::{Copy, Transactional};
 const COMMIT_INTERVAL: Duration = Duration::from_millis(50);
 /// How long a poll waits for records when none wait to be handed out.
 const IDLE_POLL: Duration = Duration::from_millis(50);
-/// The same with transactional hops: a copy handed over meanwhile waits at most this long for its
-/// transaction to start (a poll cannot be woken from another thread).
+/// The same while copies wait for their transaction (transactional hops): a copy handed over wakes the
+/// wait, and one that must wait — for the previous transaction's spacing, for an earlier record's settle
+/// or after a failure — is looked at again this soon.
 const IDLE_POLL_TRANSACTIONAL: Duration = Duration::from_millis(5);
 
 /// Transactions that may fail in a row before their copies are answered with the error.
@@ -211,6 +212,9 @@ pub(crate) struct Worker {
     brokers: BrokerWatch,
     /// Where a newly assigned partition with no committed offset starts (see [`crate::start`]).
     reset: Option<Offset>,
+    /// Wakes the consumer thread's wait when a copy is handed over for a transaction (set once the
+    /// thread has its queues).
+    waker: OnceLock<Waker>,
 }
 
 impl Worker {
@@ -247,6 +251,7 @@ impl Worker {
             hops,
             brokers,
             reset,
+            waker: OnceLock::new(),
         }
     }
 
@@ -261,7 +266,7 @@ impl Worker {
 
     /// How long a poll waits for records when none wait to be handed out.
     fn idle_poll(&self) -> Duration {
-        if self.hops.is_some() {
+        if self.hops.is_some() && !self.lock().copies.is_empty() {
             IDLE_POLL_TRANSACTIONAL
         } else {
             IDLE_POLL
@@ -296,6 +301,11 @@ impl Worker {
                 copy,
                 done,
             });
+            drop(state);
+            // The thread's wait ends for the transaction to start now, not at its next look.
+            if let Some(waker) = self.waker.get() {
+                waker.wake();
+            }
         } else {
             let _ = done.send(Err(moved(tp)));
         }
@@ -940,6 +950,7 @@ pub(crate) fn run(
     });
     let consumer = Arc::new(consumer);
     let worker = consumer.context().clone();
+    let _ = worker.waker.set(waker.clone());
     let mut priority = PriorityQueues {
         topic: retry_topic,
         queues: Vec::new(),
