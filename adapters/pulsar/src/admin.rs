@@ -1,10 +1,11 @@
 //! Declaring and naming a topic's Pulsar topics.
 //!
 //! A topic comes with `<topic>-DLQ` and one retry topic per consumer group (`<topic>-<group>-RETRY`).
-//! Declaring creates the DLQ's subscription for DLQ operations before anything is dead-lettered, and the
-//! subscription of the default consumer group (or of the group named) on the topic (Pulsar keeps
-//! messages only for the subscriptions that exist when they arrive); the other topics are created by the
-//! broker on first use. Deleting topics needs Pulsar's admin REST API, which the `pulsar` client
+//! Declaring creates the DLQ's subscription for DLQ operations before anything is dead-lettered, the
+//! subscription of the default consumer group (or of the group named) on the topic, and with a group
+//! named, that group's retry topic with its subscription (Pulsar keeps messages only for the
+//! subscriptions that exist when they arrive); the other topics are created by the broker on first
+//! use. Deleting topics needs Pulsar's admin REST API, which the `pulsar` client
 //! crate does not speak: `delete` says so instead of pretending.
 
 use async_trait::async_trait;
@@ -18,10 +19,14 @@ impl Admin for PulsarTransport {
     async fn declare(&self, topic: &str, group: Option<&str>) -> Result<(), Error> {
         self.link.forget(topic);
         self.link.ensure_topic(topic).await?;
-        match group {
-            Some(group) => self.link.ensure_group(topic, group).await,
-            None => Ok(()),
-        }
+        let Some(group) = group else {
+            return Ok(());
+        };
+        self.link.ensure_group(topic, group).await?;
+        // The group's retry topic too, with the group's subscription: a retry sent there is kept even
+        // before the group's first consumer subscribes, and no consumer's start creates a topic.
+        let retry = self.link.config.retry_topic(topic, group);
+        self.link.ensure_group(&retry, group).await
     }
 
     async fn delete(&self, topic: &str) -> Result<(), Error> {

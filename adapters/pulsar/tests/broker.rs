@@ -6,6 +6,8 @@
 //!   API, is written at once;
 //! * a Pulsar restart (stop + start through the project's scripts, on the same data) while retries wait
 //!   in the retry topic: the client reconnects, and every retry runs once, no earlier than its delay;
+//! * declaring a topic for a group makes the group's subscription on its retry topic (read back from the
+//!   admin API);
 //! * with the admin API known (`RETRY_TEST_PULSAR_ADMIN`), the adapter reads the broker's delayed-delivery
 //!   settings and a namespace's policy: a retry policy beyond the namespace's longest delay, or any delay
 //!   where delayed delivery is off, is refused at start.
@@ -35,7 +37,11 @@ fn main() {
     let mut args = Arguments::from_args();
     // The restart would disturb the other test.
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 6] = [
+    let tests: [(&str, Test); 7] = [
+        (
+            "declaring_a_group_makes_its_subscription_on_its_retry_topic",
+            declaring_a_group_makes_its_subscription_on_its_retry_topic,
+        ),
         (
             "a_batch_handler_gets_what_the_subscription_holds",
             a_batch_handler_gets_what_the_subscription_holds,
@@ -221,8 +227,50 @@ fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
     })
 }
 
-/// Calls the admin API; `body` as JSON when given.
-fn admin_call(method: &str, url: &str, body: Option<&str>) -> Result<(), String> {
+/// Declaring a topic for a consumer group makes the group's subscription on the group's retry topic,
+/// read back from the broker's admin API — through a consumer that subscribes and leaves (no admin URL)
+/// and through the admin API (`admin_url` set) — so a retry sent there is kept from then on, and a
+/// consumer's start creates no topic.
+fn declaring_a_group_makes_its_subscription_on_its_retry_topic(url: String) -> Result<(), String> {
+    let Some(admin) = test_support::broker::url("RETRY_TEST_PULSAR_ADMIN") else {
+        return Err("RETRY_TEST_PULSAR_ADMIN is not set (scripts/brokers sets it)".into());
+    };
+    test_support::broker::runtime()?.block_on(async move {
+        for admin_url in [None, Some(admin.clone())] {
+            let via = if admin_url.is_some() { "the admin API" } else { "a consumer" };
+            let transport = PulsarTransport::connect_with(
+                &url,
+                PulsarConfig {
+                    admin_url,
+                    ..config()
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            let topic = format!("declared-{}", uuid::Uuid::new_v4().simple());
+            transport
+                .admin()
+                .declare(&topic, Some("billing"))
+                .await
+                .map_err(|e| format!("declaring through {via}: {e}"))?;
+            let retry = transport.config().retry_topic(&topic, "billing");
+            let path = retry.replacen("://", "/", 1);
+            let listed = admin_call("GET", &format!("{admin}/admin/v2/{path}/subscriptions"), None)
+                .map_err(|e| format!("declared through {via}: {e}"))?;
+            let subscriptions: Vec<String> =
+                serde_json::from_str(&listed).map_err(|e| format!("{listed:?}: {e}"))?;
+            if subscriptions != ["billing"] {
+                return Err(format!(
+                    "declared through {via}: {retry} has the subscriptions {subscriptions:?}, want [\"billing\"]"
+                ));
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Calls the admin API; `body` as JSON when given. Its answer's body.
+fn admin_call(method: &str, url: &str, body: Option<&str>) -> Result<String, String> {
     let mut args = vec!["-sS", "--fail", "--max-time", "30", "-X", method];
     if let Some(body) = body {
         args.extend(["-H", "Content-Type: application/json", "-d", body]);
@@ -233,7 +281,7 @@ fn admin_call(method: &str, url: &str, body: Option<&str>) -> Result<(), String>
         .output()
         .map_err(|e| e.to_string())?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(format!(
             "{method} {url}: {}",
@@ -319,7 +367,7 @@ fn delays_beyond_the_brokers_limit_are_refused(url: String) -> Result<(), String
         }
     });
     let deleted = admin_call("DELETE", &ns_url, None);
-    result.and(deleted)
+    result.and(deleted.map(drop))
 }
 
 /// A batch handler is given the deliveries the subscription already holds together, each once
