@@ -354,6 +354,13 @@ mod tests {
         (consumer, queue)
     }
 
+    /// How long a read of `queue`, waiting up to `wait`, took; it must read nothing.
+    fn empty_read_took(queue: &SourceQueue, wait: Duration) -> Duration {
+        let started = std::time::Instant::now();
+        assert!(queue.read(wait, 16, &mut Chunks::default()).is_empty());
+        started.elapsed()
+    }
+
     #[test]
     fn a_record_read_in_a_batch_is_copied_as_one_polled_alone() {
         let cluster = cluster();
@@ -438,16 +445,10 @@ mod tests {
         // A wake before the close may have left the queue's yield flag set: a short wait takes it.
         queue.read(Duration::from_millis(1), 16, &mut Chunks::default());
         waker.wake();
-        let started = std::time::Instant::now();
+        let waited = empty_read_took(&queue, Duration::from_millis(300));
         assert!(
-            queue
-                .read(Duration::from_millis(300), 16, &mut Chunks::default())
-                .is_empty()
-        );
-        assert!(
-            started.elapsed() >= Duration::from_millis(250),
-            "a wake after close ended the wait ({:?})",
-            started.elapsed()
+            waited >= Duration::from_millis(250),
+            "a wake after close ended the wait ({waited:?})"
         );
     }
 
@@ -460,16 +461,10 @@ mod tests {
             std::thread::sleep(Duration::from_millis(100));
             waker.wake();
         });
-        let started = std::time::Instant::now();
+        let waited = empty_read_took(&queue, Duration::from_secs(30));
         assert!(
-            queue
-                .read(Duration::from_secs(30), 16, &mut Chunks::default())
-                .is_empty()
-        );
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the wait ended at the wake, not its 30 s ({:?})",
-            started.elapsed()
+            waited < Duration::from_secs(10),
+            "the wait ended at the wake, not its 30 s ({waited:?})"
         );
         woken.join().expect("waker thread");
     }

@@ -57,6 +57,11 @@ async fn prefill(
         .build()
         .await?;
     sub.close().await?;
+    fill(transport, topic).await
+}
+
+/// Publishes `MESSAGES` events to `topic`.
+async fn fill(transport: &PulsarTransport, topic: &str) -> Result<(), Error> {
     bench::publish_all(&Broker::new(transport.clone()), topic, MESSAGES, 256).await
 }
 
@@ -122,17 +127,13 @@ async fn raw_run(
 
 /// The messages drained by the SDK with the same work per event: a per-event handler (concurrency
 /// `PREFETCH`), or with `batch` a batch handler (batches of up to `PREFETCH`).
-async fn sdk_run(
-    client: &Pulsar<TokioExecutor>,
-    transport: &PulsarTransport,
-    topic: &str,
-    batch: bool,
-) -> Result<Rate, Error> {
+async fn sdk_run(transport: &PulsarTransport, topic: &str, batch: bool) -> Result<Rate, Error> {
+    // The topology declared as a deployment does once before its consumers start (the group's
+    // subscriptions on the topic and its retry topic, as on the Kafka bench): the round's timing
+    // includes creating no topic.
     let group = event_retry_core::adapter::default_group(topic);
-    // The topology declared as a deployment does once before its consumers start (the group's retry
-    // topic included, as on the Kafka bench): the round's timing includes creating no topic.
     transport.declare(topic, Some(&group)).await?;
-    prefill(transport, client, topic, &group).await?;
+    fill(transport, topic).await?;
     let broker = Broker::new(transport.clone());
     if batch {
         bench::sdk_batch_round(&broker, topic, MESSAGES, PREFETCH).await
@@ -147,8 +148,8 @@ async fn throughput(url: &str, transport: &PulsarTransport) -> Result<(), Error>
     for _ in 0..3 {
         let id = uuid::Uuid::new_v4().simple();
         let raw = raw_run(&client, transport, &format!("bench-raw-{id}")).await?;
-        let sdk = sdk_run(&client, transport, &format!("bench-sdk-{id}"), false).await?;
-        let batch = sdk_run(&client, transport, &format!("bench-batch-{id}"), true).await?;
+        let sdk = sdk_run(transport, &format!("bench-sdk-{id}"), false).await?;
+        let batch = sdk_run(transport, &format!("bench-batch-{id}"), true).await?;
         rounds.round(
             raw,
             sdk,

@@ -23,10 +23,8 @@ impl Admin for PulsarTransport {
             return Ok(());
         };
         self.link.ensure_group(topic, group).await?;
-        // The group's retry topic too, with the group's subscription: a retry sent there is kept even
-        // before the group's first consumer subscribes, and no consumer's start creates a topic.
-        let retry = self.link.config.retry_topic(topic, group);
-        self.link.ensure_group(&retry, group).await
+        // No consumer's start then creates a topic.
+        self.link.ensure_retry_topic(topic, group).await
     }
 
     async fn delete(&self, topic: &str) -> Result<(), Error> {

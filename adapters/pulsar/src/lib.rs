@@ -139,8 +139,7 @@ impl Transport for PulsarTransport {
     ) -> Result<(), Error> {
         self.link.ensure_topic(source_topic).await?;
         if let Some(group) = group {
-            let retry = self.link.config.retry_topic(source_topic, group);
-            self.link.ensure_group(&retry, group).await?;
+            self.link.ensure_retry_topic(source_topic, group).await?;
         }
         let dlq = self.link.config.dlq_topic(source_topic);
         let extra: Vec<(&str, &str)> = group

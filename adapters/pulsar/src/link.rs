@@ -132,6 +132,13 @@ impl Link {
         Ok(())
     }
 
+    /// Creates `group`'s subscription on its retry topic of `topic` (if it is missing), so a retry or a
+    /// replay sent there is kept before the group's first consumer subscribes.
+    pub(crate) async fn ensure_retry_topic(&self, topic: &str, group: &str) -> Result<(), Error> {
+        self.ensure_group(&self.config.retry_topic(topic, group), group)
+            .await
+    }
+
     /// Creates the subscription of consumer group `group` on `topic` (if it is missing): from then on
     /// the group receives every event published to it. With the admin API the subscription is created
     /// there, without a consumer; otherwise a consumer subscribes and leaves at once — and a refusal
