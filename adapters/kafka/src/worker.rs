@@ -964,15 +964,17 @@ pub(crate) fn run(
         }
         worker.brokers.heal(consumer.client());
         if std::mem::take(&mut worker.lock().reassigned) {
+            // The broker tests widen the window in which a new partition's records reach the
+            // consumer's own queue before it is forwarded (`sleep`), to show the order kept by
+            // `drain_main` below.
+            #[cfg(feature = "failpoints")]
+            fail::fail_point!("kafka-before-forward");
             if !priority.split(&consumer, &waker)
                 || !attach_source(&consumer, &source, &source_topic)
             {
                 warn!("splitting the topics' partitions off failed; trying again");
                 worker.lock().reassigned = true;
             }
-            // A partition's records read before it was forwarded wait in the consumer's own queue:
-            // kept first, so that none is handed out after a later one of its partition.
-            drain_main(&consumer, &main_queue, &worker, &mut chunks, &out);
         }
         // A copy's receipt waits for its transaction: commit soon after one waits.
         if last_commit.elapsed() >= COMMIT_INTERVAL
@@ -1014,8 +1016,12 @@ pub(crate) fn run(
             }
             continue;
         }
-        // The consumer's own queue first (events, and records of partitions not forwarded yet), without
-        // waiting; then the source's, waiting there when nothing else came.
+        // The consumer's own queue first, to its end (events, and records of partitions not forwarded
+        // yet), without waiting; then the source's, waiting there when nothing else came. A
+        // partition's records that reached the consumer's queue before it was forwarded are so kept
+        // before any later record of it (the broker test
+        // `records_that_reached_the_consumers_queue_before_forwarding_keep_their_order`: it fails
+        // with this queue read one batch at a time).
         let main = drain_main(&consumer, &main_queue, &worker, &mut chunks, &out);
         let waiting = {
             let state = worker.lock();

@@ -20,6 +20,10 @@
 //!   repeated) reaches the handler with all of them, in order, from the source and from its retry;
 //! * with topic creation off, subscribing to a topic whose derived topics are missing is an error naming
 //!   them, and nothing is created;
+//! * records of a new partition that reached the consumer's own queue before the partition was
+//!   forwarded to the source's queue (a window the failpoint `kafka-before-forward` widens while
+//!   records keep coming) are handled before every later record of the partition: a one-at-a-time
+//!   handler sees the partition's offsets in order, each once;
 //! * a resume librdkafka drops as outdated (made to happen with a failpoint that leaves the call out
 //!   and answers success, as librdkafka does) is made good within seconds: on the source after a
 //!   blocking hold ends, and on a ladder level after its held head left — the records behind it are
@@ -88,7 +92,11 @@ fn main() {
     // by side passed. The transactional test once found two copies in a full workspace run; that cause
     // is not found, so the tests stay serial by default.
     args.test_threads = args.test_threads.or(Some(1));
-    let tests: [(&str, Test); 15] = [
+    let tests: [(&str, Test); 16] = [
+        (
+            "records_that_reached_the_consumers_queue_before_forwarding_keep_their_order",
+            records_that_reached_the_consumers_queue_before_forwarding_keep_their_order,
+        ),
         (
             "a_new_group_reads_from_the_beginning_and_a_restarted_one_from_its_commits",
             a_new_group_reads_from_the_beginning_and_a_restarted_one_from_its_commits,
@@ -1461,6 +1469,127 @@ fn a_new_group_reads_from_the_beginning_and_a_restarted_one_from_its_commits(
         }
         both_partitions(&first, "first")?;
         both_partitions(&second, "second")?;
+        transport.delete(&topic).await.map_err(|e| e.to_string())
+    })
+}
+
+/// How long the failpoint `kafka-before-forward` holds the consumer thread between a partition's
+/// assignment and its forwarding to the source's queue: the records fetched meanwhile wait in the
+/// consumer's own queue, hundreds of them, more than one batch of the thread's reads.
+const FORWARD_HELD: Duration = Duration::from_secs(2);
+
+/// A partition's records fetched before the consumer thread forwards it to the source's queue wait in
+/// the consumer's own queue; those fetched after go to the source's. The thread reads the consumer's
+/// queue to its end before anything of the source's, so none of them is handed out after a later record
+/// of its partition. Here a publisher keeps publishing to a one-partition topic from before the consumer
+/// starts until well after the forwarding, which the failpoint `kafka-before-forward` delays by
+/// [`FORWARD_HELD`]; a one-at-a-time handler records each record's offset, and must see every offset
+/// once, in order. Shown to fail (3 of 3 runs) with the consumer's queue read one batch at a time:
+/// the source's records then came between its batches (offset 512 handled after 3,431).
+fn records_that_reached_the_consumers_queue_before_forwarding_keep_their_order(
+    url: String,
+) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = KafkaTransport::connect_with(
+            &url,
+            KafkaConfig {
+                partitions: 1,
+                ..config()
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let topic = format!("forwarded-order-{}", uuid::Uuid::new_v4().simple());
+        let group = format!("{topic}-group");
+        transport
+            .declare(&topic, Some(&group))
+            .await
+            .map_err(|e| e.to_string())?;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let publisher = tokio::spawn({
+            let (transport, topic, stop) = (transport.clone(), topic.clone(), stop.clone());
+            async move {
+                let mut published = 0usize;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let mut round = tokio::task::JoinSet::new();
+                    for _ in 0..8 {
+                        let (transport, topic) = (transport.clone(), topic.clone());
+                        let event = Event::new(format!("record-{published}"));
+                        published += 1;
+                        round.spawn(async move { transport.publish(&topic, &event).await });
+                    }
+                    while let Some(sent) = round.join_next().await {
+                        sent.map_err(|e| e.to_string())?
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
+                Ok::<usize, String>(published)
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let failpoint =
+            Failpoint::set("kafka-before-forward", &format!("1*sleep({})", FORWARD_HELD.as_millis()))?;
+        let offsets: Arc<Mutex<Vec<i64>>> = Arc::default();
+        let handler = handler_fn({
+            let offsets = offsets.clone();
+            move |event: Event, _ctx: Context| {
+                let offset = event.metadata().origin.as_ref().and_then(|o| o.offset);
+                offsets
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(offset.unwrap_or(-1));
+                async { Ok(()) }
+            }
+        });
+        let consumer = Broker::new(transport.clone())
+            .consumer(&topic)
+            .group(&group)
+            .concurrency(1)
+            .build()
+            .map_err(|e| e.to_string())?
+            .start(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        // Records keep coming well past the forwarding, so the source's queue fills while the
+        // consumer's still holds what came before it.
+        tokio::time::sleep(FORWARD_HELD + Duration::from_secs(2)).await;
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let published = publisher
+            .await
+            .map_err(|e| e.to_string())??;
+        let all = tokio::time::timeout(
+            Duration::from_secs(60),
+            consumer.wait_until(|s| s.succeeded >= published as u64),
+        )
+        .await;
+        drop(failpoint);
+        let stats = consumer.stats();
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let handled = offsets.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if all.is_err() {
+            return Err(format!(
+                "{} of {published} records handled within 60 s: {stats:?}",
+                handled.len()
+            ));
+        }
+        if let Some(at) = handled.windows(2).position(|w| w[1] <= w[0]) {
+            return Err(format!(
+                "offset {} was handled after offset {} (handled {} of {published}; offsets {:?} around it)",
+                handled[at + 1],
+                handled[at],
+                handled.len(),
+                &handled[at.saturating_sub(3)..(at + 5).min(handled.len())]
+            ));
+        }
+        let expected: Vec<i64> = (0..published as i64).collect();
+        if handled != expected {
+            return Err(format!(
+                "the offsets handled are not 0..{published} once each: first {:?}, last {:?}, {} in all",
+                handled.first(),
+                handled.last(),
+                handled.len()
+            ));
+        }
         transport.delete(&topic).await.map_err(|e| e.to_string())
     })
 }
