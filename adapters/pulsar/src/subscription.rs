@@ -60,9 +60,15 @@ pub(crate) async fn subscribe(
         out,
         command_rx,
     ));
+    let names = Arc::new(Names {
+        source: Arc::from(spec.topic.as_str()),
+        retry_topic: link.config.retry_topic(&spec.topic, &spec.group),
+        group: spec.group.clone(),
+    });
     Ok(PulsarSubscription {
         link,
         spec,
+        names,
         rx,
         commands,
         ended: None,
@@ -242,10 +248,22 @@ async fn apply(consumer: &mut Consumer<Vec<u8>, TokioExecutor>, command: Command
 pub(crate) struct PulsarSubscription {
     link: Arc<Link>,
     spec: SubscriptionSpec,
+    /// The names its receipts need, made once rather than per message.
+    names: Arc<Names>,
     rx: mpsc::Receiver<Received>,
     commands: mpsc::UnboundedSender<Command>,
     /// A receive error `next_ready` took: `next` reports it.
     ended: Option<pulsar::Error>,
+}
+
+/// The names every receipt of one subscription uses.
+struct Names {
+    /// The source topic (the deliveries' origin shares it).
+    source: Arc<str>,
+    /// The group's retry topic.
+    retry_topic: String,
+    /// The consumer group, recorded on dead letters so a replay goes back to this group only.
+    group: String,
 }
 
 fn id_text(id: &MessageIdData) -> String {
@@ -275,21 +293,15 @@ impl PulsarSubscription {
     /// A received message as a delivery, with the receipt that settles it.
     fn deliver(&self, message: Message<Vec<u8>>) -> Delivery {
         let id = message.message_id().clone();
-        let topic = message.topic.clone();
         let native = codec::Envelope::of(&message.payload.metadata);
         let payload = Bytes::from(message.payload.data);
         let raw = codec::decode(payload.clone(), &message.payload.metadata);
-        let info = DeliveryInfo::new(id_text(&id), Origin::new(self.spec.topic.clone()));
+        let info = DeliveryInfo::new(id_text(&id), Origin::new(self.names.source.clone()));
         let receipt = Box::new(PulsarReceipt {
             link: self.link.clone(),
             commands: self.commands.clone(),
-            source: self.spec.topic.clone(),
-            retry_topic: self
-                .link
-                .config
-                .retry_topic(&self.spec.topic, &self.spec.group),
-            group: self.spec.group.clone(),
-            message_topic: topic,
+            names: self.names.clone(),
+            message_topic: message.topic,
             id: Unsettled::new(id),
             payload,
             native,
@@ -345,11 +357,9 @@ impl Subscription for PulsarSubscription {
 struct PulsarReceipt {
     link: Arc<Link>,
     commands: mpsc::UnboundedSender<Command>,
-    source: String,
-    /// The group's retry topic.
-    retry_topic: String,
-    /// The consumer group, recorded on dead letters so a replay goes back to this group only.
-    group: String,
+    /// The subscription's source, retry topic and group.
+    names: Arc<Names>,
+    /// The topic the message came from (the source or the retry topic): its acknowledgement names it.
     message_topic: String,
     id: Unsettled<MessageIdData>,
     /// The original's payload and envelope: a release sends them back unchanged, and every other copy
@@ -365,7 +375,8 @@ impl PulsarReceipt {
 
     fn finish(&mut self, ack: bool) -> Result<(), Error> {
         let id = self.id.take()?;
-        let topic = self.message_topic.clone();
+        // Settled once (`take` above failed otherwise): the name is not needed again.
+        let topic = std::mem::take(&mut self.message_topic);
         let command = if ack {
             Command::Ack(topic, id)
         } else {
@@ -398,7 +409,7 @@ impl PulsarReceipt {
         operation: &str,
     ) -> Result<(), Error> {
         self.link
-            .send(&self.retry_topic, message, operation)
+            .send(&self.names.retry_topic, message, operation)
             .await
             .map(drop)
     }
@@ -416,7 +427,7 @@ impl Receipt for PulsarReceipt {
 
     async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
         self.unsettled()?;
-        let operation = format!("retry through {}", self.retry_topic);
+        let operation = format!("retry through {}", self.names.retry_topic);
         let message = codec::encode(event, Some(&self.native), Some(self.deliver_at(delay)), &[])?;
         self.send_retry_copy(message, &operation).await?;
         self.finish(true)
@@ -424,12 +435,12 @@ impl Receipt for PulsarReceipt {
 
     async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
         self.unsettled()?;
-        let dlq = self.link.config.dlq_topic(&self.source);
+        let dlq = self.link.config.dlq_topic(&self.names.source);
         let message = codec::encode(
             event,
             Some(&self.native),
             None,
-            &[(event_retry_core::metadata::names::GROUP, &self.group)],
+            &[(event_retry_core::metadata::names::GROUP, &self.names.group)],
         )?;
         self.link
             .send(&dlq, message, &format!("dead-letter to {dlq}"))
