@@ -1,11 +1,13 @@
 //! The Pulsar adapter against the raw `pulsar` client, on the local standalone, in one run:
 //!
-//! 1. happy-path throughput: the same topic drained on a Shared subscription by a raw consumer (receiver
-//!    queue P, up to P messages handled and acknowledged concurrently) and by the SDK's consumer
-//!    (concurrency P, same handler) and by the SDK's consumer with a batch handler (the same work per
-//!    event, batches of up to P), three times each, alternating (the broker's JVM warms up and its rate
-//!    swings between rounds); `ratio sdk/raw pulsar <payload>` and `ratio sdk/raw pulsar-batch
-//!    <payload>` compare them;
+//! 1. happy-path throughput: a topic of `RETRY_BENCH_MESSAGES` messages (20,000 by default) drained on
+//!    a Shared subscription by a raw consumer (receiver queue P, up to P messages handled and
+//!    acknowledged concurrently), by the SDK's consumer (concurrency P, same handler) and by the SDK's
+//!    consumer with a batch handler (the same work per event, batches of up to P), three times each,
+//!    alternating, each round starting with the next of the three (the broker's JVM warms up and its rate
+//!    swings between rounds, so none of them always runs first), after one unmeasured raw round that
+//!    warms the broker up; `ratio sdk/raw pulsar <payload>` and `ratio sdk/raw pulsar-batch <payload>`
+//!    compare them;
 //! 2. retry lateness: events fail once and retry after delays spread over 1–60 s through the retry topic;
 //!    lateness is the retry's start minus its due time (wall clock); an early retry fails the bench.
 //! 3. backlog: healthy-event latency and the consumer process's resident set, idle and while 1,000 and
@@ -32,6 +34,7 @@ use pulsar::consumer::InitialPosition;
 use pulsar::{Consumer, ConsumerOptions, Pulsar, SubType, TokioExecutor};
 use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
 
+/// Messages per throughput round when `RETRY_BENCH_MESSAGES` is unset.
 const MESSAGES: usize = 20_000;
 const PREFETCH: usize = 64;
 const RETRIES: usize = 300;
@@ -42,12 +45,13 @@ fn main() -> Result<(), Error> {
     })
 }
 
-/// Subscribes (so the messages are kept), then publishes `MESSAGES` events.
+/// Subscribes (so the messages are kept), then publishes `messages` events.
 async fn prefill(
     transport: &PulsarTransport,
     client: &Pulsar<TokioExecutor>,
     topic: &str,
     group: &str,
+    messages: usize,
 ) -> Result<(), Error> {
     let mut sub: Consumer<Vec<u8>, TokioExecutor> = client
         .consumer()
@@ -57,20 +61,21 @@ async fn prefill(
         .build()
         .await?;
     sub.close().await?;
-    fill(transport, topic).await
+    fill(transport, topic, messages).await
 }
 
-/// Publishes `MESSAGES` events to `topic`.
-async fn fill(transport: &PulsarTransport, topic: &str) -> Result<(), Error> {
-    bench::publish_all(&Broker::new(transport.clone()), topic, MESSAGES, 256).await
+/// Publishes `messages` events to `topic`.
+async fn fill(transport: &PulsarTransport, topic: &str, messages: usize) -> Result<(), Error> {
+    bench::publish_all(&Broker::new(transport.clone()), topic, messages, 256).await
 }
 
 async fn raw_run(
     client: &Pulsar<TokioExecutor>,
     transport: &PulsarTransport,
     topic: &str,
+    messages: usize,
 ) -> Result<Rate, Error> {
-    prefill(transport, client, topic, "bench").await?;
+    prefill(transport, client, topic, "bench", messages).await?;
     let clock = Clock::start();
     let consumer: Consumer<Vec<u8>, TokioExecutor> = client
         .consumer()
@@ -90,7 +95,7 @@ async fn raw_run(
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
     let sink = Arc::new(AtomicU64::new(0));
     let (mut taken, mut acked, mut in_hand) = (0, 0, 0);
-    while acked < MESSAGES {
+    while acked < messages {
         // A client that stops handing out messages fails the round (as a stalled SDK consumer does,
         // test_support::bench::Countdown::STALL) instead of holding the bench for ever.
         let stalled = tokio::time::sleep(test_support::bench::Countdown::STALL);
@@ -102,7 +107,7 @@ async fn raw_run(
                 acked += 1;
                 in_hand -= 1;
             }
-            next = consumer.next(), if in_hand < PREFETCH && taken < MESSAGES => {
+            next = consumer.next(), if in_hand < PREFETCH && taken < messages => {
                 let message = next.ok_or("consumer ended")??;
                 clock.message();
                 taken += 1;
@@ -115,52 +120,102 @@ async fn raw_run(
             }
             () = stalled => {
                 return Err(format!(
-                    "the raw pulsar consumer handed out nothing for {:?}: {taken} of {MESSAGES} taken, {acked} acknowledged",
+                    "the raw pulsar consumer handed out nothing for {:?}: {taken} of {messages} taken, {acked} acknowledged",
                     test_support::bench::Countdown::STALL
                 )
                 .into());
             }
         }
     }
-    Ok(clock.rate(MESSAGES))
+    Ok(clock.rate(messages))
 }
 
 /// The messages drained by the SDK with the same work per event: a per-event handler (concurrency
 /// `PREFETCH`), or with `batch` a batch handler (batches of up to `PREFETCH`).
-async fn sdk_run(transport: &PulsarTransport, topic: &str, batch: bool) -> Result<Rate, Error> {
+async fn sdk_run(
+    transport: &PulsarTransport,
+    topic: &str,
+    messages: usize,
+    batch: bool,
+) -> Result<Rate, Error> {
     // The topology declared as a deployment does once before its consumers start (the group's
     // subscriptions on the topic and its retry topic, as on the Kafka bench): the round's timing
     // includes creating no topic.
     let group = event_retry_core::adapter::default_group(topic);
     transport.declare(topic, Some(&group)).await?;
-    fill(transport, topic).await?;
+    fill(transport, topic, messages).await?;
     let broker = Broker::new(transport.clone());
     if batch {
-        bench::sdk_batch_round(&broker, topic, MESSAGES, PREFETCH).await
+        bench::sdk_batch_round(&broker, topic, messages, PREFETCH).await
     } else {
-        bench::sdk_round(&broker, topic, MESSAGES, PREFETCH).await
+        bench::sdk_round(&broker, topic, messages, PREFETCH).await
+    }
+}
+
+/// The consumers a throughput round compares, in the order the first round runs them.
+const CONTENDERS: [&str; 3] = ["raw", "SDK", "batch"];
+
+/// One contender's round (an index into `CONTENDERS`) on a fresh topic named after `id`.
+async fn contender_run(
+    which: usize,
+    client: &Pulsar<TokioExecutor>,
+    transport: &PulsarTransport,
+    id: &str,
+    messages: usize,
+) -> Result<Rate, Error> {
+    match which {
+        0 => raw_run(client, transport, &format!("bench-raw-{id}"), messages).await,
+        1 => sdk_run(transport, &format!("bench-sdk-{id}"), messages, false).await,
+        _ => sdk_run(transport, &format!("bench-batch-{id}"), messages, true).await,
     }
 }
 
 async fn throughput(url: &str, transport: &PulsarTransport) -> Result<(), Error> {
     let client: Pulsar<TokioExecutor> = Pulsar::builder(url, TokioExecutor).build().await?;
+    let messages = bench::messages(MESSAGES)?;
+    // A round before the measured ones, unmeasured: the broker's JVM compiles its publish and dispatch
+    // paths during the first one, which would otherwise count against whichever consumer runs first.
+    let warm_up = uuid::Uuid::new_v4().simple().to_string();
+    let rate = contender_run(
+        0,
+        &client,
+        transport,
+        &format!("warm-up-{warm_up}"),
+        messages,
+    )
+    .await?;
+    println!(
+        "warm-up (not counted): raw pulsar {:.0} msg/s ({messages} messages)",
+        rate.whole
+    );
     let (mut rounds, mut batch_rounds) = (Throughput::default(), Throughput::default());
-    for _ in 0..3 {
-        let id = uuid::Uuid::new_v4().simple();
-        let raw = raw_run(&client, transport, &format!("bench-raw-{id}")).await?;
-        let sdk = sdk_run(transport, &format!("bench-sdk-{id}"), false).await?;
-        let batch = sdk_run(transport, &format!("bench-batch-{id}"), true).await?;
+    for round in 0..3 {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        // Round r starts with contender r, so each of them runs first once.
+        let mut rates = Vec::with_capacity(CONTENDERS.len());
+        for k in 0..CONTENDERS.len() {
+            let which = (round + k) % CONTENDERS.len();
+            rates.push((
+                which,
+                contender_run(which, &client, transport, &id, messages).await?,
+            ));
+        }
+        rates.sort_by_key(|(which, _)| *which);
+        let (raw, sdk, batch) = (rates[0].1, rates[1].1, rates[2].1);
+        let first = CONTENDERS[round % CONTENDERS.len()];
         rounds.round(
             raw,
             sdk,
             "raw pulsar",
-            &format!("{MESSAGES} messages, receiver queue/concurrency {PREFETCH}"),
+            &format!("{messages} messages, receiver queue/concurrency {PREFETCH}, {first} first"),
         );
         batch_rounds.round(
             raw,
             batch,
             "raw pulsar",
-            &format!("{MESSAGES} messages, receiver queue {PREFETCH}, a batch handler, batches of up to {PREFETCH}"),
+            &format!(
+                "{messages} messages, receiver queue {PREFETCH}, a batch handler, batches of up to {PREFETCH}, {first} first"
+            ),
         );
     }
     // The ratio lines come last.
