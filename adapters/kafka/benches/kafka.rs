@@ -42,7 +42,7 @@ use rdkafka::Message;
 use rdkafka::TopicPartitionList;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer, StreamConsumer};
-use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
+use test_support::bench::{self, Clock, Contender, Error, Rate, Throughput, work};
 
 /// Records per throughput round when `RETRY_BENCH_MESSAGES` is unset.
 const MESSAGES: usize = 50_000;
@@ -154,59 +154,47 @@ async fn sdk_batch_run(
     .await
 }
 
-/// The consumers a throughput round compares, in the order the first round runs them.
-const CONTENDERS: [&str; 3] = ["raw", "SDK", "batch"];
-
-/// One contender's round (an index into `CONTENDERS`) on a fresh topic named after `id`.
+/// One contender's round on `topic`.
 async fn contender_run(
-    which: usize,
+    contender: Contender,
     url: &str,
     transport: &KafkaTransport,
-    id: &str,
+    topic: &str,
     messages: usize,
 ) -> Result<Rate, Error> {
-    match which {
-        0 => raw_run(url, transport, &format!("bench-raw-{id}"), messages).await,
-        1 => sdk_run(transport, &format!("bench-sdk-{id}"), messages).await,
-        _ => sdk_batch_run(transport, &format!("bench-batch-{id}"), messages).await,
+    match contender {
+        Contender::Raw => raw_run(url, transport, topic, messages).await,
+        Contender::Sdk => sdk_run(transport, topic, messages).await,
+        Contender::Batch => sdk_batch_run(transport, topic, messages).await,
     }
 }
 
 async fn throughput(url: &str, transport: &KafkaTransport) -> Result<(), Error> {
     let messages = bench::messages(MESSAGES)?;
-    // A round before the measured ones, unmeasured: the broker's JVM compiles its fetch and produce
-    // paths during the first one, which would otherwise count against whichever consumer runs first.
-    let warm_up = uuid::Uuid::new_v4().simple().to_string();
-    let rate = contender_run(0, url, transport, &format!("warm-up-{warm_up}"), messages).await?;
-    println!(
-        "warm-up (not counted): raw rdkafka {:.0} msg/s ({messages} records)",
-        rate.whole
-    );
+    let run = |contender, topic: String| async move {
+        contender_run(contender, url, transport, &topic, messages).await
+    };
+    let fresh = || uuid::Uuid::new_v4().simple().to_string();
+    bench::warm_up("raw rdkafka", messages, &fresh(), run).await?;
     let (mut rounds, mut batch_rounds) = (Throughput::default(), Throughput::default());
     for round in 0..3 {
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        // Round r starts with contender r, so each of them runs first once.
-        let mut rates = Vec::with_capacity(CONTENDERS.len());
-        for k in 0..CONTENDERS.len() {
-            let which = (round + k) % CONTENDERS.len();
-            rates.push((
-                which,
-                contender_run(which, url, transport, &id, messages).await?,
-            ));
-        }
-        rates.sort_by_key(|(which, _)| *which);
-        let (raw, sdk, batch) = (rates[0].1, rates[1].1, rates[2].1);
-        let first = CONTENDERS[round % CONTENDERS.len()];
+        let rates = bench::rotated_round(round, &fresh(), run).await?;
         let detail = |handler: &str| -> Result<String, Error> {
             Ok(format!(
-                "{messages} records of {} B in 2 partitions, SDK concurrency {CONCURRENCY}, {handler}, {first} first",
-                bench::payload_bytes()?
+                "{messages} records of {} B in 2 partitions, SDK concurrency {CONCURRENCY}, {handler}, {} first",
+                bench::payload_bytes()?,
+                rates.first.name()
             ))
         };
-        rounds.round(raw, sdk, "raw rdkafka", &detail("a per-event handler")?);
+        rounds.round(
+            rates.raw,
+            rates.sdk,
+            "raw rdkafka",
+            &detail("a per-event handler")?,
+        );
         batch_rounds.round(
-            raw,
-            batch,
+            rates.raw,
+            rates.batch,
             "raw rdkafka",
             &detail(&format!("a batch handler, batches of up to {CONCURRENCY}"))?,
         );

@@ -32,7 +32,7 @@ use event_retry_pulsar::{PulsarConfig, PulsarTransport};
 use futures::StreamExt;
 use pulsar::consumer::InitialPosition;
 use pulsar::{Consumer, ConsumerOptions, Pulsar, SubType, TokioExecutor};
-use test_support::bench::{self, Clock, Error, Rate, Throughput, work};
+use test_support::bench::{self, Clock, Contender, Error, Rate, Throughput, work};
 
 /// Messages per throughput round when `RETRY_BENCH_MESSAGES` is unset.
 const MESSAGES: usize = 20_000;
@@ -152,66 +152,43 @@ async fn sdk_run(
     }
 }
 
-/// The consumers a throughput round compares, in the order the first round runs them.
-const CONTENDERS: [&str; 3] = ["raw", "SDK", "batch"];
-
-/// One contender's round (an index into `CONTENDERS`) on a fresh topic named after `id`.
+/// One contender's round on `topic`.
 async fn contender_run(
-    which: usize,
+    contender: Contender,
     client: &Pulsar<TokioExecutor>,
     transport: &PulsarTransport,
-    id: &str,
+    topic: &str,
     messages: usize,
 ) -> Result<Rate, Error> {
-    match which {
-        0 => raw_run(client, transport, &format!("bench-raw-{id}"), messages).await,
-        1 => sdk_run(transport, &format!("bench-sdk-{id}"), messages, false).await,
-        _ => sdk_run(transport, &format!("bench-batch-{id}"), messages, true).await,
+    match contender {
+        Contender::Raw => raw_run(client, transport, topic, messages).await,
+        Contender::Sdk => sdk_run(transport, topic, messages, false).await,
+        Contender::Batch => sdk_run(transport, topic, messages, true).await,
     }
 }
 
 async fn throughput(url: &str, transport: &PulsarTransport) -> Result<(), Error> {
     let client: Pulsar<TokioExecutor> = Pulsar::builder(url, TokioExecutor).build().await?;
     let messages = bench::messages(MESSAGES)?;
-    // A round before the measured ones, unmeasured: the broker's JVM compiles its publish and dispatch
-    // paths during the first one, which would otherwise count against whichever consumer runs first.
-    let warm_up = uuid::Uuid::new_v4().simple().to_string();
-    let rate = contender_run(
-        0,
-        &client,
-        transport,
-        &format!("warm-up-{warm_up}"),
-        messages,
-    )
-    .await?;
-    println!(
-        "warm-up (not counted): raw pulsar {:.0} msg/s ({messages} messages)",
-        rate.whole
-    );
+    let client = &client;
+    let run = |contender, topic: String| async move {
+        contender_run(contender, client, transport, &topic, messages).await
+    };
+    let fresh = || uuid::Uuid::new_v4().simple().to_string();
+    bench::warm_up("raw pulsar", messages, &fresh(), run).await?;
     let (mut rounds, mut batch_rounds) = (Throughput::default(), Throughput::default());
     for round in 0..3 {
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        // Round r starts with contender r, so each of them runs first once.
-        let mut rates = Vec::with_capacity(CONTENDERS.len());
-        for k in 0..CONTENDERS.len() {
-            let which = (round + k) % CONTENDERS.len();
-            rates.push((
-                which,
-                contender_run(which, &client, transport, &id, messages).await?,
-            ));
-        }
-        rates.sort_by_key(|(which, _)| *which);
-        let (raw, sdk, batch) = (rates[0].1, rates[1].1, rates[2].1);
-        let first = CONTENDERS[round % CONTENDERS.len()];
+        let rates = bench::rotated_round(round, &fresh(), run).await?;
+        let first = rates.first.name();
         rounds.round(
-            raw,
-            sdk,
+            rates.raw,
+            rates.sdk,
             "raw pulsar",
             &format!("{messages} messages, receiver queue/concurrency {PREFETCH}, {first} first"),
         );
         batch_rounds.round(
-            raw,
-            batch,
+            rates.raw,
+            rates.batch,
             "raw pulsar",
             &format!(
                 "{messages} messages, receiver queue {PREFETCH}, a batch handler, batches of up to {PREFETCH}, {first} first"

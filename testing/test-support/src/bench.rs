@@ -475,6 +475,113 @@ impl BatchHandler for Worker {
     }
 }
 
+/// One of the consumers a throughput round compares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contender {
+    /// The broker's raw client.
+    Raw,
+    /// The SDK with a per-event handler.
+    Sdk,
+    /// The SDK with a batch handler.
+    Batch,
+}
+
+impl Contender {
+    /// Every contender, in the order the first round runs them.
+    pub const ALL: [Contender; 3] = [Contender::Raw, Contender::Sdk, Contender::Batch];
+
+    /// How a round's line names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Contender::Raw => "raw",
+            Contender::Sdk => "SDK",
+            Contender::Batch => "batch",
+        }
+    }
+
+    /// Its topic in the round named `id` (each contender drains a topic of its own).
+    pub fn topic(self, id: &str) -> String {
+        let prefix = match self {
+            Contender::Raw => "raw",
+            Contender::Sdk => "sdk",
+            Contender::Batch => "batch",
+        };
+        format!("bench-{prefix}-{id}")
+    }
+
+    /// The order round `round` runs them in: round r starts with the r-th contender (modulo three), so
+    /// each runs first as often as the others and none always meets the broker first.
+    pub fn order(round: usize) -> impl Iterator<Item = Contender> {
+        Self::ALL
+            .into_iter()
+            .cycle()
+            .skip(round % Self::ALL.len())
+            .take(Self::ALL.len())
+    }
+}
+
+/// The rates of one throughput round, each contender's on a topic of its own.
+#[derive(Debug, Clone, Copy)]
+pub struct RoundRates {
+    /// The raw client's.
+    pub raw: Rate,
+    /// The SDK's with a per-event handler.
+    pub sdk: Rate,
+    /// The SDK's with a batch handler.
+    pub batch: Rate,
+    /// The contender that ran first.
+    pub first: Contender,
+}
+
+/// Runs round `round` of a throughput bench: `run` drains one contender's topic (named by
+/// [`Contender::topic`] from `id`, fresh for the round) and returns its rate, the contenders taken in
+/// [`Contender::order`].
+pub async fn rotated_round<F, Fut>(round: usize, id: &str, mut run: F) -> Result<RoundRates, Error>
+where
+    F: FnMut(Contender, String) -> Fut,
+    Fut: Future<Output = Result<Rate, Error>>,
+{
+    let (mut raw, mut sdk, mut batch) = (None, None, None);
+    for contender in Contender::order(round) {
+        let rate = run(contender, contender.topic(id)).await?;
+        match contender {
+            Contender::Raw => raw = Some(rate),
+            Contender::Sdk => sdk = Some(rate),
+            Contender::Batch => batch = Some(rate),
+        }
+    }
+    match (raw, sdk, batch) {
+        (Some(raw), Some(sdk), Some(batch)) => Ok(RoundRates {
+            raw,
+            sdk,
+            batch,
+            first: Contender::ALL[round % Contender::ALL.len()],
+        }),
+        _ => Err("a throughput round ran without one of its contenders".into()),
+    }
+}
+
+/// One unmeasured round of the raw client (`run` given [`Contender::Raw`] and its topic named from `id`,
+/// fresh) before the measured ones: a broker's JVM compiles its paths during the first round, which
+/// would otherwise count against whichever contender runs first. Prints its rate, naming the client
+/// `raw_name`.
+pub async fn warm_up<F, Fut>(raw_name: &str, messages: usize, id: &str, run: F) -> Result<(), Error>
+where
+    F: FnOnce(Contender, String) -> Fut,
+    Fut: Future<Output = Result<Rate, Error>>,
+{
+    let rate = run(
+        Contender::Raw,
+        Contender::Raw.topic(&format!("warm-up-{id}")),
+    )
+    .await?;
+    println!(
+        "warm-up (not counted): {raw_name} {:.0} msg/s ({messages} messages)",
+        rate.whole
+    );
+    Ok(())
+}
+
 /// The raw client's and the SDK's rates, round by round.
 #[derive(Debug, Default)]
 pub struct Throughput {
@@ -663,6 +770,17 @@ pub async fn lateness(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_round_starts_with_the_next_contender_and_runs_all_three() {
+        use Contender::{Batch, Raw, Sdk};
+        let order = |round| Contender::order(round).collect::<Vec<_>>();
+        assert_eq!(order(0), [Raw, Sdk, Batch]);
+        assert_eq!(order(1), [Sdk, Batch, Raw]);
+        assert_eq!(order(2), [Batch, Raw, Sdk]);
+        assert_eq!(order(3), order(0));
+        assert_eq!(Sdk.topic("r1"), "bench-sdk-r1");
+    }
 
     #[test]
     fn a_spread_is_the_least_the_middle_and_the_most_of_its_rounds() {
