@@ -22,6 +22,7 @@ mod dlq;
 mod error;
 mod feed;
 mod hops;
+mod in_flight;
 mod ladder;
 mod link;
 mod offsets;

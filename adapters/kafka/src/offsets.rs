@@ -6,11 +6,11 @@
 //! a new epoch; a settle from an earlier epoch (the partition was revoked meanwhile, maybe to come back)
 //! is ignored, so a consumer never commits for a partition it lost.
 
-use std::collections::BTreeSet;
-
 use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::in_flight::InFlight;
 
 /// A topic and partition (the topic name shared, so a record's costs no allocation).
 pub(crate) type Tp = (Arc<str>, i32);
@@ -18,7 +18,7 @@ pub(crate) type Tp = (Arc<str>, i32);
 #[derive(Debug)]
 struct Partition {
     epoch: u64,
-    in_flight: BTreeSet<i64>,
+    in_flight: InFlight,
     /// The offset after the last one received.
     next: Option<i64>,
     /// The first offset received in this assignment.
@@ -66,7 +66,7 @@ impl Offsets {
             tp,
             Partition {
                 epoch: self.epochs,
-                in_flight: BTreeSet::new(),
+                in_flight: InFlight::default(),
                 next: None,
                 first: None,
                 committed: None,
@@ -112,7 +112,7 @@ impl Offsets {
     /// revoked): it is no longer waited for, and the commit point does not pass it.
     pub(crate) fn unread(&mut self, tp: &Tp, offset: i64) {
         if let Some(p) = self.partitions.get_mut(tp) {
-            p.in_flight.remove(&offset);
+            p.in_flight.remove(offset);
             p.next = Some(p.next.map_or(offset, |n| n.min(offset)));
         }
     }
@@ -121,7 +121,7 @@ impl Offsets {
     pub(crate) fn settled(&mut self, tp: &Tp, offset: i64, epoch: u64) -> bool {
         match self.partitions.get_mut(tp) {
             Some(p) if p.epoch == epoch => {
-                p.in_flight.remove(&offset);
+                p.in_flight.remove(offset);
                 true
             }
             _ => false,
@@ -146,7 +146,7 @@ impl Offsets {
     }
 
     fn point(p: &Partition) -> Option<i64> {
-        p.in_flight.first().copied().or(p.next)
+        p.in_flight.first().or(p.next)
     }
 
     /// The positions to commit (those that moved since the last call, restricted to `only` if given),
