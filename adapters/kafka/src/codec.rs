@@ -212,23 +212,35 @@ impl Copied {
     /// Copies `message` into `chunks`.
     pub(crate) fn from_message(message: &BorrowedMessage<'_>, chunks: &mut Chunks) -> Copied {
         let headers = message.headers();
-        let all = || {
-            headers
-                .iter()
-                .flat_map(|hs| hs.iter().map(|h| (h.key, h.value)))
-        };
-        let (payload, key, timestamp) = (
+        Copied::walking_headers_once(
             message.payload().unwrap_or_default(),
             message.key(),
+            || {
+                headers
+                    .iter()
+                    .flat_map(|hs| hs.iter().map(|h| (h.key, h.value)))
+            },
             message.timestamp(),
-        );
-        // The headers are walked twice (sizes, then bytes), and each step through librdkafka's list is a
-        // call into it and a check of the name's UTF-8: the first walk keeps them on the stack.
+            chunks,
+        )
+    }
+
+    /// Copies a record's parts into `chunks` as [`Copied::from_parts`] does, reading its headers from
+    /// `headers` once where there are at most [`KEPT_HEADERS`]: the copy walks them twice (sizes, then
+    /// bytes), and each step through librdkafka's list is a call into it, a `strlen` and a check of the
+    /// name's UTF-8, so the first walk keeps them on the stack.
+    pub(crate) fn walking_headers_once<'h, I: Iterator<Item = (&'h str, Option<&'h [u8]>)>>(
+        payload: &[u8],
+        key: Option<&[u8]>,
+        headers: impl Fn() -> I,
+        timestamp: rdkafka::Timestamp,
+        chunks: &mut Chunks,
+    ) -> Copied {
         let mut kept = [("", None); KEPT_HEADERS];
         let mut count = 0;
-        for header in all() {
+        for header in headers() {
             if count == KEPT_HEADERS {
-                return Copied::from_parts(payload, key, all, timestamp, chunks);
+                return Copied::from_parts(payload, key, headers, timestamp, chunks);
             }
             kept[count] = header;
             count += 1;
