@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use event_retry_core::prelude::*;
 use event_retry_core::runtime::ConsumerHandle;
+use event_retry_core::time::Timestamp;
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
 
@@ -104,5 +105,49 @@ async fn handlers_that_compute_before_they_wait_run_on_two_workers_at_once() -> 
         "at most one handler computed at a time over {EVENTS} events of {COMPUTE:?} each on two \
          workers: the receive loop kept them all to its own thread"
     );
+    Ok(())
+}
+
+/// The receive loop hands the clock reading that ends one delivery's call to the next delivery it takes
+/// without waiting (one reading per event). A delivery that comes after the loop waited must be stamped
+/// with its own time: here the second of two events comes 300 ms after the first was handled, and its
+/// first-seen time must be within 100 ms of its call, not the first one's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_taken_after_a_wait_is_stamped_with_its_own_time() -> TestResult {
+    const GAP: Duration = Duration::from_millis(300);
+    let broker = Broker::memory();
+    let producer = broker.producer();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let handle = broker
+        .consumer("stamps")
+        // One receive lane: both events go through the same loop.
+        .concurrency(1)
+        .start(handler_fn(move |event: Event, _ctx: Context| {
+            let called = Timestamp::now();
+            let first_seen = event.metadata().first_seen;
+            record
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((first_seen, called));
+            async { Ok(()) }
+        }))
+        .await?;
+    producer.publish("stamps", Event::new("first")).await?;
+    tokio::time::timeout(Duration::from_secs(10), handle.wait_until(|s| s.succeeded >= 1)).await?;
+    tokio::time::sleep(GAP).await;
+    producer.publish("stamps", Event::new("second")).await?;
+    until_handled(handle, 2, Duration::from_secs(10)).await?;
+    let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for (first_seen, called) in seen {
+        let first_seen = first_seen.ok_or("an event without a first-seen time")?;
+        let before = called.since(first_seen);
+        assert!(
+            before < Duration::from_millis(100),
+            "an event first seen {before:?} before its call: the loop stamped it with a reading \
+             taken before it waited"
+        );
+    }
     Ok(())
 }

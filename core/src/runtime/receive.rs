@@ -172,6 +172,7 @@ pub(super) async fn start(
                 size: batching.size,
             }),
             inlined: 0,
+            reading: process::Reading::default(),
         });
     }
     let stopped = StopGuard(counters.clone(), health.clone());
@@ -352,6 +353,9 @@ struct ReceiveLoop {
     batch: Option<Batching>,
     /// Deliveries handled in the loop so far, for the cooperative budget.
     inlined: u32,
+    /// The clock as the last delivery settled in the loop ended, for the next one taken without
+    /// waiting (see [`process::Reading`]).
+    reading: process::Reading,
 }
 
 /// A work slot for the next delivery: taken already (it had to be waited for), or free — taken only once
@@ -489,6 +493,9 @@ impl ReceiveLoop {
                 self.hold_consumption().await;
                 continue;
             }
+            // The last delivery's end reading serves the next one only if the loop takes it without
+            // waiting and polls it in place; every other way drops it.
+            let mut reading = std::mem::take(&mut self.reading);
             // Shutdown and pause were checked just above. While work flows, a free slot and a delivery
             // that is already there are taken without waiting on anything else (registering for
             // shutdown and pause changes twice per event cost more than the rest of the loop); only
@@ -500,6 +507,7 @@ impl ReceiveLoop {
             } else {
                 // What this lane took ahead goes to the other lanes while its slots are busy.
                 self.subscription.give_back_taken();
+                reading.forget();
                 // `biased`: once shutdown is asked for, no new delivery is taken.
                 tokio::select! {
                     biased;
@@ -515,12 +523,15 @@ impl ReceiveLoop {
             // shutdown and pause are not polled (nor registered with).
             let next = match self.subscription.next_ready() {
                 Some(delivery) => Ok(Some(delivery)),
-                None => tokio::select! {
+                None => {
+                    reading.forget();
+                    tokio::select! {
                     biased;
                     next = self.subscription.next() => next,
                     () = shutdown.triggered() => break,
                     _ = self.pause.changed() => continue,
-                },
+                    }
+                }
             };
             if shutdown.is_triggered() {
                 // A delivery taken together with shutdown is handled as in-flight work (the drain waits
@@ -544,7 +555,7 @@ impl ReceiveLoop {
                     let per_event = self.batch.is_none() && self.shared.parking.is_none();
                     if per_event && start != Start::Task {
                         let started = (start == Start::InlineTimed).then(Instant::now);
-                        self.start_inline(delivery, permit).await;
+                        self.start_inline(delivery, permit, reading).await;
                         if let Some(started) = started {
                             self.inlining.timed(started.elapsed());
                         }
@@ -642,13 +653,18 @@ impl ReceiveLoop {
     /// Handles `delivery` here as far as it goes without waiting ([`process::start`]); what is left of
     /// it goes on as a task. A panic outside the handler (which is caught inside) is logged as a task's
     /// would be, and the delivery, dropped unsettled, goes back to the broker.
-    async fn start_inline(&mut self, delivery: Delivery, slot: Slot) {
+    async fn start_inline(
+        &mut self,
+        delivery: Delivery,
+        slot: Slot,
+        mut reading: process::Reading,
+    ) {
         let (shared, slots) = (&self.shared, &self.slots);
         let mut once = Some((delivery, slot));
         let rest = std::future::poll_fn(|cx| {
             Poll::Ready(std::panic::catch_unwind(AssertUnwindSafe(|| {
                 once.take().and_then(|(delivery, slot)| {
-                    process::start(shared, delivery, || slot.take(slots), cx)
+                    process::start(shared, delivery, || slot.take(slots), cx, &mut reading)
                 })
             })))
         })
@@ -666,7 +682,10 @@ impl ReceiveLoop {
         // `run_inline_first`) — on a multi-threaded runtime one unit per `BUDGET_EVERY` deliveries.
         self.inlined = self.inlined.wrapping_add(1);
         if self.inlining.single_thread || self.inlined.is_multiple_of(Self::BUDGET_EVERY) {
+            // The budget may yield the thread here: the reading would stand for a time before that.
             tokio::task::coop::consume_budget().await;
+        } else {
+            self.reading = reading;
         }
     }
 
