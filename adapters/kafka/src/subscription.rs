@@ -135,7 +135,7 @@ pub(crate) async fn subscribe(
         spec,
         shared,
         rx,
-        batch: std::collections::VecDeque::new(),
+        batch: Vec::new().into_iter(),
         early: BinaryHeap::new(),
         held: 0,
         precise: None,
@@ -150,8 +150,9 @@ pub(crate) struct KafkaSubscription {
     spec: SubscriptionSpec,
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Result<Vec<Record>, Error>>,
-    /// Records received and not yet handed to the runtime.
-    batch: std::collections::VecDeque<Record>,
+    /// Records received and not yet handed to the runtime: the batch as the thread handed it over, taken
+    /// from in place (each record moved out once, not copied into a queue of its own first).
+    batch: std::vec::IntoIter<Record>,
     /// Retries that came before their due time, held until it (earliest first).
     early: BinaryHeap<Early>,
     /// How many retries were held so far: orders those due at the same time by arrival.
@@ -292,7 +293,7 @@ impl Subscription for KafkaSubscription {
         if let Some(delivery) = self.due_early() {
             return Some(delivery);
         }
-        while let Some(record) = self.batch.pop_front() {
+        while let Some(record) = self.batch.next() {
             if !self.is_current(&record.tp, record.epoch, record.generation) {
                 continue;
             }
@@ -352,7 +353,8 @@ impl Subscription for KafkaSubscription {
                 }
             };
             match received {
-                Some(Ok(records)) => self.batch.extend(records),
+                // `next_ready` took the last batch to its end before this wait.
+                Some(Ok(records)) => self.batch = records.into_iter(),
                 Some(Err(e)) => return Err(e),
                 None => return Err(Error::closed()),
             }
