@@ -134,7 +134,11 @@ async fn a_delivery_taken_after_a_wait_is_stamped_with_its_own_time() -> TestRes
         }))
         .await?;
     producer.publish("stamps", Event::new("first")).await?;
-    tokio::time::timeout(Duration::from_secs(10), handle.wait_until(|s| s.succeeded >= 1)).await?;
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        handle.wait_until(|s| s.succeeded >= 1),
+    )
+    .await?;
     tokio::time::sleep(GAP).await;
     producer.publish("stamps", Event::new("second")).await?;
     until_handled(handle, 2, Duration::from_secs(10)).await?;

@@ -381,12 +381,6 @@ impl Reading {
     pub(super) fn forget(&mut self) {
         self.0 = None;
     }
-
-    /// Whether a reading is held.
-    #[cfg(test)]
-    pub(super) fn is_held(&self) -> bool {
-        self.0.is_some()
-    }
 }
 
 /// The error a handler's panic becomes: unclassified, with the panic's message.
