@@ -204,8 +204,9 @@ pub(crate) struct Copied {
 /// The length written for a null header value.
 const NULL: u32 = u32::MAX;
 
-/// Headers a record may have for [`Copied::from_message`] to read them from librdkafka once (more are
-/// read twice): the SDK's metadata of a retry and a few of the producer's own.
+/// Headers a record may have for [`Copied::walking_headers_once`] (both read paths) to read them from
+/// librdkafka once: the SDK's metadata of a retry and a few of the producer's own. A record with more is
+/// read three times (the first walk stops at one more, then the copy walks twice).
 const KEPT_HEADERS: usize = 24;
 
 impl Copied {

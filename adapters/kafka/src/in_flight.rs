@@ -24,7 +24,8 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    /// Settled entries beyond twice the unsettled count at which they are dropped in one pass.
+    /// Settled entries are dropped in one pass once all entries number more than twice the unsettled
+    /// ones plus this (settled ones outnumber the unsettled by more than this).
     const COMPACT_ABOVE: usize = 1024;
 
     /// `offset` is in flight (again); nothing changes if it is already.

@@ -364,10 +364,13 @@ fn elapsed_since(started: SystemTime) -> Duration {
 /// A wall-clock reading the receive loop hands from one delivery's end to the next one's start, so that
 /// a stream of deliveries settled in the loop's own poll reads the clock once per event where it read it
 /// twice: the reading that ends a handler's call (its time, for the attempt metric) is the next
-/// delivery's time of taking, when the loop takes that one without waiting in between — a few hundred
-/// nanoseconds later. On this 2-core VM a reading costs 30–70 ns, about 2 % of the SDK's CPU per event
-/// on Kafka. The loop forgets it whenever it waits ([`Reading::forget`]), so a reading never stands for
-/// a time after a wait.
+/// delivery's time of taking, when the loop takes that one without waiting in between. What lies between
+/// the two is the loop's own work: the acknowledgement of the one, the taking (on Kafka, the decoding)
+/// of the next — so that delivery's call time includes its own taking, as it included its decoding
+/// before. On this 2-core VM a reading costs 30–70 ns, about 2 % of the SDK's CPU per event on Kafka.
+/// The loop forgets it whenever it waits or may yield ([`Reading::forget`], and by not keeping it), so a
+/// reading never stands for a time after a wait. On a current-thread runtime, where the loop spends its
+/// cooperative budget after every delivery, it is never carried: two readings per event there.
 #[derive(Debug, Default)]
 pub(super) struct Reading(Option<SystemTime>);
 
@@ -442,7 +445,8 @@ struct Ready {
     id: Arc<str>,
     span: tracing::Span,
     /// When the delivery was taken, to the millisecond: one clock reading serves first-seen, lateness
-    /// and the start of the first call's time (`taken`, the same reading).
+    /// and the start of the first call's time (`taken`, the same reading). In a stream of deliveries
+    /// settled in the receive loop, the reading that ended the previous one's call (see [`Reading`]).
     received: Timestamp,
     /// The same reading, whole.
     taken: SystemTime,

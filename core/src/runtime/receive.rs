@@ -489,13 +489,14 @@ impl ReceiveLoop {
             if shutdown.is_triggered() {
                 break;
             }
+            // The last delivery's end reading serves the next one only if the loop takes it without
+            // waiting and polls it in place; every other way drops it. Taken before the pause check: a
+            // hold waits, and a reading kept through it would date the next delivery before the hold.
+            let mut reading = std::mem::take(&mut self.reading);
             if *self.pause.borrow_and_update() > 0 {
                 self.hold_consumption().await;
                 continue;
             }
-            // The last delivery's end reading serves the next one only if the loop takes it without
-            // waiting and polls it in place; every other way drops it.
-            let mut reading = std::mem::take(&mut self.reading);
             // Shutdown and pause were checked just above. While work flows, a free slot and a delivery
             // that is already there are taken without waiting on anything else (registering for
             // shutdown and pause changes twice per event cost more than the rest of the loop); only
