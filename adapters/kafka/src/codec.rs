@@ -204,7 +204,7 @@ pub(crate) struct Copied {
 /// The length written for a null header value.
 const NULL: u32 = u32::MAX;
 
-/// Headers a record may have for [`Copied::walking_headers_once`] (both read paths) to read them from
+/// Headers a record may have for [`Copied::from_parts`] (both read paths) to read them from
 /// librdkafka once: the SDK's metadata of a retry and a few of the producer's own. A record with more is
 /// read three times (the first walk stops at one more, then the copy walks twice).
 const KEPT_HEADERS: usize = 24;
@@ -213,7 +213,7 @@ impl Copied {
     /// Copies `message` into `chunks`.
     pub(crate) fn from_message(message: &BorrowedMessage<'_>, chunks: &mut Chunks) -> Copied {
         let headers = message.headers();
-        Copied::walking_headers_once(
+        Copied::from_parts(
             message.payload().unwrap_or_default(),
             message.key(),
             || {
@@ -226,11 +226,11 @@ impl Copied {
         )
     }
 
-    /// Copies a record's parts into `chunks` as [`Copied::from_parts`] does, reading its headers from
-    /// `headers` once where there are at most [`KEPT_HEADERS`]: the copy walks them twice (sizes, then
-    /// bytes), and each step through librdkafka's list is a call into it, a `strlen` and a check of the
-    /// name's UTF-8, so the first walk keeps them on the stack.
-    pub(crate) fn walking_headers_once<'h, I: Iterator<Item = (&'h str, Option<&'h [u8]>)>>(
+    /// Copies a record's parts into `chunks`; `headers` gives its headers in order, each time it is
+    /// called. It is called once where there are at most [`KEPT_HEADERS`]: the copy walks the headers
+    /// twice (sizes, then bytes), and each step through librdkafka's list is a call into it, a `strlen`
+    /// and a check of the name's UTF-8, so the first walk keeps them on the stack.
+    pub(crate) fn from_parts<'h, I: Iterator<Item = (&'h str, Option<&'h [u8]>)>>(
         payload: &[u8],
         key: Option<&[u8]>,
         headers: impl Fn() -> I,
@@ -241,18 +241,17 @@ impl Copied {
         let mut count = 0;
         for header in headers() {
             if count == KEPT_HEADERS {
-                return Copied::from_parts(payload, key, headers, timestamp, chunks);
+                return Copied::write_parts(payload, key, headers, timestamp, chunks);
             }
             kept[count] = header;
             count += 1;
         }
         let kept = &kept[..count];
-        Copied::from_parts(payload, key, || kept.iter().copied(), timestamp, chunks)
+        Copied::write_parts(payload, key, || kept.iter().copied(), timestamp, chunks)
     }
 
-    /// Copies a record's parts into `chunks`; `headers` gives its headers in order, each time it is
-    /// called.
-    pub(crate) fn from_parts<'h, I: Iterator<Item = (&'h str, Option<&'h [u8]>)>>(
+    /// [`Copied::from_parts`]'s copy, walking `headers` twice.
+    fn write_parts<'h, I: Iterator<Item = (&'h str, Option<&'h [u8]>)>>(
         payload: &[u8],
         key: Option<&[u8]>,
         headers: impl Fn() -> I,
@@ -389,6 +388,31 @@ mod tests {
             chunks,
         )
         .decode()
+    }
+
+    #[test]
+    fn a_record_with_more_headers_than_are_kept_on_the_stack_keeps_them_all_in_order() {
+        for count in [KEPT_HEADERS, KEPT_HEADERS + 1, 2 * KEPT_HEADERS + 3] {
+            let names: Vec<String> = (0..count).map(|i| format!("h{i}")).collect();
+            let values: Vec<Vec<u8>> = (0..count)
+                .map(|i| vec![u8::try_from(i % 256).unwrap_or(0); i])
+                .collect();
+            let headers: Vec<(&str, Option<&[u8]>)> = names
+                .iter()
+                .zip(&values)
+                .map(|(n, v)| (n.as_str(), Some(v.as_slice())))
+                .collect();
+            let d = copied(b"p", None, &headers, &mut Chunks::default());
+            let read: Vec<(String, Vec<u8>)> = d
+                .raw
+                .headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_vec()))
+                .collect();
+            let want: Vec<(String, Vec<u8>)> = names.into_iter().zip(values).collect();
+            assert_eq!(read, want, "{count} headers");
+            assert_eq!(&d.raw.payload[..], b"p");
+        }
     }
 
     #[test]

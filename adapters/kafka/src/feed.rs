@@ -247,7 +247,7 @@ unsafe fn item(
         0
     };
     // Each step an index into librdkafka's list, without a list of our own; walked once where the
-    // record has few headers (see `Copied::walking_headers_once`).
+    // record has few headers (see `Copied::from_parts`).
     let headers = || {
         (0..count).filter_map(move |i| {
             let (mut name, mut value, mut len) = (std::ptr::null(), std::ptr::null(), 0usize);
@@ -262,7 +262,7 @@ unsafe fn item(
             })
         })
     };
-    let copied = Copied::walking_headers_once(payload, key, headers, timestamp, chunks);
+    let copied = Copied::from_parts(payload, key, headers, timestamp, chunks);
     Item::Record(topic, m.partition, m.offset, copied)
 }
 
