@@ -19,6 +19,9 @@
 //! 5. busy: retry lateness while a backlog of healthy events waits (`test_support::busy`).
 //! 6. hops: the cost of transactional hops — events that each fail once and come back through the
 //!    ladder, with and without `transactional_hops` (`ratio transactional/plain hops kafka`).
+//! 7. steady (only when named): long rounds, where start-up does not count — the raw loop and the SDK
+//!    alternated [`STEADY_PAIRS`] times on `RETRY_BENCH_MESSAGES` records each (1,000,000 by default),
+//!    compared from each one's first record (`ratio steady sdk/raw kafka <payload>`).
 //!
 //! ```text
 //! scripts/brokers start kafka && source target/brokers/env.sh
@@ -26,7 +29,9 @@
 //! cargo bench -p event-retry-kafka --bench kafka -- throughput   # or lateness, backlog, scale, busy, hops
 //! cargo bench -p event-retry-kafka --bench kafka -- sdk          # one SDK round alone, for profiling
 //! cargo bench -p event-retry-kafka --bench kafka -- raw          # one raw round alone, the same
+//! cargo bench -p event-retry-kafka --bench kafka -- steady       # long rounds, alternated
 //! RETRY_BENCH_PAYLOAD=1024 cargo bench -p event-retry-kafka --bench kafka -- throughput  # 1 KB records
+//! RETRY_BENCH_RAW_SETTINGS=fetch.queue.backoff.ms=10 cargo bench … -- steady  # against a tuned raw loop
 //! ```
 
 use std::time::{Duration, Instant};
@@ -50,6 +55,10 @@ const CONCURRENCY: usize = 64;
 const RETRIES: usize = 300;
 /// Events per round of the hops part (`RETRY_BENCH_HOPS` overrides).
 const HOPS: usize = 5_000;
+/// Records per round of the steady part when `RETRY_BENCH_MESSAGES` is unset.
+const STEADY_MESSAGES: usize = 1_000_000;
+/// Pairs of long rounds (raw, SDK) in the steady part.
+const STEADY_PAIRS: usize = 3;
 
 fn main() -> Result<(), Error> {
     bench::main(
@@ -80,13 +89,17 @@ async fn raw_run(
 ) -> Result<Rate, Error> {
     prefill(transport, topic, messages).await?;
     let clock = Clock::start();
-    let consumer: StreamConsumer = ClientConfig::new()
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", bootstrap_of(url)?)
         .set("group.id", format!("{topic}-raw"))
         .set("enable.auto.commit", "true")
         .set("enable.auto.offset.store", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()?;
+        .set("auto.offset.reset", "earliest");
+    for (key, value) in raw_settings()? {
+        config.set(key, value);
+    }
+    let consumer: StreamConsumer = config.create()?;
     consumer.subscribe(&[topic])?;
     let mut sink = 0;
     for _ in 0..messages {
@@ -97,6 +110,22 @@ async fn raw_run(
     }
     std::hint::black_box(sink);
     Ok(clock.rate(messages))
+}
+
+/// librdkafka settings for the raw loop beside its defaults, from `RETRY_BENCH_RAW_SETTINGS`
+/// (`key=value` pairs separated by commas, e.g. `fetch.queue.backoff.ms=10`): to compare the SDK with
+/// a raw loop tuned as the adapter tunes its own consumer. The ratio lines compare with the defaults.
+fn raw_settings() -> Result<Vec<(String, String)>, Error> {
+    let Ok(text) = std::env::var("RETRY_BENCH_RAW_SETTINGS") else {
+        return Ok(Vec::new());
+    };
+    text.split(',')
+        .filter(|pair| !pair.trim().is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((key, value)) => Ok((key.trim().to_string(), value.trim().to_string())),
+            None => Err(format!("RETRY_BENCH_RAW_SETTINGS: {pair:?} is not key=value").into()),
+        })
+        .collect()
 }
 
 async fn sdk_run(transport: &KafkaTransport, topic: &str, messages: usize) -> Result<Rate, Error> {
@@ -218,6 +247,63 @@ async fn throughput(url: &str, transport: &KafkaTransport) -> Result<(), Error> 
     // The ratio lines come last.
     rounds.report("kafka");
     batch_rounds.report("kafka-batch");
+    Ok(())
+}
+
+/// The steady part: [`STEADY_PAIRS`] pairs of long rounds, the raw loop and the SDK (per-event handler)
+/// alternated, each pair started by the other contender than the pair before. A long-lived consumer's
+/// rate is its steady state, which the 50,000-record throughput rounds hardly reach: there start-up is
+/// most of a round. Prints each pair, then the least, median and greatest of the pairs' ratios of
+/// steady rates, and the median as `ratio steady sdk/raw kafka <payload>`.
+async fn steady(url: &str, transport: &KafkaTransport) -> Result<(), Error> {
+    let messages = bench::messages(STEADY_MESSAGES)?;
+    let mut ratios = Vec::new();
+    for pair in 0..STEADY_PAIRS {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let order = if pair % 2 == 0 {
+            [Contender::Raw, Contender::Sdk]
+        } else {
+            [Contender::Sdk, Contender::Raw]
+        };
+        let (mut raw, mut sdk) = (None, None);
+        for contender in order {
+            let rate =
+                contender_run(contender, url, transport, &contender.topic(&id), messages).await?;
+            match contender {
+                Contender::Raw => raw = Some(rate),
+                _ => sdk = Some(rate),
+            }
+        }
+        let (Some(raw), Some(sdk)) = (raw, sdk) else {
+            return Err("a steady pair ran without one of its contenders".into());
+        };
+        let cpu = |r: &Rate| {
+            r.cpu.map_or_else(
+                || "-".to_string(),
+                |c| format!("{:.2} µs", c.process.as_secs_f64() * 1e6),
+            )
+        };
+        println!(
+            "steady pair {}: raw rdkafka {:.0} msg/s ({} CPU per record), SDK {:.0} msg/s ({}), SDK/raw {:.2} ({messages} records of {} B, {} first)",
+            pair + 1,
+            raw.steady,
+            cpu(&raw),
+            sdk.steady,
+            cpu(&sdk),
+            sdk.steady / raw.steady,
+            bench::payload_bytes()?,
+            order[0].name(),
+        );
+        ratios.push(sdk.steady / raw.steady);
+    }
+    let (min, median, max) = bench::spread(&ratios).ok_or("no steady pair ran")?;
+    println!(
+        "steady SDK/raw over {STEADY_PAIRS} pairs: min {min:.2}, median {median:.2}, max {max:.2}"
+    );
+    println!(
+        "ratio steady sdk/raw kafka {}: {median:.2}",
+        bench::payload_label(bench::payload_bytes()?)
+    );
     Ok(())
 }
 
@@ -415,6 +501,10 @@ async fn run(url: &str) -> Result<(), Error> {
         let rate = raw_run(url, &transport, &topic, messages).await;
         tidy(&transport, &topic).await;
         println!("raw rdkafka alone: {:?} msg/s", rate?);
+    }
+    if bench::asked("steady") {
+        // Long rounds; not part of a default run.
+        steady(url, &transport).await?;
     }
     if bench::wants("busy") {
         let topic = format!("bench-busy-{}", uuid::Uuid::new_v4().simple());

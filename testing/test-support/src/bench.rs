@@ -132,13 +132,14 @@ pub fn count_from_env(name: &str, default: usize, min: usize) -> Result<usize, E
 const DEFAULT_PAYLOAD: usize = 230;
 
 /// A payload size as the ratio lines name it: `100B`, `1KB` (1,024 bytes), `16KB`, `230B`.
-fn payload_label(bytes: usize) -> String {
+pub fn payload_label(bytes: usize) -> String {
     if bytes >= 1024 && bytes.is_multiple_of(1024) {
         format!("{}KB", bytes / 1024)
     } else {
         format!("{bytes}B")
     }
 }
+
 /// The smallest payload: room for the JSON frame around the padding.
 const MIN_PAYLOAD: usize = 32;
 
