@@ -260,22 +260,21 @@ async fn steady(url: &str, transport: &KafkaTransport) -> Result<(), Error> {
     let mut ratios = Vec::new();
     for pair in 0..STEADY_PAIRS {
         let id = uuid::Uuid::new_v4().simple().to_string();
-        let order = if pair % 2 == 0 {
-            [Contender::Raw, Contender::Sdk]
+        let first = if pair % 2 == 0 {
+            Contender::Raw
         } else {
-            [Contender::Sdk, Contender::Raw]
+            Contender::Sdk
         };
-        let (mut raw, mut sdk) = (None, None);
-        for contender in order {
-            let rate =
-                contender_run(contender, url, transport, &contender.topic(&id), messages).await?;
-            match contender {
-                Contender::Raw => raw = Some(rate),
-                _ => sdk = Some(rate),
-            }
-        }
-        let (Some(raw), Some(sdk)) = (raw, sdk) else {
-            return Err("a steady pair ran without one of its contenders".into());
+        let run = |contender: Contender| {
+            let topic = contender.topic(&id);
+            async move { contender_run(contender, url, transport, &topic, messages).await }
+        };
+        let (raw, sdk) = if first == Contender::Raw {
+            let raw = run(Contender::Raw).await?;
+            (raw, run(Contender::Sdk).await?)
+        } else {
+            let sdk = run(Contender::Sdk).await?;
+            (run(Contender::Raw).await?, sdk)
         };
         let cpu = |r: &Rate| {
             r.cpu.map_or_else(
@@ -292,7 +291,7 @@ async fn steady(url: &str, transport: &KafkaTransport) -> Result<(), Error> {
             cpu(&sdk),
             sdk.steady / raw.steady,
             bench::payload_bytes()?,
-            order[0].name(),
+            first.name(),
         );
         ratios.push(sdk.steady / raw.steady);
     }
@@ -490,17 +489,15 @@ async fn run(url: &str) -> Result<(), Error> {
         // The SDK's rounds alone (for profiling); not part of a default run.
         let topic = format!("bench-sdk-{}", uuid::Uuid::new_v4().simple());
         let messages = bench::messages(MESSAGES)?;
-        let rate = sdk_run(&transport, &topic, messages).await;
-        tidy(&transport, &topic).await;
-        println!("SDK alone: {:?} msg/s", rate?);
+        let rate = contender_run(Contender::Sdk, url, &transport, &topic, messages).await?;
+        println!("SDK alone: {rate:?} msg/s");
     }
     if bench::asked("raw") {
         // The raw client's rounds alone (for profiling beside `sdk`); not part of a default run.
         let topic = format!("bench-raw-{}", uuid::Uuid::new_v4().simple());
         let messages = bench::messages(MESSAGES)?;
-        let rate = raw_run(url, &transport, &topic, messages).await;
-        tidy(&transport, &topic).await;
-        println!("raw rdkafka alone: {:?} msg/s", rate?);
+        let rate = contender_run(Contender::Raw, url, &transport, &topic, messages).await?;
+        println!("raw rdkafka alone: {rate:?} msg/s");
     }
     if bench::asked("steady") {
         // Long rounds; not part of a default run.

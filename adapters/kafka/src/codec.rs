@@ -390,6 +390,16 @@ mod tests {
         .decode()
     }
 
+    /// `decoded`'s event headers, owned, in order.
+    fn headers_of(decoded: &Decoded) -> Vec<(String, Vec<u8>)> {
+        decoded
+            .raw
+            .headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_vec()))
+            .collect()
+    }
+
     #[test]
     fn a_record_with_more_headers_than_are_kept_on_the_stack_keeps_them_all_in_order() {
         for count in [KEPT_HEADERS, KEPT_HEADERS + 1, 2 * KEPT_HEADERS + 3] {
@@ -403,14 +413,8 @@ mod tests {
                 .map(|(n, v)| (n.as_str(), Some(v.as_slice())))
                 .collect();
             let d = copied(b"p", None, &headers, &mut Chunks::default());
-            let read: Vec<(String, Vec<u8>)> = d
-                .raw
-                .headers
-                .iter()
-                .map(|(n, v)| (n.to_string(), v.to_vec()))
-                .collect();
             let want: Vec<(String, Vec<u8>)> = names.into_iter().zip(values).collect();
-            assert_eq!(read, want, "{count} headers");
+            assert_eq!(headers_of(&d), want, "{count} headers");
             assert_eq!(&d.raw.payload[..], b"p");
         }
     }
@@ -436,12 +440,6 @@ mod tests {
         );
         assert_eq!(&d.raw.payload[..], b"payload");
         assert_eq!(d.raw.key.as_deref(), Some(&[0x00, 0xfe, b'k'][..]));
-        let read: Vec<(String, Vec<u8>)> = d
-            .raw
-            .headers
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.to_vec()))
-            .collect();
         let want = [
             ("zulu", &b"first"[..]),
             ("alpha", &[0xff, 0x00][..]),
@@ -451,7 +449,7 @@ mod tests {
             ("empty", b""),
         ];
         assert_eq!(
-            read,
+            headers_of(&d),
             want.map(|(n, v)| (n.to_string(), v.to_vec())).to_vec()
         );
         // Null values by name and occurrence among the event's headers.
