@@ -21,6 +21,7 @@ pub mod config;
 mod dlq;
 mod error;
 mod feed;
+mod handoff;
 mod hops;
 mod in_flight;
 mod ladder;

@@ -30,19 +30,15 @@ use event_retry_core::event::{Event, RawMessage};
 use event_retry_core::metadata::{Origin, names};
 use event_retry_core::time::Timestamp;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use tokio::sync::mpsc;
 
 use crate::codec::{self, Copied, Nulls};
+use crate::handoff;
 use crate::ladder::Ladder;
 use crate::link::Link;
 use crate::offsets::Tp;
 use crate::stranding::{BrokerWatch, report_statistics};
 use crate::txn::Copy;
 use crate::worker::{self, Command, Hops, Record, Worker};
-
-/// Batches of records the consumer thread can hand to the subscription before it keeps them in its
-/// backlog.
-const HANDOFF_BATCHES: usize = 4;
 
 /// How long the consumer's fetch waits at the broker for records, in ms. The consumer fetches the source
 /// and the group's (mostly empty) retry topic in one request per broker, and librdkafka sends the next
@@ -105,9 +101,9 @@ pub(crate) async fn subscribe(
         .subscribe(&[spec.topic.as_str(), retry_topic.as_str()])
         .map_err(crate::error::error(format!("subscribe to {}", spec.topic)))?;
     let ladder = Ladder::start(link.clone(), &spec.topic)?;
-    // Room for a few batches of records between the thread and the runtime, so the thread seldom waits
-    // for the runtime; a record whose partition was revoked meanwhile is dropped by `next`.
-    let (out, rx) = mpsc::channel(HANDOFF_BATCHES);
+    // Room for batches of records between the thread and the runtime, so neither often waits for the
+    // other; a record whose partition was revoked meanwhile is dropped by `next`.
+    let (out, inbound) = handoff::channels();
     let worker = consumer.context().clone();
     let priority_topic = retry_topic.clone();
     let source_topic = spec.topic.clone();
@@ -134,7 +130,7 @@ pub(crate) async fn subscribe(
     Ok(KafkaSubscription {
         spec,
         shared,
-        rx,
+        inbound,
         batch: Vec::new().into_iter(),
         early: BinaryHeap::new(),
         held: 0,
@@ -149,7 +145,8 @@ pub(crate) async fn subscribe(
 pub(crate) struct KafkaSubscription {
     spec: SubscriptionSpec,
     shared: Arc<Shared>,
-    rx: mpsc::Receiver<Result<Vec<Record>, Error>>,
+    /// The batches the consumer thread hands over, the retry topic's first.
+    inbound: handoff::Receivers,
     /// Records received and not yet handed to the runtime: the batch as the thread handed it over, taken
     /// from in place (each record moved out once, not copied into a queue of its own first).
     batch: std::vec::IntoIter<Record>,
@@ -333,9 +330,9 @@ impl Subscription for KafkaSubscription {
             // Cancel-safe: a batch is either received whole (and kept in `self.batch`) or not at all, and
             // a precise sleep cut short is kept for the next round.
             let received = match wake {
-                None => self.rx.recv().await,
+                None => self.inbound.recv().await,
                 Some((_, d)) if d > PRECISE_WITHIN => tokio::select! {
-                    received = self.rx.recv() => received,
+                    received = self.inbound.recv() => received,
                     () = tokio::time::sleep(d - PRECISE_WITHIN) => continue,
                 },
                 Some((at, d)) => {
@@ -344,7 +341,7 @@ impl Subscription for KafkaSubscription {
                         slot => &mut slot.insert((at, precise_sleep(d))).1,
                     };
                     tokio::select! {
-                        received = self.rx.recv() => received,
+                        received = self.inbound.recv() => received,
                         _ = sleep => {
                             self.precise = None;
                             continue;
@@ -354,7 +351,11 @@ impl Subscription for KafkaSubscription {
             };
             match received {
                 // `next_ready` took the last batch to its end before this wait.
-                Some(Ok(records)) => self.batch = records.into_iter(),
+                Some(Ok(records)) => {
+                    self.batch = records.into_iter();
+                    self.worker
+                        .room_made(&self.commands, self.inbound.source_queued());
+                }
                 Some(Err(e)) => return Err(e),
                 None => return Err(Error::closed()),
             }

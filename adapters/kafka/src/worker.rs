@@ -27,7 +27,7 @@
 //! comes later never commits for a partition this member no longer owns.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -45,6 +45,7 @@ use tracing::{debug, warn};
 use crate::codec::{Chunks, Copied};
 use crate::error::consume_error;
 use crate::feed::{ConsumerQueue, Item, SourceQueue, Waker};
+use crate::handoff::{self, Senders};
 use crate::link::Link;
 use crate::offsets::{Generation, Offsets, Tp};
 use crate::stranding::BrokerWatch;
@@ -74,6 +75,10 @@ const STRANDED_AFTER: Duration = Duration::from_secs(1);
 
 /// The most records handed to the subscription at once.
 const HANDOUT_BATCH: usize = 256;
+/// The most bytes of records (payload, key and headers) handed to the subscription at once, beyond the
+/// record that passes it: with [`handoff::SOURCE_BATCHES`] it bounds the memory between the thread and
+/// the runtime (about 8 MiB), whatever the records' size.
+const HANDOUT_BYTES: usize = 256 * 1024;
 /// The backlog of records read but not yet taken by the runtime at which the thread stops reading.
 const PENDING_HIGH: usize = 2_000;
 /// The backlog below which a stalled consumer's partitions resume.
@@ -112,7 +117,30 @@ pub(crate) enum Command {
     Resume,
     /// Commit what is settled and leave the group.
     Close(tokio::sync::oneshot::Sender<()>),
+    /// The runtime took a batch while the thread waited for room to hand out more: nothing to do but
+    /// end that wait (see [`Worker::room_made`]).
+    Room,
 }
+
+/// What the consumer thread waits on while the hand-off channels are full (kept in
+/// [`Worker::room_wait`]).
+mod room_wait {
+    /// Not waiting for room.
+    pub(super) const NONE: u8 = 0;
+    /// Waiting on the command channel (its backlog is full: it may not read).
+    pub(super) const COMMANDS: u8 = 1;
+    /// Waiting on the source queue (it may read on while records wait to be handed out).
+    pub(super) const SOURCE: u8 = 2;
+}
+
+/// How long the consumer thread waits for the runtime to take a batch before it looks again; a source
+/// batch taken ends the wait sooner ([`Worker::room_made`]), a retry batch only at this timeout (the
+/// retry topic's channel is seldom full).
+const ROOM_WAIT: Duration = Duration::from_millis(1);
+
+/// How many source batches may still wait in their channel when the runtime's take wakes the thread:
+/// it then hands out several at once, not one per wake.
+const ROOM_WAKE_AT: usize = handoff::SOURCE_BATCHES / 2;
 
 /// A record handed to the subscription.
 pub(crate) struct Record {
@@ -215,6 +243,10 @@ pub(crate) struct Worker {
     /// Wakes the consumer thread's wait when a copy is handed over for a transaction (set once the
     /// thread has its queues).
     waker: OnceLock<Waker>,
+    /// Whether and where the consumer thread waits for the runtime to take a batch (`room_wait`), so
+    /// that the runtime's take ends the wait ([`Worker::room_made`]) instead of its timeout: at a
+    /// million records a second the runtime takes a batch every quarter of a millisecond.
+    room_wait: AtomicU8,
 }
 
 impl Worker {
@@ -252,6 +284,53 @@ impl Worker {
             brokers,
             reset,
             waker: OnceLock::new(),
+            room_wait: AtomicU8::new(room_wait::NONE),
+        }
+    }
+
+    /// Marks the consumer thread as about to wait for room (`kind`: where it waits), unless the runtime
+    /// took a batch since the thread found the channel full: returns whether to wait. The mark is set
+    /// before the channel is looked at, so a batch taken in between is either seen here or wakes the
+    /// wait ([`Worker::room_made`]).
+    fn expect_room(&self, out: &Senders, kind: u8) -> bool {
+        self.room_wait.store(kind, Ordering::SeqCst);
+        let room = {
+            let state = self.lock();
+            (!state.priority.is_empty() && out.retries.capacity() > 0)
+                || (!state.pending.is_empty() && out.source.capacity() > 0)
+        };
+        if room {
+            self.room_wait.store(room_wait::NONE, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Ends a wait marked by [`Worker::expect_room`] (a wake that comes later ends the next wait early:
+    /// one extra turn of the loop).
+    fn room_wait_over(&self) {
+        self.room_wait.store(room_wait::NONE, Ordering::SeqCst);
+    }
+
+    /// Called by the subscription each time it takes a batch, `queued` source batches left: once half
+    /// the source channel is free, ends the consumer thread's wait for room, if it waits for it, so the
+    /// thread hands out more now rather than at its wait's timeout (and several batches per wake, not
+    /// one). Costs a comparison per batch, and an atomic swap once half is free.
+    pub(crate) fn room_made(&self, commands: &std::sync::mpsc::Sender<Command>, queued: usize) {
+        if queued > ROOM_WAKE_AT {
+            return;
+        }
+        match self.room_wait.swap(room_wait::NONE, Ordering::SeqCst) {
+            room_wait::COMMANDS => {
+                // A closed channel means the thread has gone: nothing to wake.
+                let _ = commands.send(Command::Room);
+            }
+            room_wait::SOURCE => {
+                if let Some(waker) = self.waker.get() {
+                    waker.wake();
+                }
+            }
+            _ => {}
         }
     }
 
@@ -407,6 +486,7 @@ impl Worker {
                     self.lock().held_by_runtime = false;
                     self.apply_pause(consumer);
                 }
+                Command::Room => {}
                 Command::Close(done) => {
                     let mut state = self.lock();
                     state.closing = true;
@@ -844,6 +924,20 @@ impl PriorityQueues {
     }
 }
 
+/// How many of `queue`'s first records make the next batch handed out: up to [`HANDOUT_BATCH`] records
+/// and up to the one that reaches [`HANDOUT_BYTES`].
+fn batch_len(queue: &VecDeque<Record>) -> usize {
+    let mut bytes = 0;
+    queue
+        .iter()
+        .take(HANDOUT_BATCH)
+        .position(|record| {
+            bytes += record.copied.len();
+            bytes >= HANDOUT_BYTES
+        })
+        .map_or(queue.len().min(HANDOUT_BATCH), |last| last + 1)
+}
+
 /// Reads records from `first` on, taking the next ones from `next` (which does not wait), up to
 /// [`HANDOUT_BATCH`], each copied into `chunks` as it is read and its message destroyed then, before the
 /// batch is kept under the state's lock; with the error that ended the read, if one did.
@@ -896,7 +990,7 @@ fn drain_main(
     main: &ConsumerQueue,
     worker: &Worker,
     chunks: &mut Chunks,
-    out: &tokio::sync::mpsc::Sender<Result<Vec<Record>, Error>>,
+    out: &tokio::sync::mpsc::Sender<handoff::Batch>,
 ) -> usize {
     let mut total = 0;
     loop {
@@ -915,7 +1009,7 @@ fn drain_main(
 }
 
 /// Hands a consumer error to the runtime (if the channel has room) and logs it.
-fn report_error(out: &tokio::sync::mpsc::Sender<Result<Vec<Record>, Error>>, e: KafkaError) {
+fn report_error(out: &tokio::sync::mpsc::Sender<handoff::Batch>, e: KafkaError) {
     warn!(error = %e, "consumer error");
     if out.try_send(Err(consume_error(e))).is_err() {
         debug!("the consumer error was not handed out: the channel is full");
@@ -926,7 +1020,7 @@ fn report_error(out: &tokio::sync::mpsc::Sender<Result<Vec<Record>, Error>>, e: 
 /// `retry_topic` are read and handed out before the source's.
 pub(crate) fn run(
     consumer: BaseConsumer<Worker>,
-    out: tokio::sync::mpsc::Sender<Result<Vec<Record>, Error>>,
+    out: Senders,
     source_topic: String,
     retry_topic: String,
 ) {
@@ -935,7 +1029,7 @@ pub(crate) fn run(
         SourceQueue::new(&consumer, &source_topic),
         ConsumerQueue::new(&consumer),
     ) else {
-        let _ = out.try_send(Err(Error::new(
+        let _ = out.source.try_send(Err(Error::new(
             event_retry_core::error::Kind::Other,
             "librdkafka gave no handle on the consumer's queues",
         )));
@@ -993,12 +1087,12 @@ pub(crate) fn run(
                 priority: first,
                 ..
             } = &mut *state;
-            for queue in [first, pending] {
+            for (queue, channel) in [(first, &out.retries), (pending, &out.source)] {
                 while !queue.is_empty() {
-                    let Ok(permit) = out.try_reserve() else {
+                    let Ok(permit) = channel.try_reserve() else {
                         break;
                     };
-                    let n = queue.len().min(HANDOUT_BATCH);
+                    let n = batch_len(queue);
                     permit.send(Ok(queue.drain(..n).collect()));
                 }
             }
@@ -1010,9 +1104,13 @@ pub(crate) fn run(
         worker.apply_pause(&consumer);
         worker.resume_again(&consumer, &mut resumed_again);
         if !read {
-            // The runtime is behind: wait for its settles (which also wake this wait) and hand out more.
-            if worker.serve_commands(&consumer, Duration::from_millis(1)) {
-                break;
+            // The runtime is behind: wait until it takes a batch (or a command comes), and hand out more.
+            if worker.expect_room(&out, room_wait::COMMANDS) {
+                let closing = worker.serve_commands(&consumer, ROOM_WAIT);
+                worker.room_wait_over();
+                if closing {
+                    break;
+                }
             }
             continue;
         }
@@ -1022,21 +1120,24 @@ pub(crate) fn run(
         // before any later record of it (the broker test
         // `records_that_reached_the_consumers_queue_before_forwarding_keep_their_order`: it fails
         // with this queue read one batch at a time).
-        let main = drain_main(&consumer, &main_queue, &worker, &mut chunks, &out);
+        let main = drain_main(&consumer, &main_queue, &worker, &mut chunks, &out.source);
         let waiting = {
             let state = worker.lock();
             !state.pending.is_empty() || !state.priority.is_empty()
         };
-        let wait = if main > 0 {
+        // What is read waits for room in the channel: read on, until the runtime takes a batch.
+        let room_wait = main == 0 && waiting && worker.expect_room(&out, room_wait::SOURCE);
+        let wait = if main > 0 || (waiting && !room_wait) {
             Duration::ZERO
         } else if waiting {
-            // What is read waits for room in the channel: the runtime's taking of a batch is not
-            // signalled here, so look again soon.
-            Duration::from_millis(1)
+            ROOM_WAIT
         } else {
             worker.idle_poll()
         };
         let items = source.read(wait, HANDOUT_BATCH, &mut chunks);
+        if room_wait {
+            worker.room_wait_over();
+        }
         // Sized once: grown push by push, the records (about 100 bytes each) were copied again at
         // every doubling.
         let mut read = Vec::with_capacity(items.len());
@@ -1048,7 +1149,7 @@ pub(crate) fn run(
                     offset,
                     copied,
                 }),
-                Item::Error(e) => report_error(&out, e),
+                Item::Error(e) => report_error(&out.source, e),
             }
         }
         worker.keep(read, false);
@@ -1070,5 +1171,47 @@ pub(crate) fn run(
     drop(consumer);
     if let Some(done) = worker.lock().close_waiter.take() {
         let _ = done.send(());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::Chunks;
+
+    /// `n` records of `size` payload bytes each (no key, no headers).
+    fn records(n: usize, size: usize) -> VecDeque<Record> {
+        let mut chunks = Chunks::default();
+        let payload = vec![b'x'; size];
+        (0..n)
+            .map(|offset| Record {
+                tp: (Arc::from("t"), 0),
+                offset: offset as i64,
+                epoch: 0,
+                generation: 0,
+                copied: Copied::from_parts(
+                    &payload,
+                    None,
+                    std::iter::empty,
+                    rdkafka::Timestamp::NotAvailable,
+                    &mut chunks,
+                ),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_of_small_records_is_bounded_by_its_count() {
+        assert_eq!(batch_len(&records(1000, 100)), HANDOUT_BATCH);
+        assert_eq!(batch_len(&records(10, 100)), 10);
+        assert_eq!(batch_len(&VecDeque::new()), 0);
+    }
+
+    #[test]
+    fn a_batch_of_large_records_ends_with_the_one_that_reaches_its_bytes() {
+        // 16 KiB each: the 16th reaches 256 KiB.
+        assert_eq!(batch_len(&records(100, 16 * 1024)), 16);
+        // One record beyond the bound still goes out, alone.
+        assert_eq!(batch_len(&records(3, HANDOUT_BYTES + 1)), 1);
     }
 }

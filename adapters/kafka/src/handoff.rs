@@ -1,0 +1,132 @@
+//! The channels the consumer thread hands records to the subscription through, in batches.
+//!
+//! Two of them: the group's retry topic's records and the source's. The subscription takes a retry
+//! batch before any source batch, so a due retry waits behind at most the source batch the runtime is
+//! taking records from, not behind every batch queued — which lets the source's channel be deep enough
+//! that the runtime seldom finds it empty while records wait ([`SOURCE_BATCHES`]).
+
+use event_retry_core::error::Error;
+use tokio::sync::mpsc;
+
+use crate::worker::Record;
+
+/// A batch of records, or the error read in their place.
+pub(crate) type Batch = Result<Vec<Record>, Error>;
+
+/// Source batches the consumer thread can hand out before it keeps records in its backlog (each at
+/// most 256 records and about 256 KiB: `worker::HANDOUT_BYTES`, so at most about 8 MiB wait here).
+/// Measured on the Kafka bench at 100 B (3,000,000 records, `-- sdk`, alternated runs): 4 batches held
+/// the SDK to 1.24–1.26 M records/s, its runtime thread and consumer thread each idle part of every
+/// millisecond; 32, with the thread woken once half are taken, 1.38–1.43 M (docs/PERFORMANCE.md).
+pub(crate) const SOURCE_BATCHES: usize = 32;
+
+/// Retry topic batches the consumer thread can hand out before it keeps them in its backlog.
+const RETRY_BATCHES: usize = 4;
+
+/// The consumer thread's ends of the channels.
+pub(crate) struct Senders {
+    /// The group's retry topic's records.
+    pub(crate) retries: mpsc::Sender<Batch>,
+    /// The source's records, and the consumer's errors.
+    pub(crate) source: mpsc::Sender<Batch>,
+}
+
+impl Senders {
+    /// Whether the subscription has gone (dropped its ends).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.source.is_closed()
+    }
+}
+
+/// The subscription's ends of the channels.
+pub(crate) struct Receivers {
+    retries: mpsc::Receiver<Batch>,
+    source: mpsc::Receiver<Batch>,
+}
+
+impl Receivers {
+    /// The next batch, a retry topic's before a source's; `None` once the consumer thread has gone.
+    /// Cancel-safe: a batch is either received whole or left in its channel.
+    pub(crate) async fn recv(&mut self) -> Option<Batch> {
+        tokio::select! {
+            biased;
+            // A closed retry channel disables this branch; the source's then says whether the
+            // thread has gone (it drops both together).
+            Some(batch) = self.retries.recv() => Some(batch),
+            batch = self.source.recv() => batch,
+        }
+    }
+
+    /// How many source batches wait to be taken.
+    pub(crate) fn source_queued(&self) -> usize {
+        self.source.len()
+    }
+}
+
+/// A new pair of channels.
+pub(crate) fn channels() -> (Senders, Receivers) {
+    let (retries, retries_rx) = mpsc::channel(RETRY_BATCHES);
+    let (source, source_rx) = mpsc::channel(SOURCE_BATCHES);
+    (
+        Senders { retries, source },
+        Receivers {
+            retries: retries_rx,
+            source: source_rx,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch whose only trace is its length (an empty batch of records).
+    fn batch(n: usize) -> Batch {
+        Ok(Vec::with_capacity(n))
+    }
+
+    fn capacity_of(received: Option<Batch>) -> usize {
+        received.expect("a batch").expect("records").capacity()
+    }
+
+    #[tokio::test]
+    async fn a_retry_batch_is_taken_before_source_batches_sent_earlier() {
+        let (senders, mut receivers) = channels();
+        for _ in 0..3 {
+            senders
+                .source
+                .send(batch(1))
+                .await
+                .expect("the receiver is open");
+        }
+        senders
+            .retries
+            .send(batch(7))
+            .await
+            .expect("the receiver is open");
+        assert_eq!(receivers.source_queued(), 3);
+        assert_eq!(capacity_of(receivers.recv().await), 7);
+        for _ in 0..3 {
+            assert_eq!(capacity_of(receivers.recv().await), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_channels_end_once_the_thread_drops_its_senders_and_the_batches_are_taken() {
+        let (senders, mut receivers) = channels();
+        senders
+            .source
+            .send(batch(1))
+            .await
+            .expect("the receiver is open");
+        senders
+            .retries
+            .send(batch(2))
+            .await
+            .expect("the receiver is open");
+        drop(senders);
+        assert_eq!(capacity_of(receivers.recv().await), 2);
+        assert_eq!(capacity_of(receivers.recv().await), 1);
+        assert!(receivers.recv().await.is_none());
+    }
+}
