@@ -15,9 +15,10 @@ pub(crate) type Batch = Result<Vec<Record>, Error>;
 
 /// Source batches the consumer thread can hand out before it keeps records in its backlog (each at
 /// most 256 records and about 256 KiB: `worker::HANDOUT_BYTES`, so at most about 8 MiB wait here).
-/// Measured on the Kafka bench at 100 B (3,000,000 records, `-- sdk`, alternated runs): 4 batches held
-/// the SDK to 1.24–1.26 M records/s, its runtime thread and consumer thread each idle part of every
-/// millisecond; 32, with the thread woken once half are taken, 1.38–1.43 M (docs/PERFORMANCE.md).
+/// Measured on the Kafka bench at 100 B (`-- sdk`, alternated runs): 4 batches held the SDK to
+/// 1.15–1.32 M records/s, its runtime thread and consumer thread each idle part of every millisecond;
+/// 32, with the thread woken once half are taken, 1.39–1.47 M (docs/PERFORMANCE.md, "The Kafka
+/// adapter").
 pub(crate) const SOURCE_BATCHES: usize = 32;
 
 /// Retry topic batches the consumer thread can hand out before it keeps them in its backlog.

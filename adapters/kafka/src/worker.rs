@@ -2,7 +2,8 @@
 //!
 //! librdkafka wants one thread to poll a consumer, and the group membership holds only while it polls
 //! (`max.poll.interval.ms`), so the thread polls all the time — also while consumption is paused. It
-//! hands records to the subscription through a bounded channel, keeping the rest in a bounded backlog;
+//! hands records to the subscription through bounded channels ([`crate::handoff`]), keeping the rest
+//! in a bounded backlog;
 //! while the backlog is full it stops reading (librdkafka's own prefetch is bounded too). When the
 //! runtime holds consumption for a blocking error, or the backlog stays full for long, it pauses every
 //! assigned partition and polls on (librdkafka drops what it fetched ahead and fetches again from the
@@ -10,7 +11,8 @@
 //!
 //! The group's retry topic comes first: its partitions are split off into queues of their own, which
 //! librdkafka fetches apart from the source's prefetch, and the thread reads them and hands their records
-//! out before the source's, so a due retry does not wait behind a backlog of the source.
+//! out before the source's, through a channel the subscription takes from first, so a due retry waits
+//! neither behind a backlog of the source nor behind the source records already handed out.
 //!
 //! The source's partitions are forwarded to a queue of the thread's own, read in batches and waited
 //! on (see [`crate::feed`]); the consumer's queue, polled without waiting, brings the rebalances and
