@@ -24,6 +24,9 @@
 //!   forwarded to the source's queue (a window the failpoint `kafka-before-forward` widens while
 //!   records keep coming) are handled before every later record of the partition: a one-at-a-time
 //!   handler sees the partition's offsets in order, each once;
+//! * a due retry waits behind at most the source batch being taken, not behind the source records
+//!   already handed from the consumer thread to the runtime: 20 retries due while 3,000 healthy events
+//!   (20 ms each) drain run within 640 ms of their due time;
 //! * a resume librdkafka drops as outdated (made to happen with a failpoint that leaves the call out
 //!   and answers success, as librdkafka does) is made good within seconds: on the source after a
 //!   blocking hold ends, and on a ladder level after its held head left — the records behind it are
@@ -92,7 +95,11 @@ fn main() {
     // by side passed. The transactional test once found two copies in a full workspace run; that cause
     // is not found, so the tests stay serial by default.
     args.test_threads = args.test_threads.or(Some(1));
-    let tests: [(&str, Test); 16] = [
+    let tests: [(&str, Test); 17] = [
+        (
+            "due_retries_behind_a_backlog_run_not_early_and_within_640_ms",
+            due_retries_behind_a_backlog_run_not_early_and_within_640_ms,
+        ),
         (
             "records_that_reached_the_consumers_queue_before_forwarding_keep_their_order",
             records_that_reached_the_consumers_queue_before_forwarding_keep_their_order,
@@ -1345,6 +1352,116 @@ fn a_batch_handler_gets_what_the_subscription_holds(url: String) -> Result<(), S
         let topic = format!("batch-{}", uuid::Uuid::new_v4().simple());
         test_support::batch::batches_take_what_is_at_hand(&Broker::new(transport), &topic).await
     })
+}
+
+/// Retries that fall due while a backlog drains.
+const OVERTAKING: usize = 20;
+/// The healthy events behind them.
+const OVERTAKEN: usize = 3_000;
+/// What a healthy event's handler waits: 16 at a time (the default concurrency), 800 a second.
+const OVERTAKEN_WORK: Duration = Duration::from_millis(20);
+/// How late a retry may run: the source batch being taken when it came (up to 256 records, 320 ms at
+/// 800 a second) with room to spare. Behind the 4 batches of 256 that one channel held when it carried
+/// both the retry topic's records and the source's, a retry waited behind 1,024–1,280 records
+/// (1.3–1.6 s).
+const OVERTAKING_LATE_MAX_MS: i64 = 640;
+
+/// A due retry is taken before the source records the consumer thread already handed over, so it waits
+/// only for the rest of the source batch being taken. 20 events fail once under `1s x2` with 3,000
+/// healthy events (20 ms each) behind them; each retry must run no earlier than its due time and
+/// within [`OVERTAKING_LATE_MAX_MS`] of it. Shown to fail with the build before (one channel of 4
+/// batches for both: retries 605–1,376 ms late) and with the retries handed through the source's
+/// channel of 32 batches (1,079–3,024 ms); passes at 1–167 ms.
+fn due_retries_behind_a_backlog_run_not_early_and_within_640_ms(url: String) -> Result<(), String> {
+    test_support::broker::runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("overtake-{}", uuid::Uuid::new_v4().simple());
+        let broker = Broker::new(transport.clone());
+        let result = retries_run_on_time_behind_a_backlog(&broker, &topic).await;
+        let _ = transport.delete(&topic).await;
+        result
+    })
+}
+
+/// The body of [`due_retries_behind_a_backlog_run_not_early_and_within_640_ms`].
+async fn retries_run_on_time_behind_a_backlog(broker: &Broker, topic: &str) -> Result<(), String> {
+    broker
+        .admin()
+        .declare(
+            topic,
+            Some(&event_retry_core::adapter::default_group(topic)),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    test_support::busy::publish_retrying_then_healthy(broker, topic, OVERTAKING, OVERTAKEN)
+        .await
+        .map_err(|e| e.to_string())?;
+    // Per retry: its id and how late it started (ms; negative if early).
+    let late: Arc<Mutex<Vec<(String, i64)>>> = Arc::default();
+    let record = late.clone();
+    let handler = handler_fn(move |event: Event, ctx: Context| {
+        let record = record.clone();
+        async move {
+            let id = event.id().unwrap_or_default().to_string();
+            if !id.starts_with("r-") {
+                tokio::time::sleep(OVERTAKEN_WORK).await;
+                return Ok(());
+            }
+            if ctx.attempt == 1 {
+                return Err(HandlerError::deferred("fails once"));
+            }
+            let due = ctx.due_at.map_or(i64::MIN, |due| due.as_millis() as i64);
+            let now = Timestamp::now().as_millis() as i64;
+            record
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((id, now.saturating_sub(due)));
+            Ok(())
+        }
+    });
+    let consumer = broker
+        .consumer(topic)
+        .policy(RetryPolicy::parse("1s x2").map_err(|e| e.to_string())?)
+        .start(handler)
+        .await
+        .map_err(|e| e.to_string())?;
+    let finished = tokio::time::timeout(
+        Duration::from_secs(120),
+        consumer.wait_until(|s| {
+            s.succeeded_after_retry >= OVERTAKING as u64
+                && s.succeeded >= (OVERTAKING + OVERTAKEN) as u64
+        }),
+    )
+    .await;
+    let stats = consumer.stats();
+    consumer.shutdown().await.map_err(|e| e.to_string())?;
+    if finished.is_err() {
+        return Err(format!("not every event finished within 120 s: {stats:?}"));
+    }
+    let mut late = late.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    late.sort_by_key(|(_, ms)| *ms);
+    if late.len() != OVERTAKING {
+        return Err(format!(
+            "{} retries ran for {OVERTAKING} events that fail once: {late:?}",
+            late.len()
+        ));
+    }
+    let wrong: Vec<&(String, i64)> = late
+        .iter()
+        .filter(|(_, ms)| *ms < 0 || *ms > OVERTAKING_LATE_MAX_MS)
+        .collect();
+    if !wrong.is_empty() {
+        return Err(format!(
+            "retries ran early or more than {OVERTAKING_LATE_MAX_MS} ms late (id, ms late): {wrong:?}; \
+             all: {late:?}"
+        ));
+    }
+    println!(
+        "{OVERTAKING} retries behind {OVERTAKEN} healthy events ran {} to {} ms late",
+        late[0].1,
+        late[OVERTAKING - 1].1
+    );
+    Ok(())
 }
 
 /// The payloads a consumer handled, each with the partition it was read from.

@@ -74,7 +74,7 @@ pub async fn run(broker: &Broker, topic: &str, name: &str, describe: &str) -> Re
 
 /// Publishes `retrying` events `r-0`, `r-1`, … one by one (the handlers fail them once), then `healthy`
 /// events `h-0`, `h-1`, … behind them, 256 at a time.
-async fn publish_retrying_then_healthy(
+pub async fn publish_retrying_then_healthy(
     broker: &Broker,
     topic: &str,
     retrying: usize,
