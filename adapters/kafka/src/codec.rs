@@ -287,13 +287,13 @@ impl Copied {
         }
     }
 
-    /// The record as the SDK reads it: the routing headers and the group are taken out of the event's
-    /// headers; payload, key and header values are slices of the chunk.
     /// Its size in bytes: the payload, the key and the headers as kept.
     pub(crate) fn len(&self) -> usize {
         self.bytes.len()
     }
 
+    /// The record as the SDK reads it: the routing headers and the group are taken out of the event's
+    /// headers; payload, key and header values are slices of the chunk.
     pub(crate) fn decode(self) -> Decoded {
         let (mut to, mut due, mut hop_due, mut group) = (None, None, None, None);
         let mut nulls = Nulls::default();

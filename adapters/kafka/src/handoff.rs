@@ -14,7 +14,9 @@ use crate::worker::Record;
 pub(crate) type Batch = Result<Vec<Record>, Error>;
 
 /// Source batches the consumer thread can hand out before it keeps records in its backlog (each at
-/// most 256 records and about 256 KiB: `worker::HANDOUT_BYTES`, so at most about 8 MiB wait here).
+/// most 256 records and about 256 KiB, or one record if it is larger: `worker::HANDOUT_BYTES`; so
+/// about 8 MiB wait here where records are smaller than that). A revocation does not wait for them:
+/// the subscription gives back the records of the partitions being revoked (`KafkaSubscription::sweep`).
 /// Measured on the Kafka bench at 100 B (`-- sdk`, alternated runs): 4 batches held the SDK to
 /// 1.15–1.32 M records/s, its runtime thread and consumer thread each idle part of every millisecond;
 /// 32, with the thread woken once half are taken, 1.39–1.47 M (docs/PERFORMANCE.md, "The Kafka
@@ -56,6 +58,14 @@ impl Receivers {
             Some(batch) = self.retries.recv() => Some(batch),
             batch = self.source.recv() => batch,
         }
+    }
+
+    /// A batch already queued, a retry topic's before a source's, without waiting.
+    pub(crate) fn try_recv(&mut self) -> Option<Batch> {
+        self.retries
+            .try_recv()
+            .ok()
+            .or_else(|| self.source.try_recv().ok())
     }
 
     /// How many source batches wait to be taken.

@@ -25,6 +25,9 @@ struct Partition {
     first: Option<i64>,
     /// The last position committed (or asked to be).
     committed: Option<i64>,
+    /// Being revoked: the records of this epoch not yet handed to the runtime are given back, not
+    /// handled (see [`Offsets::revoking`]).
+    revoking: bool,
 }
 
 /// The change count of an assignment, read without the lock of its [`Offsets`].
@@ -70,6 +73,7 @@ impl Offsets {
                 next: None,
                 first: None,
                 committed: None,
+                revoking: false,
             },
         );
     }
@@ -88,14 +92,35 @@ impl Offsets {
         self.partitions.remove(tp);
     }
 
+    /// `tp` is being revoked: its records received but not yet handed to the runtime are no longer
+    /// current ([`Offsets::is_current`]), so whoever holds them gives them back ([`Offsets::give_back`])
+    /// instead of handling them, and the revocation waits only for the work already handed out.
+    pub(crate) fn revoking(&mut self, tp: &Tp) {
+        if let Some(p) = self.partitions.get_mut(tp) {
+            self.changes.fetch_add(1, Ordering::Release);
+            p.revoking = true;
+        }
+    }
+
+    /// Offset `offset` of `tp`, received in `epoch` and not current any more, is given up unhandled:
+    /// [`Offsets::unread`] if that epoch is still `tp`'s (the partition is being revoked); nothing if
+    /// the epoch is over (its offsets were let go with it).
+    pub(crate) fn give_back(&mut self, tp: &Tp, offset: i64, epoch: u64) {
+        if self.partitions.get(tp).is_some_and(|p| p.epoch == epoch) {
+            self.unread(tp, offset);
+        }
+    }
+
     /// The change count, shared: [`Generation::unchanged_since`] reads it without this struct's lock.
     pub(crate) fn changes(&self) -> Generation {
         Generation(self.changes.clone())
     }
 
-    /// Whether `epoch` is the current assignment of `tp`.
+    /// Whether `epoch` is the current assignment of `tp`, and `tp` is not being revoked.
     pub(crate) fn is_current(&self, tp: &Tp, epoch: u64) -> bool {
-        self.partitions.get(tp).is_some_and(|p| p.epoch == epoch)
+        self.partitions
+            .get(tp)
+            .is_some_and(|p| p.epoch == epoch && !p.revoking)
     }
 
     /// Offset `offset` of `tp` was received and is in flight; its epoch, or `None` if `tp` is not
@@ -234,6 +259,42 @@ mod tests {
         let g = changes.now();
         o.assigned(tp(0));
         assert!(!changes.unchanged_since(g), "an assign starts a new epoch");
+    }
+
+    #[test]
+    fn records_of_a_partition_being_revoked_are_given_back_and_not_waited_for() {
+        let mut o = Offsets::default();
+        let changes = o.changes();
+        o.assigned(tp(0));
+        o.assigned(tp(1));
+        let e0 = o.received(&tp(0), 10).unwrap_or_default();
+        for offset in 11..=13 {
+            o.received(&tp(0), offset);
+        }
+        let e1 = o.received(&tp(1), 5).unwrap_or_default();
+        let g = changes.now();
+        o.revoking(&tp(0));
+        assert!(!changes.unchanged_since(g), "holders of records look again");
+        assert!(!o.is_current(&tp(0), e0), "tp 0's records are given back");
+        assert!(o.is_current(&tp(1), e1), "tp 1 stays");
+        // 10 was handed out and settles; 11 settles; 12 and 13 were still waiting: given back.
+        assert!(o.settled(&tp(0), 10, e0), "work handed out still settles");
+        o.settled(&tp(0), 11, e0);
+        o.give_back(&tp(0), 13, e0);
+        o.give_back(&tp(0), 12, e0);
+        assert_eq!(o.in_flight(&tp(0)), 0, "nothing left to wait for");
+        assert_eq!(
+            o.final_commits(Some(&[tp(0)])),
+            vec![(tp(0), 12)],
+            "the new owner starts at the first record given back"
+        );
+        // A record of an epoch already over is given back to nobody.
+        o.revoked(&tp(0));
+        o.assigned(tp(0));
+        let again = o.received(&tp(0), 20).unwrap_or_default();
+        o.give_back(&tp(0), 14, e0);
+        assert_eq!(o.in_flight(&tp(0)), 1);
+        assert!(o.is_current(&tp(0), again));
     }
 
     #[test]

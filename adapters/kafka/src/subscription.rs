@@ -15,7 +15,7 @@
 //! [`EARLY_HOLD_MAX`] after it arrived: a due time further away says the clocks disagree, and the record
 //! goes on rather than wait for a clock).
 
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Sender;
@@ -131,6 +131,8 @@ pub(crate) async fn subscribe(
         spec,
         shared,
         inbound,
+        swept: VecDeque::new(),
+        swept_at: 0,
         batch: Vec::new().into_iter(),
         early: BinaryHeap::new(),
         held: 0,
@@ -150,6 +152,11 @@ pub(crate) struct KafkaSubscription {
     /// Records received and not yet handed to the runtime: the batch as the thread handed it over, taken
     /// from in place (each record moved out once, not copied into a queue of its own first).
     batch: std::vec::IntoIter<Record>,
+    /// Batches taken off the channels ahead of the runtime by [`KafkaSubscription::sweep`], handed out
+    /// before anything still in the channels (the retry topic's first, as received).
+    swept: VecDeque<handoff::Batch>,
+    /// The assignment's change count at the last sweep.
+    swept_at: u64,
     /// Retries that came before their due time, held until it (earliest first).
     early: BinaryHeap<Early>,
     /// How many retries were held so far: orders those due at the same time by arrival.
@@ -200,6 +207,7 @@ struct Early {
     /// Arrival order, among those held.
     seq: u64,
     tp: Tp,
+    offset: i64,
     epoch: u64,
     /// The assignment's change count when the record was read.
     generation: u64,
@@ -276,8 +284,59 @@ impl KafkaSubscription {
             if self.is_current(&early.tp, early.epoch, early.generation) {
                 return Some(early.delivery);
             }
+            self.give_back(&early.tp, early.offset, early.epoch);
         }
         None
+    }
+
+    /// Gives back a record not current any more ([`crate::offsets::Offsets::give_back`]).
+    #[cold]
+    #[inline(never)]
+    fn give_back(&self, tp: &Tp, offset: i64, epoch: u64) {
+        self.worker.lock().offsets.give_back(tp, offset, epoch);
+    }
+
+    /// After the assignment changed (`now`, its change count), gives back every record held here and
+    /// not current any more — the rest of the current batch, every batch queued in the channels
+    /// (taken off them into `swept`) and the held retries — so that a partition being revoked waits
+    /// only for the work the runtime already has, not for the records queued ahead of it; and dates
+    /// the records kept `now`, which they are current at (checked under the consumer thread's lock).
+    #[cold]
+    #[inline(never)]
+    fn sweep(&mut self, now: u64) {
+        let mut taken = Vec::new();
+        while let Some(batch) = self.inbound.try_recv() {
+            taken.push(batch);
+        }
+        let mut state = self.worker.lock();
+        let offsets = &mut state.offsets;
+        let mut keep = |record: &mut Record| {
+            if offsets.is_current(&record.tp, record.epoch) {
+                record.generation = now;
+                true
+            } else {
+                offsets.give_back(&record.tp, record.offset, record.epoch);
+                false
+            }
+        };
+        let mut rest: Vec<Record> = std::mem::take(&mut self.batch).collect();
+        rest.retain_mut(&mut keep);
+        self.batch = rest.into_iter();
+        for records in self.swept.iter_mut().chain(taken.iter_mut()).flatten() {
+            records.retain_mut(&mut keep);
+        }
+        self.early.retain(|e| {
+            let current = offsets.is_current(&e.tp, e.epoch);
+            if !current {
+                offsets.give_back(&e.tp, e.offset, e.epoch);
+            }
+            current
+        });
+        drop(state);
+        self.swept.extend(taken);
+        self.swept_at = now;
+        // The channels are empty now: let the thread hand out more.
+        self.worker.room_made(&self.commands, 0);
     }
 }
 
@@ -287,15 +346,41 @@ impl Subscription for KafkaSubscription {
     /// partition was revoked since they were read (they belong to its new owner); a retry that came
     /// before its due time is held instead.
     fn next_ready(&mut self) -> Option<Delivery> {
+        let now = self.worker.changes.now();
+        if now != self.swept_at {
+            self.sweep(now);
+        }
         if let Some(delivery) = self.due_early() {
             return Some(delivery);
         }
-        while let Some(record) = self.batch.next() {
+        loop {
+            let Some(record) = self.batch.next() else {
+                // A batch swept off the channels comes next, before anything in them.
+                match self.swept.pop_front() {
+                    Some(Ok(records)) => {
+                        self.batch = records.into_iter();
+                        continue;
+                    }
+                    // An error the thread handed over: `next` returns it.
+                    Some(Err(e)) => {
+                        self.swept.push_front(Err(e));
+                        return None;
+                    }
+                    None => return None,
+                }
+            };
             if !self.is_current(&record.tp, record.epoch, record.generation) {
+                // Its partition was revoked, or is being revoked since the sweep above.
+                self.give_back(&record.tp, record.offset, record.epoch);
                 continue;
             }
             let retry = *record.tp.0 == *self.shared.retry_topic;
-            let (tp, epoch, generation) = (record.tp.clone(), record.epoch, record.generation);
+            let (tp, offset, epoch, generation) = (
+                record.tp.clone(),
+                record.offset,
+                record.epoch,
+                record.generation,
+            );
             let delivery = self.delivery(record);
             if retry && let Some(at) = hold_until(&delivery.message, Timestamp::now()) {
                 self.held += 1;
@@ -303,6 +388,7 @@ impl Subscription for KafkaSubscription {
                     at,
                     seq: self.held,
                     tp,
+                    offset,
                     epoch,
                     generation,
                     delivery,
@@ -311,13 +397,18 @@ impl Subscription for KafkaSubscription {
             }
             return Some(delivery);
         }
-        None
     }
 
     async fn next(&mut self) -> Result<Option<Delivery>, Error> {
         loop {
             if let Some(delivery) = self.next_ready() {
                 return Ok(Some(delivery));
+            }
+            // An error swept off the channel with the batches around it, in its turn.
+            if let Some(Err(_)) = self.swept.front()
+                && let Some(Err(e)) = self.swept.pop_front()
+            {
+                return Err(e);
             }
             // To the microsecond: a wait counted from the current whole millisecond would add up to one.
             let wake = self.early.peek().map(|e| {

@@ -12,7 +12,8 @@
 //! The group's retry topic comes first: its partitions are split off into queues of their own, which
 //! librdkafka fetches apart from the source's prefetch, and the thread reads them and hands their records
 //! out before the source's, through a channel the subscription takes from first, so a due retry waits
-//! neither behind a backlog of the source nor behind the source records already handed out.
+//! neither behind a backlog of the source nor behind the source batches already handed out — only for
+//! the rest of the batch being taken.
 //!
 //! The source's partitions are forwarded to a queue of the thread's own, read in batches and waited
 //! on (see [`crate::feed`]); the consumer's queue, polled without waiting, brings the rebalances and
@@ -29,7 +30,7 @@
 //! comes later never commits for a partition this member no longer owns.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering, fence};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -78,8 +79,8 @@ const STRANDED_AFTER: Duration = Duration::from_secs(1);
 /// The most records handed to the subscription at once.
 const HANDOUT_BATCH: usize = 256;
 /// The most bytes of records (payload, key and headers) handed to the subscription at once, beyond the
-/// record that passes it: with [`handoff::SOURCE_BATCHES`] it bounds the memory between the thread and
-/// the runtime (about 8 MiB), whatever the records' size.
+/// record that passes it: with [`handoff::SOURCE_BATCHES`] it bounds the memory in the source's channel
+/// (about 8 MiB where records are smaller than this).
 const HANDOUT_BYTES: usize = 256 * 1024;
 /// The backlog of records read but not yet taken by the runtime at which the thread stops reading.
 const PENDING_HIGH: usize = 2_000;
@@ -135,9 +136,9 @@ mod room_wait {
     pub(super) const SOURCE: u8 = 2;
 }
 
-/// How long the consumer thread waits for the runtime to take a batch before it looks again; a source
-/// batch taken ends the wait sooner ([`Worker::room_made`]), a retry batch only at this timeout (the
-/// retry topic's channel is seldom full).
+/// How long the consumer thread waits for the runtime to take a batch before it looks again; a batch
+/// taken once at most half the source channel is queued ends the wait sooner ([`Worker::room_made`]).
+/// A wake the handshake misses (see [`Worker::expect_room`]) costs at most this.
 const ROOM_WAIT: Duration = Duration::from_millis(1);
 
 /// How many source batches may still wait in their channel when the runtime's take wakes the thread:
@@ -170,10 +171,10 @@ type Settle = (Tp, i64, u64);
 /// What the thread and the rebalance callbacks share.
 pub(crate) struct State {
     pub(crate) offsets: Offsets,
-    /// Records received but not yet taken by the subscription's channel.
+    /// Source records received but not yet taken by the source's hand-off channel.
     pending: VecDeque<Record>,
-    /// Records of the retry topic received but not yet taken: handed out before `pending`, so a due
-    /// retry does not wait behind a backlog of the source.
+    /// Records of the retry topic received but not yet taken by their own hand-off channel (which the
+    /// subscription takes from first), so a due retry does not wait behind a backlog of the source.
     priority: VecDeque<Record>,
     /// Set by a rebalance: the retry topic's partition queues are to be split off again.
     reassigned: bool,
@@ -291,11 +292,12 @@ impl Worker {
     }
 
     /// Marks the consumer thread as about to wait for room (`kind`: where it waits), unless the runtime
-    /// took a batch since the thread found the channel full: returns whether to wait. The mark is set
-    /// before the channel is looked at, so a batch taken in between is either seen here or wakes the
-    /// wait ([`Worker::room_made`]).
+    /// took a batch since the thread found the channels full: returns whether to wait. The mark is set,
+    /// then a fence, then the channels are looked at; [`Worker::room_made`] frees room, fences, then
+    /// reads the mark — so a batch taken in between is either seen here or wakes the wait.
     fn expect_room(&self, out: &Senders, kind: u8) -> bool {
         self.room_wait.store(kind, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
         let room = {
             let state = self.lock();
             (!state.priority.is_empty() && out.retries.capacity() > 0)
@@ -322,6 +324,9 @@ impl Worker {
         if queued > ROOM_WAKE_AT {
             return;
         }
+        // Pairs with the fence in `expect_room` (the channel's own counts are not sequentially
+        // consistent).
+        fence(Ordering::SeqCst);
         match self.room_wait.swap(room_wait::NONE, Ordering::SeqCst) {
             room_wait::COMMANDS => {
                 // A closed channel means the thread has gone: nothing to wake.
@@ -804,7 +809,10 @@ impl ConsumerContext for Worker {
             .collect();
         {
             // Records read but never handed out are not waited for: their new owner reads them again
-            // (the commit point goes back to the first of them).
+            // (the commit point goes back to the first of them). Those in the hand-off channels and
+            // the subscription's current batch are given back by the subscription once it sees the
+            // partitions marked (`KafkaSubscription::sweep`): the wait below is for the work the
+            // runtime has, not for up to 32 batches queued ahead of it.
             let mut state = self.lock();
             let State {
                 pending,
@@ -821,6 +829,9 @@ impl ConsumerContext for Worker {
                     }
                     keep
                 });
+            }
+            for tp in &revoked {
+                offsets.revoking(tp);
             }
             *reassigned = true;
         }
