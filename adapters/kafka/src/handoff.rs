@@ -100,21 +100,18 @@ mod tests {
         received.expect("a batch").expect("records").capacity()
     }
 
+    /// Sends `batch` on `channel`, whose receiver is open.
+    async fn send(channel: &mpsc::Sender<Batch>, batch: Batch) {
+        channel.send(batch).await.expect("the receiver is open");
+    }
+
     #[tokio::test]
     async fn a_retry_batch_is_taken_before_source_batches_sent_earlier() {
         let (senders, mut receivers) = channels();
         for _ in 0..3 {
-            senders
-                .source
-                .send(batch(1))
-                .await
-                .expect("the receiver is open");
+            send(&senders.source, batch(1)).await;
         }
-        senders
-            .retries
-            .send(batch(7))
-            .await
-            .expect("the receiver is open");
+        send(&senders.retries, batch(7)).await;
         assert_eq!(receivers.source_queued(), 3);
         assert_eq!(capacity_of(receivers.recv().await), 7);
         for _ in 0..3 {
@@ -125,16 +122,8 @@ mod tests {
     #[tokio::test]
     async fn the_channels_end_once_the_thread_drops_its_senders_and_the_batches_are_taken() {
         let (senders, mut receivers) = channels();
-        senders
-            .source
-            .send(batch(1))
-            .await
-            .expect("the receiver is open");
-        senders
-            .retries
-            .send(batch(2))
-            .await
-            .expect("the receiver is open");
+        send(&senders.source, batch(1)).await;
+        send(&senders.retries, batch(2)).await;
         drop(senders);
         assert_eq!(capacity_of(receivers.recv().await), 2);
         assert_eq!(capacity_of(receivers.recv().await), 1);

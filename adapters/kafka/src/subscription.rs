@@ -355,19 +355,15 @@ impl Subscription for KafkaSubscription {
         }
         loop {
             let Some(record) = self.batch.next() else {
-                // A batch swept off the channels comes next, before anything in them.
-                match self.swept.pop_front() {
-                    Some(Ok(records)) => {
-                        self.batch = records.into_iter();
-                        continue;
-                    }
-                    // An error the thread handed over: `next` returns it.
-                    Some(Err(e)) => {
-                        self.swept.push_front(Err(e));
-                        return None;
-                    }
-                    None => return None,
+                // A batch swept off the channels comes next, before anything in them; an error swept
+                // with them stays first, for `next` to return.
+                let Some(Ok(_)) = self.swept.front() else {
+                    return None;
+                };
+                if let Some(Ok(records)) = self.swept.pop_front() {
+                    self.batch = records.into_iter();
                 }
+                continue;
             };
             if !self.is_current(&record.tp, record.epoch, record.generation) {
                 // Its partition was revoked, or is being revoked since the sweep above.

@@ -208,23 +208,35 @@ async fn round(broker: &Broker, topic: &str, backlog: usize) -> Result<Round, Er
     })
 }
 
-/// Events that fail once in [`a_due_retry_overtakes_the_backlog`].
-const OVERTAKING: usize = 20;
+/// Events that fail once in [`overtaking_retries`].
+pub const OVERTAKING: usize = 20;
 /// Healthy events behind them.
-const OVERTAKEN: usize = 3_000;
-/// What a healthy event's handler waits there: with the default concurrency of 16 the backlog lasts
-/// about 3.75 s, three times the retries' delay.
-const OVERTAKEN_WORK: Duration = Duration::from_millis(20);
+pub const OVERTAKEN: usize = 3_000;
+/// How many handler calls run at once there (the consumer's default, pinned).
+pub const OVERTAKING_CONCURRENCY: usize = 16;
+/// What a healthy event's handler waits there: 16 at a time, the backlog lasts about 3.75 s, three
+/// times the retries' delay.
+pub const OVERTAKEN_WORK: Duration = Duration::from_millis(20);
 
-/// A broker test (not a bench: it counts, it does not time): 20 events fail once under
-/// `1s x2`, 3,000 healthy events (20 ms each) wait behind them, and the consumer starts with its defaults. A
-/// due retry must run while the backlog is still being consumed — each retry's second attempt sees
-/// fewer than three quarters of the healthy events done — and never before its due time. A retry that
-/// came back behind the backlog (the tail of the source queue, or a retry route read only when the source
-/// has nothing) sees all of them done and fails the check.
-pub async fn a_due_retry_overtakes_the_backlog(broker: &Broker, topic: &str) -> Result<(), String> {
-    let admin = broker.admin();
-    admin
+/// One retry's second attempt in [`overtaking_retries`].
+#[derive(Clone, Debug)]
+pub struct Overtaking {
+    /// The event's id (`r-<n>`).
+    pub id: String,
+    /// How late the attempt started, in ms: negative if early, `i64::MAX` if it was told no due time.
+    pub late_ms: i64,
+    /// The healthy events done when it started.
+    pub healthy_done: usize,
+}
+
+/// The scenario of the broker checks of a due retry under a backlog: [`OVERTAKING`] events fail once
+/// under `1s x2`, [`OVERTAKEN`] healthy events ([`OVERTAKEN_WORK`] each) wait behind them, and the
+/// consumer starts with its defaults but [`OVERTAKING_CONCURRENCY`]. Returns each retry's second attempt,
+/// the least late first; an error unless every event finished within 120 s and each retry ran once
+/// (no fault is injected). Declares `topic`, and leaves its deletion to the caller.
+pub async fn overtaking_retries(broker: &Broker, topic: &str) -> Result<Vec<Overtaking>, String> {
+    broker
+        .admin()
         .declare(
             topic,
             Some(&event_retry_core::adapter::default_group(topic)),
@@ -235,8 +247,7 @@ pub async fn a_due_retry_overtakes_the_backlog(broker: &Broker, topic: &str) -> 
         .await
         .map_err(|e| e.to_string())?;
     let healthy_done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    // Per retried event: the healthy events done when its second attempt started, and whether it was early.
-    let seen: Arc<Mutex<Vec<(String, usize, bool)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Overtaking>>> = Arc::default();
     let (done, record) = (healthy_done.clone(), seen.clone());
     let handler = handler_fn(move |event: Event, ctx: Context| {
         let (done, record) = (done.clone(), record.clone());
@@ -250,20 +261,24 @@ pub async fn a_due_retry_overtakes_the_backlog(broker: &Broker, topic: &str) -> 
             if ctx.attempt == 1 {
                 return Err(HandlerError::deferred("fails once"));
             }
-            let early = ctx
-                .due_at
-                .is_some_and(|due| Timestamp::now().as_millis() < due.as_millis());
-            let healthy = done.load(std::sync::atomic::Ordering::SeqCst);
+            let due = ctx.due_at.map_or(i64::MIN, |due| due.as_millis() as i64);
+            let now = Timestamp::now().as_millis() as i64;
+            let healthy_done = done.load(std::sync::atomic::Ordering::SeqCst);
             record
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push((id, healthy, early));
+                .push(Overtaking {
+                    id,
+                    late_ms: now.saturating_sub(due),
+                    healthy_done,
+                });
             Ok(())
         }
     });
     let consumer = broker
         .consumer(topic)
         .policy(RetryPolicy::parse("1s x2").map_err(|e| e.to_string())?)
+        .concurrency(OVERTAKING_CONCURRENCY)
         .start(handler)
         .await
         .map_err(|e| e.to_string())?;
@@ -280,8 +295,9 @@ pub async fn a_due_retry_overtakes_the_backlog(broker: &Broker, topic: &str) -> 
     if finished.is_err() {
         return Err(format!("not every event finished within 120 s: {stats:?}"));
     }
-    let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let mut retried: Vec<&str> = seen.iter().map(|(id, _, _)| id.as_str()).collect();
+    let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    seen.sort_by_key(|s| s.late_ms);
+    let mut retried: Vec<&str> = seen.iter().map(|s| s.id.as_str()).collect();
     retried.sort_unstable();
     if retried.len() != OVERTAKING {
         return Err(format!(
@@ -290,10 +306,20 @@ pub async fn a_due_retry_overtakes_the_backlog(broker: &Broker, topic: &str) -> 
             retried.len()
         ));
     }
+    Ok(seen)
+}
+
+/// A broker test (not a bench: it counts, it does not time), over [`overtaking_retries`]: a due retry
+/// must run while the backlog is still being consumed — each retry's second attempt sees fewer than
+/// three quarters of the healthy events done — and never before its due time. A retry that came back
+/// behind the backlog (the tail of the source queue, or a retry route read only when the source has
+/// nothing) sees all of them done and fails the check.
+pub async fn a_due_retry_overtakes_the_backlog(broker: &Broker, topic: &str) -> Result<(), String> {
+    let seen = overtaking_retries(broker, topic).await?;
     let early: Vec<&str> = seen
         .iter()
-        .filter(|(_, _, early)| *early)
-        .map(|(id, _, _)| id.as_str())
+        .filter(|s| s.late_ms < 0)
+        .map(|s| s.id.as_str())
         .collect();
     if !early.is_empty() {
         return Err(format!("retries ran before their due time: {early:?}"));
@@ -301,8 +327,8 @@ pub async fn a_due_retry_overtakes_the_backlog(broker: &Broker, topic: &str) -> 
     let bound = OVERTAKEN * 3 / 4;
     let behind: Vec<(&str, usize)> = seen
         .iter()
-        .filter(|(_, healthy, _)| *healthy >= bound)
-        .map(|(id, healthy, _)| (id.as_str(), *healthy))
+        .filter(|s| s.healthy_done >= bound)
+        .map(|s| (s.id.as_str(), s.healthy_done))
         .collect();
     if !behind.is_empty() {
         return Err(format!(
@@ -311,6 +337,6 @@ pub async fn a_due_retry_overtakes_the_backlog(broker: &Broker, topic: &str) -> 
             behind.len()
         ));
     }
-    admin.delete(topic).await.ok();
+    broker.admin().delete(topic).await.ok();
     Ok(())
 }
