@@ -60,12 +60,14 @@ impl Receivers {
         }
     }
 
-    /// A batch already queued, a retry topic's before a source's, without waiting.
-    pub(crate) fn try_recv(&mut self) -> Option<Batch> {
-        self.retries
-            .try_recv()
-            .ok()
-            .or_else(|| self.source.try_recv().ok())
+    /// A retry topic batch already queued, without waiting.
+    pub(crate) fn try_recv_retries(&mut self) -> Option<Batch> {
+        self.retries.try_recv().ok()
+    }
+
+    /// A source batch already queued, without waiting.
+    pub(crate) fn try_recv_source(&mut self) -> Option<Batch> {
+        self.source.try_recv().ok()
     }
 
     /// How many source batches wait to be taken.

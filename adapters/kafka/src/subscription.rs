@@ -131,6 +131,7 @@ pub(crate) async fn subscribe(
         spec,
         shared,
         inbound,
+        swept_retries: VecDeque::new(),
         swept: VecDeque::new(),
         swept_at: 0,
         batch: Vec::new().into_iter(),
@@ -152,8 +153,11 @@ pub(crate) struct KafkaSubscription {
     /// Records received and not yet handed to the runtime: the batch as the thread handed it over, taken
     /// from in place (each record moved out once, not copied into a queue of its own first).
     batch: std::vec::IntoIter<Record>,
-    /// Batches taken off the channels ahead of the runtime by [`KafkaSubscription::sweep`], handed out
-    /// before anything still in the channels (the retry topic's first, as received).
+    /// Retry topic batches taken off their channel by [`KafkaSubscription::sweep`], handed out before
+    /// anything else.
+    swept_retries: VecDeque<Vec<Record>>,
+    /// Source batches taken off their channel by [`KafkaSubscription::sweep`], handed out before the
+    /// source batches still in it, but after any retry batch that comes meanwhile.
     swept: VecDeque<handoff::Batch>,
     /// The assignment's change count at the last sweep.
     swept_at: u64,
@@ -305,7 +309,13 @@ impl KafkaSubscription {
     #[inline(never)]
     fn sweep(&mut self, now: u64) {
         let mut taken = Vec::new();
-        while let Some(batch) = self.inbound.try_recv() {
+        while let Some(batch) = self.inbound.try_recv_retries() {
+            match batch {
+                Ok(records) => self.swept_retries.push_back(records),
+                Err(e) => taken.push(Err(e)),
+            }
+        }
+        while let Some(batch) = self.inbound.try_recv_source() {
             taken.push(batch);
         }
         let mut state = self.worker.lock();
@@ -323,6 +333,9 @@ impl KafkaSubscription {
         rest.retain_mut(&mut keep);
         self.batch = rest.into_iter();
         for records in self.swept.iter_mut().chain(taken.iter_mut()).flatten() {
+            records.retain_mut(&mut keep);
+        }
+        for records in &mut self.swept_retries {
             records.retain_mut(&mut keep);
         }
         self.early.retain(|e| {
@@ -355,8 +368,28 @@ impl Subscription for KafkaSubscription {
         }
         loop {
             let Some(record) = self.batch.next() else {
-                // A batch swept off the channels comes next, before anything in them; an error swept
-                // with them stays first, for `next` to return.
+                // Batches swept off the channels come next: the retry topic's, then (while swept
+                // source batches wait) one that came to its channel since, then the swept source
+                // batches, before anything in the source's channel. An error swept with them stays
+                // first, for `next` to return.
+                if let Some(records) = self.swept_retries.pop_front() {
+                    self.batch = records.into_iter();
+                    continue;
+                }
+                if self.swept.is_empty() {
+                    return None;
+                }
+                match self.inbound.try_recv_retries() {
+                    Some(Ok(records)) => {
+                        self.batch = records.into_iter();
+                        continue;
+                    }
+                    Some(Err(e)) => {
+                        self.swept.push_front(Err(e));
+                        return None;
+                    }
+                    None => {}
+                }
                 let Some(Ok(_)) = self.swept.front() else {
                     return None;
                 };
