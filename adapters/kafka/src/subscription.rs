@@ -157,7 +157,8 @@ pub(crate) struct KafkaSubscription {
     /// anything else.
     swept_retries: VecDeque<Vec<Record>>,
     /// Source batches taken off their channel by [`KafkaSubscription::sweep`], handed out before the
-    /// source batches still in it, but after any retry batch that comes meanwhile.
+    /// source batches still in it, but after any retry batch that comes meanwhile; and an error that
+    /// `next_ready` took off a channel, for `next` to return.
     swept: VecDeque<handoff::Batch>,
     /// The assignment's change count at the last sweep.
     swept_at: u64,
@@ -377,7 +378,27 @@ impl Subscription for KafkaSubscription {
                     continue;
                 }
                 if self.swept.is_empty() {
-                    return None;
+                    // What waits in the channels already, the retry topic's first: a batch handler's
+                    // batch is then not cut where the consumer thread's hand-out ends (16 records of
+                    // 16 KB), and a stream of deliveries needs no `next` future per hand-out.
+                    let taken = match self.inbound.try_recv_retries() {
+                        Some(batch) => Some(batch),
+                        None => self.inbound.try_recv_source(),
+                    };
+                    match taken {
+                        Some(Ok(records)) => {
+                            self.batch = records.into_iter();
+                            self.worker
+                                .room_made(&self.commands, self.inbound.source_queued());
+                            continue;
+                        }
+                        // Kept where `next` returns it, after the records taken before it.
+                        Some(Err(e)) => {
+                            self.swept.push_back(Err(e));
+                            return None;
+                        }
+                        None => return None,
+                    }
                 }
                 match self.inbound.try_recv_retries() {
                     Some(Ok(records)) => {
@@ -433,7 +454,8 @@ impl Subscription for KafkaSubscription {
             if let Some(delivery) = self.next_ready() {
                 return Ok(Some(delivery));
             }
-            // An error swept off the channel with the batches around it, in its turn.
+            // An error swept off the channel with the batches around it, in its turn, or taken off it
+            // by `next_ready`.
             if let Some(Err(_)) = self.swept.front()
                 && let Some(Err(e)) = self.swept.pop_front()
             {

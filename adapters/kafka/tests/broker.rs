@@ -52,7 +52,7 @@ use event_retry_core::dlq::DlqFilter;
 use event_retry_core::error::Kind;
 use event_retry_core::event::Event;
 use event_retry_core::policy::RetryPolicy;
-use event_retry_core::runtime::{Context, ParkedAfterDead, handler_fn};
+use event_retry_core::runtime::{Context, ParkedAfterDead, batch_handler_fn, handler_fn};
 use event_retry_core::time::Timestamp;
 use event_retry_kafka::{KafkaConfig, KafkaTransport};
 use libtest_mimic::Arguments;
@@ -98,7 +98,11 @@ fn main() {
     // by side passed. The transactional test once found two copies in a full workspace run; that cause
     // is not found, so the tests stay serial by default.
     args.test_threads = args.test_threads.or(Some(1));
-    let tests: [(&str, Test); 18] = [
+    let tests: [(&str, Test); 19] = [
+        (
+            "a_batch_handler_fills_its_batch_across_hand_outs",
+            a_batch_handler_fills_its_batch_across_hand_outs,
+        ),
         (
             "a_revocation_waits_only_for_the_work_the_handler_has",
             a_revocation_waits_only_for_the_work_the_handler_has,
@@ -2083,6 +2087,102 @@ fn transactional_copy_waits_for_no_earlier_unsettled_record(url: String) -> Resu
                 "after the commit the DLQ holds {on_dlq:?}, want one copy of B"
             ));
         }
+        Ok(())
+    })
+}
+
+/// Records of this size fill the consumer thread's hand-out to the runtime (about 256 KiB) with 16.
+const LARGE_RECORD_BYTES: usize = 16 * 1024;
+/// How many such records one hand-out carries.
+const LARGE_RECORDS_PER_HAND_OUT: usize = 16;
+/// Large records published before the batch consumer starts.
+const LARGE_RECORDS: usize = 1024;
+/// The batch size (and concurrency) of the batch consumer of large records.
+const LARGE_BATCH: usize = 64;
+
+/// A batch handler's batch is not cut where the consumer thread's hand-out ends: with records of 16 KB
+/// (16 to a hand-out) waiting while each call takes 50 ms, three quarters of the events or more reach
+/// the handler in calls of more than 16, each event once and no call above the batch size of 64. When
+/// the subscription handed out only what was left of the hand-out it was taking, no call got more
+/// than 16.
+fn a_batch_handler_fills_its_batch_across_hand_outs(url: String) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("batch-large-{}", uuid::Uuid::new_v4().simple());
+        transport
+            .declare(
+                &topic,
+                Some(&event_retry_core::adapter::default_group(&topic)),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let broker = Broker::new(transport.clone());
+        let producer = broker.producer();
+        let body = "x".repeat(LARGE_RECORD_BYTES);
+        for i in 0..LARGE_RECORDS {
+            producer
+                .publish(&topic, Event::new(body.clone()).with_id(format!("l{i:04}")))
+                .await
+                .map_err(|e| format!("publish: {e}"))?;
+        }
+        let calls: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+        let recorded = calls.clone();
+        let handler = batch_handler_fn(move |batch: Vec<(Event, Context)>| {
+            recorded
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(batch.iter().map(|(_, c)| c.event_id.to_string()).collect());
+            let results = batch.iter().map(|_| Ok(())).collect();
+            async move {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                results
+            }
+        });
+        let consumer = broker
+            .consumer(&topic)
+            .concurrency(LARGE_BATCH)
+            .batch_size(LARGE_BATCH)
+            .start_batch(handler)
+            .await
+            .map_err(|e| e.to_string())?;
+        let drained = tokio::time::timeout(
+            Duration::from_secs(120),
+            consumer.wait_until(|s| s.succeeded >= LARGE_RECORDS as u64),
+        )
+        .await;
+        consumer.shutdown().await.map_err(|e| e.to_string())?;
+        let _ = transport.delete(&topic).await;
+        drained.map_err(|_| format!("{LARGE_RECORDS} events not handled within 120 s"))?;
+        let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let sizes: Vec<usize> = calls.iter().map(Vec::len).collect();
+        let mut ids: Vec<&String> = calls.iter().flatten().collect();
+        ids.sort();
+        ids.dedup();
+        if ids.len() != LARGE_RECORDS || sizes.iter().sum::<usize>() != LARGE_RECORDS {
+            return Err(format!(
+                "{} distinct events in {} handled; want each of {LARGE_RECORDS} once",
+                ids.len(),
+                sizes.iter().sum::<usize>()
+            ));
+        }
+        if sizes.iter().any(|&n| n > LARGE_BATCH) {
+            return Err(format!("a batch above {LARGE_BATCH}: {sizes:?}"));
+        }
+        let past_a_hand_out: usize = sizes
+            .iter()
+            .filter(|&&n| n > LARGE_RECORDS_PER_HAND_OUT)
+            .sum();
+        if past_a_hand_out * 4 < LARGE_RECORDS * 3 {
+            return Err(format!(
+                "{past_a_hand_out} of {LARGE_RECORDS} events came in calls of more than \
+                 {LARGE_RECORDS_PER_HAND_OUT}; calls: {sizes:?}"
+            ));
+        }
+        println!(
+            "{} calls, {past_a_hand_out} of {LARGE_RECORDS} events in calls of more than \
+             {LARGE_RECORDS_PER_HAND_OUT}: {sizes:?}",
+            sizes.len()
+        );
         Ok(())
     })
 }
