@@ -196,18 +196,10 @@ async fn contender_run(
         Contender::Sdk => sdk_run(transport, topic, messages).await,
         Contender::Batch => sdk_batch_run(transport, topic, messages).await,
     };
-    tidy(transport, topic).await;
+    // Kafka keeps every record it was given: a few runs at 16 KB or of long rounds (8 GB for one
+    // `throughput` run at 16 KB) would otherwise fill the broker's disk.
+    bench::tidy(transport, topic).await;
     rate
-}
-
-/// Deletes a round's topic (with its DLQ and delay levels) once the round is over: Kafka keeps every
-/// record it was given, so the rounds of a few runs at 16 KB or of long rounds (8 GB for one
-/// `throughput` run at 16 KB) would otherwise fill the broker's disk. A topic left behind is reported,
-/// not an error: the round's figures stand.
-async fn tidy(transport: &KafkaTransport, topic: &str) {
-    if let Err(e) = transport.delete(topic).await {
-        eprintln!("warning: topic {topic} of a finished round was left on the broker: {e}");
-    }
 }
 
 async fn throughput(url: &str, transport: &KafkaTransport) -> Result<(), Error> {

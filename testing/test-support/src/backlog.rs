@@ -319,13 +319,7 @@ pub async fn run(
         percentile(&alone, 99) as f64 / 1000.0
     );
     // The waiting retries would outlive the bench in the broker (and fill an in-memory one's heap).
-    // Where the adapter cannot delete a topic (Pulsar's needs its admin REST API), it is left there.
-    match broker.admin().delete(&topic).await {
-        Err(e) if e.kind() == event_retry_core::error::Kind::Unsupported => {
-            println!("(topic {topic} left in the broker: {e})");
-        }
-        result => result?,
-    }
+    crate::bench::tidy(broker.admin(), &topic).await;
     println!(
         "({HEALTHY_PER_PHASE} healthy events at {HEALTHY_PER_SECOND}/s per phase; waiting events under \"{WAIT_POLICY}\"; the consumer's allocator: {}; {describe})",
         crate::allocator::name()

@@ -698,6 +698,22 @@ pub fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
     Some((*sorted.first()?, sorted[sorted.len() / 2], *sorted.last()?))
 }
 
+/// Deletes a finished part's `topic` with what the adapter keeps beside it (its DLQ, delay levels or
+/// retry route): a broker keeps every record it was given, so a few runs would otherwise fill it. A
+/// topic left behind (the adapter cannot delete one, or the delete failed) is reported, not an error:
+/// the part's figures stand.
+pub async fn tidy(admin: &dyn Admin, topic: &str) {
+    match admin.delete(topic).await {
+        Ok(()) => {}
+        Err(e) if e.kind() == event_retry_core::error::Kind::Unsupported => {
+            println!("(topic {topic} left in the broker: {e})");
+        }
+        Err(e) => {
+            eprintln!("warning: topic {topic} of a finished part was left on the broker: {e}")
+        }
+    }
+}
+
 /// The lateness part: `retries` events fail once and retry after delays spread uniformly over
 /// 1.2–59.8 s; lateness is the retry's start minus its due time (wall clock). Prints p50, p99 and max
 /// with `describe` (how the broker delays); an early retry, or retries not done within `deadline`, fail.
@@ -749,6 +765,7 @@ pub async fn lateness(
         return Err(format!("retries did not finish: {:?}", consumer.stats()).into());
     }
     consumer.shutdown().await?;
+    tidy(broker.admin(), topic).await;
     let mut late = late_ms.lock().unwrap_or_else(|p| p.into_inner()).clone();
     late.sort_unstable();
     let Some(&max) = late.last() else {

@@ -200,7 +200,7 @@ async fn round(broker: &Broker, topic: &str, backlog: usize) -> Result<Round, Er
     if early > 0 {
         return Err(format!("busy: {early} retries ran before their due time").into());
     }
-    broker.admin().delete(topic).await.ok();
+    crate::bench::tidy(broker.admin(), topic).await;
     Ok(Round {
         late,
         before_drain: retry_starts.iter().filter(|&&t| t < last_healthy).count(),
@@ -337,6 +337,6 @@ pub async fn a_due_retry_overtakes_the_backlog(broker: &Broker, topic: &str) -> 
             behind.len()
         ));
     }
-    broker.admin().delete(topic).await.ok();
+    crate::bench::tidy(broker.admin(), topic).await;
     Ok(())
 }

@@ -177,6 +177,7 @@ pub async fn run(broker: &Broker, name: &str, admin: &dyn Admin) -> Result<(), E
         for mut helper in helpers {
             helper.child.kill().await.ok();
         }
+        crate::bench::tidy(admin, &topic).await;
     }
     let one = rates.first().map_or(1.0, |r| r.1);
     for (processes, rate) in &rates[1..] {
