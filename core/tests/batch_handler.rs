@@ -327,3 +327,69 @@ async fn batches_in_flight_together_hold_no_more_events_than_the_concurrency() -
     assert!(peak.load(Ordering::SeqCst) <= 40);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_slow_batch_handler_behind_a_small_first_batch_still_gets_full_batches() -> TestResult {
+    // Batches of up to 16 with 16 slots and a handler that takes 30 ms a call. One event comes first
+    // and its call starts alone; 199 more come while it runs, so the next batch takes the 15 slots
+    // left. Were a batch to start with whatever slots are free, the first call's slot would come back
+    // alone and start a batch of one, and the calls would alternate 1 and 15 events (25 calls). A
+    // batch with fewer than half its slots free waits for them instead: after the first two calls
+    // every batch is full, 14 calls in all (16 at most is asked).
+    const EVENTS: usize = 200;
+    let broker = Broker::memory();
+    let calls: Arc<Mutex<Vec<usize>>> = Arc::default();
+    let handler = batch_handler_fn({
+        let calls = calls.clone();
+        move |batch: Vec<(Event, Context)>| {
+            calls
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(batch.len());
+            let n = batch.len();
+            async move {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                (0..n)
+                    .map(|_| Ok(()))
+                    .collect::<Vec<Result<(), HandlerError>>>()
+            }
+        }
+    });
+    let handle = broker
+        .consumer("fragments")
+        .concurrency(16)
+        .batch_size(16)
+        .start_batch(handler)
+        .await?;
+    let producer = broker.producer();
+    producer
+        .publish("fragments", Event::new("f-000").with_id("f-000"))
+        .await?;
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while calls.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await?;
+    for id in ids("f", EVENTS).into_iter().skip(1) {
+        producer
+            .publish("fragments", Event::new(id.clone()).with_id(id.as_str()))
+            .await?;
+    }
+    let stats = tokio::time::timeout(
+        Duration::from_secs(30),
+        handle.wait_until(|s| s.succeeded >= EVENTS as u64),
+    )
+    .await?;
+    handle.shutdown().await?;
+    let sizes = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    assert_eq!(stats.succeeded, EVENTS as u64);
+    assert_eq!(sizes.iter().sum::<usize>(), EVENTS, "calls: {sizes:?}");
+    assert!(sizes.iter().all(|&n| n <= 16), "calls: {sizes:?}");
+    assert!(
+        sizes.len() <= EVENTS / 16 + 4,
+        "{} calls for {EVENTS} events in batches of up to 16: {sizes:?}",
+        sizes.len()
+    );
+    Ok(())
+}

@@ -265,7 +265,9 @@ impl ConsumerBuilder {
 
     /// The most events a batch handler ([`Consumer::start_batch`]) is given in one call (default 64, at
     /// least 1, at most 100 000). A consumer with a batch handler keeps at least this many events in
-    /// flight, whatever [`ConsumerBuilder::concurrency`] says: every event of a batch is in flight.
+    /// flight, whatever [`ConsumerBuilder::concurrency`] says: every event of a batch is in flight. While
+    /// fewer than half a batch of those slots are free and more events wait, the next batch waits for
+    /// its slots rather than start small.
     pub fn batch_size(mut self, n: usize) -> Self {
         self.batch_size = n.clamp(1, 100_000);
         self

@@ -35,8 +35,10 @@
 //! that cannot split keeps one.
 //!
 //! With a batch handler a delivery starts a batch instead: it and the deliveries the subscription
-//! already holds (`next_ready`), as many as the batch size and free slots allow, processed together
-//! (`process::process_batch`) and polled first in the loop like a single delivery.
+//! already holds (`next_ready`), up to the batch size, processed together (`process::process_batch`)
+//! and polled first in the loop like a single delivery. A batch takes as many as there are free slots
+//! for while half a batch of slots or more is free, and otherwise waits for its slots rather than start
+//! small (see `ReceiveLoop::batch_from`).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -167,9 +169,11 @@ pub(super) async fn start(
             grace: b.shutdown_grace,
             inlining: Inlining::new(single_thread),
             permanent: PermanentErrors::new(b.give_up),
+            // A batch never needs more slots than its lane has (`lane_count` gives each lane a whole
+            // batch of them; a batch waiting for more would wait for ever).
             batch: batch.as_ref().map(|batching| Batching {
                 handler: batching.handler.clone(),
-                size: batching.size,
+                size: batching.size.min(slots),
             }),
             inlined: 0,
             reading: process::Reading::default(),
@@ -770,10 +774,17 @@ impl ReceiveLoop {
     }
 
     /// A batch's processing by `handler`, and its length: `first` and the deliveries the subscription
-    /// has at hand, up to `size` and as many as there are free slots for (each event in flight holds
-    /// one). None is waited for; once shutdown is asked for, `first` goes alone. The slots are counted
-    /// first and taken together once the batch is known: only this loop takes slots, so those free when
-    /// counted are still free then (one semaphore operation per batch, not two per event).
+    /// has at hand, up to `size`. None is waited for; once shutdown is asked for, `first` goes alone.
+    ///
+    /// Each event in flight holds a slot. While at least half a batch of slots is free (`first`'s
+    /// included), the batch takes as many deliveries as there are free slots for, and takes the slots
+    /// at once: only this loop takes slots, so those free when counted are still free then (one
+    /// semaphore operation per batch, not two per event). With fewer free, it still takes up to `size`
+    /// and its processing first waits for their slots, which the batches in flight give back as they
+    /// end. Started with the few slots free, a batch would be small, and end when those few came back:
+    /// with 64 slots and batches of 64, a slow handler's calls alternated 63 and 1 events for as long
+    /// as a backlog lasted. The slots' queue is first come, first served, so the loop's own wait for a
+    /// slot comes after the batch's: at most one batch waits, holding at most `size` deliveries.
     fn batch_from(
         &mut self,
         first: Delivery,
@@ -781,10 +792,13 @@ impl ReceiveLoop {
         handler: Arc<dyn BatchHandler>,
         size: usize,
     ) -> (Processing, u32) {
+        let free = self.slots.available_permits();
         let room = if self.shared.shutdown.is_triggered() {
             0
+        } else if free + 1 >= size / 2 {
+            free.min(size.saturating_sub(1))
         } else {
-            self.slots.available_permits().min(size.saturating_sub(1))
+            size.saturating_sub(1)
         };
         let mut deliveries = Vec::with_capacity(room + 1);
         deliveries.push(first);
@@ -794,22 +808,37 @@ impl ReceiveLoop {
             };
             deliveries.push(delivery);
         }
-        let mut permits = permit;
         let more = u32::try_from(deliveries.len() - 1).unwrap_or(u32::MAX);
-        if more > 0 {
-            match self.slots.clone().try_acquire_many_owned(more) {
-                Ok(taken) => permits.merge(taken),
-                // Not while this loop runs (it alone takes slots, and never closes them): the
-                // deliveries taken beyond the slot held go back to the broker unhandled.
-                Err(e) => {
-                    warn!(error = %e, "no slots for a batch's deliveries; releasing them");
-                    deliveries.truncate(1);
+        let taken = match more {
+            0 => Ok(permit),
+            more => match self.slots.clone().try_acquire_many_owned(more) {
+                Ok(taken) => {
+                    let mut permits = permit;
+                    permits.merge(taken);
+                    Ok(permits)
                 }
-            }
-        }
+                Err(_) => Err((permit, more)),
+            },
+        };
         let events = u32::try_from(deliveries.len()).unwrap_or(u32::MAX);
-        let shared = self.shared.clone();
+        let (shared, slots) = (self.shared.clone(), self.slots.clone());
         let processing = Box::pin(async move {
+            let permits = match taken {
+                Ok(permits) => permits,
+                Err((mut permits, more)) => match slots.acquire_many_owned(more).await {
+                    Ok(taken) => {
+                        permits.merge(taken);
+                        permits
+                    }
+                    // Not while the consumer runs (its slots are never closed): the deliveries
+                    // beyond the slot held go back to the broker unhandled.
+                    Err(e) => {
+                        warn!(error = %e, "no slots for a batch's deliveries; releasing them");
+                        deliveries.truncate(1);
+                        permits
+                    }
+                },
+            };
             process::process_batch(shared, deliveries, handler).await;
             drop(permits);
         });
