@@ -391,5 +391,6 @@ async fn a_slow_batch_handler_behind_a_small_first_batch_still_gets_full_batches
         "{} calls for {EVENTS} events in batches of up to 16: {sizes:?}",
         sizes.len()
     );
+    println!("{} calls: {sizes:?}", sizes.len());
     Ok(())
 }
