@@ -266,6 +266,14 @@ impl Link {
         Ok(counts)
     }
 
+    /// The names of every topic the cluster has.
+    pub(crate) async fn topic_names(&self) -> Result<Vec<String>, Error> {
+        let reader = self.clone_for_blocking();
+        tokio::task::spawn_blocking(move || reader.topic_names_blocking())
+            .await
+            .map_err(wrap(Kind::Other, "read the cluster's metadata"))?
+    }
+
     fn clone_for_blocking(&self) -> MetadataReader {
         MetadataReader {
             producer: self.producers.current().producer,
@@ -453,6 +461,20 @@ struct MetadataReader {
 }
 
 impl MetadataReader {
+    fn topic_names_blocking(&self) -> Result<Vec<String>, Error> {
+        let metadata = self
+            .producer
+            .client()
+            .fetch_metadata(None, REQUEST_TIMEOUT)
+            .map_err(error("read the cluster's metadata"))?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .filter(|m| m.error().is_none())
+            .map(|m| m.name().to_string())
+            .collect())
+    }
+
     fn fetch_partitions_blocking(&self, topics: &[String]) -> Result<Vec<i32>, Error> {
         let metadata = self
             .producer

@@ -98,7 +98,11 @@ fn main() {
     // by side passed. The transactional test once found two copies in a full workspace run; that cause
     // is not found, so the tests stay serial by default.
     args.test_threads = args.test_threads.or(Some(1));
-    let tests: [(&str, Test); 19] = [
+    let tests: [(&str, Test); 20] = [
+        (
+            "deleting_a_topic_removes_its_groups_retry_topics_and_no_neighbours",
+            deleting_a_topic_removes_its_groups_retry_topics_and_no_neighbours,
+        ),
         (
             "a_batch_handler_fills_its_batch_across_hand_outs",
             a_batch_handler_fills_its_batch_across_hand_outs,
@@ -2183,6 +2187,90 @@ fn a_batch_handler_fills_its_batch_across_hand_outs(url: String) -> Result<(), S
              {LARGE_RECORDS_PER_HAND_OUT}: {sizes:?}",
             sizes.len()
         );
+        Ok(())
+    })
+}
+
+/// Deleting a topic removes it with its DLQ, its delay levels and the retry topic of each of its
+/// groups, as the cluster's metadata, read by a raw client, shows within 30 s; a neighbour whose name
+/// starts with the topic's, and its own retry topic, stay. Before, every group's retry topic stayed.
+fn deleting_a_topic_removes_its_groups_retry_topics_and_no_neighbours(
+    url: String,
+) -> Result<(), String> {
+    runtime()?.block_on(async move {
+        let transport = connect(&url).await?;
+        let topic = format!("doomed-{}", uuid::Uuid::new_v4().simple());
+        let neighbour = format!("{topic}-kept");
+        for (source, group) in [
+            (&topic, "billing"),
+            (&topic, "shipping"),
+            (&neighbour, "billing"),
+        ] {
+            transport
+                .declare(source, Some(group))
+                .await
+                .map_err(|e| format!("declare {source} for {group}: {e}"))?;
+        }
+        let doomed = transport
+            .names(&topic, Some("billing"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut gone: Vec<String> = doomed.delay.clone();
+        gone.extend([
+            doomed.topic.clone(),
+            doomed.dlq.clone(),
+            doomed
+                .retry
+                .clone()
+                .ok_or("no retry topic named for a group")?,
+            transport
+                .names(&topic, Some("shipping"))
+                .await
+                .map_err(|e| e.to_string())?
+                .retry
+                .ok_or("no retry topic named for a group")?,
+        ]);
+        let kept = transport
+            .names(&neighbour, Some("billing"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let kept = [
+            kept.topic,
+            kept.dlq,
+            kept.retry.ok_or("no retry topic named for a group")?,
+        ];
+        transport.delete(&topic).await.map_err(|e| e.to_string())?;
+        let bootstrap = event_retry_kafka::bootstrap_of(&url).map_err(|e| e.to_string())?;
+        let reader = group_reader(&bootstrap, &format!("{topic}-reader"))?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let left = loop {
+            let metadata = rdkafka::consumer::Consumer::fetch_metadata(&reader, None, CALL_TIMEOUT)
+                .map_err(|e| e.to_string())?;
+            let names: Vec<&str> = metadata.topics().iter().map(|t| t.name()).collect();
+            let left: Vec<&String> = gone
+                .iter()
+                .filter(|t| names.contains(&t.as_str()))
+                .collect();
+            let missing: Vec<&String> = kept
+                .iter()
+                .filter(|t| !names.contains(&t.as_str()))
+                .collect();
+            if !missing.is_empty() {
+                return Err(format!(
+                    "the neighbour's topics were deleted too: {missing:?}"
+                ));
+            }
+            if left.is_empty() || Instant::now() > deadline {
+                break left.into_iter().cloned().collect::<Vec<_>>();
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let _ = transport.delete(&neighbour).await;
+        if !left.is_empty() {
+            return Err(format!(
+                "still on the broker 30 s after the delete: {left:?}"
+            ));
+        }
         Ok(())
     })
 }
