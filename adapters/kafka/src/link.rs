@@ -461,13 +461,17 @@ struct MetadataReader {
 }
 
 impl MetadataReader {
-    fn topic_names_blocking(&self) -> Result<Vec<String>, Error> {
-        let metadata = self
-            .producer
+    /// The cluster's metadata, every topic's.
+    fn metadata(&self) -> Result<rdkafka::metadata::Metadata, Error> {
+        self.producer
             .client()
             .fetch_metadata(None, REQUEST_TIMEOUT)
-            .map_err(error("read the cluster's metadata"))?;
-        Ok(metadata
+            .map_err(error("read the cluster's metadata"))
+    }
+
+    fn topic_names_blocking(&self) -> Result<Vec<String>, Error> {
+        Ok(self
+            .metadata()?
             .topics()
             .iter()
             .filter(|m| m.error().is_none())
@@ -476,11 +480,7 @@ impl MetadataReader {
     }
 
     fn fetch_partitions_blocking(&self, topics: &[String]) -> Result<Vec<i32>, Error> {
-        let metadata = self
-            .producer
-            .client()
-            .fetch_metadata(None, REQUEST_TIMEOUT)
-            .map_err(error("read the cluster's metadata"))?;
+        let metadata = self.metadata()?;
         Ok(topics
             .iter()
             .map(|t| {

@@ -158,7 +158,7 @@ pub(crate) struct KafkaSubscription {
     swept_retries: VecDeque<Vec<Record>>,
     /// Source batches taken off their channel by [`KafkaSubscription::sweep`], handed out before the
     /// source batches still in it, but after any retry batch that comes meanwhile; and an error that
-    /// `next_ready` took off a channel, for `next` to return.
+    /// `take_next_batch` took off a channel, for `next` to return.
     swept: VecDeque<handoff::Batch>,
     /// The assignment's change count at the last sweep.
     swept_at: u64,
@@ -294,6 +294,47 @@ impl KafkaSubscription {
         None
     }
 
+    /// Makes the next batch to hand out the current one, without waiting; `false` when none is at hand,
+    /// or an error comes first (kept at the front of `swept`, for `next` to return). The order: retry
+    /// batches swept off their channel, a retry batch in its channel, the swept source batches, a source
+    /// batch in its channel. Taking what already waits in the channels means a batch handler's batch is
+    /// not cut where the consumer thread's hand-out ends (16 records of 16 KB), and a stream of
+    /// deliveries needs no `next` future per hand-out.
+    fn take_next_batch(&mut self) -> bool {
+        if let Some(records) = self.swept_retries.pop_front() {
+            self.batch = records.into_iter();
+            return true;
+        }
+        let taken = match self.inbound.try_recv_retries() {
+            Some(taken) => taken,
+            None => match self.swept.front() {
+                Some(Ok(_)) => {
+                    if let Some(Ok(records)) = self.swept.pop_front() {
+                        self.batch = records.into_iter();
+                    }
+                    return true;
+                }
+                Some(Err(_)) => return false,
+                None => match self.inbound.try_recv_source() {
+                    Some(taken) => taken,
+                    None => return false,
+                },
+            },
+        };
+        match taken {
+            Ok(records) => {
+                self.batch = records.into_iter();
+                self.worker
+                    .room_made(&self.commands, self.inbound.source_queued());
+                true
+            }
+            Err(e) => {
+                self.swept.push_front(Err(e));
+                false
+            }
+        }
+    }
+
     /// Gives back a record not current any more ([`crate::offsets::Offsets::give_back`]).
     #[cold]
     #[inline(never)]
@@ -356,7 +397,8 @@ impl KafkaSubscription {
 
 #[async_trait]
 impl Subscription for KafkaSubscription {
-    /// The next record at hand — a held retry now due, else the next of the batch — skipping those whose
+    /// The next record at hand — a held retry now due, else the next of the batch or of the next one at
+    /// hand ([`KafkaSubscription::take_next_batch`]) — skipping those whose
     /// partition was revoked since they were read (they belong to its new owner); a retry that came
     /// before its due time is held instead.
     fn next_ready(&mut self) -> Option<Delivery> {
@@ -369,55 +411,10 @@ impl Subscription for KafkaSubscription {
         }
         loop {
             let Some(record) = self.batch.next() else {
-                // Batches swept off the channels come next: the retry topic's, then (while swept
-                // source batches wait) one that came to its channel since, then the swept source
-                // batches, before anything in the source's channel. An error swept with them stays
-                // first, for `next` to return.
-                if let Some(records) = self.swept_retries.pop_front() {
-                    self.batch = records.into_iter();
+                if self.take_next_batch() {
                     continue;
                 }
-                if self.swept.is_empty() {
-                    // What waits in the channels already, the retry topic's first: a batch handler's
-                    // batch is then not cut where the consumer thread's hand-out ends (16 records of
-                    // 16 KB), and a stream of deliveries needs no `next` future per hand-out.
-                    let taken = match self.inbound.try_recv_retries() {
-                        Some(batch) => Some(batch),
-                        None => self.inbound.try_recv_source(),
-                    };
-                    match taken {
-                        Some(Ok(records)) => {
-                            self.batch = records.into_iter();
-                            self.worker
-                                .room_made(&self.commands, self.inbound.source_queued());
-                            continue;
-                        }
-                        // Kept where `next` returns it, after the records taken before it.
-                        Some(Err(e)) => {
-                            self.swept.push_back(Err(e));
-                            return None;
-                        }
-                        None => return None,
-                    }
-                }
-                match self.inbound.try_recv_retries() {
-                    Some(Ok(records)) => {
-                        self.batch = records.into_iter();
-                        continue;
-                    }
-                    Some(Err(e)) => {
-                        self.swept.push_front(Err(e));
-                        return None;
-                    }
-                    None => {}
-                }
-                let Some(Ok(_)) = self.swept.front() else {
-                    return None;
-                };
-                if let Some(Ok(records)) = self.swept.pop_front() {
-                    self.batch = records.into_iter();
-                }
-                continue;
+                return None;
             };
             if !self.is_current(&record.tp, record.epoch, record.generation) {
                 // Its partition was revoked, or is being revoked since the sweep above.
@@ -455,7 +452,7 @@ impl Subscription for KafkaSubscription {
                 return Ok(Some(delivery));
             }
             // An error swept off the channel with the batches around it, in its turn, or taken off it
-            // by `next_ready`.
+            // by `take_next_batch`.
             if let Some(Err(_)) = self.swept.front()
                 && let Some(Err(e)) = self.swept.pop_front()
             {

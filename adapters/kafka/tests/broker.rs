@@ -52,7 +52,7 @@ use event_retry_core::dlq::DlqFilter;
 use event_retry_core::error::Kind;
 use event_retry_core::event::Event;
 use event_retry_core::policy::RetryPolicy;
-use event_retry_core::runtime::{Context, ParkedAfterDead, batch_handler_fn, handler_fn};
+use event_retry_core::runtime::{Context, ParkedAfterDead, handler_fn};
 use event_retry_core::time::Timestamp;
 use event_retry_kafka::{KafkaConfig, KafkaTransport};
 use libtest_mimic::Arguments;
@@ -222,7 +222,12 @@ async fn publish_keyed(
 }
 
 async fn connect(url: &str) -> Result<KafkaTransport, String> {
-    KafkaTransport::connect_with(url, config())
+    connect_as(url, config()).await
+}
+
+/// A transport to `url` with `config`.
+async fn connect_as(url: &str, config: KafkaConfig) -> Result<KafkaTransport, String> {
+    KafkaTransport::connect_with(url, config)
         .await
         .map_err(|e| e.to_string())
 }
@@ -830,9 +835,7 @@ fn crash_group(topic: &str) -> String {
 /// failpoint the parent set, after its copies were produced and before their commit.
 fn crash_child(url: String, topic: String, transactional: bool) -> Result<(), String> {
     runtime()?.block_on(async move {
-        let transport = KafkaTransport::connect_with(&url, transactional_config(transactional))
-            .await
-            .map_err(|e| e.to_string())?;
+        let transport = connect_as(&url, transactional_config(transactional)).await?;
         let handler = handler_fn(|_event: Event, _ctx: Context| async move {
             Err::<(), _>(HandlerError::deferred("first try fails"))
         });
@@ -944,9 +947,7 @@ fn crash_before_commit(
     transactional: bool,
 ) -> Result<(HashMap<String, usize>, Crash), String> {
     runtime()?.block_on(async move {
-        let transport = KafkaTransport::connect_with(url, transactional_config(transactional))
-            .await
-            .map_err(|e| e.to_string())?;
+        let transport = connect_as(url, transactional_config(transactional)).await?;
         let topic = format!("txn-crash-{}", uuid::Uuid::new_v4().simple());
         transport
             .declare(&topic, Some(&crash_group(&topic)))
@@ -1388,15 +1389,14 @@ fn due_retries_behind_a_backlog_run_not_early_and_within_640_ms(url: String) -> 
         // due while the backlog drains. With two, the other partition's healthy events could fill
         // the hand-off channel ahead of them and the backlog drain before any retry was due (seen
         // once in a CI run: every retry ran after the 3,000th healthy event).
-        let transport = KafkaTransport::connect_with(
+        let transport = connect_as(
             &url,
             KafkaConfig {
                 partitions: 1,
                 ..config()
             },
         )
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
         let topic = format!("overtake-{}", uuid::Uuid::new_v4().simple());
         let broker = Broker::new(transport.clone());
         let result = retries_run_on_time_behind_a_backlog(&broker, &topic).await;
@@ -1457,9 +1457,7 @@ fn a_revocation_waits_only_for_the_work_the_handler_has(url: String) -> Result<(
             revoke_grace: Duration::from_secs(60),
             ..config()
         };
-        let transport = KafkaTransport::connect_with(&url, config)
-            .await
-            .map_err(|e| e.to_string())?;
+        let transport = connect_as(&url, config).await?;
         let topic = format!("revoke-{}", uuid::Uuid::new_v4().simple());
         let group = format!("{topic}-group");
         transport
@@ -1682,15 +1680,7 @@ fn records_that_reached_the_consumers_queue_before_forwarding_keep_their_order(
     url: String,
 ) -> Result<(), String> {
     runtime()?.block_on(async move {
-        let transport = KafkaTransport::connect_with(
-            &url,
-            KafkaConfig {
-                partitions: 1,
-                ..config()
-            },
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+        let transport = connect_as(&url, KafkaConfig { partitions: 1, ..config() }).await?;
         let topic = format!("forwarded-order-{}", uuid::Uuid::new_v4().simple());
         let group = format!("{topic}-group");
         transport
@@ -1891,15 +1881,7 @@ fn a_resume_librdkafka_drops_is_made_good(url: String) -> Result<(), String> {
 /// second retry would never run (shown: with `resume_again` disabled this test fails).
 fn a_ladder_resume_librdkafka_drops_is_made_good(url: String) -> Result<(), String> {
     runtime()?.block_on(async move {
-        let transport = KafkaTransport::connect_with(
-            &url,
-            KafkaConfig {
-                partitions: 1,
-                ..config()
-            },
-        )
-        .await
-        .map_err(|e| e.to_string())?;
+        let transport = connect_as(&url, KafkaConfig { partitions: 1, ..config() }).await?;
         let topic = format!("dropped-ladder-resume-{}", uuid::Uuid::new_v4().simple());
         let handler = handler_fn(move |_event: Event, ctx: Context| async move {
             if ctx.attempt == 1 {
@@ -2017,9 +1999,7 @@ fn transactional_copy_waits_for_no_earlier_unsettled_record(url: String) -> Resu
     let config = transactional_config(true);
     let bootstrap = event_retry_kafka::bootstrap_of(&url).map_err(|e| e.to_string())?;
     runtime()?.block_on(async move {
-        let transport = KafkaTransport::connect_with(&url, config.clone())
-            .await
-            .map_err(|e| e.to_string())?;
+        let transport = connect_as(&url, config.clone()).await?;
         let topic = format!("unsettled-{}", uuid::Uuid::new_v4().simple());
         let group = format!("{topic}-group");
         // One key: both records in one partition, A before B.
@@ -2113,65 +2093,19 @@ fn a_batch_handler_fills_its_batch_across_hand_outs(url: String) -> Result<(), S
     runtime()?.block_on(async move {
         let transport = connect(&url).await?;
         let topic = format!("batch-large-{}", uuid::Uuid::new_v4().simple());
-        transport
-            .declare(
-                &topic,
-                Some(&event_retry_core::adapter::default_group(&topic)),
-            )
-            .await
-            .map_err(|e| e.to_string())?;
-        let broker = Broker::new(transport.clone());
-        let producer = broker.producer();
-        let body = "x".repeat(LARGE_RECORD_BYTES);
-        for i in 0..LARGE_RECORDS {
-            producer
-                .publish(&topic, Event::new(body.clone()).with_id(format!("l{i:04}")))
-                .await
-                .map_err(|e| format!("publish: {e}"))?;
-        }
-        let calls: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
-        let recorded = calls.clone();
-        let handler = batch_handler_fn(move |batch: Vec<(Event, Context)>| {
-            recorded
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(batch.iter().map(|(_, c)| c.event_id.to_string()).collect());
-            let results = batch.iter().map(|_| Ok(())).collect();
-            async move {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                results
-            }
-        });
-        let consumer = broker
-            .consumer(&topic)
-            .concurrency(LARGE_BATCH)
-            .batch_size(LARGE_BATCH)
-            .start_batch(handler)
-            .await
-            .map_err(|e| e.to_string())?;
-        let drained = tokio::time::timeout(
-            Duration::from_secs(120),
-            consumer.wait_until(|s| s.succeeded >= LARGE_RECORDS as u64),
+        let sizes = test_support::batch::drain_in_batches(
+            &Broker::new(transport),
+            &topic,
+            test_support::batch::BatchDrain {
+                events: LARGE_RECORDS,
+                payload_bytes: LARGE_RECORD_BYTES,
+                batch: LARGE_BATCH,
+                concurrency: Some(LARGE_BATCH),
+                call_time: Duration::from_millis(50),
+                within: Duration::from_secs(120),
+            },
         )
-        .await;
-        consumer.shutdown().await.map_err(|e| e.to_string())?;
-        let _ = transport.delete(&topic).await;
-        drained.map_err(|_| format!("{LARGE_RECORDS} events not handled within 120 s"))?;
-        let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let sizes: Vec<usize> = calls.iter().map(Vec::len).collect();
-        let mut ids: Vec<&String> = calls.iter().flatten().collect();
-        ids.sort();
-        ids.dedup();
-        if ids.len() != LARGE_RECORDS || sizes.iter().sum::<usize>() != LARGE_RECORDS {
-            return Err(format!(
-                "{} distinct events in {} handled; want each of {LARGE_RECORDS} once",
-                ids.len(),
-                sizes.iter().sum::<usize>()
-            ));
-        }
-        if sizes.iter().any(|&n| n > LARGE_BATCH) {
-            return Err(format!("a batch above {LARGE_BATCH}: {sizes:?}"));
-        }
+        .await?;
         let past_a_hand_out: usize = sizes
             .iter()
             .filter(|&&n| n > LARGE_RECORDS_PER_HAND_OUT)
