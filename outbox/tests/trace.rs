@@ -32,11 +32,8 @@ async fn an_event_enqueued_inside_a_trace_reaches_its_consumer_in_that_trace()
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("outbox-test"))),
     )?;
 
-    let file = std::env::temp_dir().join(format!(
-        "event-retry-outbox-trace-{}.db",
-        uuid::Uuid::new_v4().simple()
-    ));
-    let url = format!("sqlite:{}", file.display());
+    let dir = ScratchDir::new()?;
+    let url = format!("sqlite:{}", dir.0.join("outbox.db").display());
     let outbox = Outbox::connect(&url).await?;
     let broker = Broker::memory();
     let relay = outbox.relay(broker.producer()).start()?;
@@ -100,6 +97,28 @@ async fn an_event_enqueued_inside_a_trace_reaches_its_consumer_in_that_trace()
         "the attempt is not the create span's child: {names:?}"
     );
     assert_eq!(attempt.span_kind, SpanKind::Consumer);
-    let _ = std::fs::remove_file(&file);
+    db.close().await?;
     Ok(())
+}
+
+/// A directory of its own for the test's SQLite file, removed with everything in it when the test
+/// ends, passed or failed: the file's `-wal` and `-shm` companions included, which outlived a removal
+/// of the file alone while connections were still open.
+struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    fn new() -> std::io::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "event-retry-outbox-trace-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

@@ -137,4 +137,10 @@ rabbitmq-cluster_stop() {
     epmd -kill >/dev/null 2>&1 || pkill -x epmd || true
   fi
   rm -f "$d/epmd"
+  # Unless keeping data, the nodes' folder under /tmp goes too, as a single node's does.
+  if ! keep_data && [ -s "$d/node-dir" ] && ! rabbitmq_cluster_alive; then
+    case "$(cat "$d/node-dir")" in
+      /tmp/event-retry-rabbitmq-cluster.*) rm -rf "$(cat "$d/node-dir")" && rm -f "$d/node-dir" ;;
+    esac
+  fi
 }

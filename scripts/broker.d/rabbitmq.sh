@@ -227,4 +227,11 @@ rabbitmq_stop() {
     epmd -kill >/dev/null 2>&1 || pkill -x epmd || true
   fi
   rm -f "$d/epmd"
+  # Unless keeping data, the node's folder under /tmp goes too (the next start makes a fresh one): a
+  # clone deleted after a run leaves nothing behind.
+  if ! keep_data && [ -s "$d/node-dir" ] && ! rabbitmq_server_pid >/dev/null; then
+    case "$(cat "$d/node-dir")" in
+      /tmp/event-retry-rabbitmq.*) rm -rf "$(cat "$d/node-dir")" && rm -f "$d/node-dir" ;;
+    esac
+  fi
 }
