@@ -15,7 +15,7 @@
 //! greatest.
 //!
 //! For a profiler: `RETRY_BENCH_PROFILE=<events>` runs one round of the multi-threaded runtime with
-//! defaults only, over that many events, and after publishing them prints `published, pid N` and waits
+//! defaults only (a batch handler's with `RETRY_BENCH_PROFILE_SETTING=batch`), over that many events, and after publishing them prints `published, pid N` and waits
 //! 2 s before the consumer starts — time to attach (`perf record -g -p N`) to the consuming alone.
 //!
 //! The bench waits for the last handler call through a signal the handler raises, and only then for the
@@ -37,6 +37,8 @@ use event_retry_core::runtime::{Context, batch_handler_fn, handler_fn};
 const EVENTS: usize = 200_000;
 /// The environment variable of the profiling round (see the module docs).
 const PROFILE_ENV: &str = "RETRY_BENCH_PROFILE";
+/// With [`PROFILE_ENV`]: `batch` profiles the batch handler's round instead of the per-event one.
+const PROFILE_SETTING_ENV: &str = "RETRY_BENCH_PROFILE_SETTING";
 /// Rounds per setting.
 const ROUNDS: usize = 3;
 /// Payload size of each event, in bytes.
@@ -184,7 +186,16 @@ fn main() -> Result<(), Error> {
         let multi = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?;
-        let round = multi.block_on(round_of(events, None, Setting::PerEvent, true))?;
+        let setting = match std::env::var(PROFILE_SETTING_ENV).as_deref() {
+            Ok("batch") => Setting::Batch,
+            Ok("per-event") | Err(_) => Setting::PerEvent,
+            Ok(other) => {
+                return Err(
+                    format!("{PROFILE_SETTING_ENV}={other}: want per-event or batch").into(),
+                );
+            }
+        };
+        let round = multi.block_on(round_of(events, None, setting, true))?;
         println!("profiled round: {:.0} events/s", round.rate);
         return Ok(());
     }

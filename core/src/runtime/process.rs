@@ -197,6 +197,8 @@ pub(super) async fn process_batch(
     handler: Arc<dyn BatchHandler>,
 ) {
     let mut prepared = Vec::with_capacity(deliveries.len());
+    // The batch's deliveries were taken together: one reading of the clock is the time of each.
+    let taken = SystemTime::now();
     for delivery in deliveries {
         let Delivery {
             message,
@@ -204,7 +206,7 @@ pub(super) async fn process_batch(
             mut receipt,
         } = delivery;
         // Decoded in place; only a poison delivery waits here, for its dead letter.
-        match prepare(&shared, message, info, SystemTime::now()) {
+        match prepare(&shared, message, info, taken) {
             Prepared::Ready(ready) => prepared.push((ready, receipt)),
             Prepared::Poison(mut poison) => {
                 Box::pin(dead_letter(
