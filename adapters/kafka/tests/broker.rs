@@ -100,8 +100,8 @@ fn main() {
     args.test_threads = args.test_threads.or(Some(1));
     let tests: [(&str, Test); 20] = [
         (
-            "deleting_a_topic_removes_its_groups_retry_topics_and_no_neighbours",
-            deleting_a_topic_removes_its_groups_retry_topics_and_no_neighbours,
+            "deleting_a_topic_removes_its_groups_retry_topics_and_no_other_sources_topics",
+            deleting_a_topic_removes_its_groups_retry_topics_and_no_other_sources_topics,
         ),
         (
             "a_batch_handler_fills_its_batch_across_hand_outs",
@@ -2126,83 +2126,107 @@ fn a_batch_handler_fills_its_batch_across_hand_outs(url: String) -> Result<(), S
 }
 
 /// Deleting a topic removes it with its DLQ, its delay levels and the retry topic of each of its
-/// groups, as the cluster's metadata, read by a raw client, shows within 30 s; a neighbour whose name
-/// starts with the topic's, and its own retry topic, stay. Before, every group's retry topic stayed.
-fn deleting_a_topic_removes_its_groups_retry_topics_and_no_neighbours(
+/// groups, as the cluster's metadata, read by a raw client, shows within 30 s; every topic of two other
+/// sources stays, read again after the delete has shown: a neighbour whose name starts with the
+/// topic's, and a source named like one of the topic's retry topics (`<topic>.retry.ledger`), with
+/// their DLQs, ladders and retry topics. Every one of these topics is first seen on the broker. Before,
+/// every group's retry topic stayed; then the second source's DLQ and ladder went with the topic.
+fn deleting_a_topic_removes_its_groups_retry_topics_and_no_other_sources_topics(
     url: String,
 ) -> Result<(), String> {
     runtime()?.block_on(async move {
         let transport = connect(&url).await?;
         let topic = format!("doomed-{}", uuid::Uuid::new_v4().simple());
         let neighbour = format!("{topic}-kept");
-        for (source, group) in [
+        let named_like_a_retry_topic = format!("{topic}.retry.ledger");
+        let declared = [
             (&topic, "billing"),
             (&topic, "shipping"),
             (&neighbour, "billing"),
-        ] {
+            (&named_like_a_retry_topic, "audit"),
+        ];
+        for (source, group) in declared {
             transport
                 .declare(source, Some(group))
                 .await
                 .map_err(|e| format!("declare {source} for {group}: {e}"))?;
         }
-        let doomed = transport
-            .names(&topic, Some("billing"))
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut gone: Vec<String> = doomed.delay.clone();
-        gone.extend([
-            doomed.topic.clone(),
-            doomed.dlq.clone(),
-            doomed
-                .retry
-                .clone()
-                .ok_or("no retry topic named for a group")?,
-            transport
-                .names(&topic, Some("shipping"))
+        let mut gone = Vec::new();
+        let mut kept = Vec::new();
+        for (source, group) in declared {
+            let names = transport
+                .names(source, Some(group))
                 .await
-                .map_err(|e| e.to_string())?
-                .retry
-                .ok_or("no retry topic named for a group")?,
-        ]);
-        let kept = transport
-            .names(&neighbour, Some("billing"))
-            .await
-            .map_err(|e| e.to_string())?;
-        let kept = [
-            kept.topic,
-            kept.dlq,
-            kept.retry.ok_or("no retry topic named for a group")?,
-        ];
-        transport.delete(&topic).await.map_err(|e| e.to_string())?;
+                .map_err(|e| e.to_string())?;
+            let into = if *source == topic {
+                &mut gone
+            } else {
+                &mut kept
+            };
+            into.extend(names.delay);
+            into.push(names.topic);
+            into.push(names.dlq);
+            into.push(names.retry.ok_or("no retry topic named for a group")?);
+        }
+        gone.sort();
+        gone.dedup();
         let bootstrap = event_retry_kafka::bootstrap_of(&url).map_err(|e| e.to_string())?;
         let reader = group_reader(&bootstrap, &format!("{topic}-reader"))?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let left = loop {
+        let on_broker = || -> Result<Vec<String>, String> {
             let metadata = rdkafka::consumer::Consumer::fetch_metadata(&reader, None, CALL_TIMEOUT)
                 .map_err(|e| e.to_string())?;
-            let names: Vec<&str> = metadata.topics().iter().map(|t| t.name()).collect();
-            let left: Vec<&String> = gone
+            Ok(metadata
+                .topics()
                 .iter()
-                .filter(|t| names.contains(&t.as_str()))
-                .collect();
-            let missing: Vec<&String> = kept
-                .iter()
-                .filter(|t| !names.contains(&t.as_str()))
-                .collect();
-            if !missing.is_empty() {
+                .map(|t| t.name().to_string())
+                .collect())
+        };
+        let absent = |names: &[String], of: &[String]| -> Vec<String> {
+            of.iter().filter(|t| !names.contains(t)).cloned().collect()
+        };
+        // Every topic of the three sources is there before the delete.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let names = on_broker()?;
+            let missing = absent(&names, &[gone.clone(), kept.clone()].concat());
+            if missing.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
                 return Err(format!(
-                    "the neighbour's topics were deleted too: {missing:?}"
+                    "not on the broker 30 s after declaring: {missing:?}"
                 ));
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        transport.delete(&topic).await.map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let left = loop {
+            let names = on_broker()?;
+            let missing = absent(&names, &kept);
+            if !missing.is_empty() {
+                return Err(format!(
+                    "other sources' topics were deleted too: {missing:?}"
+                ));
+            }
+            let left: Vec<String> = gone.iter().filter(|t| names.contains(t)).cloned().collect();
             if left.is_empty() || Instant::now() > deadline {
-                break left.into_iter().cloned().collect::<Vec<_>>();
+                break left;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
+        // Read once more: a deletion of the others' topics that came later than the topic's own.
+        let missing = absent(&on_broker()?, &kept);
         let _ = transport.delete(&neighbour).await;
+        let _ = transport.delete(&named_like_a_retry_topic).await;
         if !left.is_empty() {
             return Err(format!(
                 "still on the broker 30 s after the delete: {left:?}"
+            ));
+        }
+        if !missing.is_empty() {
+            return Err(format!(
+                "other sources' topics were deleted too: {missing:?}"
             ));
         }
         Ok(())
