@@ -223,8 +223,8 @@ pub const OVERTAKEN_WORK: Duration = Duration::from_millis(20);
 pub struct Overtaking {
     /// The event's id (`r-<n>`).
     pub id: String,
-    /// How late the attempt started, in ms: negative if early, `i64::MAX` if it was told no due time.
-    pub late_ms: i64,
+    /// How late the attempt started, in ms (negative if early); `None` if it was told no due time.
+    pub late_ms: Option<i64>,
     /// The healthy events done when it started.
     pub healthy_done: usize,
 }
@@ -261,7 +261,6 @@ pub async fn overtaking_retries(broker: &Broker, topic: &str) -> Result<Vec<Over
             if ctx.attempt == 1 {
                 return Err(HandlerError::deferred("fails once"));
             }
-            let due = ctx.due_at.map_or(i64::MIN, |due| due.as_millis() as i64);
             let now = Timestamp::now().as_millis() as i64;
             let healthy_done = done.load(std::sync::atomic::Ordering::SeqCst);
             record
@@ -269,7 +268,7 @@ pub async fn overtaking_retries(broker: &Broker, topic: &str) -> Result<Vec<Over
                 .unwrap_or_else(|p| p.into_inner())
                 .push(Overtaking {
                     id,
-                    late_ms: now.saturating_sub(due),
+                    late_ms: ctx.due_at.map(|due| now - due.as_millis() as i64),
                     healthy_done,
                 });
             Ok(())
@@ -316,9 +315,19 @@ pub async fn overtaking_retries(broker: &Broker, topic: &str) -> Result<Vec<Over
 /// nothing) sees all of them done and fails the check.
 pub async fn a_due_retry_overtakes_the_backlog(broker: &Broker, topic: &str) -> Result<(), String> {
     let seen = overtaking_retries(broker, topic).await?;
+    let untold: Vec<&str> = seen
+        .iter()
+        .filter(|s| s.late_ms.is_none())
+        .map(|s| s.id.as_str())
+        .collect();
+    if !untold.is_empty() {
+        return Err(format!(
+            "retries told no due time, so none can be checked for running early: {untold:?}"
+        ));
+    }
     let early: Vec<&str> = seen
         .iter()
-        .filter(|s| s.late_ms < 0)
+        .filter(|s| s.late_ms.is_some_and(|late| late < 0))
         .map(|s| s.id.as_str())
         .collect();
     if !early.is_empty() {
