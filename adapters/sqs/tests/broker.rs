@@ -42,7 +42,9 @@ use test_support::broker::Test;
 type Calls = Arc<Mutex<HashMap<String, Vec<Instant>>>>;
 
 /// What a handler saw on each call: event id, attempts, retries, last error.
-type Seen = Arc<Mutex<Vec<(String, u32, u32, Option<String>)>>>;
+/// Each handler call: the event id, its attempts, its retries, its last error and its first-seen time
+/// (milliseconds).
+type Seen = Arc<Mutex<Vec<(String, u32, u32, Option<String>, Option<u64>)>>>;
 
 fn main() {
     let args = Arguments::from_args();
@@ -243,6 +245,7 @@ fn recording_history(
                 meta.attempts,
                 meta.retries,
                 meta.last_error.clone(),
+                meta.first_seen.map(|t| t.as_millis()),
             ));
             match fail(&id, meta.retries) {
                 Some(e) => Err(e),
@@ -369,7 +372,8 @@ fn through_the_retry_queue_a_due_retry_overtakes_the_backlog(url: String) -> Res
 
 /// With room to remember one retry, five events retry at once: every retry — the remembered one and the
 /// four carried by copies — must reach the handler with the previous call's error and counts, and the
-/// DLQ entries (read with aws-sdk-sqs) hold the last error and the first-seen time of the first call.
+/// DLQ entries (read with aws-sdk-sqs) hold the last error and the first-seen time of the first call:
+/// every call of an event, and its DLQ entry, carry the one first-seen time its first call had.
 fn beyond_the_remembered_retries_a_retry_carries_its_history(url: String) -> Result<(), String> {
     block_on(async move {
         // About the visibility path: a retry queue would carry every retry by a copy.
@@ -397,6 +401,7 @@ fn beyond_the_remembered_retries_a_retry_carries_its_history(url: String) -> Res
         .map_err(|e| format!("{e}: {:?}", consumer.stats()))?;
         consumer.shutdown().await.map_err(|e| e.to_string())?;
         let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut first_seen = HashMap::new();
         for id in &ids {
             let calls: Vec<_> = seen.iter().filter(|c| &c.0 == id).collect();
             if calls.len() != 3 {
@@ -405,6 +410,15 @@ fn beyond_the_remembered_retries_a_retry_carries_its_history(url: String) -> Res
                     calls.len()
                 ));
             }
+            let first = calls[0]
+                .4
+                .ok_or(format!("{id}'s first call had no first-seen time"))?;
+            if calls.iter().any(|c| c.4 != Some(first)) {
+                return Err(format!(
+                    "{id}'s first-seen time changed between calls (a copy stamped its own): {calls:?}"
+                ));
+            }
+            first_seen.insert(id.clone(), first.to_string());
             for (n, call) in calls.iter().enumerate() {
                 let n = n as u32;
                 let want_error = (n > 0).then(|| format!("boom {id} after {} retries", n - 1));
@@ -433,14 +447,16 @@ fn beyond_the_remembered_retries_a_retry_carries_its_history(url: String) -> Res
             let field = |name: &str| fields.get(name).map(String::as_str);
             let id = field("event-id").unwrap_or_default();
             let want_error = format!("boom {id} after 2 retries");
+            let want_first_seen = first_seen.get(id).map(String::as_str);
             if field("retries") != Some("2")
                 || field("last-error") != Some(want_error.as_str())
                 || field("last-delay-ms") != Some("1000")
-                || field("first-seen").is_none()
+                || want_first_seen.is_none()
+                || field("first-seen") != want_first_seen
             {
                 return Err(format!(
                     "a DLQ entry's history is incomplete (want retries 2, {want_error:?}, last delay \
-                     1000 ms, a first-seen time): {packed}"
+                     1000 ms, the first call's first-seen time {want_first_seen:?}): {packed}"
                 ));
             }
         }
@@ -675,9 +691,10 @@ fn a_fifo_dlq_keeps_one_entry_per_dead_lettering(url: String) -> Result<(), Stri
 }
 
 /// A producer used all ten attributes: the SDK's metadata has no attribute of its own left. The event
-/// still retries (a visibility retry), then dead-letters once with the reason and its history, and the
-/// DLQ copy holds all ten attributes with their data types (two of them packed beside the SDK's, as
-/// a raw receive shows, and restored through the SDK).
+/// still retries (a visibility retry), then dead-letters once with the reason and its history. The DLQ
+/// copy read through the SDK has the ten as headers, each with its original bytes; read raw, every
+/// original is there with its data type and value, either as an attribute or carried in the packed
+/// `x-retry` attribute's list (what did not fit beside the SDK's own).
 fn ten_attributes_retry_and_dead_letter_once(url: String) -> Result<(), String> {
     use aws_sdk_sqs::types::MessageAttributeValue;
     block_on(async move {
@@ -781,7 +798,21 @@ fn ten_attributes_retry_and_dead_letter_once(url: String) -> Result<(), String> 
         {
             return Err(format!("the DLQ entry lost something: {entry:?}"));
         }
-        // Raw: eight attributes on the message, the SDK's one, and the rest packed beside it.
+        for (name, value) in entry.event.headers.iter() {
+            let original = attributes.get(name).ok_or(format!(
+                "the DLQ entry has a header {name:?} no attribute had"
+            ))?;
+            let want: &[u8] = match (original.string_value(), original.binary_value()) {
+                (Some(text), _) => text.as_bytes(),
+                (None, Some(blob)) => blob.as_ref(),
+                (None, None) => b"",
+            };
+            if value.as_ref() != want {
+                return Err(format!("header {name}: {value:?}, was {want:?}"));
+            }
+        }
+        // Raw: the attributes on the message, the SDK's `x-retry` among them, and the rest carried in
+        // its list; together, exactly the ten originals.
         let dlq_url = queue_url(format!("{topic}-dlq")).await?;
         let got = client
             .receive_message()
@@ -800,12 +831,40 @@ fn ten_attributes_retry_and_dead_letter_once(url: String) -> Result<(), String> 
         if raw_attrs.len() != 10 || !raw_attrs.contains_key("x-retry") {
             return Err(format!("raw DLQ attributes: {:?}", raw_attrs.keys()));
         }
-        for (name, value) in &raw_attrs {
-            if let Some(original) = attributes.get(name)
-                && original != value
-            {
-                return Err(format!("{name}: {value:?}, was {original:?}"));
+        let mut restored: HashMap<String, MessageAttributeValue> = raw_attrs
+            .iter()
+            .filter(|(name, _)| name.as_str() != "x-retry")
+            .map(|(name, value)| (name.clone(), value.clone()))
+            .collect();
+        let packed = raw_attrs["x-retry"].string_value().unwrap_or_default();
+        let packed: serde_json::Value =
+            serde_json::from_str(packed).map_err(|e| format!("x-retry: {e}: {packed}"))?;
+        for carried in packed["attributes"].as_array().into_iter().flatten() {
+            let text = |key: &str| carried[key].as_str().map(str::to_string);
+            let name =
+                text("name").ok_or(format!("a carried attribute without a name: {carried}"))?;
+            let mut value =
+                MessageAttributeValue::builder().data_type(text("type").unwrap_or_default());
+            if let Some(string) = text("string") {
+                value = value.string_value(string);
             }
+            if let Some(binary) = text("binary") {
+                use base64::Engine as _;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(&binary)
+                    .map_err(|e| format!("carried {name}: {e}"))?;
+                value = value.binary_value(aws_sdk_sqs::primitives::Blob::new(bytes));
+            }
+            let value = value.build().map_err(|e| e.to_string())?;
+            if restored.insert(name.clone(), value).is_some() {
+                return Err(format!("{name} both an attribute and carried in x-retry"));
+            }
+        }
+        if restored != attributes {
+            return Err(format!(
+                "the raw DLQ copy's attributes, carried ones included, are not the originals: \
+                 {restored:?}, were {attributes:?}"
+            ));
         }
         transport.delete(&topic).await.map_err(|e| e.to_string())
     })
