@@ -60,8 +60,8 @@ fn main() {
             a_dropped_transport_stops_moving_its_ladder,
         ),
         (
-            "a_batch_handler_gets_what_the_subscription_holds",
-            a_batch_handler_gets_what_the_subscription_holds,
+            "a_batch_handler_gets_more_than_one_held_event_per_call",
+            a_batch_handler_gets_more_than_one_held_event_per_call,
         ),
         (
             "a_due_retry_overtakes_the_backlog",
@@ -876,15 +876,17 @@ fn batched_acks_settle_every_delivery_once(url: String) -> Result<(), String> {
     })
 }
 
-/// A batch handler is given the deliveries the subscription already holds together, each once
+/// With 300 events waiting, a batch handler gets each once, none in a call above the batch size, and at
+/// least one call of more than one event: the subscription hands over what it holds together
 /// (`test_support::batch`).
-fn a_batch_handler_gets_what_the_subscription_holds(url: String) -> Result<(), String> {
+fn a_batch_handler_gets_more_than_one_held_event_per_call(url: String) -> Result<(), String> {
     test_support::broker::runtime()?.block_on(async move {
         let transport = RabbitTransport::connect(&url)
             .await
             .map_err(|e| e.to_string())?;
         let topic = format!("batch-{}", uuid::Uuid::new_v4().simple());
-        test_support::batch::batches_take_what_is_at_hand(&Broker::new(transport), &topic).await
+        test_support::batch::batches_take_more_than_one_held_event(&Broker::new(transport), &topic)
+            .await
     })
 }
 

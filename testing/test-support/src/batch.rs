@@ -124,7 +124,10 @@ pub async fn drain_in_batches(
 /// Publishes 300 events to `topic` before the consumer starts, then drains it with a batch handler
 /// (batches of up to 32): every event handled once, no batch larger than the batch size, and at least
 /// one call given more than one event.
-pub async fn batches_take_what_is_at_hand(broker: &Broker, topic: &str) -> Result<(), String> {
+pub async fn batches_take_more_than_one_held_event(
+    broker: &Broker,
+    topic: &str,
+) -> Result<(), String> {
     let sizes = drain_in_batches(
         broker,
         topic,
