@@ -79,7 +79,9 @@ fn describe(span: &SpanData) -> String {
 /// outcomes `retry`, `dead` with an error status, `ack`; attempts 1, 2 and 1 again with `replays` 1) and
 /// the `replay` span, which starts after the second attempt and before the third. The spans name the
 /// topic (`messaging.destination.name`), the broker (`messaging.system`) and the operation (`send`,
-/// `process`).
+/// `process`); each attempt names the consumer's group (`messaging.consumer.group.name`) and the
+/// event's id (`messaging.message.id`), and the first, which retries, the delay it chose
+/// (`next_delay_ms`), which the others do not have.
 pub async fn trace_context_every_hop(f: Arc<Fixture>) -> ScenarioResult {
     let capture = capture()?;
     let topic = f.fresh_topic("s18").await.map_err(|e| e.to_string())?;
@@ -129,6 +131,7 @@ pub async fn trace_context_every_hop(f: Arc<Fixture>) -> ScenarioResult {
     let all = || spans.iter().map(describe).collect::<Vec<_>>().join("; ");
     let named = |name: &str| spans.iter().filter(|s| s.name == name).collect::<Vec<_>>();
     // The OpenTelemetry messaging conventions' names.
+    let group = event_retry_core::adapter::default_group(&topic);
     let system = match f.broker().transport().name() {
         "sqs" => "aws_sqs",
         other => other,
@@ -203,9 +206,19 @@ pub async fn trace_context_every_hop(f: Arc<Fixture>) -> ScenarioResult {
         ensure(
             attribute(attempt, "messaging.destination.name").as_deref() == Some(topic.as_str())
                 && attribute(attempt, "messaging.system").as_deref() == Some(system)
-                && attribute(attempt, "messaging.operation.type").as_deref() == Some("process"),
+                && attribute(attempt, "messaging.operation.type").as_deref() == Some("process")
+                && attribute(attempt, "messaging.consumer.group.name").as_deref()
+                    == Some(group.as_str())
+                && attribute(attempt, "messaging.message.id").as_deref() == Some("t1"),
             || format!("an attempt span's attributes: {:?}", attempt.attributes),
         )?;
+        let want_delay = (outcome == "retry").then(|| ms(u).to_string());
+        ensure(attribute(attempt, "next_delay_ms") == want_delay, || {
+            format!(
+                "attempt {number} ({outcome}): next_delay_ms {:?}, want {want_delay:?}",
+                attribute(attempt, "next_delay_ms")
+            )
+        })?;
     }
     ensure(matches!(attempts[1].status, Status::Error { .. }), || {
         format!(
