@@ -48,7 +48,7 @@ type Seen = Arc<Mutex<Vec<(String, u32, u32, Option<String>, Option<u64>)>>>;
 
 fn main() {
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 9] = [
+    let tests: [(&str, Test); 10] = [
         (
             "through_the_retry_queue_a_retry_waits_there_with_its_history",
             through_the_retry_queue_a_retry_waits_there_with_its_history,
@@ -85,6 +85,10 @@ fn main() {
             "a_fifo_dlq_keeps_one_entry_per_dead_lettering",
             a_fifo_dlq_keeps_one_entry_per_dead_lettering,
         ),
+        (
+            "a_batch_handler_gets_one_event_per_call",
+            a_batch_handler_gets_one_event_per_call,
+        ),
     ];
     let trials = test_support::broker::trials("sqs", "RETRY_TEST_SQS", &tests);
     libtest_mimic::run(&args, trials).exit();
@@ -92,6 +96,34 @@ fn main() {
 
 fn block_on<F: Future<Output = Result<(), String>>>(f: F) -> Result<(), String> {
     test_support::broker::runtime()?.block_on(f)
+}
+
+/// SQS hands deliveries over one at a time (the adapter has no `next_ready`): with 20 events waiting, a
+/// batch handler with batches of up to 32 gets each event once, in a call of its own.
+fn a_batch_handler_gets_one_event_per_call(url: String) -> Result<(), String> {
+    block_on(async move {
+        let transport = SqsTransport::connect(&url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("batch-{}", uuid::Uuid::new_v4().simple());
+        let sizes = test_support::batch::drain_in_batches(
+            &Broker::new(transport),
+            &topic,
+            test_support::batch::BatchDrain {
+                events: 20,
+                payload_bytes: 32,
+                batch: 32,
+                concurrency: None,
+                call_time: Duration::ZERO,
+                within: Duration::from_secs(60),
+            },
+        )
+        .await?;
+        if sizes.iter().any(|&n| n != 1) {
+            return Err(format!("calls of more than one event: {sizes:?}"));
+        }
+        Ok(())
+    })
 }
 
 /// A handler that records every call and fails as `fail` says (by event id and call number).
