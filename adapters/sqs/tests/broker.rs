@@ -639,9 +639,14 @@ fn fifo_queue_retries_and_dead_letters(url: String) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        wait_until("flaky and fine to succeed", Duration::from_secs(30), || {
-            consumer.stats().succeeded >= 2
-        })
+        wait_until(
+            "flaky and fine to succeed, bad to be dead-lettered",
+            Duration::from_secs(30),
+            || {
+                let stats = consumer.stats();
+                stats.succeeded >= 2 && stats.dead_lettered >= 1
+            },
+        )
         .await?;
         let dead = dead_letters(&transport, &topic).await?;
         if dead.len() != 1
