@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use event_retry_core::adapter::Transport;
 use event_retry_core::broker::Broker;
@@ -123,13 +123,17 @@ fn groups_retry_on_their_own(url: String) -> Result<(), String> {
                 .await
                 .map_err(|e| e.to_string())?;
         }
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while handles[0].stats().succeeded < 3 || handles[1].stats().succeeded < 4 || handles[0].stats().dead_lettered < 1 {
-            if Instant::now() > deadline {
-                return Err(format!("billing {:?}, shipping {:?}", handles[0].stats(), handles[1].stats()));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        event_retry_testkit::probe::wait_for(
+            "billing's 3 successes and dead letter, shipping's 4 successes",
+            Duration::from_secs(30),
+            || {
+                handles[0].stats().succeeded >= 3
+                    && handles[1].stats().succeeded >= 4
+                    && handles[0].stats().dead_lettered >= 1
+            },
+        )
+        .await
+        .map_err(|e| format!("{e}: billing {:?}, shipping {:?}", handles[0].stats(), handles[1].stats()))?;
         let replayed = Broker::new(transport.clone())
             .dead_letters()
             .replay(&topic, &event_retry_core::dlq::DlqFilter::all())
@@ -140,16 +144,13 @@ fn groups_retry_on_their_own(url: String) -> Result<(), String> {
         }
         // The replay reaches billing (its second dead letter: "dead" fails for good again); then 2 s
         // more for any call that should not come (shipping's of the replay, a second replay).
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while handles[0].stats().dead_lettered < 2 {
-            if Instant::now() > deadline {
-                return Err(format!(
-                    "the replayed dead letter did not reach billing within 30 s: billing {:?}",
-                    handles[0].stats()
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        event_retry_testkit::probe::wait_for(
+            "the replayed dead letter to reach billing",
+            Duration::from_secs(30),
+            || handles[0].stats().dead_lettered >= 2,
+        )
+        .await
+        .map_err(|e| format!("{e}: billing {:?}", handles[0].stats()))?;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let billing = counts[0].lock().unwrap_or_else(|p| p.into_inner()).clone();
         let shipping = counts[1].lock().unwrap_or_else(|p| p.into_inner()).clone();
