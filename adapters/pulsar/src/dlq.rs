@@ -13,7 +13,7 @@
 //! receive queue, out of reach of any other process's operation (a `retryctl` run). Within one process
 //! the transport lets one session at a time work on a DLQ.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,12 +21,12 @@ use async_trait::async_trait;
 use event_retry_core::adapter::{DlqSession, StoredDeadLetter};
 use event_retry_core::error::{Error, Kind};
 use event_retry_core::event::Event;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use pulsar::consumer::Message;
-use pulsar::{Consumer, TokioExecutor};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::codec;
+use crate::engine::{self, PulsarConsumer, Received};
 use crate::error::error;
 use crate::link::Link;
 
@@ -38,6 +38,10 @@ const NEXT_WAIT: Duration = Duration::from_millis(1_000);
 /// (dead-lettered while the session started).
 const COUNTED_WAIT: Duration = Duration::from_secs(10);
 const BEYOND_COUNT_WAIT: Duration = Duration::from_millis(200);
+
+/// How long the client is given to answer a request of the session's consumer (its stats, the last
+/// message id, a close).
+const ANSWER_PATIENCE: Duration = Duration::from_secs(30);
 
 /// One lock per DLQ: the operations of one transport on a DLQ run one at a time.
 #[derive(Default)]
@@ -64,7 +68,17 @@ pub(crate) async fn open(
 ) -> Result<Option<Box<dyn DlqSession>>, Error> {
     let turn = consumers.lock(source_topic).await;
     let mut consumer = link.dlq_consumer(source_topic).await?;
-    let backlog = match consumer.get_stats().await {
+    // The entries the client queued while the stats were asked for come first.
+    let mut queued = VecDeque::new();
+    let stats = engine::ask(
+        &mut consumer,
+        "read the DLQ subscription's stats",
+        ANSWER_PATIENCE,
+        |received| queued.push_back(received),
+        |c| c.get_stats().boxed(),
+    )
+    .await;
+    let backlog = match stats {
         Ok(stats) => stats.iter().map(|s| s.msg_backlog).sum::<Option<u64>>(),
         Err(e) => {
             tracing::debug!(error = %e, topic = source_topic, "no backlog count for the DLQ; reading until it is quiet");
@@ -76,6 +90,7 @@ pub(crate) async fn open(
         topic: source_topic.to_string(),
         _turn: turn,
         consumer,
+        queued,
         held: Vec::new(),
         removed: Vec::new(),
         wait: FIRST_WAIT,
@@ -90,7 +105,9 @@ struct PulsarDlqSession {
     topic: String,
     /// This session's turn on the DLQ, held until it ends.
     _turn: OwnedMutexGuard<()>,
-    consumer: Consumer<Vec<u8>, TokioExecutor>,
+    consumer: PulsarConsumer,
+    /// Entries taken from the client's queue while it was asked for something, to be read first.
+    queued: VecDeque<Received>,
     held: Vec<Message<Vec<u8>>>,
     removed: Vec<bool>,
     wait: Duration,
@@ -148,9 +165,15 @@ impl DlqSession for PulsarDlqSession {
             Some(_) => BEYOND_COUNT_WAIT,
             None => self.wait,
         };
-        let Ok(next) = tokio::time::timeout(wait, self.consumer.next()).await else {
-            self.drained = true;
-            return Ok(None);
+        let next = match self.queued.pop_front() {
+            Some(queued) => Some(queued),
+            None => match tokio::time::timeout(wait, self.consumer.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    self.drained = true;
+                    return Ok(None);
+                }
+            },
         };
         let Some(message) = next else {
             self.drained = true;
@@ -201,11 +224,23 @@ impl DlqSession for PulsarDlqSession {
     /// operation, in this process or a short-lived `retryctl`, finds them.
     async fn finish(mut self: Box<Self>) -> Result<(), Error> {
         if self.removed.iter().any(|r| *r)
-            && let Err(e) = self.consumer.get_last_message_id().await
+            && let Err(e) = engine::ask(
+                &mut self.consumer,
+                "confirm the DLQ removals",
+                ANSWER_PATIENCE,
+                drop,
+                |c| c.get_last_message_id().boxed(),
+            )
+            .await
         {
             tracing::warn!(error = %e, topic = self.topic, "could not confirm that the DLQ removals reached the broker");
         }
-        if let Err(e) = self.consumer.close().await {
+        let close = engine::close(
+            &mut self.consumer,
+            "close the DLQ consumer",
+            ANSWER_PATIENCE,
+        );
+        if let Err(e) = close.await {
             // The broker gives the entries back when the connection goes, too.
             tracing::warn!(error = %e, topic = self.topic, "could not close the DLQ consumer");
         }

@@ -20,6 +20,7 @@ mod broker_delays;
 mod codec;
 pub mod config;
 mod dlq;
+mod engine;
 mod error;
 mod link;
 mod security;

@@ -13,12 +13,17 @@ use pulsar::{
 use tokio::sync::Mutex;
 
 use crate::config::PulsarConfig;
+use crate::engine;
 use crate::error::{error, kind_of, passing};
 
 /// How long a send may wait for its receipt before it is an error.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 
 type SharedProducer = Arc<Mutex<Producer<TokioExecutor>>>;
+
+/// How long a consumer that only makes a subscription is given to close before it is dropped (the
+/// client then closes it in the background).
+const CLOSE_PATIENCE: Duration = Duration::from_secs(10);
 
 /// How long creating a subscription without the admin API keeps trying while the broker answers that
 /// it is not ready (a topic loading, a broker restarting).
@@ -125,7 +130,15 @@ impl Link {
             return Ok(());
         }
         let mut consumer = self.dlq_consumer(topic).await?;
-        let _ = consumer.close().await;
+        if let Err(e) = engine::close(
+            &mut consumer,
+            "close the DLQ's declaring consumer",
+            CLOSE_PATIENCE,
+        )
+        .await
+        {
+            tracing::debug!(error = %e, topic, "the DLQ's declaring consumer did not close; the client closes it when dropped");
+        }
         self.ensure_group(topic, &event_retry_core::adapter::default_group(topic))
             .await?;
         self.lock_declared().insert(topic.to_string());
@@ -180,7 +193,15 @@ impl Link {
                 .await;
             let e = match built {
                 Ok(mut consumer) => {
-                    let _: Result<(), _> = consumer.close().await;
+                    if let Err(e) = engine::close(
+                        &mut consumer,
+                        "close the declaring consumer",
+                        CLOSE_PATIENCE,
+                    )
+                    .await
+                    {
+                        tracing::debug!(error = %e, %group, "the declaring consumer did not close; the client closes it when dropped");
+                    }
                     return Ok(());
                 }
                 Err(e) => e,

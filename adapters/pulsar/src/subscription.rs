@@ -23,15 +23,26 @@ use event_retry_core::time::Timestamp;
 use futures::StreamExt;
 use pulsar::consumer::{InitialPosition, Message};
 use pulsar::proto::MessageIdData;
-use pulsar::{Consumer, ConsumerOptions, SubType, TokioExecutor};
+use pulsar::{ConsumerOptions, SubType};
 use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::codec;
+use crate::engine::{self, PulsarConsumer, Received};
 use crate::error::error;
 use crate::link::Link;
 
-type Received = Result<Message<Vec<u8>>, pulsar::Error>;
+/// How many messages the client asks the broker for at a time (its default), and how many it queues
+/// for the consumer task. It asks for more as it receives them, not as they are read, so what waits
+/// behind its full queue is up to one batch: a queue as long as a batch takes it all, and a close
+/// reaches the client after the messages queued once are taken (see `engine`). A smaller batch cost
+/// the throughput bench nine tenths of its rate; the runtime's own limit on what it takes stays
+/// `max_in_flight`.
+const CLIENT_BATCH: u32 = 1000;
+
+/// How long the consumer task tries to close the client's consumer; within the 30 s
+/// [`PulsarSubscription::close`] waits for it.
+const CLOSE_PATIENCE: Duration = Duration::from_secs(25);
 
 /// What a receipt asks the consumer task to do.
 enum Command {
@@ -76,15 +87,11 @@ pub(crate) async fn subscribe(
 }
 
 /// The client's consumer of `spec`'s topic and retry topic.
-async fn build_consumer(
-    link: &Link,
-    spec: &SubscriptionSpec,
-) -> Result<Consumer<Vec<u8>, TokioExecutor>, Error> {
+async fn build_consumer(link: &Link, spec: &SubscriptionSpec) -> Result<PulsarConsumer, Error> {
     let topics = [
         link.config.full_name(&spec.topic),
         link.config.retry_topic(&spec.topic, &spec.group),
     ];
-    let queue = u32::try_from(spec.max_in_flight.clamp(1, 1000)).unwrap_or(1000);
     link.client
         .consumer()
         .with_topics(topics)
@@ -95,9 +102,10 @@ async fn build_consumer(
             SubType::Shared
         })
         .with_consumer_name(&spec.consumer)
+        .with_batch_size(CLIENT_BATCH)
         .with_options(
             ConsumerOptions::default()
-                .with_receiver_queue_size(queue)
+                .with_receiver_queue_size(CLIENT_BATCH)
                 .with_initial_position(InitialPosition::Earliest),
         )
         .build()
@@ -126,7 +134,7 @@ enum Next {
 /// broker, and its stream then ends — the task subscribes again, with a backoff, until the broker is
 /// back: a consumer outlives any outage instead of going quiet.
 async fn own_consumer(
-    mut consumer: Consumer<Vec<u8>, TokioExecutor>,
+    mut consumer: PulsarConsumer,
     again: Resubscribe,
     out: mpsc::Sender<Received>,
     mut commands: mpsc::UnboundedReceiver<Command>,
@@ -166,7 +174,7 @@ async fn own_consumer(
 async fn subscribe_again(
     again: &Resubscribe,
     commands: &mut mpsc::UnboundedReceiver<Command>,
-) -> Option<Consumer<Vec<u8>, TokioExecutor>> {
+) -> Option<PulsarConsumer> {
     warn!(topic = %again.spec.topic, "the Pulsar client gave its consumer up; subscribing again");
     let mut backoff = Duration::from_millis(100);
     loop {
@@ -195,7 +203,7 @@ async fn subscribe_again(
 
 /// Waits for one message for the runtime (which has room for it), applying commands meanwhile.
 async fn deliver_one(
-    consumer: &mut Consumer<Vec<u8>, TokioExecutor>,
+    consumer: &mut PulsarConsumer,
     commands: &mut mpsc::UnboundedReceiver<Command>,
     permit: mpsc::Permit<'_, Received>,
 ) -> Next {
@@ -224,14 +232,15 @@ async fn deliver_one(
 }
 
 /// Applies a command; `false` once the consumer was closed.
-async fn apply(consumer: &mut Consumer<Vec<u8>, TokioExecutor>, command: Command) -> bool {
+async fn apply(consumer: &mut PulsarConsumer, command: Command) -> bool {
     let result = match command {
         Command::Ack(topic, id) => consumer.ack_with_id(&topic, id).await,
         Command::Nack(topic, id) => consumer.nack_with_id(&topic, id).await,
         Command::Close(done) => {
             // `close` goes through the client's queue behind the acknowledgements and waits for the
-            // broker's answer, so every acknowledgement before it has reached the broker.
-            if let Err(e) = consumer.close().await {
+            // broker's answer, so every acknowledgement before it has reached the broker. The messages
+            // the client queued meanwhile were never handed out: the broker gives them back.
+            if let Err(e) = engine::close(consumer, "close the consumer", CLOSE_PATIENCE).await {
                 warn!(error = %e, "closing the consumer failed; the broker redelivers what was not acknowledged");
             }
             let _ = done.send(());

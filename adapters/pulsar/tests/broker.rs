@@ -10,7 +10,10 @@
 //!   admin API);
 //! * with the admin API known (`RETRY_TEST_PULSAR_ADMIN`), the adapter reads the broker's delayed-delivery
 //!   settings and a namespace's policy: a retry policy beyond the namespace's longest delay, or any delay
-//!   where delayed delivery is off, is refused at start.
+//!   where delayed delivery is off, is refused at start;
+//! * a fresh transport on a topic whose default group and DLQ hold 2,500 messages each publishes,
+//!   finishes a DLQ operation and shuts a slow consumer down, each within 30 s, though the client's queue
+//!   is full each time.
 //!
 //! They run when `RETRY_TEST_PULSAR` names a broker started by `scripts/brokers`; otherwise they are
 //! listed as ignored with the reason, and fail when `RETRY_TEST_REQUIRE` names pulsar.
@@ -37,7 +40,11 @@ fn main() {
     let mut args = Arguments::from_args();
     // The restart would disturb the other test.
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 7] = [
+    let tests: [(&str, Test); 8] = [
+        (
+            "a_fresh_transport_starts_on_a_topic_with_thousands_waiting",
+            a_fresh_transport_starts_on_a_topic_with_thousands_waiting,
+        ),
         (
             "declaring_a_group_makes_its_subscription_on_its_retry_topic",
             declaring_a_group_makes_its_subscription_on_its_retry_topic,
@@ -398,4 +405,92 @@ fn a_batch_handler_gets_more_than_one_held_event_per_call(url: String) -> Result
         test_support::batch::batches_take_more_than_one_held_event(&Broker::new(transport), &topic)
             .await
     })
+}
+
+/// How many messages the topic's default group and its DLQ hold before a fresh transport starts on it:
+/// more than the client queues for one consumer (1,000), so a consumer nobody reads fills its queue.
+const WAITING: usize = 2_500;
+
+/// A fresh transport (a new process: nothing declared yet) on a topic whose default group and DLQ each
+/// hold 2,500 messages: publishing (which makes the subscriptions through consumers that leave at
+/// once), a DLQ operation that reads one entry and finishes after its consumer's queue filled up, and
+/// the shutdown of a slow consumer with the backlog behind it each end within 30 s. The client's
+/// consumer answers a close or a request only once its queue has room; each of these stops reading
+/// with the queue full.
+fn a_fresh_transport_starts_on_a_topic_with_thousands_waiting(url: String) -> Result<(), String> {
+    use futures::StreamExt;
+    test_support::broker::runtime()?.block_on(async move {
+        let first = PulsarTransport::connect_with(&url, config())
+            .await
+            .map_err(|e| e.to_string())?;
+        let topic = format!("waiting-{}", uuid::Uuid::new_v4().simple());
+        let failed = futures::stream::iter(0..WAITING)
+            .map(|i| {
+                let (first, topic) = (first.clone(), topic.clone());
+                async move {
+                    let event = Event::new(format!("e{i}")).with_id(format!("e{i}"));
+                    let published = first.publish(&topic, &event).await.map(drop);
+                    let dead = first.write_dead_letter(&topic, None, &event).await;
+                    published.and(dead)
+                }
+            })
+            .buffer_unordered(64)
+            .filter_map(|r| async move { r.err() })
+            .collect::<Vec<_>>()
+            .await;
+        if let Some(e) = failed.first() {
+            return Err(format!(
+                "{} of {WAITING} sends failed, first: {e}",
+                failed.len()
+            ));
+        }
+        let fresh = PulsarTransport::connect_with(&url, config())
+            .await
+            .map_err(|e| e.to_string())?;
+        within("publishing", fresh.publish(&topic, &Event::new("one"))).await?;
+
+        let mut session = within("opening the DLQ", fresh.open_dead_letters(&topic))
+            .await?
+            .ok_or("the transport has no DLQ")?;
+        if within("reading the DLQ", session.next()).await?.is_none() {
+            return Err("the DLQ gave no entry".to_string());
+        }
+        // Time for the broker to fill the consumer's queue.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        within("finishing the DLQ operation", session.finish()).await?;
+
+        let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = handled.clone();
+        let handler = handler_fn(move |_event: Event, _ctx: Context| {
+            let count = count.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            }
+        });
+        let start = Broker::new(fresh.clone())
+            .consumer(&topic)
+            .group("late")
+            .policy(RetryPolicy::parse("500ms x1").map_err(|e| e.to_string())?)
+            .start(handler);
+        let consumer = within("starting a consumer", start).await?;
+        event_retry_testkit::probe::wait_for("50 events handled", Duration::from_secs(30), || {
+            handled.load(std::sync::atomic::Ordering::SeqCst) >= 50
+        })
+        .await?;
+        within("shutting down", consumer.shutdown()).await
+    })
+}
+
+/// `work`'s result, or an error naming `step` if it failed or took over 30 s.
+async fn within<T, E: std::fmt::Display>(
+    step: &str,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(Duration::from_secs(30), work).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(format!("{step} failed: {e}")),
+        Err(_) => Err(format!("{step} took over 30 s")),
+    }
 }
