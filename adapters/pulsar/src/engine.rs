@@ -9,12 +9,20 @@
 //! DLQ operation on a DLQ holding thousands, and to a consumer that only makes a subscription and
 //! leaves.
 //!
-//! [`ask`] makes the request in short attempts. Before each one it takes the messages the engine
-//! queued, so the engine has room to reach the request, and hands them to the caller. A DLQ session
-//! keeps them; a consumer that is closing lets them go, and the broker gives back what was not
-//! acknowledged once the consumer is closed. Requests are answered in the order they were made, after
-//! the acknowledgements made before them, so an answered request still means those acknowledgements
-//! reached the client's connection first.
+//! [`ask`] makes the request in attempts, the first 250 ms and each next one twice as long (an attempt
+//! also waits for the broker's answer). Before each one it takes the messages the engine queued, so the
+//! engine has room to reach the request, and hands them to the caller. That is enough when the
+//! consumer's queue holds a whole batch (the client asks the broker for up to a batch at a time): the
+//! DLQ's consumers and those that only make a subscription. A consumer of the runtime queues no more
+//! than its `max_in_flight`, so with a backlog up to a batch of 1,000 received messages can be ahead
+//! of the request, and each attempt asks again behind the newest: its close is given a few seconds
+//! (see `subscription`). A DLQ session keeps them; a consumer that is closing lets them go, and the broker gives back
+//! what was not acknowledged once the consumer is closed. An attempt given up leaves its request with
+//! the engine, which answers it to nobody (the client logs that as an error); the next attempt asks
+//! again (Pulsar 4 answers a repeated close as done; older brokers answer it with an error). Each topic's engine answers
+//! in the order it was asked, after the acknowledgements made before the request, so an answered request
+//! still means those acknowledgements reached the client's connection first (unless it reconnected in
+//! between, when they are lost and their messages come back).
 
 use std::time::Duration;
 
@@ -32,14 +40,13 @@ pub(crate) type PulsarConsumer = Consumer<Vec<u8>, TokioExecutor>;
 /// A message (or a receive error) the consumer's queue held.
 pub(crate) type Received = Result<Message<Vec<u8>>, pulsar::Error>;
 
-/// How long one attempt waits for its answer before the queue is emptied again. The client answers a
-/// request within milliseconds once the engine reaches it; a longer wait means the queue filled up
-/// again first.
-const ATTEMPT: Duration = Duration::from_millis(250);
+/// How long the first attempt waits; each next one waits twice as long as the one before.
+const FIRST_ATTEMPT: Duration = Duration::from_millis(250);
 
 /// Makes `request` of `consumer` for `operation`, taking the messages its engine queued before each
 /// attempt and handing them to `keep`, until the request is answered or `patience` has passed (an
 /// error of [`Kind::Timeout`]). A failed request is an error of the kind the client's error tells.
+/// `request` may be made more than once, so it must be one that can be repeated.
 pub(crate) async fn ask<T>(
     consumer: &mut PulsarConsumer,
     operation: &str,
@@ -48,10 +55,13 @@ pub(crate) async fn ask<T>(
     mut request: impl for<'c> FnMut(&'c mut PulsarConsumer) -> BoxFuture<'c, Result<T, pulsar::Error>>,
 ) -> Result<T, Error> {
     let deadline = tokio::time::Instant::now() + patience;
+    let mut attempt = FIRST_ATTEMPT;
     loop {
         take_queued(consumer, &mut keep);
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match tokio::time::timeout(ATTEMPT.min(left), request(consumer)).await {
+        let wait = attempt.min(left);
+        attempt = attempt.saturating_mul(2);
+        match tokio::time::timeout(wait, request(consumer)).await {
             Ok(answer) => return answer.map_err(error(operation)),
             Err(_) if tokio::time::Instant::now() < deadline => {
                 tracing::debug!(

@@ -32,23 +32,20 @@ use crate::engine::{self, PulsarConsumer, Received};
 use crate::error::error;
 use crate::link::Link;
 
-/// How many messages the client asks the broker for at a time (its default), and how many it queues
-/// for the consumer task. It asks for more as it receives them, not as they are read, so what waits
-/// behind its full queue is up to one batch: a queue as long as a batch takes it all, and a close
-/// reaches the client after the messages queued once are taken (see `engine`). A smaller batch cost
-/// the throughput bench nine tenths of its rate; the runtime's own limit on what it takes stays
-/// `max_in_flight`.
-const CLIENT_BATCH: u32 = 1000;
-
-/// How long the consumer task tries to close the client's consumer; within the 30 s
-/// [`PulsarSubscription::close`] waits for it.
-const CLOSE_PATIENCE: Duration = Duration::from_secs(25);
+/// How long the consumer task tries to close the client's consumer before it drops it. The client
+/// answers a close only between messages, and with a backlog up to a batch of 1,000 it received can be
+/// ahead of the close while its queue holds `max_in_flight` (see `engine`): then the close seldom gets
+/// through, and dropping the consumer ends it as surely. The broker gives back what was not
+/// acknowledged; acknowledgements still queued behind those messages are lost, and their events come
+/// back once more.
+const CLOSE_PATIENCE: Duration = Duration::from_secs(3);
 
 /// What a receipt asks the consumer task to do.
 enum Command {
     Ack(String, MessageIdData),
     Nack(String, MessageIdData),
-    /// Close the consumer once the commands before this one were applied.
+    /// Close the consumer once the commands before this one were applied (or drop it, when the close
+    /// does not get through), then answer.
     Close(tokio::sync::oneshot::Sender<()>),
 }
 
@@ -92,6 +89,7 @@ async fn build_consumer(link: &Link, spec: &SubscriptionSpec) -> Result<PulsarCo
         link.config.full_name(&spec.topic),
         link.config.retry_topic(&spec.topic, &spec.group),
     ];
+    let queue = u32::try_from(spec.max_in_flight.clamp(1, 1000)).unwrap_or(1000);
     link.client
         .consumer()
         .with_topics(topics)
@@ -102,10 +100,9 @@ async fn build_consumer(link: &Link, spec: &SubscriptionSpec) -> Result<PulsarCo
             SubType::Shared
         })
         .with_consumer_name(&spec.consumer)
-        .with_batch_size(CLIENT_BATCH)
         .with_options(
             ConsumerOptions::default()
-                .with_receiver_queue_size(CLIENT_BATCH)
+                .with_receiver_queue_size(queue)
                 .with_initial_position(InitialPosition::Earliest),
         )
         .build()
@@ -125,8 +122,10 @@ enum Next {
     Delivered,
     /// The client gave its consumer up (it could not reconnect in time): subscribe again.
     ConsumerEnded,
-    /// The commands ended or the consumer was closed.
-    Stop,
+    /// The consumer was closed.
+    Closed,
+    /// The commands ended without a close: the subscription and every receipt were dropped.
+    Abandoned,
 }
 
 /// The task owning the consumer: it ends when the commands end (the subscription and every receipt
@@ -140,32 +139,37 @@ async fn own_consumer(
     mut commands: mpsc::UnboundedReceiver<Command>,
 ) {
     let mut reading = true;
-    loop {
+    let end = loop {
         tokio::select! {
             biased;
             command = commands.recv() => match command {
                 Some(command) => {
                     if !apply(&mut consumer, command).await {
-                        break;
+                        break Next::Closed;
                     }
                 }
-                None => break,
+                None => break Next::Abandoned,
             },
             permit = out.reserve(), if reading => match permit {
                 Ok(permit) => match deliver_one(&mut consumer, &mut commands, permit).await {
                     Next::Delivered => {}
-                    Next::Stop => break,
                     Next::ConsumerEnded => match subscribe_again(&again, &mut commands).await {
                         Some(fresh) => consumer = fresh,
-                        None => break,
+                        None => break Next::Closed,
                     },
+                    end => break end,
                 },
                 Err(_) => reading = false,
             },
         }
+    };
+    if matches!(end, Next::Abandoned) {
+        // Closed all the same, behind the acknowledgements the client still queues: dropped, the
+        // client would discard those queued behind a message it can no longer hand over.
+        if let Err(e) = engine::close(&mut consumer, "close the consumer", CLOSE_PATIENCE).await {
+            warn!(error = %e, "closing the consumer did not get through: dropping it; the broker redelivers what was not acknowledged, acknowledgements the client still queued included");
+        }
     }
-    // Dropping (not `close`) lets the client send the acknowledgements it still queues, then close.
-    drop(consumer);
 }
 
 /// Subscribes again after the client gave its consumer up, backing off from 100 ms to 10 s; `None` when
@@ -213,10 +217,10 @@ async fn deliver_one(
             command = commands.recv() => match command {
                 Some(command) => {
                     if !apply(consumer, command).await {
-                        return Next::Stop;
+                        return Next::Closed;
                     }
                 }
-                None => return Next::Stop,
+                None => return Next::Abandoned,
             },
             next = consumer.next() => {
                 return match next {
@@ -240,8 +244,9 @@ async fn apply(consumer: &mut PulsarConsumer, command: Command) -> bool {
             // `close` goes through the client's queue behind the acknowledgements and waits for the
             // broker's answer, so every acknowledgement before it has reached the broker. The messages
             // the client queued meanwhile were never handed out: the broker gives them back.
-            if let Err(e) = engine::close(consumer, "close the consumer", CLOSE_PATIENCE).await {
-                warn!(error = %e, "closing the consumer failed; the broker redelivers what was not acknowledged");
+            let closed = engine::close(consumer, "close the consumer", CLOSE_PATIENCE).await;
+            if let Err(e) = &closed {
+                warn!(error = %e, "closing the consumer did not get through: dropping it; the broker redelivers what was not acknowledged, acknowledgements the client still queued included");
             }
             let _ = done.send(());
             return false;
@@ -350,15 +355,14 @@ impl Subscription for PulsarSubscription {
         if self.commands.send(Command::Close(done)).is_err() {
             return Ok(());
         }
-        tokio::time::timeout(Duration::from_secs(30), closed)
-            .await
-            .map(drop)
-            .map_err(|_| {
-                Error::new(
-                    Kind::Timeout,
-                    format!("closing the consumer of {} timed out", self.spec.topic),
-                )
-            })
+        match tokio::time::timeout(Duration::from_secs(30), closed).await {
+            // Answered, or the task ended without answering (it closed or dropped the consumer).
+            Ok(_) => Ok(()),
+            Err(_) => Err(Error::new(
+                Kind::Timeout,
+                format!("closing the consumer of {} timed out", self.spec.topic),
+            )),
+        }
     }
 }
 

@@ -12,8 +12,8 @@
 //!   settings and a namespace's policy: a retry policy beyond the namespace's longest delay, or any delay
 //!   where delayed delivery is off, is refused at start;
 //! * a fresh transport on a topic whose default group and DLQ hold 2,500 messages each publishes,
-//!   finishes a DLQ operation and shuts a slow consumer down, each within 30 s, though the client's queue
-//!   is full each time.
+//!   finishes a DLQ operation that removed one entry (the DLQ then lists every other entry, each once)
+//!   and shuts a slow consumer down, each within 10 s, though the client's queue is full each time.
 //!
 //! They run when `RETRY_TEST_PULSAR` names a broker started by `scripts/brokers`; otherwise they are
 //! listed as ignored with the reason, and fail when `RETRY_TEST_REQUIRE` names pulsar.
@@ -413,10 +413,12 @@ const WAITING: usize = 2_500;
 
 /// A fresh transport (a new process: nothing declared yet) on a topic whose default group and DLQ each
 /// hold 2,500 messages: publishing (which makes the subscriptions through consumers that leave at
-/// once), a DLQ operation that reads one entry and finishes after its consumer's queue filled up, and
-/// the shutdown of a slow consumer with the backlog behind it each end within 30 s. The client's
+/// once), a DLQ operation that reads and removes one entry and finishes after its consumer's queue
+/// filled up, and the shutdown of a slow consumer with the backlog behind it each succeed within 10 s;
+/// the DLQ then lists every entry it listed before but the one removed, each once. The client's
 /// consumer answers a close or a request only once its queue has room; each of these stops reading
-/// with the queue full.
+/// with the queue full. (On the way to publishing, a close that does not get through gives up after
+/// 10 s; the shutdown's, after 3 s, and drops the consumer.)
 fn a_fresh_transport_starts_on_a_topic_with_thousands_waiting(url: String) -> Result<(), String> {
     use futures::StreamExt;
     test_support::broker::runtime()?.block_on(async move {
@@ -449,16 +451,37 @@ fn a_fresh_transport_starts_on_a_topic_with_thousands_waiting(url: String) -> Re
             .map_err(|e| e.to_string())?;
         within("publishing", fresh.publish(&topic, &Event::new("one"))).await?;
 
+        let dlq = Broker::new(fresh.clone()).dead_letters();
+        let all = event_retry_core::dlq::DlqFilter::all();
+        let before = entry_ids(within("listing the DLQ", dlq.list(&topic, &all)).await?)?;
+        if before.len() < WAITING {
+            return Err(format!(
+                "the DLQ lists {} entries, want at least {WAITING}",
+                before.len()
+            ));
+        }
         let mut session = within("opening the DLQ", fresh.open_dead_letters(&topic))
             .await?
             .ok_or("the transport has no DLQ")?;
-        if within("reading the DLQ", session.next()).await?.is_none() {
+        let Some(first) = within("reading the DLQ", session.next()).await? else {
             return Err("the DLQ gave no entry".to_string());
-        }
+        };
+        within("removing a DLQ entry", session.remove(&[0])).await?;
         // Time for the broker to fill the consumer's queue.
         tokio::time::sleep(Duration::from_secs(1)).await;
         within("finishing the DLQ operation", session.finish()).await?;
-
+        let after = entry_ids(within("listing the DLQ again", dlq.list(&topic, &all)).await?)?;
+        let mut want = before.clone();
+        want.remove(&first.id);
+        if after != want {
+            return Err(format!(
+                "after removing {} the DLQ lists {} entries, want the other {} of {}",
+                first.id,
+                after.len(),
+                want.len(),
+                before.len()
+            ));
+        }
         let handled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let count = handled.clone();
         let handler = handler_fn(move |_event: Event, _ctx: Context| {
@@ -483,14 +506,27 @@ fn a_fresh_transport_starts_on_a_topic_with_thousands_waiting(url: String) -> Re
     })
 }
 
-/// `work`'s result, or an error naming `step` if it failed or took over 30 s.
+/// The ids of a DLQ listing's entries, or an error naming one listed twice.
+fn entry_ids(
+    entries: Vec<event_retry_core::dlq::DeadLetter>,
+) -> Result<std::collections::BTreeSet<String>, String> {
+    let mut ids = std::collections::BTreeSet::new();
+    for entry in entries {
+        if !ids.insert(entry.id.clone()) {
+            return Err(format!("the DLQ listed entry {} twice", entry.id));
+        }
+    }
+    Ok(ids)
+}
+
+/// `work`'s result, or an error naming `step` if it failed or took over 10 s.
 async fn within<T, E: std::fmt::Display>(
     step: &str,
     work: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<T, String> {
-    match tokio::time::timeout(Duration::from_secs(30), work).await {
+    match tokio::time::timeout(Duration::from_secs(10), work).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => Err(format!("{step} failed: {e}")),
-        Err(_) => Err(format!("{step} took over 30 s")),
+        Err(_) => Err(format!("{step} took over 10 s")),
     }
 }

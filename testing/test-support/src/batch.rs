@@ -84,6 +84,7 @@ pub async fn drain_in_batches(
         consumer.wait_until(|s| s.succeeded >= drain.events as u64),
     )
     .await;
+    let seen = consumer.stats();
     consumer
         .shutdown()
         .await
@@ -91,8 +92,10 @@ pub async fn drain_in_batches(
     crate::bench::tidy(broker.admin(), topic).await;
     let stats = drained.map_err(|_| {
         format!(
-            "{} events not handled within {:?}",
-            drain.events, drain.within
+            "{} events not handled within {:?} (the consumer's counts then: {seen:?}; {} calls)",
+            drain.events,
+            drain.within,
+            calls.lock().unwrap_or_else(|p| p.into_inner()).len()
         )
     })?;
     let calls = calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
