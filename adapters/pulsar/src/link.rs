@@ -8,12 +8,12 @@ use std::time::Duration;
 use event_retry_core::error::{Error, Kind};
 use pulsar::consumer::InitialPosition;
 use pulsar::{
-    Consumer, ConsumerOptions, Producer, ProducerOptions, Pulsar, SubType, TokioExecutor, producer,
+    ConsumerOptions, Producer, ProducerOptions, Pulsar, SubType, TokioExecutor, producer,
 };
 use tokio::sync::Mutex;
 
 use crate::config::PulsarConfig;
-use crate::engine;
+use crate::engine::{self, PulsarConsumer};
 use crate::error::{error, kind_of, passing};
 
 /// How long a send may wait for its receipt before it is an error.
@@ -130,15 +130,7 @@ impl Link {
             return Ok(());
         }
         let mut consumer = self.dlq_consumer(topic).await?;
-        if let Err(e) = engine::close(
-            &mut consumer,
-            "close the DLQ's declaring consumer",
-            CLOSE_PATIENCE,
-        )
-        .await
-        {
-            tracing::debug!(error = %e, topic, "the DLQ's declaring consumer did not close; the client closes it when dropped");
-        }
+        let_go(&mut consumer, "the DLQ's declaring consumer").await;
         self.ensure_group(topic, &event_retry_core::adapter::default_group(topic))
             .await?;
         self.lock_declared().insert(topic.to_string());
@@ -193,15 +185,7 @@ impl Link {
                 .await;
             let e = match built {
                 Ok(mut consumer) => {
-                    if let Err(e) = engine::close(
-                        &mut consumer,
-                        "close the declaring consumer",
-                        CLOSE_PATIENCE,
-                    )
-                    .await
-                    {
-                        tracing::debug!(error = %e, %group, "the declaring consumer did not close; the client closes it when dropped");
-                    }
+                    let_go(&mut consumer, "the declaring consumer").await;
                     return Ok(());
                 }
                 Err(e) => e,
@@ -229,10 +213,7 @@ impl Link {
     }
 
     /// A consumer of `topic`'s DLQ on the DLQ operations' subscription.
-    pub(crate) async fn dlq_consumer(
-        &self,
-        topic: &str,
-    ) -> Result<Consumer<Vec<u8>, TokioExecutor>, Error> {
+    pub(crate) async fn dlq_consumer(&self, topic: &str) -> Result<PulsarConsumer, Error> {
         let dlq = self.config.dlq_topic(topic);
         self.client
             .consumer()
@@ -250,5 +231,13 @@ impl Link {
 
     fn lock_declared(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.declared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Closes `consumer`, one that only made a subscription (`what`), within [`CLOSE_PATIENCE`]; when the
+/// close does not get through it is dropped, and the client closes it in the background.
+async fn let_go(consumer: &mut PulsarConsumer, what: &str) {
+    if let Err(e) = engine::close(consumer, &format!("close {what}"), CLOSE_PATIENCE).await {
+        tracing::debug!(error = %e, "{what} did not close; the client closes it when dropped");
     }
 }

@@ -166,9 +166,7 @@ async fn own_consumer(
     if matches!(end, Next::Abandoned) {
         // Closed all the same, behind the acknowledgements the client still queues: dropped, the
         // client would discard those queued behind a message it can no longer hand over.
-        if let Err(e) = engine::close(&mut consumer, "close the consumer", CLOSE_PATIENCE).await {
-            warn!(error = %e, "closing the consumer did not get through: dropping it; the broker redelivers what was not acknowledged, acknowledgements the client still queued included");
-        }
+        close_or_drop(&mut consumer).await;
     }
 }
 
@@ -235,6 +233,14 @@ async fn deliver_one(
     }
 }
 
+/// Closes the client's consumer within [`CLOSE_PATIENCE`]; when the close does not get through, the
+/// task's end drops it.
+async fn close_or_drop(consumer: &mut PulsarConsumer) {
+    if let Err(e) = engine::close(consumer, "close the consumer", CLOSE_PATIENCE).await {
+        warn!(error = %e, "closing the consumer did not get through: dropping it; the broker redelivers what was not acknowledged, acknowledgements the client still queued included");
+    }
+}
+
 /// Applies a command; `false` once the consumer was closed.
 async fn apply(consumer: &mut PulsarConsumer, command: Command) -> bool {
     let result = match command {
@@ -244,10 +250,7 @@ async fn apply(consumer: &mut PulsarConsumer, command: Command) -> bool {
             // `close` goes through the client's queue behind the acknowledgements and waits for the
             // broker's answer, so every acknowledgement before it has reached the broker. The messages
             // the client queued meanwhile were never handed out: the broker gives them back.
-            let closed = engine::close(consumer, "close the consumer", CLOSE_PATIENCE).await;
-            if let Err(e) = &closed {
-                warn!(error = %e, "closing the consumer did not get through: dropping it; the broker redelivers what was not acknowledged, acknowledgements the client still queued included");
-            }
+            close_or_drop(consumer).await;
             let _ = done.send(());
             return false;
         }
@@ -355,14 +358,15 @@ impl Subscription for PulsarSubscription {
         if self.commands.send(Command::Close(done)).is_err() {
             return Ok(());
         }
-        match tokio::time::timeout(Duration::from_secs(30), closed).await {
-            // Answered, or the task ended without answering (it closed or dropped the consumer).
-            Ok(_) => Ok(()),
-            Err(_) => Err(Error::new(
-                Kind::Timeout,
-                format!("closing the consumer of {} timed out", self.spec.topic),
-            )),
-        }
+        tokio::time::timeout(Duration::from_secs(30), closed)
+            .await
+            .map(drop)
+            .map_err(|_| {
+                Error::new(
+                    Kind::Timeout,
+                    format!("closing the consumer of {} timed out", self.spec.topic),
+                )
+            })
     }
 }
 

@@ -75,6 +75,13 @@ fn main() {
     libtest_mimic::run(&args, trials).exit();
 }
 
+/// A transport to `url` with the tests' [`config`].
+async fn connect(url: &str) -> Result<PulsarTransport, String> {
+    PulsarTransport::connect_with(url, config())
+        .await
+        .map_err(|e| e.to_string())
+}
+
 fn config() -> PulsarConfig {
     PulsarConfig {
         tick: Duration::from_millis(100),
@@ -89,7 +96,7 @@ fn config() -> PulsarConfig {
 fn groups_retry_on_their_own(url: String) -> Result<(), String> {
     let rt = test_support::broker::runtime()?;
     rt.block_on(async move {
-        let transport = PulsarTransport::connect_with(&url, config()).await.map_err(|e| e.to_string())?;
+        let transport = connect(&url).await?;
         let topic = format!("groups-{}", uuid::Uuid::new_v4().simple());
         let mut handles = Vec::new();
         let mut counts = Vec::new();
@@ -184,9 +191,7 @@ fn a_dead_letter_is_written_while_an_ordered_consumer_holds_its_group(
     url: String,
 ) -> Result<(), String> {
     test_support::broker::runtime()?.block_on(async move {
-        let transport = PulsarTransport::connect_with(&url, config())
-            .await
-            .map_err(|e| e.to_string())?;
+        let transport = connect(&url).await?;
         let topic = format!("ordered-dlq-{}", uuid::Uuid::new_v4().simple());
         let handler = handler_fn(|_event: Event, _ctx: Context| async move { Ok(()) });
         let consumer = Broker::new(transport.clone())
@@ -226,9 +231,7 @@ fn a_dead_letter_is_written_while_an_ordered_consumer_holds_its_group(
 
 fn restart_keeps_delayed_retries(url: String) -> Result<(), String> {
     test_support::broker::runtime()?.block_on(async move {
-        let transport = PulsarTransport::connect_with(&url, config())
-            .await
-            .map_err(|e| e.to_string())?;
+        let transport = connect(&url).await?;
         let topic = format!("restart-{}", uuid::Uuid::new_v4().simple());
         let waits = Waits {
             scheduled: Duration::from_secs(30),
@@ -398,9 +401,7 @@ fn delays_beyond_the_brokers_limit_are_refused(url: String) -> Result<(), String
 /// (`test_support::batch`).
 fn a_batch_handler_gets_more_than_one_held_event_per_call(url: String) -> Result<(), String> {
     test_support::broker::runtime()?.block_on(async move {
-        let transport = PulsarTransport::connect_with(&url, config())
-            .await
-            .map_err(|e| e.to_string())?;
+        let transport = connect(&url).await?;
         let topic = format!("batch-{}", uuid::Uuid::new_v4().simple());
         test_support::batch::batches_take_more_than_one_held_event(&Broker::new(transport), &topic)
             .await
@@ -422,9 +423,7 @@ const WAITING: usize = 2_500;
 fn a_fresh_transport_starts_on_a_topic_with_thousands_waiting(url: String) -> Result<(), String> {
     use futures::StreamExt;
     test_support::broker::runtime()?.block_on(async move {
-        let first = PulsarTransport::connect_with(&url, config())
-            .await
-            .map_err(|e| e.to_string())?;
+        let first = connect(&url).await?;
         let topic = format!("waiting-{}", uuid::Uuid::new_v4().simple());
         let failed = futures::stream::iter(0..WAITING)
             .map(|i| {
@@ -446,9 +445,7 @@ fn a_fresh_transport_starts_on_a_topic_with_thousands_waiting(url: String) -> Re
                 failed.len()
             ));
         }
-        let fresh = PulsarTransport::connect_with(&url, config())
-            .await
-            .map_err(|e| e.to_string())?;
+        let fresh = connect(&url).await?;
         within("publishing", fresh.publish(&topic, &Event::new("one"))).await?;
 
         let dlq = Broker::new(fresh.clone()).dead_letters();
