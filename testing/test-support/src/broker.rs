@@ -46,3 +46,12 @@ pub fn runtime() -> Result<tokio::runtime::Runtime, String> {
         .build()
         .map_err(|e| e.to_string())
 }
+
+/// The `(name, function)` pairs of a broker test binary, each test named once:
+/// `named_tests![a, b]` is `[("a", a), ("b", b)]` as [`Test`]s, for [`trials`].
+#[macro_export]
+macro_rules! named_tests {
+    ($($test:ident),+ $(,)?) => {
+        [$((stringify!($test), $test as $crate::broker::Test)),+]
+    };
+}
