@@ -240,7 +240,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let broker = event_retry::connect(&url).await?;
     println!(
         "broker: {} ({} transport)",
-        event_retry::options::redact_url(&url),
+        event_retry_core::options::redact_url(&url),
         broker.name()
     );
     let orders = broker

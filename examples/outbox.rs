@@ -15,11 +15,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use event_retry::adapter::{
-    Admin, Capabilities, DlqSession, Published, Subscription, SubscriptionSpec, Transport,
-};
 use event_retry::error::{Error, Kind};
 use event_retry::prelude::*;
+use event_retry_core::adapter::{
+    Admin, Capabilities, DlqSession, Published, Subscription, SubscriptionSpec, Transport,
+};
 use event_retry_outbox::{Outbox, OutboxRow, RowFilter, State};
 use sqlx::Connection;
 
@@ -156,8 +156,8 @@ impl Timeline {
 
 /// One row by the lifecycle's field names; times relative to the start of the example.
 fn describe(row: &OutboxRow, started: Instant) -> String {
-    let origin = event_retry::time::Timestamp::now().minus(started.elapsed());
-    let at = |t: Option<event_retry::time::Timestamp>| {
+    let origin = event_retry_core::time::Timestamp::now().minus(started.elapsed());
+    let at = |t: Option<event_retry_core::time::Timestamp>| {
         t.map_or("-".to_string(), |t| {
             format!("t+{:.2}s", t.since(origin).as_secs_f64())
         })

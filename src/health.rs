@@ -30,7 +30,7 @@ use axum::routing::get;
 use event_retry_core::runtime::{AppHealth, Health, HealthWatch};
 
 /// What the endpoints report on: an [`App`](crate::App)'s consumers ([`App::health`](crate::App::health))
-/// or one consumer's ([`ConsumerHandle::health_watch`](crate::ConsumerHandle::health_watch)).
+/// or one consumer's ([`ConsumerHandle::health_watch`](crate::consumer::ConsumerHandle::health_watch)).
 pub trait Probe: Send + Sync + 'static {
     /// Each consumer's name (its topic) and health.
     fn consumers(&self) -> Vec<(String, Health)>;

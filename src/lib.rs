@@ -10,7 +10,7 @@
 //!
 //! **Connect** to a broker by URL; the adapter is a cargo feature (`kafka`, `rabbitmq`, `sqs`, `pulsar`),
 //! and `memory://` is an in-process broker that needs none. Adapter settings come from the URL's query,
-//! from [`Options`], or from the `[broker]` section of the config file, so moving a service between
+//! from [`config::Options`], or from the `[broker]` section of the config file, so moving a service between
 //! brokers is configuration only.
 //!
 //! ```
@@ -118,36 +118,51 @@
 //!
 //! # Writing an adapter
 //!
-//! The contract a broker adapter implements is [`adapter`]; nothing a service needs lives there.
+//! The contract a broker adapter implements is `event_retry_core::adapter`, in the core crate: nothing a
+//! service needs lives there. [`register_scheme`] makes an adapter built outside this crate reachable
+//! through [`connect`].
 #![deny(missing_docs)]
 
 use std::sync::Arc;
 
-pub use event_retry_core::adapter::Published;
 pub use event_retry_core::broker::Broker;
-/// The old name of [`FailureKind`] (deprecated).
-#[allow(deprecated)]
-pub use event_retry_core::classify::ErrorKind;
 pub use event_retry_core::classify::{Classifier, FailureKind, HandlerError};
-pub use event_retry_core::config::RetryConfig;
-pub use event_retry_core::decide::Policies;
 pub use event_retry_core::dlq::{DeadLetter, DeadLetters, DlqFilter, ReplayReport};
 pub use event_retry_core::error::Error;
 pub use event_retry_core::event::Event;
 pub use event_retry_core::headers::Headers;
-pub use event_retry_core::idempotency::{IdempotencyStore, InMemoryIdempotencyStore};
-pub use event_retry_core::options::Options;
 pub use event_retry_core::policy::RetryPolicy;
 pub use event_retry_core::producer::Producer;
 pub use event_retry_core::runtime::{
-    App, AppError, AppHealth, BatchHandler, BatchItem, Consumer, ConsumerBuilder, ConsumerError,
-    ConsumerHandle, Context, Handler, Health, HealthWatch, ParkedAfterDead, Shutdown, Stats,
-    batch_handler_fn, decode_json, handler_fn, json_handler, shutdown_signal,
+    App, BatchHandler, BatchItem, ConsumerBuilder, Context, Handler, batch_handler_fn, handler_fn,
+    json_handler, shutdown_signal,
 };
-pub use event_retry_core::{
-    adapter, check, classify, config, dlq, error, metadata, options, policy, secret, telemetry,
-    time,
-};
+
+/// A running consumer: its handle, counters and health, and what stops it.
+pub mod consumer {
+    pub use event_retry_core::runtime::{
+        AppError, AppHealth, Consumer, ConsumerError, ConsumerHandle, Health, HealthWatch,
+        ParkedAfterDead, Shutdown, Stats, decode_json,
+    };
+}
+
+/// Configuration: the config file, a broker's options, and a policy per topic.
+pub mod config {
+    pub use event_retry_core::config::RetryConfig;
+    pub use event_retry_core::options::Options;
+    pub use event_retry_core::policy::Policies;
+}
+
+/// Skipping an event the handler already handled, so that at-least-once delivery does not repeat a
+/// side effect.
+pub mod idempotency {
+    pub use event_retry_core::idempotency::{IdempotencyStore, InMemoryIdempotencyStore};
+}
+
+/// What an [`Error`] is about: the kinds a caller matches on.
+pub mod error {
+    pub use event_retry_core::error::{Error, Kind};
+}
 
 /// Handlers as `tower` services, and `tower` layers around a consumer's handler (feature `tower`).
 #[cfg(feature = "tower")]
@@ -169,19 +184,20 @@ pub use event_retry_core::backoff_compat;
 
 /// The names a service needs, in one import.
 pub mod prelude {
-    /// The old name of [`FailureKind`] (deprecated).
-    #[allow(deprecated)]
-    pub use crate::ErrorKind;
+    pub use crate::config::{Policies, RetryConfig};
+    pub use crate::consumer::{Consumer, ConsumerHandle, ParkedAfterDead, decode_json};
+    pub use crate::idempotency::{IdempotencyStore, InMemoryIdempotencyStore};
     pub use crate::{
-        App, BatchHandler, BatchItem, Broker, Classifier, Consumer, ConsumerHandle, Context,
-        DeadLetter, DeadLetters, DlqFilter, Event, FailureKind, Handler, HandlerError, Headers,
-        IdempotencyStore, InMemoryIdempotencyStore, ParkedAfterDead, Policies, Producer,
-        RetryConfig, RetryPolicy, batch_handler_fn, decode_json, handler_fn, json_handler,
+        App, BatchHandler, BatchItem, Broker, Classifier, Context, DeadLetter, DeadLetters,
+        DlqFilter, Event, FailureKind, Handler, HandlerError, Headers, Producer, RetryPolicy,
+        batch_handler_fn, handler_fn, json_handler,
     };
 }
 
 use event_retry_core::adapter::Scheme;
+use event_retry_core::config::RetryConfig;
 use event_retry_core::error::Kind;
+use event_retry_core::options::Options;
 use event_retry_core::options::redact_url;
 
 /// The schemes of the adapters compiled into this build.
@@ -207,7 +223,7 @@ static REGISTERED: std::sync::RwLock<Vec<Scheme>> = std::sync::RwLock::new(Vec::
 /// also put its own build of an adapter in place of one compiled in.
 ///
 /// ```
-/// use event_retry::adapter::{Error, Kind, Scheme};
+/// use event_retry_core::adapter::{Error, Kind, Scheme};
 ///
 /// // An adapter crate exports its entry; the service registers it once at start-up.
 /// const MY_BROKER: Scheme = Scheme::new(&["mybroker"], "My broker", |url, _options| {
@@ -291,7 +307,7 @@ pub async fn connect(url: &str) -> Result<Broker, Error> {
 ///
 /// ```
 /// # async fn demo() -> Result<(), event_retry::Error> {
-/// use event_retry::Options;
+/// use event_retry::config::Options;
 ///
 /// let err = event_retry::connect_with("memory://", Options::new().set("granularty", "1s"))
 ///     .await
@@ -346,7 +362,7 @@ pub async fn connect_with(url: &str, options: Options) -> Result<Broker, Error> 
 ///
 /// ```
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// let config = event_retry::RetryConfig::from_toml(
+/// let config = event_retry::config::RetryConfig::from_toml(
 ///     "[default]\npolicy = \"5s x3\"\n\n[broker]\nurl = \"memory://svc\"\n",
 /// )?;
 /// let broker = event_retry::connect_config(&config).await?;

@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use event_retry::adapter::Transport;
 use event_retry::prelude::*;
-use event_retry::telemetry;
+use event_retry_core::adapter::Transport;
 use event_retry_core::memory::MemoryTransport;
+use event_retry_core::telemetry;
 
 /// Every `event_retry_*` name in `text`.
 fn metric_names(text: &str) -> BTreeSet<String> {

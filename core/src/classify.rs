@@ -53,16 +53,6 @@ impl FailureKind {
     }
 }
 
-/// The old name of [`FailureKind`], renamed so it no longer reads like the broker errors'
-/// [`crate::error::Kind`]; kept (deprecated) while the version is 0.1.
-#[deprecated(since = "0.1.0", note = "renamed `FailureKind`")]
-pub type ErrorKind = FailureKind;
-
-/// The old name of [`UnknownFailureKind`], kept (deprecated) while the version is 0.1 (a type alias:
-/// it names the type, but cannot build one as `UnknownErrorKind(text)`).
-#[deprecated(since = "0.1.0", note = "renamed `UnknownFailureKind`")]
-pub type UnknownErrorKind = UnknownFailureKind;
-
 impl fmt::Display for FailureKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -419,15 +409,6 @@ fn compile(pattern: &str) -> Result<Regex, PatternError> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    #[allow(deprecated)]
-    fn the_old_names_still_name_the_same_types() {
-        let kind: ErrorKind = FailureKind::Blocking;
-        assert_eq!(kind, FailureKind::Blocking);
-        let unknown: Result<FailureKind, UnknownErrorKind> = "soon".parse();
-        assert_eq!(unknown, Err(UnknownFailureKind("soon".into())));
-    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("connection refused")]

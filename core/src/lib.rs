@@ -6,47 +6,59 @@
 //! `connect(url)` for the broker adapters compiled in. Adapter authors implement [`adapter`].
 #![deny(missing_docs)]
 
-pub mod adapter;
-#[cfg(feature = "backoff")]
-pub mod backoff_compat;
+// What a service writes against (the `event-retry` facade re-exports the parts it needs).
 pub mod broker;
-pub mod check;
 pub mod classify;
 pub mod config;
-pub mod decide;
 pub mod dlq;
 pub mod error;
 pub mod event;
 pub mod headers;
 pub mod idempotency;
-pub mod layout;
-pub mod lifecycle;
-pub mod memory;
-pub mod metadata;
 pub mod options;
 pub mod policy;
 pub mod producer;
 pub mod runtime;
-pub mod secret;
-pub mod telemetry;
 pub mod time;
+
+// Optional integrations.
+#[cfg(feature = "backoff")]
+pub mod backoff_compat;
 #[cfg(feature = "opentelemetry")]
 pub mod trace_context;
+
+// What an adapter implements.
+pub mod adapter;
+
+// Internals the adapters, the operator tools and the test kit share with the runtime: public so that
+// crates of this workspace can reach them, hidden from the docs because no service should.
+#[doc(hidden)]
+pub mod check;
+#[doc(hidden)]
+pub mod decide;
+#[doc(hidden)]
+pub mod layout;
+#[doc(hidden)]
+pub mod lifecycle;
+#[doc(hidden)]
+pub mod memory;
+#[doc(hidden)]
+pub mod metadata;
+#[doc(hidden)]
+pub mod secret;
+#[doc(hidden)]
+pub mod telemetry;
 
 /// The names a service needs, in one import.
 pub mod prelude {
     pub use crate::broker::Broker;
-    /// The old name of [`FailureKind`] (deprecated).
-    #[allow(deprecated)]
-    pub use crate::classify::ErrorKind;
     pub use crate::classify::{Classifier, FailureKind, HandlerError};
     pub use crate::config::RetryConfig;
-    pub use crate::decide::Policies;
     pub use crate::dlq::{DeadLetter, DeadLetters, DlqFilter};
     pub use crate::event::Event;
     pub use crate::headers::Headers;
     pub use crate::idempotency::{IdempotencyStore, InMemoryIdempotencyStore};
-    pub use crate::policy::RetryPolicy;
+    pub use crate::policy::{Policies, RetryPolicy};
     pub use crate::producer::Producer;
     pub use crate::runtime::{
         App, BatchHandler, BatchItem, Consumer, ConsumerHandle, Context, Handler, ParkedAfterDead,

@@ -5,8 +5,8 @@
 use std::io::Write;
 
 use clap::{Args, Subcommand};
-use event_retry::classify::FailureKind;
 use event_retry::{Broker, DeadLetter, DlqFilter};
+use event_retry_core::classify::FailureKind;
 
 use crate::{CliError, progress, render};
 
@@ -211,7 +211,7 @@ fn show_entry(entry: &DeadLetter, out: &mut dyn Write) -> Result<(), CliError> {
 }
 
 /// What a replay did, in words: how many went back, and the copies removed with them.
-pub(crate) fn replayed(report: &event_retry::dlq::ReplayReport) -> String {
+pub(crate) fn replayed(report: &event_retry_core::dlq::ReplayReport) -> String {
     let plural = |n: usize| render::counted(n, "dead letter", "dead letters");
     match report.copies_removed.len() {
         0 => format!("replayed {} to their origin", plural(report.replayed)),
@@ -241,7 +241,7 @@ pub async fn dlq(
                 writeln!(out, "{text}")?;
                 return Ok(());
             }
-            let copies = event_retry::dlq::copies(&entries);
+            let copies = event_retry_core::dlq::copies(&entries);
             if copies == 0 {
                 writeln!(out, "{} from {topic}", plural(entries.len()))?;
             } else {
@@ -407,9 +407,9 @@ pub(crate) mod tests {
         .unwrap();
         // The replayed event is back with the group that dead-lettered it (the default group): a
         // subscriber of that group gets it, with the replay count raised.
-        let spec = event_retry::adapter::SubscriptionSpec::new(
+        let spec = event_retry_core::adapter::SubscriptionSpec::new(
             "orders",
-            event_retry::adapter::default_group("orders"),
+            event_retry_core::adapter::default_group("orders"),
             "c",
         );
         let mut sub = broker.transport().subscribe(&spec).await.unwrap();

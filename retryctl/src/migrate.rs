@@ -4,13 +4,13 @@
 //! Each entry is copied to the target's DLQ, the target confirms it, and only then is it removed from
 //! the source; a run that dies anywhere loses nothing, and running the same command again finishes the
 //! job without duplicates (entries already in the target are only removed from the source). What moves
-//! and what a target cannot keep is `event_retry::dlq`'s migration; this module is its command line.
+//! and what a target cannot keep is `event_retry_core::dlq`'s migration; this module is its command line.
 
 use std::io::Write;
 
 use clap::Args;
-use event_retry::dlq::{MigrationReport, MigrationTarget, Moved};
-use event_retry::options::redact_url;
+use event_retry_core::dlq::{MigrationReport, MigrationTarget, Moved};
+use event_retry_core::options::redact_url;
 
 use crate::dlq::Selection;
 use crate::{CliError, progress, render};

@@ -7,7 +7,7 @@
 use std::io::Write;
 
 use clap::{Args, Subcommand};
-use event_retry::time::Timestamp;
+use event_retry_core::time::Timestamp;
 use event_retry_outbox::{Outbox, OutboxError, OutboxRow, RowFilter, State};
 
 use crate::CliError;

@@ -6,9 +6,9 @@ use std::io::Write;
 
 use clap::Subcommand;
 use event_retry::Broker;
-use event_retry::adapter::Honour;
-use event_retry::check::DelayReport;
-use event_retry::policy::RetryPolicy;
+use event_retry_core::adapter::Honour;
+use event_retry_core::check::DelayReport;
+use event_retry_core::policy::RetryPolicy;
 
 use crate::{CliError, render};
 

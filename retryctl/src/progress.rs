@@ -5,7 +5,7 @@
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use event_retry::dlq::Progress;
+use event_retry_core::dlq::Progress;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// A progress report for one operation, named by its verb (`replayed`, `purged`, `migrated`).

@@ -6,7 +6,7 @@
 use std::time::{Duration, SystemTime};
 
 use event_retry::DeadLetter;
-use event_retry::time::Timestamp;
+use event_retry_core::time::Timestamp;
 use serde_json::{Value, json};
 
 use crate::CliError;

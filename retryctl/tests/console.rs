@@ -388,7 +388,7 @@ fn console_in_the_browser(amqp: String) -> Result<(), String> {
             .names(&topic, None)
             .await
             .map_err(|e| e.to_string())?;
-        let group_queue = format!("{topic}:{}", event_retry::adapter::default_group(&topic));
+        let group_queue = format!("{topic}:{}", event_retry_core::adapter::default_group(&topic));
         expect_depth(&amqp, &names.dlq, 6).await?;
 
         let target = || Target {

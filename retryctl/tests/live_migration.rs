@@ -21,10 +21,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use event_retry::metadata;
 use event_retry::{
-    Broker, ConsumerHandle, Context, Event, HandlerError, Headers, RetryPolicy, handler_fn,
+    Broker, Context, Event, HandlerError, Headers, RetryPolicy, consumer::ConsumerHandle,
+    handler_fn,
 };
+use event_retry_core::metadata;
 use libtest_mimic::{Arguments, Failed, Trial};
 use raw_brokers::{RawBroker, RawKafka, RawRabbit};
 use test_support::broker::{required_brokers, runtime, url};

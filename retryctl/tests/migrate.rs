@@ -23,10 +23,10 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use event_retry::metadata::{self, RetryMetadata};
 use event_retry::{
     Broker, Context, DeadLetter, DlqFilter, Event, HandlerError, Headers, handler_fn,
 };
+use event_retry_core::metadata::{self, RetryMetadata};
 use libtest_mimic::{Arguments, Failed, Trial};
 use raw_brokers::{RawBroker, RawEntry, RawKafka, RawPulsar, RawRabbit, RawSqs};
 use retryctl::Cli;
@@ -367,7 +367,7 @@ fn history_moves(pair: Pair) -> Result<(), String> {
             if !seen.insert(id.clone()) {
                 return Err(format!("{id} is in the target twice"));
             }
-            let mark = event_retry::dlq::migration_mark(from_name, &topic, &want.id);
+            let mark = event_retry_core::dlq::migration_mark(from_name, &topic, &want.id);
             if meta.migrated_from.as_deref() != Some(mark.as_str()) {
                 return Err(format!(
                     "{id}: the copy says it came from {:?}, want {mark}",
@@ -491,8 +491,8 @@ fn killed_and_resumed(pair: Pair) -> Result<(), String> {
             .find(|e| e.event.id() == Some("e0"))
             .ok_or("e0 is not in the source")?;
         let mut copy = e0.event.clone();
-        event_retry::adapter::metadata_mut(&mut copy).migrated_from = Some(
-            event_retry::dlq::migration_mark("rabbitmq", &topic, &e0.id),
+        event_retry_core::adapter::metadata_mut(&mut copy).migrated_from = Some(
+            event_retry_core::dlq::migration_mark("rabbitmq", &topic, &e0.id),
         );
         target
             .transport()

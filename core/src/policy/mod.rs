@@ -66,6 +66,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use self::duration::{DurationLit, millis, whole_millis};
 
+/// A policy per topic, with a default: what a consumer subscribed to several topics retries by.
+pub use crate::decide::Policies;
+
 /// A parsed or built retry policy: when to retry, how often, with what jitter
 /// and within what total time budget.
 ///

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use event_retry::dlq::Progress;
+use event_retry_core::dlq::Progress;
 
 /// How a job stands.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -26,7 +26,7 @@ use axum::Router;
 use axum::routing::{get, post};
 use clap::Args;
 use event_retry::Broker;
-use event_retry::options::redact_url;
+use event_retry_core::options::redact_url;
 use serde::Deserialize;
 
 use self::auth::Auth;
@@ -305,7 +305,7 @@ mod tests {
             Selected::of(&Form::parse(b"action=replay&scope=filter&kind=deferred")).unwrap();
         assert_eq!(
             by_filter.filter().unwrap().error_kind,
-            Some(event_retry::classify::FailureKind::Deferred)
+            Some(event_retry_core::classify::FailureKind::Deferred)
         );
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use event_retry::DeadLetter;
-use event_retry::classify::FailureKind;
+use event_retry_core::classify::FailureKind;
 use maud::{DOCTYPE, Markup, html};
 
 use crate::render;

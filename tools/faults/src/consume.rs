@@ -104,7 +104,7 @@ pub(crate) async fn run(args: ConsumeArgs) -> Result<(), Box<dyn std::error::Err
             std::process::exit(3);
         });
     }
-    let mut options = event_retry::Options::new();
+    let mut options = event_retry::config::Options::new();
     for (k, v) in &args.options {
         options = options.set(k, v);
     }

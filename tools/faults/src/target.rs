@@ -130,11 +130,11 @@ impl Target {
     }
 
     /// The adapter options of the harness's own connection.
-    pub(crate) fn harness_sdk_options(&self) -> event_retry::Options {
+    pub(crate) fn harness_sdk_options(&self) -> event_retry::config::Options {
         self.options
             .iter()
             .chain(&self.harness_options)
-            .fold(event_retry::Options::new(), |o, (k, v)| o.set(k, v))
+            .fold(event_retry::config::Options::new(), |o, (k, v)| o.set(k, v))
     }
 
     /// RabbitMQ: the retry copies in the delay ladder now, summed over its levels with `rabbitmqctl

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use event_retry::prelude::*;
-use event_retry::time::Timestamp;
+use event_retry_core::time::Timestamp;
 
 use crate::Error;
 use crate::protocol::Line;
