@@ -172,7 +172,7 @@ pub async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioResult {
     ids.extend((1..=PLAIN).map(|i| format!("plain-{i:02}")));
     let log = Arc::new(Mutex::new(ChildLog::default()));
 
-    let crashed_how = match f.child_exe() {
+    let (crashed_how, process_killed) = match f.child_exe() {
         Some((exe, env)) => {
             let mut child = tokio::process::Command::new(exe)
                 .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -228,7 +228,7 @@ pub async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioResult {
             ensure(!status.success(), || {
                 format!("the child was not killed: it exited with {status}")
             })?;
-            "the consumer process was killed with SIGKILL"
+            ("the consumer process was killed with SIGKILL", true)
         }
         None => {
             // The in-process broker lives in this process: the consumer is aborted instead.
@@ -272,7 +272,10 @@ pub async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioResult {
                 log.ok = probe.successes();
                 log.scheduled = scheduled;
             }
-            "in-process broker: the consumer was aborted, not killed"
+            (
+                "in-process broker: the consumer was aborted, not killed",
+                false,
+            )
         }
     };
     let (in_flight, scheduled, child_ok) = {
@@ -348,11 +351,22 @@ pub async fn crash_mid_handle_redelivered(f: Arc<Fixture>) -> ScenarioResult {
     let duplicates: usize = successes.values().map(|n| n.saturating_sub(1)).sum();
     ensure(dlq(&f, &topic).await?.is_empty(), || "DLQ not empty".into())?;
     finish(&f, &topic, vec![c2]).await?;
-    Ok(Verdict::Pass(Some(format!(
+    let note = format!(
         "{crashed_how} with {in_flight} events in its handler and {scheduled} retries waiting in the \
          broker: lost 0 of {}, {duplicates} duplicate successes",
         ids.len()
-    ))))
+    );
+    // An abort drops the consumer's tasks but not its process: what a kill would lose (buffers,
+    // unflushed acknowledgements, sockets the kernel closes) was not exercised. The cell says so in
+    // words that do not change from run to run (the page showing it is checked against each run).
+    Ok(if process_killed {
+        Verdict::Pass(Some(note))
+    } else {
+        Verdict::Partial(
+            "the consumer was aborted, not killed: the in-process broker lives in the test's process"
+                .to_string(),
+        )
+    })
 }
 
 /// Each `retry-*` event failed once in the first consumer and its retry survived the crash in the
