@@ -8,7 +8,7 @@
 //! (synchronously) only after every record before them was acknowledged, so a crash at any point leaves
 //! each record either still in its level or already in the next one. A record produced twice (a crash
 //! between the acknowledgement and the commit) is possible; a record lost is not. With transactional
-//! hops a batch's forwards and its offsets are one transaction (see [`crate::txn`]), and a crash leaves
+//! hops a batch's forwards and its offsets are one transaction (see [`crate::consumer::txn`]), and a crash leaves
 //! each record in exactly one place.
 
 use std::collections::{HashMap, VecDeque};
@@ -27,11 +27,11 @@ use rdkafka::{ClientContext, Message, Offset, TopicPartitionList};
 use tracing::{debug, warn};
 
 use crate::codec::{self, Decoded};
+use crate::consumer::offsets::Tp;
+use crate::consumer::txn::{Copy, Transactional};
 use crate::hops::{Hop, next_hop};
 use crate::link::{Link, delivered};
-use crate::offsets::Tp;
 use crate::stranding::{BrokerWatch, report_statistics};
-use crate::txn::{Copy, Transactional};
 
 /// The most records forwarded in one batch.
 const BATCH: usize = 500;
@@ -97,7 +97,7 @@ struct LadderContext {
     /// Set at the first assignment (the member joined its group).
     joined: Arc<AtomicBool>,
     brokers: BrokerWatch,
-    /// Where a newly assigned level partition with no committed offset starts (see [`crate::start`]).
+    /// Where a newly assigned level partition with no committed offset starts (see [`crate::consumer::start`]).
     reset: Option<Offset>,
 }
 
@@ -121,7 +121,7 @@ impl ConsumerContext for LadderContext {
         err: RDKafkaRespErr,
         partitions: &mut TopicPartitionList,
     ) {
-        crate::start::rebalance(self, consumer, err, partitions, self.reset);
+        crate::consumer::start::rebalance(self, consumer, err, partitions, self.reset);
     }
 
     fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -168,7 +168,7 @@ impl Ladder {
             state: Mutex::new(LadderState::default()),
             joined: joined.clone(),
             brokers: BrokerWatch::new(&config)?,
-            reset: crate::start::reset_position(&config),
+            reset: crate::consumer::start::reset_position(&config),
         };
         let consumer: BaseConsumer<LadderContext> = config
             .create_with_context(context)
@@ -290,18 +290,18 @@ impl Forwarder {
         let result = if pause {
             self.consumer.pause(&tpl)
         } else {
-            crate::worker::resume(&self.consumer, &tpl, "kafka-ladder-resume-discarded")
+            crate::consumer::pause::resume(&self.consumer, &tpl, "kafka-ladder-resume-discarded")
         };
         if let Err(e) = result {
             warn!(error = %e, topic = %tp.0, partition = tp.1, "pausing or resuming a ladder partition failed");
         }
     }
 
-    /// Resumes again, at most once per [`crate::worker::RESUME_AGAIN_EVERY`] (`last` says when it last
+    /// Resumes again, at most once per [`crate::consumer::pause::RESUME_AGAIN_EVERY`] (`last` says when it last
     /// did), every assigned partition that holds no head: a resume librdkafka dropped as outdated would
     /// otherwise leave its level's later records unread for ever.
     fn resume_again(&self, last: &mut std::time::Instant) {
-        if last.elapsed() < crate::worker::RESUME_AGAIN_EVERY {
+        if last.elapsed() < crate::consumer::pause::RESUME_AGAIN_EVERY {
             return;
         }
         *last = std::time::Instant::now();

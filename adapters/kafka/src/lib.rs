@@ -18,22 +18,16 @@
 mod admin;
 mod codec;
 pub mod config;
+mod consumer;
 mod dlq;
 mod error;
-mod feed;
-mod handoff;
 mod hops;
-mod in_flight;
 mod ladder;
 mod link;
-mod offsets;
 mod producer;
 pub mod security;
-mod start;
 mod stranding;
 mod subscription;
-mod txn;
-mod worker;
 
 use std::sync::Arc;
 

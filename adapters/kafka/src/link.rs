@@ -558,17 +558,20 @@ pub(crate) fn client_config(bootstrap: &str, config: &KafkaConfig) -> ClientConf
 }
 
 /// The settings of a consumer's transactional producer: acknowledged by every in-sync replica, a
-/// transaction aborted by the coordinator after [`crate::txn::TRANSACTION_TIMEOUT_MS`] unless the client
+/// transaction aborted by the coordinator after [`crate::consumer::txn::TRANSACTION_TIMEOUT_MS`] unless the client
 /// settings say otherwise, and a record given up no later than its transaction.
 fn transactional_config(bootstrap: &str, config: &KafkaConfig) -> ClientConfig {
     let mut c = client_config_with(
         bootstrap,
         config,
-        &[("transaction.timeout.ms", crate::txn::TRANSACTION_TIMEOUT_MS)],
+        &[(
+            "transaction.timeout.ms",
+            crate::consumer::txn::TRANSACTION_TIMEOUT_MS,
+        )],
     );
     let timeout = c
         .get("transaction.timeout.ms")
-        .unwrap_or(crate::txn::TRANSACTION_TIMEOUT_MS)
+        .unwrap_or(crate::consumer::txn::TRANSACTION_TIMEOUT_MS)
         .to_string();
     c.set("acks", "all")
         .set("enable.idempotence", "true")

@@ -32,13 +32,14 @@ use event_retry_core::time::Timestamp;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::codec::{self, Copied, Nulls};
-use crate::handoff;
+use crate::consumer::context::{Command, Worker};
+use crate::consumer::handoff::{self, Record};
+use crate::consumer::offsets::Tp;
+use crate::consumer::txn::{Copy, Hops};
+use crate::consumer::worker;
 use crate::ladder::Ladder;
 use crate::link::Link;
-use crate::offsets::Tp;
 use crate::stranding::{BrokerWatch, report_statistics};
-use crate::txn::Copy;
-use crate::worker::{self, Command, Hops, Record, Worker};
 
 /// How long the consumer's fetch waits at the broker for records, in ms. The consumer fetches the source
 /// and the group's (mostly empty) retry topic in one request per broker, and librdkafka sends the next
@@ -85,7 +86,7 @@ pub(crate) async fn subscribe(
         link.config.revoke_grace,
         hops,
         BrokerWatch::new(&config)?,
-        crate::start::reset_position(&config),
+        crate::consumer::start::reset_position(&config),
     );
     // The range assignor shares out each topic's partitions on its own, so every member of a group gets
     // its share of the source topic (and, for per-key order, the same partition numbers of the source
@@ -335,7 +336,7 @@ impl KafkaSubscription {
         }
     }
 
-    /// Gives back a record not current any more ([`crate::offsets::Offsets::give_back`]).
+    /// Gives back a record not current any more ([`crate::consumer::offsets::Offsets::give_back`]).
     #[cold]
     #[inline(never)]
     fn give_back(&self, tp: &Tp, offset: i64, epoch: u64) {

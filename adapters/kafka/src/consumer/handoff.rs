@@ -8,7 +8,19 @@
 use event_retry_core::error::Error;
 use tokio::sync::mpsc;
 
-use crate::worker::Record;
+use crate::codec::Copied;
+use crate::consumer::offsets::Tp;
+
+/// A record handed to the subscription.
+pub(crate) struct Record {
+    pub(crate) tp: Tp,
+    pub(crate) offset: i64,
+    pub(crate) epoch: u64,
+    /// The assignment's change count when the record was kept: while it stays so, `epoch` is current.
+    pub(crate) generation: u64,
+    /// The record as read, decoded by the subscription (on the thread that handles it).
+    pub(crate) copied: Copied,
+}
 
 /// A batch of records, or the error read in their place.
 pub(crate) type Batch = Result<Vec<Record>, Error>;

@@ -10,7 +10,7 @@ use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::in_flight::InFlight;
+use crate::consumer::in_flight::InFlight;
 
 /// A topic and partition (the topic name shared, so a record's costs no allocation).
 pub(crate) type Tp = (Arc<str>, i32);

@@ -17,7 +17,8 @@
 //! ([`TRANSACTION_TIMEOUT_MS`] unless set); until then `read_committed` readers of the partitions it
 //! wrote wait.
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use event_retry_core::error::Error;
 use event_retry_core::event::RawMessage;
@@ -29,6 +30,7 @@ use rdkafka::producer::{FutureProducer, Producer};
 use tracing::warn;
 
 use crate::codec::Nulls;
+use crate::consumer::offsets::Tp;
 use crate::error::{error, settings_error};
 use crate::link::{Link, delivered};
 
@@ -51,6 +53,31 @@ pub(crate) struct Copy {
     pub(crate) nulls: Nulls,
     /// Headers added to the record's own (the route through the ladder, the group of a dead letter).
     pub(crate) extra: Vec<(&'static str, Vec<u8>)>,
+}
+
+/// A copy waiting for its transaction, and the receipt waiting for the outcome.
+pub(super) struct PendingCopy {
+    pub(super) tp: Tp,
+    pub(super) offset: i64,
+    pub(super) epoch: u64,
+    /// When the receipt handed it over.
+    pub(super) since: Instant,
+    pub(super) copy: Copy,
+    pub(super) done: tokio::sync::oneshot::Sender<Result<(), Error>>,
+}
+
+/// The transactional producer of a consumer with transactional hops, and the link its records use.
+pub(crate) struct Hops {
+    pub(super) link: Arc<Link>,
+    pub(super) producer: Mutex<Transactional>,
+}
+
+impl Hops {
+    /// The transactional hops of the consumer named `owner`.
+    pub(crate) fn new(link: Arc<Link>, owner: &str) -> Self {
+        let producer = Mutex::new(Transactional::new(link.transactional.clone(), owner));
+        Self { link, producer }
+    }
 }
 
 /// Why a transaction was aborted: the error, and for each copy the error its delivery met, if any.
