@@ -28,7 +28,7 @@ use tracing::{debug, warn};
 
 use crate::codec::{self, Decoded};
 use crate::consumer::offsets::Tp;
-use crate::consumer::txn::{Copy, Transactional};
+use crate::consumer::txn::{StagedCopy, TxnProducer};
 use crate::hops::{Hop, next_hop};
 use crate::link::{Link, delivered};
 use crate::stranding::{BrokerWatch, report_statistics};
@@ -55,7 +55,7 @@ fn failed_forward(failed: &mut HashMap<Tp, Vec<Entry>>, mut entry: Entry, e: &Er
 }
 
 /// A ladder record and the copy that forwards it, in a transaction.
-type Forward = (Entry, Copy);
+type Forward = (Entry, StagedCopy);
 
 /// A ladder record read but not yet forwarded.
 struct Entry {
@@ -180,7 +180,7 @@ impl Ladder {
             .map_err(crate::error::error("subscribe to the ladder"))?;
         let stop = Arc::new(AtomicBool::new(false));
         let transactional = link.config.transactional_hops.then(|| {
-            Transactional::new(
+            TxnProducer::new(
                 link.transactional.clone(),
                 &link.config.ladder_group(source),
             )
@@ -225,7 +225,7 @@ struct Forwarder {
     consumer: BaseConsumer<LadderContext>,
     stop: Arc<AtomicBool>,
     /// Set with transactional hops: a batch's forwards and offsets are one transaction.
-    transactional: Option<Transactional>,
+    transactional: Option<TxnProducer>,
 }
 
 impl Forwarder {
@@ -515,7 +515,7 @@ impl Forwarder {
             let (topic, extra) = self.target(&entry, now);
             match self.link.partitions_blocking(&topic) {
                 Ok(_) => {
-                    let copy = Copy {
+                    let copy = StagedCopy {
                         topic,
                         partition: Some(entry.tp.1),
                         raw: entry.decoded.raw.clone(),
@@ -542,7 +542,7 @@ impl Forwarder {
         }
         let outcome = match (self.consumer.group_metadata(), &mut self.transactional) {
             (Some(group), Some(producer)) => {
-                let copies: Vec<&Copy> = included.iter().map(|(_, c)| c).collect();
+                let copies: Vec<&StagedCopy> = included.iter().map(|(_, c)| c).collect();
                 producer.commit(&self.link, &copies, &tpl, &group)
             }
             _ => return self.hold_again(Self::regroup(included, failed)),

@@ -557,21 +557,22 @@ pub(crate) fn client_config(bootstrap: &str, config: &KafkaConfig) -> ClientConf
     client_config_with(bootstrap, config, &[])
 }
 
+/// How long a transaction may stay open before the coordinator aborts it (ms), unless the client
+/// settings say otherwise: also how long a crashed member's open transaction holds back readers.
+pub(crate) const TRANSACTION_TIMEOUT_MS: &str = "10000";
+
 /// The settings of a consumer's transactional producer: acknowledged by every in-sync replica, a
-/// transaction aborted by the coordinator after [`crate::consumer::txn::TRANSACTION_TIMEOUT_MS`] unless the client
+/// transaction aborted by the coordinator after [`TRANSACTION_TIMEOUT_MS`] unless the client
 /// settings say otherwise, and a record given up no later than its transaction.
 fn transactional_config(bootstrap: &str, config: &KafkaConfig) -> ClientConfig {
     let mut c = client_config_with(
         bootstrap,
         config,
-        &[(
-            "transaction.timeout.ms",
-            crate::consumer::txn::TRANSACTION_TIMEOUT_MS,
-        )],
+        &[("transaction.timeout.ms", TRANSACTION_TIMEOUT_MS)],
     );
     let timeout = c
         .get("transaction.timeout.ms")
-        .unwrap_or(crate::consumer::txn::TRANSACTION_TIMEOUT_MS)
+        .unwrap_or(TRANSACTION_TIMEOUT_MS)
         .to_string();
     c.set("acks", "all")
         .set("enable.idempotence", "true")

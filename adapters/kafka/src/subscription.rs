@@ -32,10 +32,10 @@ use event_retry_core::time::Timestamp;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use crate::codec::{self, Copied, Nulls};
-use crate::consumer::context::{Command, Worker};
+use crate::consumer::context::{Command, Context};
 use crate::consumer::handoff::{self, Record};
 use crate::consumer::offsets::Tp;
-use crate::consumer::txn::{Copy, Hops};
+use crate::consumer::txn::{SharedTxnProducer, StagedCopy};
 use crate::consumer::worker;
 use crate::ladder::Ladder;
 use crate::link::Link;
@@ -73,18 +73,17 @@ pub(crate) async fn subscribe(
 ) -> Result<KafkaSubscription, Error> {
     let retry_topic = link.config.retry_topic(&spec.topic, &spec.group);
     let (commands, command_rx) = std::sync::mpsc::channel();
-    let hops = link
-        .config
-        .transactional_hops
-        .then(|| Hops::new(link.clone(), &format!("{}-{}", spec.group, spec.consumer)));
+    let txn = link.config.transactional_hops.then(|| {
+        SharedTxnProducer::new(link.clone(), &format!("{}-{}", spec.group, spec.consumer))
+    });
     let mut config = link.consumer_config(&spec.group);
     config.set("client.id", &spec.consumer);
     default_fetch_wait(&mut config);
     report_statistics(&mut config);
-    let context = Worker::new(
+    let context = Context::new(
         command_rx,
         link.config.revoke_grace,
-        hops,
+        txn,
         BrokerWatch::new(&config)?,
         crate::consumer::start::reset_position(&config),
     );
@@ -95,7 +94,7 @@ pub(crate) async fn subscribe(
     // source's (measured: 2 processes, one handled all 100,000 events). Every member of a group must
     // agree on the assignor; the ladder's own group keeps the cooperative one.
     config.set("partition.assignment.strategy", "range");
-    let consumer: BaseConsumer<Worker> = config
+    let consumer: BaseConsumer<Context> = config
         .create_with_context(context)
         .map_err(crate::error::settings_error("consumer"))?;
     consumer
@@ -105,7 +104,7 @@ pub(crate) async fn subscribe(
     // Room for batches of records between the thread and the runtime, so neither often waits for the
     // other; a record whose partition was revoked meanwhile is dropped by `next`.
     let (out, inbound) = handoff::channels();
-    let worker = consumer.context().clone();
+    let context = consumer.context().clone();
     let priority_topic = retry_topic.clone();
     let source_topic = spec.topic.clone();
     std::thread::Builder::new()
@@ -115,14 +114,14 @@ pub(crate) async fn subscribe(
     // Return once both members joined their groups, so the first retries do not wait for the ladder's
     // consumer to start (bounded: a member that gets no partitions may not be told).
     let deadline = tokio::time::Instant::now() + JOIN_WAIT;
-    while !(worker.joined.load(Ordering::Acquire) && ladder.joined.load(Ordering::Acquire))
+    while !(context.joined.load(Ordering::Acquire) && ladder.joined.load(Ordering::Acquire))
         && tokio::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let shared = Arc::new(Shared {
         link: link.clone(),
-        worker: worker.clone(),
+        context: context.clone(),
         dlq_topic: link.config.dlq_topic(&spec.topic),
         source: Arc::from(spec.topic.as_str()),
         group: spec.group.clone(),
@@ -140,7 +139,7 @@ pub(crate) async fn subscribe(
         held: 0,
         precise: None,
         commands,
-        worker,
+        context,
         ladder: Some(ladder),
     })
 }
@@ -170,7 +169,7 @@ pub(crate) struct KafkaSubscription {
     /// The blocking sleep ending at the earliest held retry's due time, once that is near.
     precise: Option<(Timestamp, tokio::task::JoinHandle<()>)>,
     commands: Sender<Command>,
-    worker: Arc<Worker>,
+    context: Arc<Context>,
     ladder: Option<Ladder>,
 }
 
@@ -279,8 +278,8 @@ impl KafkaSubscription {
     /// `generation` (a record read before a revocation is its new owner's). Without the consumer thread's
     /// lock while the assignment has not changed since.
     fn is_current(&self, tp: &Tp, epoch: u64, generation: u64) -> bool {
-        self.worker.changes.unchanged_since(generation)
-            || self.worker.lock().offsets.is_current(tp, epoch)
+        self.context.changes.unchanged_since(generation)
+            || self.context.lock().offsets.is_current(tp, epoch)
     }
 
     /// The earliest held retry, once it is due.
@@ -325,7 +324,7 @@ impl KafkaSubscription {
         match taken {
             Ok(records) => {
                 self.batch = records.into_iter();
-                self.worker
+                self.context
                     .room_made(&self.commands, self.inbound.source_queued());
                 true
             }
@@ -340,7 +339,7 @@ impl KafkaSubscription {
     #[cold]
     #[inline(never)]
     fn give_back(&self, tp: &Tp, offset: i64, epoch: u64) {
-        self.worker.lock().offsets.give_back(tp, offset, epoch);
+        self.context.lock().offsets.give_back(tp, offset, epoch);
     }
 
     /// After the assignment changed (`now`, its change count), gives back every record held here and
@@ -361,7 +360,7 @@ impl KafkaSubscription {
         while let Some(batch) = self.inbound.try_recv_source() {
             taken.push(batch);
         }
-        let mut state = self.worker.lock();
+        let mut state = self.context.lock();
         let offsets = &mut state.offsets;
         let mut keep = |record: &mut Record| {
             if offsets.is_current(&record.tp, record.epoch) {
@@ -392,7 +391,7 @@ impl KafkaSubscription {
         self.swept.extend(taken);
         self.swept_at = now;
         // The channels are empty now: let the thread hand out more.
-        self.worker.room_made(&self.commands, 0);
+        self.context.room_made(&self.commands, 0);
     }
 }
 
@@ -403,7 +402,7 @@ impl Subscription for KafkaSubscription {
     /// partition was revoked since they were read (they belong to its new owner); a retry that came
     /// before its due time is held instead.
     fn next_ready(&mut self) -> Option<Delivery> {
-        let now = self.worker.changes.now();
+        let now = self.context.changes.now();
         if now != self.swept_at {
             self.sweep(now);
         }
@@ -493,7 +492,7 @@ impl Subscription for KafkaSubscription {
                 // `next_ready` took the last batch to its end before this wait.
                 Some(Ok(records)) => {
                     self.batch = records.into_iter();
-                    self.worker
+                    self.context
                         .room_made(&self.commands, self.inbound.source_queued());
                 }
                 Some(Err(e)) => return Err(e),
@@ -539,7 +538,7 @@ impl Subscription for KafkaSubscription {
 /// thread they settle through, and the topics and group they settle to.
 struct Shared {
     link: Arc<Link>,
-    worker: Arc<Worker>,
+    context: Arc<Context>,
     source: Arc<str>,
     retry_topic: String,
     dlq_topic: String,
@@ -571,7 +570,7 @@ impl KafkaReceipt {
     fn finish(&mut self) -> Result<(), Error> {
         let p = self.position.take()?;
         // If the consumer is gone, the offset stays uncommitted and the record is consumed again.
-        self.shared.worker.settled(&p.tp, p.offset, p.epoch);
+        self.shared.context.settled(&p.tp, p.offset, p.epoch);
         Ok(())
     }
 
@@ -582,7 +581,7 @@ impl KafkaReceipt {
         delay: Duration,
         operation: &str,
     ) -> Result<(), Error> {
-        if self.shared.worker.transactional() {
+        if self.shared.context.transactional() {
             let (topic, extra) = self.shared.link.delayed_target(
                 &self.shared.source,
                 &self.shared.retry_topic,
@@ -626,7 +625,7 @@ impl KafkaReceipt {
             .map_err(|e| e.with_operation(operation.to_string()))?;
         let p = self.position.get()?;
         let (tp, offset, epoch) = (p.tp.clone(), p.offset, p.epoch);
-        let copy = Copy {
+        let copy = StagedCopy {
             topic,
             partition: Some(self.partition),
             raw,
@@ -634,7 +633,7 @@ impl KafkaReceipt {
             extra,
         };
         self.shared
-            .worker
+            .context
             .settled_with_copy(&tp, offset, epoch, copy)
             .await
             .map_err(|_| Error::closed())?
@@ -665,7 +664,7 @@ impl Receipt for KafkaReceipt {
         let dlq = self.shared.dlq_topic.clone();
         let operation = format!("dead-letter to {dlq}");
         let group = event_retry_core::metadata::names::GROUP;
-        if self.shared.worker.transactional() {
+        if self.shared.context.transactional() {
             let extra = vec![(group, self.shared.group.as_bytes().to_vec())];
             return self
                 .finish_with_copy(dlq, event.to_raw(), extra, &operation)

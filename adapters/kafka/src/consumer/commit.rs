@@ -16,9 +16,9 @@ use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, warn};
 
-use crate::consumer::context::Worker;
+use crate::consumer::context::Context;
 use crate::consumer::offsets::Tp;
-use crate::consumer::txn::{Copy, Hops, PendingCopy};
+use crate::consumer::txn::{PendingCopy, SharedTxnProducer, StagedCopy};
 
 /// Transactions that may fail in a row before their copies are answered with the error.
 const TRANSACTION_TRIES: u32 = 3;
@@ -33,7 +33,7 @@ const TRANSACTION_BACKOFF: Duration = Duration::from_secs(1);
 /// copy is committed alone; a crash before its offset follows copies the record again (never loses it).
 const STRANDED_AFTER: Duration = Duration::from_secs(1);
 
-impl Worker {
+impl Context {
     /// A receipt settled `offset` of `tp`, read in `epoch`, with `copy` to be produced in the transaction
     /// that commits past it; the answer comes once that transaction committed, or failed for good: the
     /// broker refused the copy itself (the record is then unsettled again, for the runtime to release),
@@ -44,7 +44,7 @@ impl Worker {
         tp: &Tp,
         offset: i64,
         epoch: u64,
-        copy: Copy,
+        copy: StagedCopy,
     ) -> tokio::sync::oneshot::Receiver<Result<(), Error>> {
         let (done, outcome) = tokio::sync::oneshot::channel();
         let mut state = self.lock();
@@ -71,7 +71,7 @@ impl Worker {
     /// Commits the settled prefixes (of `only`, if given) not committed yet, without waiting.
     pub(super) fn commit(
         &self,
-        consumer: &BaseConsumer<Worker>,
+        consumer: &BaseConsumer<Context>,
         only: Option<&[Tp]>,
         mode: CommitMode,
     ) {
@@ -83,7 +83,7 @@ impl Worker {
     /// broker, also where an asynchronous commit of the same position is still in flight.
     pub(super) fn commit_before_letting_go(
         &self,
-        consumer: &BaseConsumer<Worker>,
+        consumer: &BaseConsumer<Context>,
         only: Option<&[Tp]>,
     ) {
         let commits = self.lock().offsets.final_commits(only);
@@ -92,11 +92,11 @@ impl Worker {
 
     pub(super) fn send_commits(
         &self,
-        consumer: &BaseConsumer<Worker>,
+        consumer: &BaseConsumer<Context>,
         mut commits: Vec<(Tp, i64)>,
         mode: CommitMode,
     ) {
-        if let Some(hops) = &self.hops {
+        if let Some(txn) = &self.txn {
             let copies = self.copies_due(&commits);
             if !copies.is_empty() {
                 // The partitions with copies commit in the transaction; the others go on plainly,
@@ -104,7 +104,7 @@ impl Worker {
                 let (with, without): (Vec<Commit>, Vec<Commit>) = commits
                     .into_iter()
                     .partition(|(tp, _)| copies.iter().any(|c| c.tp == *tp));
-                self.commit_in_transaction(hops, consumer, &with, copies);
+                self.commit_in_transaction(txn, consumer, &with, copies);
                 commits = without;
             }
         }
@@ -143,8 +143,8 @@ impl Worker {
     /// failure the copies wait for the next commit, and the offsets are tried again with them.
     pub(super) fn commit_in_transaction(
         &self,
-        hops: &Hops,
-        consumer: &BaseConsumer<Worker>,
+        txn: &SharedTxnProducer,
+        consumer: &BaseConsumer<Context>,
         commits: &[(Tp, i64)],
         copies: Vec<PendingCopy>,
     ) {
@@ -154,10 +154,10 @@ impl Worker {
             (Some(at), _) if Instant::now() < at => Err(None),
             (_, None) => Err(None),
             (_, Some(group)) => {
-                let records: Vec<&Copy> = copies.iter().map(|c| &c.copy).collect();
-                let mut producer = hops.producer.lock().unwrap_or_else(|p| p.into_inner());
+                let records: Vec<&StagedCopy> = copies.iter().map(|c| &c.copy).collect();
+                let mut producer = txn.producer.lock().unwrap_or_else(|p| p.into_inner());
                 producer
-                    .commit(&hops.link, &records, &tpl, &group)
+                    .commit(&txn.link, &records, &tpl, &group)
                     .map_err(Some)
             }
         };

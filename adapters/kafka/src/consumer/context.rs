@@ -20,7 +20,7 @@ use crate::codec::Copied;
 use crate::consumer::feed::Waker;
 use crate::consumer::handoff::Record;
 use crate::consumer::offsets::{Generation, Offsets, Tp};
-use crate::consumer::txn::{Hops, PendingCopy};
+use crate::consumer::txn::{PendingCopy, SharedTxnProducer};
 use crate::stranding::BrokerWatch;
 
 /// What the subscription asks of the thread (receipts report settles straight into the shared state).
@@ -32,12 +32,12 @@ pub(crate) enum Command {
     /// Commit what is settled and leave the group.
     Close(tokio::sync::oneshot::Sender<()>),
     /// The runtime took a batch while the thread waited for room to hand out more: nothing to do but
-    /// end that wait (see [`Worker::room_made`]).
+    /// end that wait (see [`Context::room_made`]).
     Room,
 }
 
 /// What the consumer thread waits on while the hand-off channels are full (kept in
-/// [`Worker::room_wait`]).
+/// [`Context::room_wait`]).
 pub(super) mod room_wait {
     /// Not waiting for room.
     pub(in crate::consumer) const NONE: u8 = 0;
@@ -86,14 +86,14 @@ pub(crate) struct State {
     pub(super) transaction_retry_at: Option<Instant>,
     /// Transactions failed in a row.
     pub(super) transaction_failures: u32,
-    /// Settles taken from [`Worker::settles`], being applied (kept to reuse its allocation).
+    /// Settles taken from [`Context::settles`], being applied (kept to reuse its allocation).
     pub(super) applying: Vec<Settle>,
 }
 
 /// The consumer's context: the shared state, and the commands (served inside a revoke too).
-pub(crate) struct Worker {
+pub(crate) struct Context {
     pub(crate) state: Mutex<State>,
-    /// Settles reported by receipts, applied to the offsets by the next [`Worker::lock`]. A receipt holds
+    /// Settles reported by receipts, applied to the offsets by the next [`Context::lock`]. A receipt holds
     /// this lock only for a push, so the runtime's threads do not wait for the consumer thread's longer
     /// work under `state` (measured on the Kafka bench: they did, put to sleep on its futex).
     pub(super) settles: Mutex<Vec<Settle>>,
@@ -104,7 +104,7 @@ pub(crate) struct Worker {
     /// Set at the first assignment (the member joined its group).
     pub(crate) joined: Arc<AtomicBool>,
     /// Set with transactional hops.
-    pub(super) hops: Option<Hops>,
+    pub(super) txn: Option<SharedTxnProducer>,
     /// Whether the consumer was left with no broker (see [`crate::stranding`]).
     pub(super) brokers: BrokerWatch,
     /// Where a newly assigned partition with no committed offset starts (see [`crate::consumer::start`]).
@@ -113,16 +113,16 @@ pub(crate) struct Worker {
     /// thread has its queues).
     pub(super) waker: OnceLock<Waker>,
     /// Whether and where the consumer thread waits for the runtime to take a batch (`room_wait`), so
-    /// that the runtime's take ends the wait ([`Worker::room_made`]) instead of its timeout: at a
+    /// that the runtime's take ends the wait ([`Context::room_made`]) instead of its timeout: at a
     /// million records a second the runtime takes a batch every quarter of a millisecond.
     pub(super) room_wait: AtomicU8,
 }
 
-impl Worker {
+impl Context {
     pub(crate) fn new(
         commands: Receiver<Command>,
         revoke_grace: Duration,
-        hops: Option<Hops>,
+        txn: Option<SharedTxnProducer>,
         brokers: BrokerWatch,
         reset: Option<Offset>,
     ) -> Self {
@@ -149,7 +149,7 @@ impl Worker {
             commands: Mutex::new(commands),
             revoke_grace,
             joined: Arc::new(AtomicBool::new(false)),
-            hops,
+            txn,
             brokers,
             reset,
             waker: OnceLock::new(),
@@ -159,7 +159,7 @@ impl Worker {
 
     /// Whether copies go through transactions with the offsets (`transactional_hops`).
     pub(crate) fn transactional(&self) -> bool {
-        self.hops.is_some()
+        self.txn.is_some()
     }
 
     /// The shared state, with every settle reported so far applied to its offsets.
@@ -228,7 +228,7 @@ impl Worker {
     }
 
     /// Applies the commands waiting (waiting up to `wait` for the first); `true` once asked to close.
-    pub(super) fn serve_commands(&self, consumer: &BaseConsumer<Worker>, wait: Duration) -> bool {
+    pub(super) fn serve_commands(&self, consumer: &BaseConsumer<Context>, wait: Duration) -> bool {
         let commands = self.commands.lock().unwrap_or_else(|p| p.into_inner());
         let mut first = true;
         loop {

@@ -12,7 +12,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaResult;
 use tracing::warn;
 
-use crate::consumer::context::Worker;
+use crate::consumer::context::Context;
 
 /// The backlog of records read but not yet taken by the runtime at which the thread stops reading.
 pub(super) const PENDING_HIGH: usize = 2_000;
@@ -44,7 +44,7 @@ pub(crate) fn resume<C: ConsumerContext>(
     consumer.resume(partitions)
 }
 
-impl Worker {
+impl Context {
     /// Whether to read more now. A full backlog stops reading without pausing: a pause makes librdkafka
     /// drop everything it fetched ahead and fetch it again, which costs far more than waiting while the
     /// runtime catches up. Only a backlog full for `STALL_AFTER` pauses the partitions, so that polling
@@ -67,7 +67,7 @@ impl Worker {
     }
 
     /// Pauses or resumes every assigned partition as the runtime's hold and a stalled backlog say.
-    pub(super) fn apply_pause(&self, consumer: &BaseConsumer<Worker>) {
+    pub(super) fn apply_pause(&self, consumer: &BaseConsumer<Context>) {
         let want = {
             let state = self.lock();
             let want = state.held_by_runtime || state.stalled;
@@ -92,7 +92,7 @@ impl Worker {
 
     /// Resumes every assigned partition again, at most once per [`RESUME_AGAIN_EVERY`] (`last` says
     /// when it last did), while none is meant to be paused: a resume librdkafka dropped is made good.
-    pub(super) fn resume_again(&self, consumer: &BaseConsumer<Worker>, last: &mut Instant) {
+    pub(super) fn resume_again(&self, consumer: &BaseConsumer<Context>, last: &mut Instant) {
         if last.elapsed() < RESUME_AGAIN_EVERY {
             return;
         }

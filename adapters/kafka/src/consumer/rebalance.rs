@@ -17,16 +17,16 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use tracing::{debug, warn};
 
-use crate::consumer::context::{State, Worker};
+use crate::consumer::context::{Context, State};
 use crate::consumer::offsets::Tp;
 
-impl ClientContext for Worker {
+impl ClientContext for Context {
     fn stats(&self, statistics: Statistics) {
         self.brokers.observe(&statistics);
     }
 }
 
-impl ConsumerContext for Worker {
+impl ConsumerContext for Context {
     /// rdkafka's rebalance, with the start of each new partition that has no committed offset named.
     fn rebalance(
         &self,

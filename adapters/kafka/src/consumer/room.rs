@@ -8,22 +8,22 @@
 use std::sync::atomic::{Ordering, fence};
 use std::time::Duration;
 
-use crate::consumer::context::{Command, Worker, room_wait};
+use crate::consumer::context::{Command, Context, room_wait};
 use crate::consumer::handoff::{self, Senders};
 
 /// How long the consumer thread waits for the runtime to take a batch before it looks again; a batch
-/// taken once at most half the source channel is queued ends the wait sooner ([`Worker::room_made`]).
-/// A wake the handshake misses (see [`Worker::expect_room`]) costs at most this.
+/// taken once at most half the source channel is queued ends the wait sooner ([`Context::room_made`]).
+/// A wake the handshake misses (see [`Context::expect_room`]) costs at most this.
 pub(super) const ROOM_WAIT: Duration = Duration::from_millis(1);
 
 /// How many source batches may still wait in their channel when the runtime's take wakes the thread:
 /// it then hands out several at once, not one per wake.
 const ROOM_WAKE_AT: usize = handoff::SOURCE_BATCHES / 2;
 
-impl Worker {
+impl Context {
     /// Marks the consumer thread as about to wait for room (`kind`: where it waits), unless the runtime
     /// took a batch since the thread found the channels full: returns whether to wait. The mark is set,
-    /// then a fence, then the channels are looked at; [`Worker::room_made`] frees room, fences, then
+    /// then a fence, then the channels are looked at; [`Context::room_made`] frees room, fences, then
     /// reads the mark — so a batch taken in between is either seen here or wakes the wait.
     pub(super) fn expect_room(&self, out: &Senders, kind: u8) -> bool {
         self.room_wait.store(kind, Ordering::SeqCst);
@@ -40,7 +40,7 @@ impl Worker {
         true
     }
 
-    /// Ends a wait marked by [`Worker::expect_room`] (a wake that comes later ends the next wait early:
+    /// Ends a wait marked by [`Context::expect_room`] (a wake that comes later ends the next wait early:
     /// one extra turn of the loop).
     pub(super) fn room_wait_over(&self) {
         self.room_wait.store(room_wait::NONE, Ordering::SeqCst);

@@ -1,4 +1,4 @@
-//! Transactional hops: a copy and the offset of the record it copies, committed together.
+//! TxnProducer hops: a copy and the offset of the record it copies, committed together.
 //!
 //! Without transactions a hop is two writes — the copy, acknowledged by every in-sync replica, then the
 //! offset commit — and a crash between them consumes the record again and copies it twice. With
@@ -14,7 +14,7 @@
 //!
 //! Each consumer thread owns one transactional producer with a transactional id of its own. The open
 //! transaction of a process that crashed is aborted by the coordinator after `transaction.timeout.ms`
-//! ([`TRANSACTION_TIMEOUT_MS`] unless set); until then `read_committed` readers of the partitions it
+//! ([`crate::link::TRANSACTION_TIMEOUT_MS`] unless set); until then `read_committed` readers of the partitions it
 //! wrote wait.
 
 use std::sync::{Arc, Mutex};
@@ -34,15 +34,11 @@ use crate::consumer::offsets::Tp;
 use crate::error::{error, settings_error};
 use crate::link::{Link, delivered};
 
-/// How long a transaction may stay open before the coordinator aborts it (ms), unless the client
-/// settings say otherwise: also how long a crashed member's open transaction holds back readers.
-pub(crate) const TRANSACTION_TIMEOUT_MS: &str = "10000";
-
 /// How long a transactional call (begin, offsets, commit, abort) may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A record to produce in a transaction.
-pub(crate) struct Copy {
+pub(crate) struct StagedCopy {
     /// Its topic.
     pub(crate) topic: String,
     /// Its partition (modulo the topic's partition count), if it keeps its source's.
@@ -62,20 +58,21 @@ pub(super) struct PendingCopy {
     pub(super) epoch: u64,
     /// When the receipt handed it over.
     pub(super) since: Instant,
-    pub(super) copy: Copy,
+    pub(super) copy: StagedCopy,
     pub(super) done: tokio::sync::oneshot::Sender<Result<(), Error>>,
 }
 
-/// The transactional producer of a consumer with transactional hops, and the link its records use.
-pub(crate) struct Hops {
+/// The transactional producer of a consumer with transactional hops, shared by its thread and its
+/// rebalance callbacks (hence the lock), and the link its records use.
+pub(crate) struct SharedTxnProducer {
     pub(super) link: Arc<Link>,
-    pub(super) producer: Mutex<Transactional>,
+    pub(super) producer: Mutex<TxnProducer>,
 }
 
-impl Hops {
-    /// The transactional hops of the consumer named `owner`.
+impl SharedTxnProducer {
+    /// The shared transactional producer of the consumer named `owner`.
     pub(crate) fn new(link: Arc<Link>, owner: &str) -> Self {
-        let producer = Mutex::new(Transactional::new(link.transactional.clone(), owner));
+        let producer = Mutex::new(TxnProducer::new(link.transactional.clone(), owner));
         Self { link, producer }
     }
 }
@@ -98,7 +95,7 @@ impl Aborted {
 }
 
 /// One consumer's transactional producer, created on first use and again after librdkafka gave it up.
-pub(crate) struct Transactional {
+pub(crate) struct TxnProducer {
     config: ClientConfig,
     owner: String,
     producer: Option<FutureProducer>,
@@ -118,7 +115,7 @@ fn destroy_apart(producers: Vec<FutureProducer>) {
     }
 }
 
-impl Transactional {
+impl TxnProducer {
     /// The transactional producer of `owner` (a consumer's name, the start of its transactional id).
     pub(crate) fn new(config: ClientConfig, owner: &str) -> Self {
         Self {
@@ -155,7 +152,7 @@ impl Transactional {
     pub(crate) fn commit(
         &mut self,
         link: &Link,
-        copies: &[&Copy],
+        copies: &[&StagedCopy],
         offsets: &TopicPartitionList,
         group: &ConsumerGroupMetadata,
     ) -> Result<(), Aborted> {
@@ -173,7 +170,7 @@ impl Transactional {
         &mut self,
         producer: &FutureProducer,
         link: &Link,
-        copies: &[&Copy],
+        copies: &[&StagedCopy],
         offsets: &TopicPartitionList,
         group: &ConsumerGroupMetadata,
     ) -> Result<(), Aborted> {
@@ -257,7 +254,7 @@ impl Transactional {
     }
 }
 
-impl Drop for Transactional {
+impl Drop for TxnProducer {
     /// The producer goes with its consumer (closing, or its thread ending), destroyed apart too: the
     /// consumer's and the ladder's threads are joined at close.
     fn drop(&mut self) {

@@ -32,7 +32,7 @@ use rdkafka::message::BorrowedMessage;
 use tracing::{debug, warn};
 
 use crate::codec::{Chunks, Copied};
-use crate::consumer::context::{Read, State, Worker, room_wait};
+use crate::consumer::context::{Context, Read, State, room_wait};
 use crate::consumer::feed::{ConsumerQueue, Item, SourceQueue, Waker};
 use crate::consumer::handoff::{self, Record, Senders};
 use crate::consumer::pause::PENDING_HIGH;
@@ -55,7 +55,7 @@ const HANDOUT_BATCH: usize = 256;
 /// (about 8 MiB where records are smaller than this).
 const HANDOUT_BYTES: usize = 256 * 1024;
 
-impl Worker {
+impl Context {
     /// Whether copies wait for a transaction that can start now (not backing off after a failure).
     fn copies_waiting(&self) -> bool {
         let state = self.lock();
@@ -67,7 +67,7 @@ impl Worker {
 
     /// How long a poll waits for records when none wait to be handed out.
     fn idle_poll(&self) -> Duration {
-        if self.hops.is_some() && !self.lock().copies.is_empty() {
+        if self.txn.is_some() && !self.lock().copies.is_empty() {
             IDLE_POLL_TRANSACTIONAL
         } else {
             IDLE_POLL
@@ -80,13 +80,13 @@ impl Worker {
 /// fetches too), and the thread reads them first.
 struct PriorityQueues {
     topic: String,
-    queues: Vec<PartitionQueue<Worker>>,
+    queues: Vec<PartitionQueue<Context>>,
 }
 
 impl PriorityQueues {
     /// Splits off every assigned partition of the retry topic (an assignment undoes earlier splits);
     /// `false` if it could not, to be tried again.
-    fn split(&mut self, consumer: &Arc<BaseConsumer<Worker>>, waker: &Waker) -> bool {
+    fn split(&mut self, consumer: &Arc<BaseConsumer<Context>>, waker: &Waker) -> bool {
         self.queues.clear();
         let Ok(assignment) = consumer.assignment() else {
             return false;
@@ -107,15 +107,15 @@ impl PriorityQueues {
 
     /// Reads what the split queues hold, up to a batch each, without waiting — none while the records
     /// read from them wait in numbers for the runtime.
-    fn read(&self, worker: &Worker, chunks: &mut Chunks) {
-        if worker.lock().priority.len() >= PENDING_HIGH {
+    fn read(&self, context: &Context, chunks: &mut Chunks) {
+        if context.lock().priority.len() >= PENDING_HIGH {
             return;
         }
         for queue in &self.queues {
             let (read, error) = read_batch(queue.poll(Duration::ZERO), chunks, || {
                 queue.poll(Duration::ZERO)
             });
-            worker.keep(read, true);
+            context.keep(read, true);
             if let Some(e) = error {
                 warn!(error = %e, "consumer error on the retry topic");
             }
@@ -172,7 +172,7 @@ fn read_batch<'c>(
 }
 
 /// Forwards every assigned partition of the source topic to `source`; `false` if one could not be.
-fn attach_source(consumer: &BaseConsumer<Worker>, source: &SourceQueue, topic: &str) -> bool {
+fn attach_source(consumer: &BaseConsumer<Context>, source: &SourceQueue, topic: &str) -> bool {
     let Ok(assignment) = consumer.assignment() else {
         return false;
     };
@@ -185,9 +185,9 @@ fn attach_source(consumer: &BaseConsumer<Worker>, source: &SourceQueue, topic: &
 /// Reads what the consumer's own queue (`main`) holds, without waiting, to its end — past the events
 /// served on the way — and keeps its records; how many it read.
 fn drain_main(
-    consumer: &BaseConsumer<Worker>,
+    consumer: &BaseConsumer<Context>,
     main: &ConsumerQueue,
-    worker: &Worker,
+    context: &Context,
     chunks: &mut Chunks,
     out: &tokio::sync::mpsc::Sender<handoff::Batch>,
 ) -> usize {
@@ -197,7 +197,7 @@ fn drain_main(
             consumer.poll(Duration::ZERO)
         });
         total += read.len();
-        worker.keep(read, false);
+        context.keep(read, false);
         if let Some(e) = error {
             report_error(out, e);
         }
@@ -218,7 +218,7 @@ fn report_error(out: &tokio::sync::mpsc::Sender<handoff::Batch>, e: KafkaError) 
 /// Runs the consumer of `source_topic` until the subscription closes or goes away; records of
 /// `retry_topic` are read and handed out before the source's.
 pub(crate) fn run(
-    consumer: BaseConsumer<Worker>,
+    consumer: BaseConsumer<Context>,
     out: Senders,
     source_topic: String,
     retry_topic: String,
@@ -242,8 +242,8 @@ pub(crate) fn run(
         move || waker.wake()
     });
     let consumer = Arc::new(consumer);
-    let worker = consumer.context().clone();
-    let _ = worker.waker.set(waker.clone());
+    let context = consumer.context().clone();
+    let _ = context.waker.set(waker.clone());
     let mut priority = PriorityQueues {
         topic: retry_topic,
         queues: Vec::new(),
@@ -252,11 +252,11 @@ pub(crate) fn run(
     let mut resumed_again = Instant::now();
     let mut chunks = Chunks::default();
     loop {
-        if worker.serve_commands(&consumer, Duration::ZERO) {
+        if context.serve_commands(&consumer, Duration::ZERO) {
             break;
         }
-        worker.brokers.heal(consumer.client());
-        if std::mem::take(&mut worker.lock().reassigned) {
+        context.brokers.heal(consumer.client());
+        if std::mem::take(&mut context.lock().reassigned) {
             // The broker tests widen the window in which a new partition's records reach the
             // consumer's own queue before it is forwarded (`sleep`), to show the order kept by
             // `drain_main` below.
@@ -266,21 +266,21 @@ pub(crate) fn run(
                 || !attach_source(&consumer, &source, &source_topic)
             {
                 warn!("splitting the topics' partitions off failed; trying again");
-                worker.lock().reassigned = true;
+                context.lock().reassigned = true;
             }
         }
         // A copy's receipt waits for its transaction: commit soon after one waits.
         if last_commit.elapsed() >= COMMIT_INTERVAL
-            || (last_commit.elapsed() >= IDLE_POLL_TRANSACTIONAL && worker.copies_waiting())
+            || (last_commit.elapsed() >= IDLE_POLL_TRANSACTIONAL && context.copies_waiting())
         {
-            worker.commit(&consumer, None, CommitMode::Async);
+            context.commit(&consumer, None, CommitMode::Async);
             last_commit = Instant::now();
         }
-        priority.read(&worker, &mut chunks);
+        priority.read(&context, &mut chunks);
         // Hand out what waits in batches (one wake-up of the runtime per batch), as far as the channel
         // has room: the retry topic's records first.
         {
-            let mut state = worker.lock();
+            let mut state = context.lock();
             let State {
                 pending,
                 priority: first,
@@ -299,14 +299,14 @@ pub(crate) fn run(
         if out.is_closed() {
             break;
         }
-        let read = worker.may_read();
-        worker.apply_pause(&consumer);
-        worker.resume_again(&consumer, &mut resumed_again);
+        let read = context.may_read();
+        context.apply_pause(&consumer);
+        context.resume_again(&consumer, &mut resumed_again);
         if !read {
             // The runtime is behind: wait until it takes a batch (or a command comes), and hand out more.
-            if worker.expect_room(&out, room_wait::COMMANDS) {
-                let closing = worker.serve_commands(&consumer, ROOM_WAIT);
-                worker.room_wait_over();
+            if context.expect_room(&out, room_wait::COMMANDS) {
+                let closing = context.serve_commands(&consumer, ROOM_WAIT);
+                context.room_wait_over();
                 if closing {
                     break;
                 }
@@ -319,23 +319,23 @@ pub(crate) fn run(
         // before any later record of it (the broker test
         // `records_that_reached_the_consumers_queue_before_forwarding_keep_their_order`: it fails
         // with this queue read one batch at a time).
-        let main = drain_main(&consumer, &main_queue, &worker, &mut chunks, &out.source);
+        let main = drain_main(&consumer, &main_queue, &context, &mut chunks, &out.source);
         let waiting = {
-            let state = worker.lock();
+            let state = context.lock();
             !state.pending.is_empty() || !state.priority.is_empty()
         };
         // What is read waits for room in the channel: read on, until the runtime takes a batch.
-        let room_wait = main == 0 && waiting && worker.expect_room(&out, room_wait::SOURCE);
+        let room_wait = main == 0 && waiting && context.expect_room(&out, room_wait::SOURCE);
         let wait = if main > 0 || (waiting && !room_wait) {
             Duration::ZERO
         } else if waiting {
             ROOM_WAIT
         } else {
-            worker.idle_poll()
+            context.idle_poll()
         };
         let items = source.read(wait, HANDOUT_BATCH, &mut chunks);
         if room_wait {
-            worker.room_wait_over();
+            context.room_wait_over();
         }
         // Sized once: grown push by push, the records (about 100 bytes each) were copied again at
         // every doubling.
@@ -351,7 +351,7 @@ pub(crate) fn run(
                 Item::Error(e) => report_error(&out.source, e),
             }
         }
-        worker.keep(read, false);
+        context.keep(read, false);
     }
     // The split queues hold the consumer: gone before it is dropped (which leaves the group), as is
     // the source's queue (librdkafka's queues go before their client).
@@ -362,13 +362,13 @@ pub(crate) fn run(
     drop(source);
     drop(main_queue);
     // Whatever was settled is committed before leaving, whether the subscription closed or was dropped.
-    worker.lock().closing = true;
-    worker.serve_commands(&consumer, Duration::ZERO);
-    worker.commit_before_letting_go(&consumer, None);
-    worker.let_go(None);
+    context.lock().closing = true;
+    context.serve_commands(&consumer, Duration::ZERO);
+    context.commit_before_letting_go(&consumer, None);
+    context.let_go(None);
     // Dropping leaves the group (the revoke commits again, without waiting).
     drop(consumer);
-    if let Some(done) = worker.lock().close_waiter.take() {
+    if let Some(done) = context.lock().close_waiter.take() {
         let _ = done.send(());
     }
 }
