@@ -229,7 +229,7 @@ impl KafkaConfig {
         DelayCapability::new(self.granularity).with_max_native(self.max_delay, BeyondMax::Refuse)
     }
 
-    /// How long before its due time the ladder hands a retry over ([`crate::hops::HANDOVER_LEAD`]);
+    /// How long before its due time the ladder hands a retry over ([`crate::ladder::HANDOVER_LEAD`]);
     /// none with transactional hops. There a retry copy waits for the commit that passes its record, and
     /// a record held until its due time while later ones of its partition are handled holds back their
     /// commits: with every work slot taken by records whose copies wait, the held one could not be
@@ -238,7 +238,7 @@ impl KafkaConfig {
         if self.transactional_hops {
             Duration::ZERO
         } else {
-            crate::hops::HANDOVER_LEAD
+            crate::ladder::HANDOVER_LEAD
         }
     }
 
@@ -327,7 +327,7 @@ mod tests {
     fn retries_are_handed_over_early_unless_hops_are_transactional() {
         assert_eq!(
             KafkaConfig::default().handover_lead(),
-            crate::hops::HANDOVER_LEAD
+            crate::ladder::HANDOVER_LEAD
         );
         let transactional = KafkaConfig {
             transactional_hops: true,

@@ -21,7 +21,6 @@ pub mod config;
 mod consumer;
 mod dlq;
 mod error;
-mod hops;
 mod ladder;
 mod link;
 mod producer;

@@ -18,7 +18,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use crate::codec::{self, Nulls, Outbound, Route};
 use crate::config::KafkaConfig;
 use crate::error::{error, settings_error};
-use crate::hops::{Hop, next_hop};
+use crate::ladder::{Hop, next_hop};
 use crate::producer::{Handle, KafkaProducer, Producers};
 
 /// How long a produced record may take to be acknowledged before it is an error.

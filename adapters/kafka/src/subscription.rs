@@ -9,7 +9,7 @@
 //! A receipt dropped unsettled leaves its offset uncommitted: the record is consumed again when its
 //! partition moves to another member or the group restarts.
 //!
-//! The ladder hands a retry over a little before it is due ([`crate::hops::HANDOVER_LEAD`]), so that the
+//! The ladder hands a retry over a little before it is due ([`crate::ladder::HANDOVER_LEAD`]), so that the
 //! way through the retry topic does not make it late; a record of the retry topic that arrives before
 //! its `x-retry-due-at` is held here, in due order, and handed to the runtime at that time (at most
 //! [`EARLY_HOLD_MAX`] after it arrived: a due time further away says the clocks disagree, and the record
@@ -37,7 +37,7 @@ use crate::consumer::handoff::{self, Record};
 use crate::consumer::offsets::Tp;
 use crate::consumer::txn::{SharedTxnProducer, StagedCopy};
 use crate::consumer::worker;
-use crate::ladder::Ladder;
+use crate::ladder::mover::Ladder;
 use crate::link::Link;
 use crate::stranding::{BrokerWatch, report_statistics};
 

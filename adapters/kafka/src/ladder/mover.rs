@@ -29,7 +29,7 @@ use tracing::{debug, warn};
 use crate::codec::{self, Decoded};
 use crate::consumer::offsets::Tp;
 use crate::consumer::txn::{StagedCopy, TxnProducer};
-use crate::hops::{Hop, next_hop};
+use crate::ladder::{Hop, next_hop};
 use crate::link::{Link, delivered};
 use crate::stranding::{BrokerWatch, report_statistics};
 

@@ -1,4 +1,8 @@
-//! The path of a delayed record through the binary ladder.
+//! The delay ladder: its levels, and the path of a delayed record through them.
+//!
+//! The levels' topic names are the configuration's ([`crate::config::KafkaConfig::level_topic`]);
+//! what moves a record from level to level, and into its retry topic once due, is [`mover`], kept
+//! apart because it is a consumer with a thread of its own while this is arithmetic on times.
 //!
 //! Level *k* holds every record for `granularity × 2^k`, so within one partition of one level the records
 //! become due in the order they arrived, and the level's consumer only ever waits for the head. A delay
@@ -6,6 +10,8 @@
 //! delay, largest first); each hop recomputes from the absolute due time, so the time spent producing and
 //! consuming between levels is absorbed rather than added. What is left below one step waits in level 0
 //! for exactly that remainder, which is why a retry is never early and at most about one step late.
+
+pub(crate) mod mover;
 
 use std::time::Duration;
 
