@@ -2,12 +2,17 @@
 //! source topic and its group's retry topic, and what it is built from.
 //!
 //! It is kept apart from the subscription (what the runtime sees) because it runs on a thread of its
-//! own, on librdkafka's terms: one thread polls the consumer all the time, reads the source's
-//! partitions through a queue of its own ([`feed`]), hands records to the subscription through bounded
-//! channels ([`handoff`]), tracks what is read, in flight and settled per partition ([`offsets`],
-//! [`in_flight`]) and commits each partition's settled prefix — in a transaction with the retry and
-//! DLQ copies when the hops are transactional ([`txn`]). [`start`] names where a newly assigned
-//! partition starts; the delay ladder's consumers use it, the transactions and the offsets too.
+//! own, on librdkafka's terms. That thread ([`worker`]) polls the consumer all the time, reads the
+//! source's partitions through a queue of its own ([`feed`]) and hands records to the subscription
+//! through bounded channels ([`handoff`]), waiting for room there when the runtime is behind
+//! (`room`) and pausing the partitions when it must ([`pause`]). What it shares with its rebalance
+//! callbacks (`rebalance`) and with the receipts is the consumer's [`context`]: which offsets are read,
+//! in flight and settled per partition ([`offsets`], `in_flight`), of which it commits each
+//! partition's settled prefix (`commit`) — in a transaction with the retry and DLQ copies when the
+//! hops are transactional ([`txn`]). [`start`] names where a newly assigned partition starts.
+//!
+//! The delay ladder's consumers ([`crate::ladder::mover`]) use [`start`], [`pause`], [`txn`] and
+//! [`offsets`] too.
 
 mod commit;
 pub(crate) mod context;

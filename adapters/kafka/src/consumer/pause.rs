@@ -1,6 +1,10 @@
 //! Pausing and resuming the consumer's partitions: for the runtime's hold, for a backlog full too
 //! long, and again where librdkafka dropped a resume.
 //!
+//! When the runtime holds consumption for a blocking error, or the backlog stays full for long, the
+//! consumer thread pauses every assigned partition and polls on (librdkafka drops what it fetched
+//! ahead and fetches again from the position after the last record read on resume).
+//!
 //! Kept apart from the thread's loop because librdkafka's pause costs what it fetched ahead: when to
 //! pause (and when only to stop reading) is a decision of its own, and the resume made good again is
 //! shared with the delay ladder's consumers.

@@ -1,19 +1,12 @@
-//! A consumer of a source topic and its group's retry topic, and the receipts that settle its records.
+//! A consumer of a source topic and its group's retry topic, as the runtime sees it: the records
+//! handed out in order, and the receipts that settle them ([`receipt`]).
 //!
-//! A receipt settles by reporting its offset to the consumer thread, which commits it once everything
-//! before it in the partition is settled too. A retry is a copy produced into the delay ladder (or
-//! straight to the retry topic when there is no delay) and a dead letter a copy produced to the DLQ,
-//! each acknowledged by every in-sync replica of the idempotent producer before the offset is reported —
-//! or, with transactional hops, handed to the consumer thread with the settle and committed with the
-//! offset in one transaction.
-//! A receipt dropped unsettled leaves its offset uncommitted: the record is consumed again when its
-//! partition moves to another member or the group restarts.
-//!
-//! The ladder hands a retry over a little before it is due ([`crate::ladder::HANDOVER_LEAD`]), so that the
-//! way through the retry topic does not make it late; a record of the retry topic that arrives before
-//! its `x-retry-due-at` is held here, in due order, and handed to the runtime at that time (at most
-//! [`EARLY_HOLD_MAX`] after it arrived: a due time further away says the clocks disagree, and the record
-//! goes on rather than wait for a clock).
+//! The records come from the consumer thread ([`crate::consumer`]) in batches, the group's retry
+//! topic's first; a retry that came before its due time is held until it ([`early`]), and a record
+//! whose partition was revoked since it was read is given back rather than handed out.
+
+mod early;
+mod receipt;
 
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
@@ -23,23 +16,23 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use event_retry_core::adapter::{
-    Delivery, DeliveryInfo, Receipt, Subscription, SubscriptionSpec, Unsettled,
+    Delivery, DeliveryInfo, Subscription, SubscriptionSpec, Unsettled,
 };
 use event_retry_core::error::{Error, Kind, wrap};
-use event_retry_core::event::{Event, RawMessage};
-use event_retry_core::metadata::{Origin, names};
+use event_retry_core::metadata::Origin;
 use event_retry_core::time::Timestamp;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use crate::codec::{self, Copied, Nulls};
 use crate::consumer::context::{Command, Context};
 use crate::consumer::handoff::{self, Record};
 use crate::consumer::offsets::Tp;
-use crate::consumer::txn::{SharedTxnProducer, StagedCopy};
+use crate::consumer::txn::SharedTxnProducer;
 use crate::consumer::worker;
 use crate::ladder::mover::Ladder;
 use crate::link::Link;
 use crate::stranding::{BrokerWatch, report_statistics};
+use early::{Early, PRECISE_WITHIN, hold_until, precise_sleep};
+use receipt::{KafkaReceipt, Position, Shared};
 
 /// How long the consumer's fetch waits at the broker for records, in ms. The consumer fetches the source
 /// and the group's (mostly empty) retry topic in one request per broker, and librdkafka sends the next
@@ -58,9 +51,6 @@ fn default_fetch_wait(config: &mut rdkafka::ClientConfig) {
         config.set("fetch.wait.max.ms", SOURCE_FETCH_WAIT_MS);
     }
 }
-
-/// The longest a record of the retry topic that came before its due time is held.
-const EARLY_HOLD_MAX: Duration = Duration::from_secs(1);
 
 /// How long a new subscription waits for its consumers to join their groups.
 const JOIN_WAIT: Duration = Duration::from_secs(10);
@@ -203,74 +193,6 @@ impl KafkaSubscription {
         });
         Delivery::new(decoded.raw, info, receipt)
     }
-}
-
-/// A retry held until its due time.
-struct Early {
-    /// When it is handed out.
-    at: Timestamp,
-    /// Arrival order, among those held.
-    seq: u64,
-    tp: Tp,
-    offset: i64,
-    epoch: u64,
-    /// The assignment's change count when the record was read.
-    generation: u64,
-    delivery: Delivery,
-}
-
-impl PartialEq for Early {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-
-impl Eq for Early {}
-
-impl PartialOrd for Early {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Early {
-    /// Reversed: the heap's top is the earliest.
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
-}
-
-/// How close to its due time a held retry's wait leaves Tokio's timer (see [`precise_sleep`]).
-const PRECISE_WITHIN: Duration = Duration::from_millis(3);
-
-/// The last stretch of a held retry's wait, `d` (at most [`PRECISE_WITHIN`]), slept by a blocking
-/// thread: a held retry waits with Tokio's timer until [`PRECISE_WITHIN`] before its due time, then
-/// this way.
-///
-/// Why: Tokio's timer wakes on whole milliseconds, rounded up, and its driver sleeps in whole
-/// milliseconds too, so a retry held to its due time that way started 1–2 ms after it (measured beside
-/// Spring Kafka's retry topics, `scripts/peer-bench fixed`: p50 2 ms, as Spring's). A thread's sleep
-/// ends within tens of microseconds of its time. One such sleep per subscription at a time (the
-/// earliest held retry's; the retries due with it go at once), kept across a batch's arrival.
-fn precise_sleep(d: Duration) -> tokio::task::JoinHandle<()> {
-    tokio::task::spawn_blocking(move || std::thread::sleep(d))
-}
-
-/// What `x-retry-due-at` may lie below the true due time, in ms (see [`hold_until`]).
-const DUE_AT_ROUNDING_MS: u64 = 1;
-
-/// When a record of the retry topic whose event says when it is due (`x-retry-due-at`), received at
-/// `now`, is to be handed out: `None` when it is due already (or says nothing), else its due time, at
-/// most [`EARLY_HOLD_MAX`] away.
-fn hold_until(message: &RawMessage, now: Timestamp) -> Option<Timestamp> {
-    let due = message
-        .headers
-        .get(names::DUE_AT)
-        .and_then(|value| std::str::from_utf8(value).ok()?.parse::<u64>().ok())
-        // Whole milliseconds: the time the delay counts from was cut to the millisecond below (the
-        // delay rounded up), so the true due time can be up to 1 ms later.
-        .map(|ms| Timestamp::from_millis(ms.saturating_add(DUE_AT_ROUNDING_MS)))?;
-    (due > now).then(|| due.min(now.plus(EARLY_HOLD_MAX)))
 }
 
 impl KafkaSubscription {
@@ -534,200 +456,9 @@ impl Subscription for KafkaSubscription {
     }
 }
 
-/// What a subscription's receipts share (one reference count per record): the link and the consumer
-/// thread they settle through, and the topics and group they settle to.
-struct Shared {
-    link: Arc<Link>,
-    context: Arc<Context>,
-    source: Arc<str>,
-    retry_topic: String,
-    dlq_topic: String,
-    group: String,
-}
-
-/// Where a record sits: what its settle reports to the consumer thread.
-struct Position {
-    tp: Tp,
-    offset: i64,
-    epoch: u64,
-}
-
-/// Settles one record.
-struct KafkaReceipt {
-    shared: Arc<Shared>,
-    partition: i32,
-    position: Unsettled<Position>,
-    /// The record as copied, decoded again only if [`Receipt::release`] needs it whole (a clone of the
-    /// decoded message per record would cost a header list and a reference count per header).
-    original: Copied,
-    /// The record's headers whose value was null: every copy writes them null again.
-    nulls: Nulls,
-}
-
-impl KafkaReceipt {
-    /// Reports the record settled; the consumer thread commits its offset once everything before it in
-    /// the partition is settled too.
-    fn finish(&mut self) -> Result<(), Error> {
-        let p = self.position.take()?;
-        // If the consumer is gone, the offset stays uncommitted and the record is consumed again.
-        self.shared.context.settled(&p.tp, p.offset, p.epoch);
-        Ok(())
-    }
-
-    /// Settles the record with a copy that comes back on the retry topic after `delay`.
-    async fn delay(
-        &mut self,
-        raw: &RawMessage,
-        delay: Duration,
-        operation: &str,
-    ) -> Result<(), Error> {
-        if self.shared.context.transactional() {
-            let (topic, extra) = self.shared.link.delayed_target(
-                &self.shared.source,
-                &self.shared.retry_topic,
-                delay,
-            );
-            return self
-                .finish_with_copy(topic, raw.clone(), extra, operation)
-                .await;
-        }
-        self.shared
-            .link
-            .send_delayed(
-                &self.shared.source,
-                &self.shared.retry_topic,
-                self.partition,
-                codec::Outbound {
-                    raw,
-                    nulls: &self.nulls,
-                },
-                delay,
-                operation,
-            )
-            .await?;
-        self.finish()
-    }
-
-    /// Settles the record with a copy of `raw` to `topic`, produced in the transaction that commits its
-    /// offset; returns once that transaction committed.
-    async fn finish_with_copy(
-        &mut self,
-        topic: String,
-        raw: RawMessage,
-        extra: Vec<(&'static str, Vec<u8>)>,
-        operation: &str,
-    ) -> Result<(), Error> {
-        // The copy keeps its record's partition: the topic's count must be known to place it.
-        self.shared
-            .link
-            .partitions(&topic)
-            .await
-            .map_err(|e| e.with_operation(operation.to_string()))?;
-        let p = self.position.get()?;
-        let (tp, offset, epoch) = (p.tp.clone(), p.offset, p.epoch);
-        let copy = StagedCopy {
-            topic,
-            partition: Some(self.partition),
-            raw,
-            nulls: self.nulls.clone(),
-            extra,
-        };
-        self.shared
-            .context
-            .settled_with_copy(&tp, offset, epoch, copy)
-            .await
-            .map_err(|_| Error::closed())?
-            .map_err(|e| e.with_operation(operation.to_string()))?;
-        // Settled: the record is no longer this receipt's to release.
-        self.position.take().map(drop)
-    }
-}
-
-#[async_trait]
-impl Receipt for KafkaReceipt {
-    async fn ack(&mut self) -> Result<(), Error> {
-        self.finish()
-    }
-
-    fn try_ack(&mut self) -> Option<Result<(), Error>> {
-        Some(self.finish())
-    }
-
-    async fn retry(&mut self, event: &Event, delay: Duration) -> Result<(), Error> {
-        self.position.get()?;
-        let operation = format!("retry of {} through the delay ladder", self.shared.source);
-        self.delay(&event.to_raw(), delay, &operation).await
-    }
-
-    async fn dead_letter(&mut self, event: &Event) -> Result<(), Error> {
-        self.position.get()?;
-        let dlq = self.shared.dlq_topic.clone();
-        let operation = format!("dead-letter to {dlq}");
-        let group = event_retry_core::metadata::names::GROUP;
-        if self.shared.context.transactional() {
-            let extra = vec![(group, self.shared.group.as_bytes().to_vec())];
-            return self
-                .finish_with_copy(dlq, event.to_raw(), extra, &operation)
-                .await;
-        }
-        let extra = [(group, self.shared.group.as_bytes())];
-        self.shared
-            .link
-            .send(
-                &dlq,
-                Some(self.partition),
-                &event.to_raw(),
-                &self.nulls,
-                &extra,
-                &operation,
-            )
-            .await?;
-        self.finish()
-    }
-
-    async fn release(&mut self, after: Duration) -> Result<(), Error> {
-        self.position.get()?;
-        // Kafka cannot hand one record back: a copy comes back through the retry topic instead, and
-        // if it cannot be produced the offset stays uncommitted.
-        let original = self.original.clone().decode().raw;
-        self.delay(&original, after, "release").await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn due_at(value: &str) -> RawMessage {
-        let mut headers = event_retry_core::headers::Headers::default();
-        headers.push(names::DUE_AT, value.to_string());
-        RawMessage {
-            payload: bytes::Bytes::new(),
-            key: None,
-            headers,
-        }
-    }
-
-    #[test]
-    fn a_retry_is_held_until_its_due_time_and_at_most_a_second() {
-        let now = Timestamp::from_millis(1_000_000);
-        assert_eq!(
-            hold_until(&due_at("1000060"), now),
-            Some(Timestamp::from_millis(1_000_061)),
-            "the due time, and the 1 ms its rounding may have taken off"
-        );
-        assert_eq!(hold_until(&due_at("999999"), now), None, "due now");
-        assert_eq!(hold_until(&due_at("999000"), now), None, "overdue");
-        assert_eq!(
-            hold_until(&due_at("1060000"), now),
-            Some(Timestamp::from_millis(1_001_000)),
-            "a clock a minute ahead holds it a second"
-        );
-        assert_eq!(hold_until(&due_at("soon"), now), None, "unreadable");
-        let mut none = due_at("0");
-        none.headers = event_retry_core::headers::Headers::default();
-        assert_eq!(hold_until(&none, now), None, "no due time");
-    }
 
     #[test]
     fn the_fetch_wait_is_short_unless_the_user_set_it() {
