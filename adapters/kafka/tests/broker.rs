@@ -56,7 +56,7 @@ use event_retry_core::runtime::{Context, ParkedAfterDead, handler_fn};
 use event_retry_core::time::Timestamp;
 use event_retry_kafka::{KafkaConfig, KafkaTransport};
 use libtest_mimic::Arguments;
-use test_support::broker::{Test, runtime};
+use test_support::broker::runtime;
 
 const EVENTS: usize = 20;
 const DELAY: Duration = Duration::from_secs(5);
@@ -98,87 +98,27 @@ fn main() {
     // by side passed. The transactional test once found two copies in a full workspace run; that cause
     // is not found, so the tests stay serial by default.
     args.test_threads = args.test_threads.or(Some(1));
-    let tests: [(&str, Test); 20] = [
-        (
-            "deleting_a_topic_removes_its_groups_retry_topics_and_no_other_sources_topics",
-            deleting_a_topic_removes_its_groups_retry_topics_and_no_other_sources_topics,
-        ),
-        (
-            "a_batch_handler_fills_its_batch_across_hand_outs",
-            a_batch_handler_fills_its_batch_across_hand_outs,
-        ),
-        (
-            "a_revocation_waits_only_for_the_work_the_handler_has",
-            a_revocation_waits_only_for_the_work_the_handler_has,
-        ),
-        (
-            "due_retries_behind_a_backlog_run_not_early_and_within_640_ms",
-            due_retries_behind_a_backlog_run_not_early_and_within_640_ms,
-        ),
-        (
-            "records_that_reached_the_consumers_queue_before_forwarding_keep_their_order",
-            records_that_reached_the_consumers_queue_before_forwarding_keep_their_order,
-        ),
-        (
-            "a_new_group_reads_from_the_beginning_and_a_restarted_one_from_its_commits",
-            a_new_group_reads_from_the_beginning_and_a_restarted_one_from_its_commits,
-        ),
-        (
-            "a_resume_librdkafka_drops_is_made_good",
-            a_resume_librdkafka_drops_is_made_good,
-        ),
-        (
-            "a_ladder_resume_librdkafka_drops_is_made_good",
-            a_ladder_resume_librdkafka_drops_is_made_good,
-        ),
-        (
-            "forty_headers_reach_the_handler_whole_before_and_after_a_retry",
-            forty_headers_reach_the_handler_whole_before_and_after_a_retry,
-        ),
-        (
-            "transactional_copy_waits_for_no_earlier_unsettled_record",
-            transactional_copy_waits_for_no_earlier_unsettled_record,
-        ),
-        (
-            "a_batch_handler_gets_more_than_one_held_event_per_call",
-            a_batch_handler_gets_more_than_one_held_event_per_call,
-        ),
-        (
-            "killed_process_loses_no_delayed_retry",
-            killed_process_loses_no_delayed_retry,
-        ),
-        (
-            "transactional_hops_leave_one_copy_after_a_crash_before_commit",
-            transactional_hops_leave_one_copy_after_a_crash_before_commit,
-        ),
-        (
-            "plain_hops_copy_twice_after_a_crash_before_commit",
-            plain_hops_copy_twice_after_a_crash_before_commit,
-        ),
-        (
-            "dlq_marks_are_committed_offsets",
-            dlq_marks_are_committed_offsets,
-        ),
-        (
-            "delay_beyond_the_ladder_is_refused",
-            delay_beyond_the_ladder_is_refused,
-        ),
-        (
-            "missing_topics_are_named_when_not_created",
-            missing_topics_are_named_when_not_created,
-        ),
-        (
-            "ladder_partitions_given_back_keep_moving",
-            ladder_partitions_given_back_keep_moving,
-        ),
-        (
-            "ordered_group_keeps_key_order_across_members",
-            ordered_group_keeps_key_order_across_members,
-        ),
-        (
-            "a_second_member_takes_half_of_the_source_partitions",
-            a_second_member_takes_half_of_the_source_partitions,
-        ),
+    let tests = test_support::named_tests![
+        deleting_a_topic_removes_its_groups_retry_topics_and_no_other_sources_topics,
+        a_batch_handler_fills_its_batch_across_hand_outs,
+        a_revocation_waits_only_for_the_work_the_handler_has,
+        due_retries_behind_a_backlog_run_not_early_and_within_640_ms,
+        records_that_reached_the_consumers_queue_before_forwarding_keep_their_order,
+        a_new_group_reads_from_the_beginning_and_a_restarted_one_from_its_commits,
+        a_resume_librdkafka_drops_is_made_good,
+        a_ladder_resume_librdkafka_drops_is_made_good,
+        forty_headers_reach_the_handler_whole_before_and_after_a_retry,
+        transactional_copy_waits_for_no_earlier_unsettled_record,
+        a_batch_handler_gets_more_than_one_held_event_per_call,
+        killed_process_loses_no_delayed_retry,
+        transactional_hops_leave_one_copy_after_a_crash_before_commit,
+        plain_hops_copy_twice_after_a_crash_before_commit,
+        dlq_marks_are_committed_offsets,
+        delay_beyond_the_ladder_is_refused,
+        missing_topics_are_named_when_not_created,
+        ladder_partitions_given_back_keep_moving,
+        ordered_group_keeps_key_order_across_members,
+        a_second_member_takes_half_of_the_source_partitions,
     ];
     let mut trials = test_support::broker::trials("kafka", "RETRY_TEST_KAFKA", &tests);
     // Of the helpers, needs no broker.

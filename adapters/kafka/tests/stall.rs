@@ -30,7 +30,7 @@ use event_retry_core::producer::Producer;
 use event_retry_core::runtime::{Context, handler_fn};
 use event_retry_kafka::{KafkaConfig, KafkaTransport};
 use libtest_mimic::Arguments;
-use test_support::broker::{Test, runtime};
+use test_support::broker::runtime;
 use test_support::stall::Stall;
 
 /// Longer than the broker's session timeout (`broker.session.timeout.ms`, 9 s): fenced on resume.
@@ -59,15 +59,9 @@ fn main() {
     let mut args = Arguments::from_args();
     // Each test stalls the one broker: never two at once.
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 2] = [
-        (
-            "publishes_go_on_after_the_only_broker_comes_back_fenced",
-            publishes_go_on_after_the_only_broker_comes_back_fenced,
-        ),
-        (
-            "consumers_read_again_after_the_only_broker_comes_back_fenced",
-            consumers_read_again_after_the_only_broker_comes_back_fenced,
-        ),
+    let tests = test_support::named_tests![
+        publishes_go_on_after_the_only_broker_comes_back_fenced,
+        consumers_read_again_after_the_only_broker_comes_back_fenced,
     ];
     let trials = test_support::broker::trials("kafka", "RETRY_TEST_KAFKA", &tests);
     libtest_mimic::run(&args, trials).exit();
