@@ -5,8 +5,8 @@
 //!   replaced;
 //! - **stranded**: it holds no broker to reach, and librdkafka's re-bootstrap was lost (see
 //!   [`crate::stranding`]). From then on the producer sends no request at all, so nothing tries again:
-//!   every record waits until it times out (the outbox suite's `broker_down_30s` caught it, about one
-//!   run in six). The producer's statistics, every few seconds, show it.
+//!   every record waits until it times out (the outbox suite's `broker_down_30s` caught it). The
+//!   producer's statistics, every few seconds, show it.
 //!
 //! The first send that finds the producer in either state replaces it with a new one, which bootstraps
 //! afresh; a record whose delivery failed because of it is sent once more through the new one (at least

@@ -8,7 +8,7 @@
 //! timer and leaves the re-bootstrap's in-progress flag set, so no later trigger starts one either
 //! (confluentinc/librdkafka#5301, open; the second fix of #5606). From then on the client sends no
 //! request at all and nothing tries again: a consumer group member reads nothing more and never
-//! rejoins. The Kafka fault run F3 (broker SIGSTOP 20 s) hit it in about half its runs.
+//! rejoins. The Kafka fault run that stops the broker with SIGSTOP (F3) hits it.
 //!
 //! Statistics every few seconds show whether any broker other than librdkafka's internal and logical
 //! ones is left ([`stranded`]). The producer replaces a stranded producer (see [`crate::producer`]);

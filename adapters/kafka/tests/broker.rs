@@ -92,11 +92,11 @@ fn main() {
     }
     let mut args = Arguments::from_args();
     // One at a time unless `--test-threads` says otherwise. Run beside each other, the plain
-    // crash-before-commit test used to find one copy per event instead of two (2 of 9 runs): under the
-    // load its child reached the crash point at a commit of the first record it had received, before
-    // any copy existed; the crash point now needs a commit past a settled record, and 8 of 8 runs side
-    // by side passed. The transactional test once found two copies in a full workspace run; that cause
-    // is not found, so the tests stay serial by default.
+    // crash-before-commit test used to find one copy per event instead of two: under the load its
+    // child reached the crash point at a commit of the first record it had received, before any copy
+    // existed; the crash point now needs a commit past a settled record. The transactional test once
+    // found two copies in a full workspace run; that cause is not found, so the tests stay serial by
+    // default.
     args.test_threads = args.test_threads.or(Some(1));
     let tests = test_support::named_tests![
         deleting_a_topic_removes_its_groups_retry_topics_and_no_other_sources_topics,

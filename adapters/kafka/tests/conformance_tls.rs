@@ -10,8 +10,8 @@ use event_retry_core::options::Options;
 use event_retry_kafka::{KafkaConfig, KafkaTransport};
 use event_retry_testkit::{Adapter, Fixture};
 
-/// The scenarios run over TLS: 1 success, 2 retries, 3 policy spent → DLQ, 4 non-retryable → DLQ,
-/// 9 DLQ replay.
+/// The scenarios run over TLS, by the numbers the suite selects them with, in order: success acked
+/// once, transient then success, policy spent to DLQ, non-retryable to DLQ, and DLQ replay.
 const SCENARIOS: [u8; 5] = [1, 2, 3, 4, 9];
 
 async fn connect(url: String) -> Result<Fixture, String> {

@@ -2,9 +2,9 @@
 //!
 //! Why: the rdkafka crate hands out one message per poll, each wrapped in an event of its own and a
 //! reference count, with clock readings around it; librdkafka's batch read
-//! (`rd_kafka_consume_batch_queue`) takes up to a batch under one lock (the consumer process's CPU per
-//! 1 KB record on the Kafka bench went from 4.13–4.78 µs to 3.83–4.35: docs/PERFORMANCE.md). The crate
-//! wraps no batch read, so this module calls librdkafka itself.
+//! (`rd_kafka_consume_batch_queue`) takes up to a batch under one lock, which costs the consumer
+//! process less CPU per record (docs/PERFORMANCE.md). The crate wraps no batch read, so this module
+//! calls librdkafka itself.
 //!
 //! The source's partitions are forwarded to the queue after each assignment (librdkafka may forward a
 //! partition it starts to the consumer's queue again); records that reached the consumer's queue before

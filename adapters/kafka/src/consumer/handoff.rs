@@ -29,10 +29,9 @@ pub(crate) type Batch = Result<Vec<Record>, Error>;
 /// most 256 records and about 256 KiB, or one record if it is larger: `worker::HANDOUT_BYTES`; so
 /// about 8 MiB wait here where records are smaller than that). A revocation does not wait for them:
 /// the subscription gives back the records of the partitions being revoked (`KafkaSubscription::sweep`).
-/// Measured on the Kafka bench at 100 B (`-- sdk`, alternated runs): 4 batches held the SDK to
-/// 1.15–1.32 M records/s, its runtime thread and consumer thread each idle part of every millisecond;
-/// 32, with the thread woken once half are taken, 1.39–1.47 M (docs/PERFORMANCE.md, "The Kafka
-/// adapter").
+/// With a few batches here the runtime's thread and the consumer thread each waited for the other
+/// part of every millisecond on the Kafka bench; this many, with the thread woken once half are taken,
+/// keeps both busy (docs/PERFORMANCE.md, "The Kafka adapter").
 pub(crate) const SOURCE_BATCHES: usize = 32;
 
 /// Retry topic batches the consumer thread can hand out before it keeps them in its backlog.

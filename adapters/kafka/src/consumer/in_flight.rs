@@ -4,8 +4,8 @@
 //! hot path twice per record. Offsets come in ascending order and settle nearly in order, which a
 //! sorted ring serves without an allocation per offset: a read is a push at the back, a settle marks
 //! its entry (found at the front, or by binary search) and drops the settled entries that reached the
-//! front. A `BTreeSet` did the same with a node allocation and a rebalance now and then (measured: its
-//! insert and removal were about 3 % of the SDK's CPU per record at 100 B).
+//! front. A `BTreeSet` did the same with a node allocation and a rebalance now and then, which showed in the
+//! SDK's CPU per record.
 //!
 //! An offset settled behind one still in flight (a slow handler, a held retry) stays as a settled
 //! entry until the front moves; once settled entries outnumber the unsettled ones by

@@ -2,11 +2,10 @@
 //!
 //! librdkafka starts an assigned partition at its committed offset; a partition with none (a new
 //! group, a partition added since, a retry topic never used) goes through its offset reset, which it
-//! schedules 100 ms later — the backoff it keeps for a reset after an error, taken here for "no
-//! previously committed offset" too. Measured on the local broker (a new group, 1,000 records waiting):
-//! the first record came 102 ms after the assignment that way, and 1–2 ms after it when the assignment
-//! itself names the reset position (`auto.offset.reset` as a logical offset), which librdkafka then
-//! queries at once. So each member reads its new partitions' committed offsets in the rebalance
+//! schedules after the backoff it keeps for a reset after an error, taken here for "no previously
+//! committed offset" too: the partition's first record waits that backoff out. When the assignment
+//! itself names the reset position (`auto.offset.reset` as a logical offset), librdkafka queries it at
+//! once. So each member reads its new partitions' committed offsets in the rebalance
 //! callback and names the reset position of those that have none; a partition with a committed offset,
 //! or whose offset could not be read, is left to librdkafka, which reads it again (one round trip to
 //! the group's coordinator more than before for such a partition; naming the committed offset itself

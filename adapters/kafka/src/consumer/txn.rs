@@ -9,8 +9,8 @@
 //! transaction is never seen.
 //!
 //! A copy whose offset cannot be committed within a second (a record before it is still unsettled, and
-//! may be waiting for this copy's settle) goes in a transaction without the offset: see the worker's
-//! `STRANDED_AFTER`.
+//! may be waiting for this copy's settle) goes in a transaction without the offset: see
+//! `commit::STRANDED_AFTER`.
 //!
 //! Each consumer thread owns one transactional producer with a transactional id of its own. The open
 //! transaction of a process that crashed is aborted by the coordinator after `transaction.timeout.ms`
@@ -207,8 +207,8 @@ impl TxnProducer {
                 copies: failures,
             });
         }
-        // No offsets: the copies of records an unsettled record holds back (see the worker's
-        // `STRANDED_AFTER`), committed before their offsets.
+        // No offsets: the copies of records an unsettled record holds back (see
+        // `commit::STRANDED_AFTER`), committed before their offsets.
         if offsets.count() > 0 {
             producer
                 .send_offsets_to_transaction(offsets, group, CALL_TIMEOUT)

@@ -34,8 +34,8 @@ pub(crate) enum Hop {
 /// How long before its due time the ladder hands a retry over to its retry topic (without transactional
 /// hops). Forwarding, the
 /// producer's acknowledgement, the consumer's fetch and the hand-off to the runtime take milliseconds
-/// each, and a burst of retries falling due together queues behind one another on the way (1,000 due
-/// within half a second started 17–20 ms late at the median); the consumer then holds a record that
+/// each, and a burst of retries falling due together queues behind one another on the way; the
+/// consumer then holds a record that
 /// arrived before its `x-retry-due-at` until that time (see the subscription), so the retry starts on
 /// time, never early.
 pub(crate) const HANDOVER_LEAD: Duration = Duration::from_millis(100);

@@ -62,8 +62,8 @@ pub(super) const PRECISE_WITHIN: Duration = Duration::from_millis(3);
 /// this way.
 ///
 /// Why: Tokio's timer wakes on whole milliseconds, rounded up, and its driver sleeps in whole
-/// milliseconds too, so a retry held to its due time that way started 1–2 ms after it (measured beside
-/// Spring Kafka's retry topics, `scripts/peer-bench fixed`: p50 2 ms, as Spring's). A thread's sleep
+/// milliseconds too, so a retry held to its due time that way started a millisecond or two after it
+/// (seen beside Spring Kafka's retry topics, `scripts/peer-bench fixed`). A thread's sleep
 /// ends within tens of microseconds of its time. One such sleep per subscription at a time (the
 /// earliest held retry's; the retries due with it go at once), kept across a batch's arrival.
 pub(super) fn precise_sleep(d: Duration) -> tokio::task::JoinHandle<()> {
