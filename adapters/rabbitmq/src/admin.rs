@@ -12,7 +12,7 @@ use event_retry_core::adapter::{Admin, TopicNames, default_group};
 use event_retry_core::error::Error;
 
 use crate::RabbitTransport;
-use crate::topology::check_topic;
+use crate::topics::check_topic;
 
 #[async_trait]
 impl Admin for RabbitTransport {
@@ -47,7 +47,7 @@ impl Admin for RabbitTransport {
         let names = &self.link.names;
         let group = group.map_or_else(|| default_group(topic), str::to_string);
         let levels = (0..self.link.config.levels)
-            .map(|k| names.level(k))
+            .map(|k| names.ladder.level(k))
             .collect();
         Ok(
             TopicNames::new(names.group_queue(topic, &group), names.dlq(topic))

@@ -3,8 +3,8 @@
 //! A topic is a fanout exchange of that name; each consumer group has a durable work queue bound to it
 //! (`<topic>:<group>`), whose consumers share its messages. A retry is a copy sent through a fixed ladder
 //! of delay levels — queues where a copy waits a fixed time, moved on by the consumer processes with
-//! publisher confirms (the `mover` module in the source), and finally into the group's retry queue
-//! (`<topic>:<group>:retries`), which its consumers read before the work queue (see the `topology`
+//! publisher confirms (the `ladder::mover` module in the source), and finally into the group's retry queue
+//! (`<topic>:<group>:retries`), which its consumers read before the work queue (see the `topics`
 //! module's docs) — so any delay up to the ladder's maximum is exact to its granularity, a due retry
 //! does not wait behind a backlog, no broker crash loses a copy between levels, and the original is
 //! acknowledged only after the broker confirmed the copy. Dead letters go to `<topic>.dlq` with their metadata as headers. A
@@ -18,17 +18,18 @@
 //! # Ok(()) }
 //! ```
 
-mod acks;
 mod admin;
 mod codec;
 pub mod config;
+mod declare;
 mod dlq;
 mod error;
+mod ladder;
 mod link;
-mod mover;
 mod security;
+mod settle;
 mod subscription;
-mod topology;
+mod topics;
 
 use std::sync::Arc;
 
@@ -164,7 +165,7 @@ impl Transport for RabbitTransport {
         &self,
         source_topic: &str,
     ) -> Result<Option<Box<dyn DlqSession>>, Error> {
-        crate::topology::check_topic(&self.link.names, source_topic)?;
+        crate::topics::check_topic(&self.link.names, source_topic)?;
         dlq::open(self.link.clone(), source_topic).await
     }
 
@@ -177,7 +178,7 @@ impl Transport for RabbitTransport {
         event: &Event,
     ) -> Result<(), Error> {
         if let Some(group) = group {
-            crate::topology::check_group(&self.link.names, source_topic, group)?;
+            crate::topics::check_group(&self.link.names, source_topic, group)?;
         }
         self.link.ensure_topic(source_topic).await?;
         self.link

@@ -27,8 +27,8 @@ use tokio::sync::Mutex;
 use crate::codec;
 use crate::config::RabbitConfig;
 use crate::error::{self as errors, amqp_error, connection_error};
-use crate::mover::Movers;
-use crate::topology::{self, Names};
+use crate::ladder::{self, mover::Movers};
+use crate::topics::{self, Names};
 
 /// Publisher channels: as many publishes can be in flight at once.
 const PUBLISHERS: usize = 16;
@@ -260,21 +260,21 @@ impl Link {
     /// Declares (or, with `declare` off, checks) the ladder, `topic`'s exchange and DLQ, and its default
     /// group's queue, once per transport.
     pub(crate) async fn ensure_topic(&self, topic: &str) -> Result<(), Error> {
-        topology::check_topic(&self.names, topic)?;
+        topics::check_topic(&self.names, topic)?;
         if self.is_declared(topic, None) {
             return Ok(());
         }
         let default = event_retry_core::adapter::default_group(topic);
-        topology::check_group(&self.names, topic, &default)?;
+        topics::check_group(&self.names, topic, &default)?;
         let group = default.as_str();
         self.declare_with("declare the topology", |ch| async move {
             if self.config.declare {
                 if !self.is_declared("", None) {
-                    topology::declare_ladder(&ch, &self.names, &self.config).await?;
+                    ladder::declare(&ch, &self.names.ladder, &self.config).await?;
                     self.mark_declared("", None);
                 }
-                topology::declare_topic(&ch, &self.names, &self.config, topic).await?;
-                topology::declare_group(&ch, &self.names, &self.config, topic, group).await
+                topics::declare_topic(&ch, &self.names, &self.config, topic).await?;
+                topics::declare_group(&ch, &self.names, &self.config, topic, group).await
             } else {
                 ch.exchange_declare(
                     topic.into(),
@@ -289,7 +289,7 @@ impl Link {
                 .map_err(|e| amqp_error(e, format!("check exchange {topic} (declaring is off)")))?;
                 let queues = [
                     self.names.dlq(topic),
-                    self.names.entry(),
+                    self.names.ladder.entry(),
                     self.names.group_queue(topic, group),
                     self.names.retry_queue(topic, group),
                 ];
@@ -305,13 +305,13 @@ impl Link {
     /// Declares (or checks) `topic` and the work queue of its consumer group `group`, once per transport.
     pub(crate) async fn ensure_group(&self, topic: &str, group: &str) -> Result<(), Error> {
         self.ensure_topic(topic).await?;
-        topology::check_group(&self.names, topic, group)?;
+        topics::check_group(&self.names, topic, group)?;
         if self.is_declared(topic, Some(group)) {
             return Ok(());
         }
         self.declare_with("declare a consumer group's queue", |ch| async move {
             if self.config.declare {
-                topology::declare_group(&ch, &self.names, &self.config, topic, group).await
+                topics::declare_group(&ch, &self.names, &self.config, topic, group).await
             } else {
                 let queues = [
                     self.names.group_queue(topic, group),

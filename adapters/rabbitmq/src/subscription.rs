@@ -33,10 +33,11 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel, Consumer};
 use tracing::debug;
 
-use crate::acks::Acks;
 use crate::codec;
 use crate::error::{connection_error, is_soft_error};
+use crate::ladder::mover;
 use crate::link::Link;
+use crate::settle::Acks;
 
 /// How long closing waits for the broker to confirm a consumer's cancel.
 const CANCEL_WITHIN: Duration = Duration::from_secs(5);
@@ -560,12 +561,12 @@ impl RabbitReceipt {
             .with_operation(operation.to_string()));
         }
         let names = &self.link.names;
-        let key = names.routing_key(units as u64, &self.retry_queue);
+        let key = names.ladder.routing_key(units as u64, &self.retry_queue);
         // The time the copy leaves the first level it waits in; the ladder's movers take it from there.
-        let due = crate::mover::next_due(&self.link, &key, names.levels(), crate::mover::now_ms());
-        let props = crate::mover::with_hop_due(props, due);
+        let due = mover::next_due(&self.link, &key, names.ladder.levels(), mover::now_ms());
+        let props = mover::with_hop_due(props, due);
         self.link
-            .publish(&names.entry(), &key, body, props, operation)
+            .publish(&names.ladder.entry(), &key, body, props, operation)
             .await
     }
 }

@@ -2,8 +2,7 @@
 //! confirm, and leaves its level only once the next one holds it.
 //!
 //! Why not the broker's own TTL and dead-lettering: on classic queues dead-lettering is at most once — a
-//! broker crash while a copy moves between levels loses it (a crash run of 10,000 events lost 27 copies
-//! that way) — and on quorum queues it goes through a dead-letter worker that, after a crash or the loss
+//! broker crash while a copy moves between levels loses it — and on quorum queues it goes through a dead-letter worker that, after a crash or the loss
 //! of a node, held copies for minutes. Here a level is a plain durable queue and every consumer process
 //! of this transport moves what is due:
 //!
@@ -68,7 +67,7 @@ impl Movers {
     /// weakly: they end when it is gone.
     pub(crate) fn start(link: &Arc<Link>) -> Self {
         let stop = CancellationToken::new();
-        let tasks = (0..link.names.levels())
+        let tasks = (0..link.names.ladder.levels())
             .map(|k| tokio::spawn(run(Arc::downgrade(link), k, stop.clone())))
             .collect();
         Self { stop, tasks }
@@ -125,7 +124,7 @@ async fn move_level(link: &Weak<Link>, k: u32, stop: &CancellationToken) -> Resu
     let Some(strong) = link.upgrade() else {
         return Ok(());
     };
-    let queue = strong.names.level(k);
+    let queue = strong.names.ladder.level(k);
     let channel = strong.channel().await?;
     drop(strong);
     channel
@@ -193,7 +192,7 @@ async fn move_copy(
     let link = link.upgrade().ok_or_else(gone)?;
     let props = with_hop_due(delivery.properties.clone(), next_due);
     link.publish(
-        &link.names.below(k),
+        &link.names.ladder.below(k),
         key,
         &delivery.data,
         props,
@@ -212,6 +211,7 @@ async fn move_copy(
 /// `from` (ms since the Unix epoch) leaves the next level it waits in; `None` when it leaves the ladder.
 pub(crate) fn next_due(link: &Link, routing_key: &str, below: u32, from: u64) -> Option<u64> {
     link.names
+        .ladder
         .next_level(routing_key, below)
         .map(|next| from.saturating_add(level_wait(link, next)))
 }
