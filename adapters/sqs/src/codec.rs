@@ -178,8 +178,8 @@ pub(crate) fn encode(
     let mut attributes = HashMap::with_capacity(MAX_ATTRIBUTES);
     // A key that a receive would read back from the message group alone need not travel twice.
     let key_is_group = |key: &Bytes| {
-        fifo && !key.starts_with(crate::link::UNKEYED_GROUP.as_bytes())
-            && crate::link::group_of(Some(key)).is_some_and(|g| g.as_bytes() == key.as_ref())
+        fifo && !key.starts_with(UNKEYED_GROUP.as_bytes())
+            && group_of(Some(key)).is_some_and(|g| g.as_bytes() == key.as_ref())
     };
     if let Some(key) = &event.key
         && !key_is_group(key)
@@ -325,7 +325,7 @@ pub(crate) fn decode(message: &Message) -> Decoded {
         key = message
             .attributes()
             .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
-            .filter(|g| !g.starts_with(crate::link::UNKEYED_GROUP))
+            .filter(|g| !g.starts_with(UNKEYED_GROUP))
             .map(|g| Bytes::copy_from_slice(g.as_bytes()));
     }
     let body = message.body().unwrap_or_default();
@@ -348,10 +348,36 @@ pub(crate) fn decode(message: &Message) -> Decoded {
     }
 }
 
+/// The prefix of the message group the adapter gives a FIFO message without a key (a group of its own,
+/// so it waits behind nothing), which a receive reads as "no key".
+pub(crate) const UNKEYED_GROUP: &str = "x-retry-unkeyed-";
+
+/// The FIFO message group for a key: the key itself when SQS accepts it, its hex digits otherwise.
+pub(crate) fn group_of(key: Option<&[u8]>) -> Option<String> {
+    let key = key?;
+    let printable =
+        !key.is_empty() && key.len() <= 128 && key.iter().all(|b| (0x21..=0x7e).contains(b));
+    Some(if printable {
+        String::from_utf8_lossy(key).into_owned()
+    } else {
+        key.iter().take(64).map(|b| format!("{b:02x}")).collect()
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn groups_are_keys_sqs_accepts() {
+        assert_eq!(
+            group_of(Some(b"customer-7")),
+            Some("customer-7".to_string())
+        );
+        assert_eq!(group_of(Some(&[0, 255])), Some("00ff".to_string()));
+        assert_eq!(group_of(None), None);
+    }
 
     fn received(out: Outgoing) -> Message {
         Message::builder()
@@ -435,7 +461,7 @@ mod tests {
 
     #[test]
     fn a_fifo_key_that_looks_unkeyed_and_large_carried_attributes_come_back() {
-        let key = format!("{}x", crate::link::UNKEYED_GROUP);
+        let key = format!("{}x", UNKEYED_GROUP);
         let mut event = Event::new("p").with_key(key.clone());
         for i in 0..10 {
             event = event.with_header(format!("h{i}"), "v".repeat(20_000));

@@ -5,7 +5,7 @@ use std::time::Duration;
 use event_retry_core::error::{Error, Kind};
 use event_retry_core::options::Options;
 
-pub use crate::url::ClientSettings;
+pub use crate::client::ClientSettings;
 
 /// The adapter's settings.
 #[derive(Clone, Debug, PartialEq, Eq)]

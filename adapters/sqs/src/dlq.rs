@@ -20,10 +20,10 @@ use event_retry_core::adapter::{DlqSession, StoredDeadLetter};
 use event_retry_core::error::{Error, Kind};
 use event_retry_core::event::Event;
 
-use crate::batch::{BatchApi, Entry, MAX_BATCH, Op, SqsBatches};
 use crate::codec;
 use crate::error::sdk_error;
 use crate::link::{Link, asking_system_attributes};
+use crate::settle::{BatchApi, Entry, MAX_BATCH, Op, SqsBatches};
 
 /// How long an operation hides the entries it looks at.
 const HOLD_SECONDS: i32 = 60;

@@ -22,16 +22,16 @@
 //! ```
 
 mod admin;
-mod batch;
+mod client;
 mod codec;
 pub mod config;
 mod dlq;
 mod error;
 mod link;
 mod queues;
+mod settle;
 mod sns;
 mod subscription;
-mod url;
 
 use std::sync::Arc;
 
@@ -97,7 +97,7 @@ impl SqsTransport {
         config: SqsConfig,
         client: &ClientSettings,
     ) -> Result<Self, Error> {
-        let shared = url::sdk_config_for(url, client).await?;
+        let shared = client::sdk_config_for(url, client).await?;
         let transport = Self::from_sdk_config(&shared, config)?;
         transport
             .link

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use event_retry_core::error::{Error, Kind};
 use event_retry_core::metadata::RetryMetadata;
 
-use crate::codec::Outgoing;
+use crate::codec::{Outgoing, UNKEYED_GROUP, group_of};
 use crate::error::sdk_error;
 use crate::queues::{QueueInfo, Queues};
 use crate::sns::Sns;
@@ -350,22 +350,6 @@ fn dead_lettering_id(meta: &RetryMetadata) -> Option<String> {
     )
 }
 
-/// The prefix of the message group the adapter gives a FIFO message without a key (a group of its own,
-/// so it waits behind nothing), which a receive reads as "no key".
-pub(crate) const UNKEYED_GROUP: &str = "x-retry-unkeyed-";
-
-/// The FIFO message group for a key: the key itself when SQS accepts it, its hex digits otherwise.
-pub(crate) fn group_of(key: Option<&[u8]>) -> Option<String> {
-    let key = key?;
-    let printable =
-        !key.is_empty() && key.len() <= 128 && key.iter().all(|b| (0x21..=0x7e).contains(b));
-    Some(if printable {
-        String::from_utf8_lossy(key).into_owned()
-    } else {
-        key.iter().take(64).map(|b| format!("{b:02x}")).collect()
-    })
-}
-
 /// A receive that asks for the system attributes the adapter reads (receive count, sent time, message
 /// group), by both names the list has had: `MessageSystemAttributeNames`, and the older
 /// `AttributeNames` that SQS still accepts and SQS-compatible servers (ElasticMQ 1.7) still read alone.
@@ -419,16 +403,6 @@ mod tests {
         assert_eq!(seconds_up(Duration::from_secs(2)), 2);
         assert_eq!(seconds_up(Duration::from_millis(2_001)), 3);
         assert_eq!(seconds_up(Duration::ZERO), 0);
-    }
-
-    #[test]
-    fn groups_are_keys_sqs_accepts() {
-        assert_eq!(
-            group_of(Some(b"customer-7")),
-            Some("customer-7".to_string())
-        );
-        assert_eq!(group_of(Some(&[0, 255])), Some("00ff".to_string()));
-        assert_eq!(group_of(None), None);
     }
 
     fn link_remembering(remembered_retries: usize) -> Link {
