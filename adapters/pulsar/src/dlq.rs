@@ -26,7 +26,7 @@ use pulsar::consumer::Message;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::codec;
-use crate::engine::{self, PulsarConsumer, Received};
+use crate::consumer_requests::{self, PulsarConsumer, Received};
 use crate::error::error;
 use crate::link::Link;
 
@@ -70,7 +70,7 @@ pub(crate) async fn open(
     let mut consumer = link.dlq_consumer(source_topic).await?;
     // The entries the client queued while the stats were asked for come first.
     let mut queued = VecDeque::new();
-    let stats = engine::ask(
+    let stats = consumer_requests::ask(
         &mut consumer,
         "read the DLQ subscription's stats",
         ANSWER_PATIENCE,
@@ -224,7 +224,7 @@ impl DlqSession for PulsarDlqSession {
     /// operation, in this process or a short-lived `retryctl`, finds them.
     async fn finish(mut self: Box<Self>) -> Result<(), Error> {
         if self.removed.iter().any(|r| *r)
-            && let Err(e) = engine::ask(
+            && let Err(e) = consumer_requests::ask(
                 &mut self.consumer,
                 "confirm the DLQ removals",
                 ANSWER_PATIENCE,
@@ -235,7 +235,7 @@ impl DlqSession for PulsarDlqSession {
         {
             tracing::warn!(error = %e, topic = self.topic, "could not confirm that the DLQ removals reached the broker");
         }
-        let close = engine::close(
+        let close = consumer_requests::close(
             &mut self.consumer,
             "close the DLQ consumer",
             ANSWER_PATIENCE,

@@ -15,12 +15,11 @@
 //! ```
 
 mod admin;
-mod admin_api;
-mod broker_delays;
 mod codec;
 pub mod config;
+mod consumer_requests;
+mod delay_settings;
 mod dlq;
-mod engine;
 mod error;
 mod link;
 mod security;
@@ -77,7 +76,7 @@ impl PulsarTransport {
     /// Connects with explicit settings.
     pub async fn connect_with(url: &str, mut config: PulsarConfig) -> Result<Self, Error> {
         config.validate()?;
-        broker_delays::apply(&mut config, url).await?;
+        delay_settings::apply(&mut config, url).await?;
         let client = security::connect(url, &config.security).await?;
         let link = Arc::new(Link::new(client, url, config));
         Ok(Self {

@@ -13,7 +13,7 @@ use pulsar::{
 use tokio::sync::Mutex;
 
 use crate::config::PulsarConfig;
-use crate::engine::{self, PulsarConsumer};
+use crate::consumer_requests::{self, PulsarConsumer};
 use crate::error::{error, kind_of, passing};
 
 /// How long a send may wait for its receipt before it is an error.
@@ -157,7 +157,7 @@ impl Link {
             let (full, group) = (full.clone(), group.to_string());
             let security = self.config.security.clone();
             return tokio::task::spawn_blocking(move || {
-                crate::admin_api::create_subscription(&admin, &full, &group, &security)
+                crate::admin::rest::create_subscription(&admin, &full, &group, &security)
             })
             .await
             .map_err(|e| Error::from_source(Kind::Other, e))?;
@@ -237,7 +237,9 @@ impl Link {
 /// Closes `consumer`, one that only made a subscription (`what`), within [`CLOSE_PATIENCE`]; when the
 /// close does not get through it is dropped, and the client closes it in the background.
 async fn let_go(consumer: &mut PulsarConsumer, what: &str) {
-    if let Err(e) = engine::close(consumer, &format!("close {what}"), CLOSE_PATIENCE).await {
+    if let Err(e) =
+        consumer_requests::close(consumer, &format!("close {what}"), CLOSE_PATIENCE).await
+    {
         tracing::debug!(error = %e, "{what} did not close; the client closes it when dropped");
     }
 }

@@ -28,13 +28,13 @@ use tokio::sync::mpsc;
 use tracing::warn;
 
 use crate::codec;
-use crate::engine::{self, PulsarConsumer, Received};
+use crate::consumer_requests::{self, PulsarConsumer, Received};
 use crate::error::error;
 use crate::link::Link;
 
 /// How long the consumer task tries to close the client's consumer before it drops it. The client
 /// answers a close only between messages, and with a backlog up to a batch of 1,000 it received can be
-/// ahead of the close while its queue holds `max_in_flight` (see `engine`): then the close seldom gets
+/// ahead of the close while its queue holds `max_in_flight` (see `consumer_requests`): then the close seldom gets
 /// through, and dropping the consumer ends it as surely. The broker gives back what was not
 /// acknowledged; acknowledgements still queued behind those messages are lost, and their events come
 /// back once more.
@@ -236,7 +236,7 @@ async fn deliver_one(
 /// Closes the client's consumer within [`CLOSE_PATIENCE`]; when the close does not get through, the
 /// task's end drops it.
 async fn close_or_drop(consumer: &mut PulsarConsumer) {
-    if let Err(e) = engine::close(consumer, "close the consumer", CLOSE_PATIENCE).await {
+    if let Err(e) = consumer_requests::close(consumer, "close the consumer", CLOSE_PATIENCE).await {
         warn!(error = %e, "closing the consumer did not get through: dropping it; the broker redelivers what was not acknowledged, acknowledgements the client still queued included");
     }
 }

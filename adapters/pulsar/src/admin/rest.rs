@@ -1,7 +1,9 @@
 //! The broker's admin REST API, where the adapter is given its URL (`admin_url`): reading settings and
 //! creating subscriptions without attaching a consumer. The `pulsar` client crate speaks only the binary
 //! protocol, so these are plain HTTP requests — over HTTPS (native-tls, trusting the adapter's `tls_ca`
-//! when given) for an `https://` admin URL, with the adapter's token as a bearer token.
+//! when given) for an `https://` admin URL, with the adapter's token as a bearer token. Separate from
+//! the `Admin` implementation beside it: this is the HTTP client, which the link and the delay
+//! settings use too.
 
 use std::time::Duration;
 

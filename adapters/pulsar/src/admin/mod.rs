@@ -7,6 +7,11 @@
 //! subscriptions that exist when they arrive); the other topics are created by the broker on first
 //! use. Deleting topics needs Pulsar's admin REST API, which the `pulsar` client
 //! crate does not speak: `delete` says so instead of pretending.
+//!
+//! The admin REST API the adapter does speak, where it is given its URL, is the `rest` module: the
+//! link creates subscriptions through it and the delay settings are read through it.
+
+pub(crate) mod rest;
 
 use async_trait::async_trait;
 use event_retry_core::adapter::{Admin, TopicNames};

@@ -1,4 +1,5 @@
-//! The broker's own delayed-delivery settings, read from its admin REST API.
+//! The broker's own delayed-delivery settings, read from its admin REST API when the transport
+//! connects, so that retry policies are checked against what the broker will really do.
 //!
 //! How a Pulsar broker honours `deliverAt` is its configuration: whether delayed delivery is on, the tick
 //! it dispatches on, whether it may dispatch a tick early, and the longest delay it accepts — each set for
@@ -13,7 +14,7 @@ use std::time::Duration;
 
 use event_retry_core::error::{Error, Kind};
 
-use crate::admin_api::{get, get_within};
+use crate::admin::rest::{get, get_within};
 use crate::config::PulsarConfig;
 
 /// How long the admin API a bare service URL implies is given to answer before the adapter keeps its

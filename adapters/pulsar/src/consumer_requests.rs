@@ -1,30 +1,31 @@
 //! Asking the pulsar client's consumer for something (a close, its stats, the last message id) when
-//! nobody may be reading its messages.
+//! nobody may be reading its messages: each request is made in growing attempts, taking what the
+//! consumer's engine task queued in between. Separate because the subscription, the DLQ sessions and
+//! the link all ask this way.
 //!
-//! The client runs one engine task per consumer. It receives the broker's messages, asks the broker
-//! for more as it receives them (not as they are read), and puts them on a bounded queue the consumer
-//! reads from. The same task answers the consumer's requests, between two messages. Once that queue is
-//! full it waits for room before it does anything else, so a request made while nobody reads the
-//! consumer waits for ever. That happens to a consumer that shuts down with a backlog behind it, to a
-//! DLQ operation on a DLQ holding thousands, and to a consumer that only makes a subscription and
-//! leaves.
+//! The client runs one engine task per consumer. It receives the broker's messages, asks the broker for
+//! more as it receives them (not as they are read), and puts them on a bounded queue the consumer reads
+//! from. The same task answers the consumer's requests, between two messages. Once that queue is full
+//! it waits for room before it does anything else, so a request made while nobody reads the consumer
+//! waits for ever. That happens to a consumer that shuts down with a backlog behind it, to a DLQ
+//! operation on a large DLQ, and to a consumer that only makes a subscription and leaves.
 //!
-//! [`ask`] makes the request in attempts, the first 250 ms and each next one twice as long (an attempt
-//! also waits for the broker's answer). Before each one it takes the messages the engine queued, so the
-//! engine has room to reach the request, and hands them to the caller: a DLQ session keeps them; a
-//! consumer that is closing lets them go, and the broker gives back what was not acknowledged once the
-//! consumer is closed. One taking is enough when the consumer's queue holds a whole batch (the client
-//! asks the broker for up to a batch at a time): the DLQ's consumers and those that only make a
-//! subscription. A consumer of the runtime queues no more than its `max_in_flight`, so with a backlog
-//! up to a batch of 1,000 received messages can be ahead of the request, and each attempt asks again
-//! behind the newest: its close is given a few seconds (see `subscription`).
+//! [`ask`] makes the request in attempts, the first `FIRST_ATTEMPT` long and each next one twice as
+//! long (an attempt also waits for the broker's answer). Before each one it takes the messages the
+//! engine queued, so the engine has room to reach the request, and hands them to the caller: a DLQ
+//! session keeps them; a consumer that is closing lets them go, and the broker gives back what was not
+//! acknowledged once the consumer is closed. One taking is enough when the consumer's queue holds a
+//! whole batch (the client asks the broker for up to a batch at a time): the DLQ's consumers and those
+//! that only make a subscription. A consumer of the runtime queues no more than its `max_in_flight`, so
+//! with a backlog up to a whole batch of received messages can be ahead of the request, and each
+//! attempt asks again behind the newest: its close is given a few seconds (see `subscription`).
 //!
 //! An attempt given up leaves its request with the engine, which answers it to nobody (the client logs
 //! that as an error); the next attempt asks again (Pulsar 4 answers a repeated close as done; older
 //! brokers answer it with an error). Each topic's engine answers in the order it was asked, after the
-//! acknowledgements made before the request, so an answered request still means those
-//! acknowledgements reached the client's connection first (unless it reconnected in between, when they
-//! are lost and their messages come back).
+//! acknowledgements made before the request, so an answered request still means those acknowledgements
+//! reached the client's connection first (unless it reconnected in between, when they are lost and
+//! their messages come back).
 
 use std::time::Duration;
 
