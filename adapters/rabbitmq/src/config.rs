@@ -1,7 +1,7 @@
 //! How the adapter lays out its queues: granularity and depth of the delay ladder, queue type, names.
 //!
-//! The defaults suit most services: delays exact to 100 ms up to 19 days, classic durable queues, topology
-//! declared on first use. Quorum queues (`queue_type=quorum`) replicate every queue over a cluster.
+//! The defaults suit most services: delays exact to a fraction of a second up to weeks (see
+//! [`RabbitConfig::default`]), classic durable queues, topology declared on first use. Quorum queues (`queue_type=quorum`) replicate every queue over a cluster.
 //! Everything the broker stores is named from these settings, so two services with the same settings
 //! share one ladder and a service with different ones gets its own.
 
