@@ -30,7 +30,6 @@ use event_retry_core::policy::RetryPolicy;
 use event_retry_core::runtime::{Context, ParkedAfterDead, handler_fn};
 use event_retry_pulsar::{PulsarConfig, PulsarTransport};
 use libtest_mimic::Arguments;
-use test_support::broker::Test;
 use test_support::restart::{Waits, delayed_retries_survive_restart};
 
 const EVENTS: usize = 20;
@@ -40,36 +39,15 @@ fn main() {
     let mut args = Arguments::from_args();
     // The restart would disturb the other test.
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 8] = [
-        (
-            "a_fresh_transport_starts_on_a_topic_with_thousands_waiting",
-            a_fresh_transport_starts_on_a_topic_with_thousands_waiting,
-        ),
-        (
-            "declaring_a_group_makes_its_subscription_on_its_retry_topic",
-            declaring_a_group_makes_its_subscription_on_its_retry_topic,
-        ),
-        (
-            "a_batch_handler_gets_more_than_one_held_event_per_call",
-            a_batch_handler_gets_more_than_one_held_event_per_call,
-        ),
-        ("groups_retry_on_their_own", groups_retry_on_their_own),
-        (
-            "a_dead_letter_is_written_while_an_ordered_consumer_holds_its_group",
-            a_dead_letter_is_written_while_an_ordered_consumer_holds_its_group,
-        ),
-        (
-            "a_bare_url_reads_the_brokers_tick_from_its_admin_api",
-            a_bare_url_reads_the_brokers_tick_from_its_admin_api,
-        ),
-        (
-            "delays_beyond_the_brokers_limit_are_refused",
-            delays_beyond_the_brokers_limit_are_refused,
-        ),
-        (
-            "restart_keeps_delayed_retries",
-            restart_keeps_delayed_retries,
-        ),
+    let tests = test_support::named_tests![
+        a_fresh_transport_starts_on_a_topic_with_thousands_waiting,
+        declaring_a_group_makes_its_subscription_on_its_retry_topic,
+        a_batch_handler_gets_more_than_one_held_event_per_call,
+        groups_retry_on_their_own,
+        a_dead_letter_is_written_while_an_ordered_consumer_holds_its_group,
+        a_bare_url_reads_the_brokers_tick_from_its_admin_api,
+        delays_beyond_the_brokers_limit_are_refused,
+        restart_keeps_delayed_retries,
     ];
     let trials = test_support::broker::trials("pulsar", "RETRY_TEST_PULSAR", &tests);
     libtest_mimic::run(&args, trials).exit();

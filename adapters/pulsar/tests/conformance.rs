@@ -1,9 +1,9 @@
 //! The conformance suite against a Pulsar standalone (`RETRY_TEST_PULSAR`, started by `scripts/brokers`
-//! with a delayed-delivery tick of 100 ms and strict `deliverAt`, which the adapter reads from the admin
+//! with a short delayed-delivery tick and strict `deliverAt`, which the adapter reads from the admin
 //! API at `RETRY_TEST_PULSAR_ADMIN`).
 //!
 //! Each scenario gets its own topics. The raw client, the broker's view and the DLQ fault (through the
-//! admin REST API; without its URL scenario 15 is skipped, with the reason) are
+//! admin REST API; without its URL the DLQ-unwritable scenario is skipped, with the reason) are
 //! `raw_brokers::fixture::pulsar`'s.
 
 mod suite;

@@ -2,8 +2,8 @@
 //! non-retryable → DLQ, and DLQ replay — over Pulsar's TLS listener with token authentication
 //! (`RETRY_TEST_PULSAR_TLS`, started by `scripts/brokers start --tls`): the token read from a file, the
 //! CA named in the URL. The broker's delivery settings are read through its admin API over HTTPS with
-//! the same token (`RETRY_TEST_PULSAR_TLS_ADMIN`), or, without it, given as options (a 100 ms strict
-//! tick). The report's column is `pulsar-tls`.
+//! the same token (`RETRY_TEST_PULSAR_TLS_ADMIN`), or, without it, given as options (the same short
+//! strict tick). The report's column is `pulsar-tls`.
 
 use std::time::Duration;
 
@@ -11,8 +11,8 @@ use event_retry_pulsar::SCHEME;
 use event_retry_testkit::{Adapter, Fixture};
 use test_support::security::with_query;
 
-/// The scenarios run over TLS: 1 success, 2 retries, 3 policy spent → DLQ, 4 non-retryable → DLQ,
-/// 9 DLQ replay.
+/// The scenarios run over TLS, as the suite numbers them for `run_only`: success acked once,
+/// transient failures then success, policy spent → DLQ, non-retryable → DLQ, and DLQ replay.
 const SCENARIOS: [u8; 5] = [1, 2, 3, 4, 9];
 
 async fn connect(url: String) -> Result<Fixture, String> {

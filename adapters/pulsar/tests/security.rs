@@ -16,7 +16,7 @@
 use event_retry_core::options::Options;
 use event_retry_pulsar::{PulsarConfig, SCHEME};
 use libtest_mimic::Arguments;
-use test_support::broker::{Test, runtime};
+use test_support::broker::runtime;
 use test_support::security::{
     Printed, capture_tracing, connect, expect_name_refused, expect_refused, round_trip, tls_file,
     tls_secret, with_address_of, with_query,
@@ -25,36 +25,15 @@ use test_support::security::{
 fn main() {
     capture_tracing();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 8] = [
-        (
-            "a_certificate_without_the_address_is_refused_fast",
-            a_certificate_without_the_address_is_refused_fast,
-        ),
-        (
-            "a_token_over_tls_carries_an_event",
-            a_token_over_tls_carries_an_event,
-        ),
-        (
-            "the_admin_api_is_read_over_https_with_the_token",
-            the_admin_api_is_read_over_https_with_the_token,
-        ),
-        (
-            "a_wrongly_signed_token_is_refused_fast",
-            a_wrongly_signed_token_is_refused_fast,
-        ),
-        (
-            "an_untrusted_certificate_is_refused_fast",
-            an_untrusted_certificate_is_refused_fast,
-        ),
-        (
-            "plaintext_to_the_tls_port_is_refused_fast",
-            plaintext_to_the_tls_port_is_refused_fast,
-        ),
-        (
-            "tls_to_the_plaintext_port_is_refused_fast",
-            tls_to_the_plaintext_port_is_refused_fast,
-        ),
-        ("the_token_is_never_printed", the_token_is_never_printed),
+    let tests = test_support::named_tests![
+        a_certificate_without_the_address_is_refused_fast,
+        a_token_over_tls_carries_an_event,
+        the_admin_api_is_read_over_https_with_the_token,
+        a_wrongly_signed_token_is_refused_fast,
+        an_untrusted_certificate_is_refused_fast,
+        plaintext_to_the_tls_port_is_refused_fast,
+        tls_to_the_plaintext_port_is_refused_fast,
+        the_token_is_never_printed,
     ];
     let trials = test_support::broker::trials("pulsar-tls", "RETRY_TEST_PULSAR_TLS", &tests);
     libtest_mimic::run(&args, trials).exit();

@@ -41,7 +41,7 @@ use event_retry_core::policy::RetryPolicy;
 use event_retry_core::runtime::{Context, handler_fn};
 use event_retry_rabbitmq::{QueueType, RabbitConfig, RabbitTransport};
 use libtest_mimic::Arguments;
-use test_support::broker::{Test, runtime};
+use test_support::broker::runtime;
 use test_support::restart::{Waits, delayed_retries_survive_restart};
 
 const EVENTS: usize = 20;
@@ -50,55 +50,19 @@ const DELAY: Duration = Duration::from_secs(20);
 fn main() {
     let mut args = Arguments::from_args();
     args.test_threads = Some(1);
-    let tests: [(&str, Test); 12] = [
-        (
-            "closing_mid_move_sends_each_copy_on_once",
-            closing_mid_move_sends_each_copy_on_once,
-        ),
-        (
-            "a_dropped_transport_stops_moving_its_ladder",
-            a_dropped_transport_stops_moving_its_ladder,
-        ),
-        (
-            "a_batch_handler_gets_more_than_one_held_event_per_call",
-            a_batch_handler_gets_more_than_one_held_event_per_call,
-        ),
-        (
-            "a_due_retry_overtakes_the_backlog",
-            a_due_retry_overtakes_the_backlog,
-        ),
-        (
-            "a_due_retry_overtakes_the_backlog_on_quorum_queues",
-            a_due_retry_overtakes_the_backlog_on_quorum_queues,
-        ),
-        (
-            "a_deleted_topics_waiting_retries_stall_no_other_topic",
-            a_deleted_topics_waiting_retries_stall_no_other_topic,
-        ),
-        (
-            "a_deleted_topics_waiting_retries_stall_no_other_topic_classic",
-            a_deleted_topics_waiting_retries_stall_no_other_topic_classic,
-        ),
-        (
-            "a_connection_lost_in_a_dlq_outage_ends_the_hold",
-            a_connection_lost_in_a_dlq_outage_ends_the_hold,
-        ),
-        (
-            "batched_acks_settle_every_delivery_once",
-            batched_acks_settle_every_delivery_once,
-        ),
-        (
-            "returns_are_paired_with_their_own_publish",
-            returns_are_paired_with_their_own_publish,
-        ),
-        (
-            "quorum_queues_retry_and_dead_letter",
-            quorum_queues_retry_and_dead_letter,
-        ),
-        (
-            "restart_keeps_delayed_retries",
-            restart_keeps_delayed_retries,
-        ),
+    let tests = test_support::named_tests![
+        closing_mid_move_sends_each_copy_on_once,
+        a_dropped_transport_stops_moving_its_ladder,
+        a_batch_handler_gets_more_than_one_held_event_per_call,
+        a_due_retry_overtakes_the_backlog,
+        a_due_retry_overtakes_the_backlog_on_quorum_queues,
+        a_deleted_topics_waiting_retries_stall_no_other_topic,
+        a_deleted_topics_waiting_retries_stall_no_other_topic_classic,
+        a_connection_lost_in_a_dlq_outage_ends_the_hold,
+        batched_acks_settle_every_delivery_once,
+        returns_are_paired_with_their_own_publish,
+        quorum_queues_retry_and_dead_letter,
+        restart_keeps_delayed_retries,
     ];
     let trials = test_support::broker::trials("rabbitmq", "RETRY_TEST_AMQP", &tests);
     libtest_mimic::run(&args, trials).exit();

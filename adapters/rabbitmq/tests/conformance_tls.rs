@@ -8,8 +8,8 @@ use std::time::Duration;
 use event_retry_rabbitmq::SCHEME;
 use event_retry_testkit::{Adapter, Fixture};
 
-/// The scenarios run over TLS: 1 success, 2 retries, 3 policy spent → DLQ, 4 non-retryable → DLQ,
-/// 9 DLQ replay.
+/// The scenarios run over TLS, as the suite numbers them for `run_only`: success acked once,
+/// transient failures then success, policy spent → DLQ, non-retryable → DLQ, and DLQ replay.
 const SCENARIOS: [u8; 5] = [1, 2, 3, 4, 9];
 
 async fn connect(url: String) -> Result<Fixture, String> {

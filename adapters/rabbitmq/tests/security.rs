@@ -15,7 +15,7 @@
 use event_retry_core::options::Options;
 use event_retry_rabbitmq::{RabbitConfig, SCHEME};
 use libtest_mimic::Arguments;
-use test_support::broker::{Test, runtime};
+use test_support::broker::runtime;
 use test_support::security::{
     Printed, capture_tracing, connect, expect_name_refused, expect_refused, round_trip, tls_file,
     tls_secret, with_address_of, with_query,
@@ -24,39 +24,15 @@ use test_support::security::{
 fn main() {
     capture_tracing();
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 8] = [
-        (
-            "a_certificate_without_the_address_is_refused_fast",
-            a_certificate_without_the_address_is_refused_fast,
-        ),
-        (
-            "a_password_from_a_file_carries_an_event",
-            a_password_from_a_file_carries_an_event,
-        ),
-        (
-            "a_client_certificate_logs_in_with_external",
-            a_client_certificate_logs_in_with_external,
-        ),
-        (
-            "a_wrong_password_is_refused_fast",
-            a_wrong_password_is_refused_fast,
-        ),
-        (
-            "an_untrusted_certificate_is_refused_fast",
-            an_untrusted_certificate_is_refused_fast,
-        ),
-        (
-            "plaintext_to_the_tls_port_is_refused_fast",
-            plaintext_to_the_tls_port_is_refused_fast,
-        ),
-        (
-            "tls_to_the_plaintext_port_is_refused_fast",
-            tls_to_the_plaintext_port_is_refused_fast,
-        ),
-        (
-            "the_password_is_never_printed",
-            the_password_is_never_printed,
-        ),
+    let tests = test_support::named_tests![
+        a_certificate_without_the_address_is_refused_fast,
+        a_password_from_a_file_carries_an_event,
+        a_client_certificate_logs_in_with_external,
+        a_wrong_password_is_refused_fast,
+        an_untrusted_certificate_is_refused_fast,
+        plaintext_to_the_tls_port_is_refused_fast,
+        tls_to_the_plaintext_port_is_refused_fast,
+        the_password_is_never_printed,
     ];
     let trials = test_support::broker::trials("rabbitmq-tls", "RETRY_TEST_AMQP_TLS", &tests);
     libtest_mimic::run(&args, trials).exit();

@@ -37,7 +37,6 @@ use event_retry_core::runtime::{ConsumerHandle, Context, handler_fn};
 use event_retry_sqs::{SqsConfig, SqsTransport};
 use libtest_mimic::Arguments;
 use raw_brokers::{RawBroker, RawSqs};
-use test_support::broker::Test;
 
 type Calls = Arc<Mutex<HashMap<String, Vec<Instant>>>>;
 
@@ -48,47 +47,17 @@ type Seen = Arc<Mutex<Vec<(String, u32, u32, Option<String>, Option<u64>)>>>;
 
 fn main() {
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 10] = [
-        (
-            "through_the_retry_queue_a_retry_waits_there_with_its_history",
-            through_the_retry_queue_a_retry_waits_there_with_its_history,
-        ),
-        (
-            "through_the_retry_queue_a_due_retry_overtakes_the_backlog",
-            through_the_retry_queue_a_due_retry_overtakes_the_backlog,
-        ),
-        (
-            "beyond_the_remembered_retries_a_retry_carries_its_history",
-            beyond_the_remembered_retries_a_retry_carries_its_history,
-        ),
-        (
-            "ten_attributes_retry_and_dead_letter_once",
-            ten_attributes_retry_and_dead_letter_once,
-        ),
-        (
-            "a_long_handler_keeps_its_message_hidden",
-            a_long_handler_keeps_its_message_hidden,
-        ),
-        (
-            "long_delay_is_carried_not_capped",
-            long_delay_is_carried_not_capped,
-        ),
-        (
-            "redrive_below_the_policy_is_refused",
-            redrive_below_the_policy_is_refused,
-        ),
-        (
-            "fifo_queue_retries_and_dead_letters",
-            fifo_queue_retries_and_dead_letters,
-        ),
-        (
-            "a_fifo_dlq_keeps_one_entry_per_dead_lettering",
-            a_fifo_dlq_keeps_one_entry_per_dead_lettering,
-        ),
-        (
-            "a_batch_handler_gets_one_event_per_call",
-            a_batch_handler_gets_one_event_per_call,
-        ),
+    let tests = test_support::named_tests![
+        through_the_retry_queue_a_retry_waits_there_with_its_history,
+        through_the_retry_queue_a_due_retry_overtakes_the_backlog,
+        beyond_the_remembered_retries_a_retry_carries_its_history,
+        ten_attributes_retry_and_dead_letter_once,
+        a_long_handler_keeps_its_message_hidden,
+        long_delay_is_carried_not_capped,
+        redrive_below_the_policy_is_refused,
+        fifo_queue_retries_and_dead_letters,
+        a_fifo_dlq_keeps_one_entry_per_dead_lettering,
+        a_batch_handler_gets_one_event_per_call,
     ];
     let trials = test_support::broker::trials("sqs", "RETRY_TEST_SQS", &tests);
     libtest_mimic::run(&args, trials).exit();

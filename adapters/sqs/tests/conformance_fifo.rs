@@ -1,6 +1,6 @@
 //! The conformance suite against an SQS endpoint (`RETRY_TEST_SQS`), over FIFO queues: the report's
-//! `sqs-fifo` column. A FIFO queue keeps per-key order (the key is the message group), so scenario 7
-//! runs here; a delay must fit the visibility window.
+//! `sqs-fifo` column. A FIFO queue keeps per-key order (the key is the message group), so the per-key
+//! ordering scenario runs here; a delay must fit the visibility window.
 
 mod fixture;
 

@@ -1,15 +1,16 @@
 //! The conformance suite with consumer groups through SNS (the adapter's `sns` setting): a topic is an
 //! SNS topic, each consumer group a queue subscribed to it with a DLQ of its own. The report's `sqs-sns`
 //! column, against the endpoint in `RETRY_TEST_SNS` (moto's server, which speaks SNS and SQS, started by
-//! `scripts/brokers`; ElasticMQ has no SNS). Scenario 17 — every group gets every event and retries and
-//! replays its own — runs here.
+//! `scripts/brokers`; ElasticMQ has no SNS). The two-groups scenario — every group gets every event
+//! and retries and replays its own — runs here.
 
 mod fixture;
 
-/// Why scenario 12 cannot run here: moto hands a Binary message attribute published to SNS on to the
-/// subscribed queue as base64 text, and every receive from that queue then fails inside moto (a
+/// Why the bytes-preserved scenario (payload, key, headers byte for byte; the suite numbers it for
+/// `with_known_gap`) cannot run here: moto hands a Binary message attribute published to SNS on to
+/// the subscribed queue as base64 text, and every receive from that queue then fails inside moto (a
 /// `TypeError` hashing the attributes), so non-text header bytes cannot travel through it. Amazon SNS
-/// carries Binary attributes; the adapter's encoding is scenario 12's in the `sqs` column.
+/// carries Binary attributes; the adapter's encoding is checked by that scenario in the `sqs` column.
 const MOTO_BINARY_GAP: &str = "moto's SNS-to-SQS delivery breaks Binary attributes (every receive of \
                                the queue then fails in moto); the encoding is checked in the sqs column";
 

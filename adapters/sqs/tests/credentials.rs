@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use event_retry_core::options::Options;
 use event_retry_sqs::{SCHEME, SqsConfig};
 use libtest_mimic::Arguments;
-use test_support::broker::{Test, runtime};
+use test_support::broker::runtime;
 use test_support::security::{assert_hidden, capture_tracing, connect, round_trip};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -43,23 +43,11 @@ fn main() {
         });
     }
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 4] = [
-        (
-            "a_profile_gives_the_key_and_the_region",
-            a_profile_gives_the_key_and_the_region,
-        ),
-        (
-            "the_environment_wins_over_the_profile",
-            the_environment_wins_over_the_profile,
-        ),
-        (
-            "the_profile_option_picks_a_profile",
-            the_profile_option_picks_a_profile,
-        ),
-        (
-            "the_secret_key_is_never_printed",
-            the_secret_key_is_never_printed,
-        ),
+    let tests = test_support::named_tests![
+        a_profile_gives_the_key_and_the_region,
+        the_environment_wins_over_the_profile,
+        the_profile_option_picks_a_profile,
+        the_secret_key_is_never_printed,
     ];
     let trials = test_support::broker::trials("sqs", "RETRY_TEST_SQS", &tests);
     libtest_mimic::run(&args, trials).exit();

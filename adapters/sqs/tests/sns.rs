@@ -23,14 +23,10 @@ use event_retry_core::policy::RetryPolicy;
 use event_retry_core::runtime::{ConsumerHandle, Context, handler_fn};
 use event_retry_sqs::{SqsConfig, SqsTransport};
 use libtest_mimic::Arguments;
-use test_support::broker::Test;
 
 fn main() {
     let args = Arguments::from_args();
-    let tests: [(&str, Test); 1] = [(
-        "each_group_has_its_own_subscribed_queue_and_dlq",
-        each_group_has_its_own_subscribed_queue_and_dlq,
-    )];
+    let tests = test_support::named_tests![each_group_has_its_own_subscribed_queue_and_dlq];
     let trials = test_support::broker::trials("sqs-sns", "RETRY_TEST_SNS", &tests);
     libtest_mimic::run(&args, trials).exit();
 }
