@@ -27,7 +27,8 @@ use tokio::sync::Mutex;
 use crate::codec;
 use crate::config::RabbitConfig;
 use crate::error::{self as errors, amqp_error, connection_error};
-use crate::ladder::{self, mover::Movers};
+use crate::ladder::mover::{Hops, Movers};
+use crate::ladder::{self, Ladder};
 use crate::topics::{self, Names};
 
 /// Publisher channels: as many publishes can be in flight at once.
@@ -402,5 +403,27 @@ impl Link {
                 );
             }
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl Hops for Link {
+    fn ladder(&self) -> &Ladder {
+        &self.names.ladder
+    }
+
+    async fn channel(&self) -> Result<Channel, Error> {
+        Link::channel(self).await
+    }
+
+    async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+        operation: &str,
+    ) -> Result<(), Error> {
+        Link::publish(self, exchange, routing_key, body, props, operation).await
     }
 }

@@ -30,6 +30,8 @@
 
 pub(crate) mod mover;
 
+use std::time::Duration;
+
 use event_retry_core::error::Error;
 use lapin::options::{ExchangeBindOptions, ExchangeDeclareOptions, QueueBindOptions};
 use lapin::types::FieldTable;
@@ -44,6 +46,8 @@ use crate::declare::{durable, failed, table, text, type_args};
 pub(crate) struct Ladder {
     ladder: String,
     levels: u32,
+    /// The wait of level 0; level `k` waits this × 2ᵏ.
+    granularity: Duration,
 }
 
 impl Ladder {
@@ -56,7 +60,22 @@ impl Ladder {
                 config.queue_type.as_str()
             ),
             levels: config.levels,
+            granularity: config.granularity,
         }
+    }
+
+    /// How long a copy waits in level `k`, in milliseconds.
+    pub(crate) fn wait_ms(&self, k: u32) -> u64 {
+        let g = u64::try_from(self.granularity.as_millis()).unwrap_or(u64::MAX);
+        g.saturating_mul(1 << k)
+    }
+
+    /// When a copy sent with `routing_key` out of level `below` (`levels` for one entering the ladder)
+    /// at `from` (ms since the Unix epoch) leaves the next level it waits in; `None` when it leaves the
+    /// ladder.
+    pub(crate) fn next_due(&self, routing_key: &str, below: u32, from: u64) -> Option<u64> {
+        self.next_level(routing_key, below)
+            .map(|next| from.saturating_add(self.wait_ms(next)))
     }
 
     /// The exchange and queue of delay level `k`.
@@ -261,5 +280,15 @@ mod tests {
         // The destination's own words are never read as bits.
         assert_eq!(n.next_level(&n.routing_key(0, "1.1"), 4), None);
         assert_eq!(n.next_level("garbage", 4), None);
+    }
+
+    #[test]
+    fn a_copy_is_due_out_of_its_next_level_after_that_level_s_wait() {
+        let n = ladder(4);
+        let key = n.routing_key(0b1010, "q");
+        assert_eq!(n.wait_ms(3), 800);
+        assert_eq!(n.next_due(&key, n.levels(), 1_000), Some(1_800));
+        assert_eq!(n.next_due(&key, 3, 1_000), Some(1_200));
+        assert_eq!(n.next_due(&key, 1, 1_000), None);
     }
 }

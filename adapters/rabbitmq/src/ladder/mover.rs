@@ -28,19 +28,20 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use async_trait::async_trait;
 use event_retry_core::error::{Error, Kind};
 use event_retry_core::metadata::names::HOP_DUE;
 use futures::{StreamExt, TryStreamExt};
-use lapin::BasicProperties;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{BasicProperties, Channel};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use super::Ladder;
 use crate::error::connection_error;
-use crate::link::Link;
 
 /// Copies each level's consumer holds at once (waiting for their time, or being sent on).
 pub(crate) const PREFETCH: u16 = 256;
@@ -54,6 +55,27 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// A consumer that ran this long before it ended starts again after [`MIN_BACKOFF`].
 const HEALTHY_RUN: Duration = Duration::from_secs(30);
 
+/// What the movers need of a transport's connection: its ladder, a channel to consume a level on, and a
+/// publish the broker confirmed. The link is one; the movers hold it weakly and know nothing else of it.
+#[async_trait]
+pub(crate) trait Hops: Send + Sync + 'static {
+    /// The ladder whose levels are moved.
+    fn ladder(&self) -> &Ladder;
+
+    /// A new channel on the live connection.
+    async fn channel(&self) -> Result<Channel, Error>;
+
+    /// Publishes `body` with `props` to `exchange` with `routing_key`, and waits for the broker's confirm.
+    async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        props: BasicProperties,
+        operation: &str,
+    ) -> Result<(), Error>;
+}
+
 /// The ladder's movers of one transport: one task per level. [`Movers::stop`] ends them once no move
 /// is half done; dropping them aborts the tasks, which is safe only because a mover holds the link
 /// strongly for the whole of a move — a link being dropped has no move in flight.
@@ -65,9 +87,9 @@ pub(crate) struct Movers {
 impl Movers {
     /// Starts one mover per level of `link`'s ladder on the current runtime. The tasks hold the link
     /// weakly: they end when it is gone.
-    pub(crate) fn start(link: &Arc<Link>) -> Self {
+    pub(crate) fn start<L: Hops>(link: &Arc<L>) -> Self {
         let stop = CancellationToken::new();
-        let tasks = (0..link.names.ladder.levels())
+        let tasks = (0..link.ladder().levels())
             .map(|k| tokio::spawn(run(Arc::downgrade(link), k, stop.clone())))
             .collect();
         Self { stop, tasks }
@@ -96,7 +118,7 @@ impl Drop for Movers {
 
 /// Moves level `k`'s due copies until the link is gone or `stop` is cancelled, consuming again after
 /// any error.
-async fn run(link: Weak<Link>, k: u32, stop: CancellationToken) {
+async fn run<L: Hops>(link: Weak<L>, k: u32, stop: CancellationToken) {
     let mut backoff = MIN_BACKOFF;
     while !stop.is_cancelled() {
         let started = tokio::time::Instant::now();
@@ -120,11 +142,15 @@ async fn run(link: Weak<Link>, k: u32, stop: CancellationToken) {
 /// Consumes level `k` and moves each copy when it is due. Returns `Ok` when the transport is gone or
 /// `stop` was cancelled and the moves under way are done, an error when the channel or a move failed
 /// (the broker gives what was not acknowledged to a consumer again).
-async fn move_level(link: &Weak<Link>, k: u32, stop: &CancellationToken) -> Result<(), Error> {
+async fn move_level<L: Hops>(
+    link: &Weak<L>,
+    k: u32,
+    stop: &CancellationToken,
+) -> Result<(), Error> {
     let Some(strong) = link.upgrade() else {
         return Ok(());
     };
-    let queue = strong.names.ladder.level(k);
+    let queue = strong.ladder().level(k);
     let channel = strong.channel().await?;
     drop(strong);
     channel
@@ -167,8 +193,8 @@ fn gone() -> Error {
 /// link is held only to read the settings and from the send to the acknowledgement, never while
 /// waiting, so a transport dropped meanwhile is dropped (and its movers stopped). Once `stop` is
 /// cancelled a copy still waiting is left unacknowledged; one being sent is sent and acknowledged.
-async fn move_copy(
-    link: &Weak<Link>,
+async fn move_copy<L: Hops>(
+    link: &Weak<L>,
     k: u32,
     delivery: Delivery,
     stop: &CancellationToken,
@@ -177,8 +203,8 @@ async fn move_copy(
     let now = now_ms();
     let (due, next_due) = {
         let link = link.upgrade().ok_or_else(gone)?;
-        let due = due_out(&delivery.properties, level_wait(&link, k), now);
-        (due, next_due(&link, key, k, due))
+        let due = due_out(&delivery.properties, link.ladder().wait_ms(k), now);
+        (due, link.ladder().next_due(key, k, due))
     };
     if due > now {
         tokio::select! {
@@ -192,7 +218,7 @@ async fn move_copy(
     let link = link.upgrade().ok_or_else(gone)?;
     let props = with_hop_due(delivery.properties.clone(), next_due);
     link.publish(
-        &link.names.ladder.below(k),
+        &link.ladder().below(k),
         key,
         &delivery.data,
         props,
@@ -205,21 +231,6 @@ async fn move_copy(
         .await
         .map(drop)
         .map_err(connection_error("acknowledge a moved copy"))
-}
-
-/// When a copy sent with `routing_key` out of level `below` (`levels` for one entering the ladder) at
-/// `from` (ms since the Unix epoch) leaves the next level it waits in; `None` when it leaves the ladder.
-pub(crate) fn next_due(link: &Link, routing_key: &str, below: u32, from: u64) -> Option<u64> {
-    link.names
-        .ladder
-        .next_level(routing_key, below)
-        .map(|next| from.saturating_add(level_wait(link, next)))
-}
-
-/// How long a copy waits in level `k`, in milliseconds.
-fn level_wait(link: &Link, k: u32) -> u64 {
-    let g = u64::try_from(link.config.granularity.as_millis()).unwrap_or(u64::MAX);
-    g.saturating_mul(1 << k)
 }
 
 /// Milliseconds since the Unix epoch.

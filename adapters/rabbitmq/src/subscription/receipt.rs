@@ -99,7 +99,9 @@ impl RabbitReceipt {
         let names = &self.link.names;
         let key = names.ladder.routing_key(units as u64, &self.retry_queue);
         // The time the copy leaves the first level it waits in; the ladder's movers take it from there.
-        let due = mover::next_due(&self.link, &key, names.ladder.levels(), mover::now_ms());
+        let due = names
+            .ladder
+            .next_due(&key, names.ladder.levels(), mover::now_ms());
         let props = mover::with_hop_due(props, due);
         self.link
             .publish(&names.ladder.entry(), &key, body, props, operation)
