@@ -8,6 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use event_retry::prelude::*;
@@ -48,6 +49,11 @@ pub(crate) struct ConsumeArgs {
     /// The inbox database (`sqlite:…`, `postgres://…`): successful calls write their side effect through it.
     #[arg(long)]
     pub(crate) inbox: Option<String>,
+    /// Holds the event whose side effect is the `N`th this process commits through the inbox: its
+    /// call is recorded as `held` and never returns, so a kill leaves a committed event unacknowledged
+    /// (the broker hands it out again, and the next process's inbox must skip it).
+    #[arg(long, value_name = "N")]
+    pub(crate) hold_after_commits: Option<usize>,
 }
 
 /// The table a successful call writes its side effect to.
@@ -76,11 +82,11 @@ impl SideEffects {
     }
 
     /// Records the event in the inbox and writes its side effect, in one transaction; nothing when the
-    /// inbox finds it done.
-    async fn apply(&self, id: &str, ctx: &Context) -> Result<(), HandlerError> {
+    /// inbox finds it done. `true` when the effect was written, `false` when the inbox skipped it.
+    async fn apply(&self, id: &str, ctx: &Context) -> Result<bool, HandlerError> {
         let mut tx = self.pool.begin().await.map_err(database_error)?;
         if self.inbox.record(&mut *tx, ctx).await? == Record::AlreadyDone {
-            return Ok(());
+            return Ok(false);
         }
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {SIDE_EFFECTS} (event) VALUES ($1)"
@@ -90,7 +96,7 @@ impl SideEffects {
         .await
         .map_err(database_error)?;
         tx.commit().await.map_err(database_error)?;
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -115,8 +121,10 @@ pub(crate) async fn run(args: ConsumeArgs) -> Result<(), Box<dyn std::error::Err
         Some(url) => Some(SideEffects::open(url, &args.group).await?),
         None => None,
     };
+    let commits = Arc::new(AtomicUsize::new(0));
+    let hold_at = args.hold_after_commits;
     let handler = handler_fn(move |event: Event, ctx: Context| {
-        let (recorder, effects) = (recorder.clone(), effects.clone());
+        let (recorder, effects, commits) = (recorder.clone(), effects.clone(), commits.clone());
         async move {
             let id = String::from_utf8_lossy(&event.payload).into_owned();
             let fate = workload::index_of(&id).map(Fate::of);
@@ -132,12 +140,28 @@ pub(crate) async fn run(args: ConsumeArgs) -> Result<(), Box<dyn std::error::Err
                 ),
                 _ => (Outcome::Ok, Ok(())),
             };
+            let unwritable = |e: std::io::Error| {
+                HandlerError::blocking(format!("the record is not writable: {e}"))
+            };
             if let (Outcome::Ok, Some(effects)) = (outcome, &effects) {
-                effects.apply(&id, &ctx).await?;
+                if !effects.apply(&id, &ctx).await? {
+                    recorder
+                        .call_skipped(&id, ctx.attempt)
+                        .map_err(unwritable)?;
+                    return result;
+                }
+                let committed = commits.fetch_add(1, Ordering::SeqCst) + 1;
+                if hold_at == Some(committed) {
+                    recorder
+                        .call(&id, ctx.attempt, Outcome::Held)
+                        .map_err(unwritable)?;
+                    // Committed and never acknowledged: the harness kills this process now.
+                    std::future::pending::<()>().await;
+                }
             }
             recorder
                 .call(&id, ctx.attempt, outcome)
-                .map_err(|e| HandlerError::blocking(format!("the record is not writable: {e}")))?;
+                .map_err(unwritable)?;
             result
         }
     });

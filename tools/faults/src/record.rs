@@ -21,6 +21,9 @@ pub(crate) enum Outcome {
     Failed,
     /// Returned a non-retryable error.
     Refused,
+    /// Committed its side effect and was then held by design, never to return: the consumer is
+    /// killed with it in flight, so the broker hands it out again after a commit.
+    Held,
 }
 
 impl Outcome {
@@ -29,6 +32,7 @@ impl Outcome {
             Outcome::Ok => "ok",
             Outcome::Failed => "failed",
             Outcome::Refused => "refused",
+            Outcome::Held => "held",
         }
     }
 
@@ -37,6 +41,7 @@ impl Outcome {
             "ok" => Some(Outcome::Ok),
             "failed" => Some(Outcome::Failed),
             "refused" => Some(Outcome::Refused),
+            "held" => Some(Outcome::Held),
             _ => None,
         }
     }
@@ -67,8 +72,18 @@ impl Recorder {
 
     /// Records one call: the line is written with a single `write` before this returns.
     pub(crate) fn call(&self, id: &str, attempt: u32, outcome: Outcome) -> std::io::Result<()> {
+        self.write(id, attempt, outcome, "")
+    }
+
+    /// Records a successful call whose side effect the inbox skipped: the event's effect had
+    /// committed in an earlier call, and the broker handed it out again.
+    pub(crate) fn call_skipped(&self, id: &str, attempt: u32) -> std::io::Result<()> {
+        self.write(id, attempt, Outcome::Ok, " skipped")
+    }
+
+    fn write(&self, id: &str, attempt: u32, outcome: Outcome, tail: &str) -> std::io::Result<()> {
         let line = format!(
-            "{} {} {id} {attempt} {}\n",
+            "{} {} {id} {attempt} {}{tail}\n",
             now_ms(),
             self.pid,
             outcome.as_str()
@@ -104,6 +119,10 @@ pub(crate) struct Tally {
     pub(crate) pids: Vec<u32>,
     /// Lines that did not parse (a torn line would show here).
     pub(crate) unreadable: usize,
+    /// Successful calls whose side effect the inbox skipped (already committed by an earlier call).
+    pub(crate) inbox_skips: usize,
+    /// Calls held after their commit ([`Outcome::Held`]).
+    pub(crate) held: usize,
 }
 
 impl Tally {
@@ -152,9 +171,14 @@ impl Tally {
             let id = words.next()?;
             let _attempt: u32 = words.next()?.parse().ok()?;
             let outcome = Outcome::parse(words.next()?)?;
-            Some((at, pid, id, outcome))
+            let skipped = match words.next() {
+                None => false,
+                Some("skipped") if outcome == Outcome::Ok => true,
+                Some(_) => return None,
+            };
+            Some((at, pid, id, outcome, skipped))
         })();
-        let Some((at, pid, id, outcome)) = parsed else {
+        let Some((at, pid, id, outcome, skipped)) = parsed else {
             self.unreadable += 1;
             return;
         };
@@ -170,6 +194,10 @@ impl Tally {
                 self.refusal_times.push(at);
             }
             Outcome::Failed => {}
+            Outcome::Held => self.held += 1,
+        }
+        if skipped {
+            self.inbox_skips += 1;
         }
         self.times.push(at);
         if !self.pids.contains(&pid) {
@@ -256,6 +284,28 @@ mod tests {
         assert_eq!(tally.succeeded(), 1);
         assert_eq!(tally.calls(), 4);
         assert_eq!(tally.unreadable, 0);
+        assert_eq!((tally.inbox_skips, tally.held), (0, 0));
+        recorder.call("ev-00011", 1, Outcome::Held).unwrap();
+        recorder.call_skipped("ev-00011", 1).unwrap();
+        let tally = reader.refresh().unwrap();
+        assert_eq!((tally.inbox_skips, tally.held), (1, 1));
+        assert_eq!(tally.by_id["ev-00011"].calls, 2);
+        assert_eq!(tally.by_id["ev-00011"].oks, 1, "a held call is no success");
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn a_skip_mark_on_anything_but_a_success_is_unreadable() {
+        let path = std::env::temp_dir().join(format!("faults-skip-{}", std::process::id()));
+        std::fs::write(
+            &path,
+            "1 2 ev-00001 1 failed skipped\n3 4 ev-00002 1 ok extra\n",
+        )
+        .unwrap();
+        let tally = RecordReader::new(&path).refresh().unwrap().inbox_skips;
+        assert_eq!(tally, 0);
+        let unreadable = RecordReader::new(&path).refresh().unwrap().unreadable;
+        assert_eq!(unreadable, 2);
         std::fs::remove_file(&path).unwrap();
     }
 

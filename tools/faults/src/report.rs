@@ -51,6 +51,15 @@ pub(crate) struct Row {
     /// Events whose handler succeeded with no side effect row (the inbox skipped an effect it never had).
     #[serde(default)]
     pub(crate) side_effects_missing: usize,
+    /// Redeliveries the inbox found done and skipped (`None`: the run had no inbox). With none, "no
+    /// side effect twice" was not put to the test: the report says so.
+    #[serde(default)]
+    pub(crate) inbox_skips: Option<usize>,
+    /// What the broker still held for the group after the consumer stopped: the larger of the source's
+    /// messages as the broker counts them and the events a fresh consumer was handed (`None`: not
+    /// read, and the row fails).
+    #[serde(default)]
+    pub(crate) left_on_broker: Option<usize>,
     /// What else the run saw.
     pub(crate) note: String,
     /// The run did not complete: why.
@@ -59,13 +68,15 @@ pub(crate) struct Row {
 
 impl Row {
     /// Whether the row shows what the SDK promises: nothing lost and the DLQ holding exactly the events
-    /// whose fate is the DLQ, nothing dead-lettered that should have
-    /// succeeded, each side effect once through the inbox, and a consumer that lived through the fault.
+    /// whose fate is the DLQ, nothing dead-lettered that should have succeeded, each side effect once
+    /// through the inbox, nothing left on the broker for the group, and a consumer that lived through
+    /// the fault.
     pub(crate) fn passed(&self) -> bool {
         self.error.is_none()
             && self.misrouted == 0
             && self.side_effect_duplicates.unwrap_or(0) == 0
             && self.side_effects_missing == 0
+            && self.left_on_broker == Some(0)
             && self.lost == 0
             && self.dlq_actual == self.dlq_expected
             && self.survived != Some(false)
@@ -146,8 +157,8 @@ pub(crate) fn rows(out: &Path) -> std::io::Result<Vec<Row>> {
 /// The report's Markdown.
 pub(crate) fn markdown(rows: &[Row]) -> String {
     let mut md = String::from(
-        "| broker | fault | produced | handled | lost | misrouted | duplicates | side effects | side-effect duplicates | dlq expected | dlq actual (distinct) | survived | recovery | note |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| broker | fault | produced | handled | lost | misrouted | duplicates | side effects | side-effect duplicates | inbox skips | left on broker | dlq expected | dlq actual (distinct) | survived | recovery | note |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         let lost = if r.lost > 0 {
@@ -176,12 +187,23 @@ pub(crate) fn markdown(rows: &[Row]) -> String {
             Some(0) => "0".to_string(),
             Some(n) => format!("**{n}**"),
         };
+        // Without a skip, no redelivery reached the inbox after a commit: 0 duplicates proves nothing.
+        let inbox_skips = match r.inbox_skips {
+            None => "-".to_string(),
+            Some(0) => "0 (inbox not exercised)".to_string(),
+            Some(n) => n.to_string(),
+        };
+        let left = match r.left_on_broker {
+            None => "**not read**".to_string(),
+            Some(0) => "0".to_string(),
+            Some(n) => format!("**{n}**"),
+        };
         let dlq_actual = match r.dlq_copies {
             0 => r.dlq_actual.to_string(),
             n => format!("{} (+{n} copies)", r.dlq_actual),
         };
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.broker,
             r.fault,
             r.produced,
@@ -191,6 +213,8 @@ pub(crate) fn markdown(rows: &[Row]) -> String {
             r.duplicates,
             side_effects,
             side_effect_duplicates,
+            inbox_skips,
+            left,
             r.dlq_expected,
             dlq_actual,
             survived,
@@ -228,6 +252,7 @@ mod tests {
             dlq_expected: 1,
             dlq_actual: 1,
             survived,
+            left_on_broker: Some(0),
             ..Row::default()
         }
     }
@@ -264,9 +289,24 @@ mod tests {
         missing.side_effects_missing = 1;
         assert!(!missing.passed());
         twice.dlq_copies = 2;
+        twice.inbox_skips = Some(0);
         let md = markdown(&[twice]);
-        assert!(md.contains("| 9 | **1** |"), "{md}");
+        assert!(
+            md.contains("| 9 | **1** | 0 (inbox not exercised) | 0 |"),
+            "{md}"
+        );
         assert!(md.contains("| 1 (+2 copies) |"), "{md}");
+    }
+
+    #[test]
+    fn a_row_with_anything_left_on_the_broker_or_unread_fails() {
+        let mut left = row(0, Some(true));
+        left.left_on_broker = Some(3);
+        assert!(!left.passed());
+        left.left_on_broker = None;
+        assert!(!left.passed());
+        let md = markdown(&[left]);
+        assert!(md.contains("| **not read** |"), "{md}");
     }
 
     #[test]

@@ -26,6 +26,8 @@ use raw_brokers::{BoxError, RawKafka};
 
 /// Events produced after the fault ended, which the consumer must handle too.
 const PROBES: usize = 20;
+/// How long a fresh consumer reads the group after the run, to find what the broker still holds.
+const DRAIN: Duration = Duration::from_secs(10);
 
 /// How long a run waits with nothing moving before it counts what it has.
 const QUIET: Duration = Duration::from_secs(60);
@@ -208,7 +210,7 @@ struct Consumer {
 impl Consumer {
     /// Starts `faults consume` for `run` (inside its network namespace, if any) and waits until its
     /// consumer started.
-    async fn start(run: &Run<'_>, log: &Path) -> Result<Self, BoxError> {
+    async fn start(run: &Run<'_>, log: &Path, hold: Option<usize>) -> Result<Self, BoxError> {
         let (target, topic, group, record) = (run.target, &run.topic, &run.group, &run.record);
         let (inbox, pace, namespace) = (run.inbox.as_deref(), run.pace, run.namespace.as_ref());
         let exe = std::env::current_exe()?;
@@ -231,6 +233,9 @@ impl Consumer {
             ]);
         for (k, v) in &target.options {
             command.args(["--option", &format!("{k}={v}")]);
+        }
+        if let Some(n) = hold {
+            command.args(["--hold-after-commits", &n.to_string()]);
         }
         command.arg("--exit-with-stdin");
         let mut child = command
@@ -467,7 +472,11 @@ impl Run<'_> {
     async fn start_consumer(&mut self) -> Result<(), BoxError> {
         self.started += 1;
         let log = self.log(&format!("consumer-{}", self.started));
-        let consumer = Consumer::start(self, &log).await?;
+        // F1 through the inbox: the first process holds one event after its commit, so the kill lands
+        // between a commit and its acknowledgement and the inbox is shown at work.
+        let hold = (self.fault == Fault::ConsumerKill && self.inbox.is_some() && self.started == 1)
+            .then_some((self.events as f64 * AT_SHARE) as usize);
+        let consumer = Consumer::start(self, &log, hold).await?;
         self.consumer = Some(consumer);
         Ok(())
     }
@@ -519,6 +528,7 @@ impl Run<'_> {
         let alive_at_end = consumer.alive();
         let clean_exit = consumer.stop().await;
         let tally = reader.refresh()?;
+        let (inbox_skips, held) = (tally.inbox_skips, tally.held);
         let mut dlq_payloads = self.target.raw.dlq_payloads(&dlq).await?;
         dlq_payloads.extend(self.moved.iter().cloned());
 
@@ -599,6 +609,24 @@ impl Run<'_> {
             }
             None => None,
         };
+        if side_effects.is_some() {
+            notes.push(format!(
+                "{inbox_skips} redeliveries found done by the inbox{}",
+                if held > 0 {
+                    " (one event held after its commit at the kill)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        // The processes of the run proper: the draining consumer below is not one of them.
+        let processes = self.started;
+        let (waiting, drained) = self.left_on_broker(&source).await?;
+        notes.push(format!(
+            "after the stop the broker counted {waiting} of the group's messages in {source}; a fresh \
+             consumer was handed {drained} events in {} s",
+            DRAIN.max(self.pace.retry_after * 3).as_secs()
+        ));
         if tally.pids.len() > 1 {
             notes.push(format!("{} consumer processes", tally.pids.len()));
         }
@@ -622,7 +650,7 @@ impl Run<'_> {
         let survived = self
             .fault
             .consumer_must_survive()
-            .then_some(alive_at_end && self.started == 1 && counted.probes_missing == 0);
+            .then_some(alive_at_end && processes == 1 && counted.probes_missing == 0);
         Ok(Row {
             broker: self.target.name.to_string(),
             fault: self.fault.describe(self.outage),
@@ -642,6 +670,8 @@ impl Run<'_> {
             side_effects: side_effects.map(|(distinct, _, _)| distinct),
             side_effect_duplicates: side_effects.map(|(_, extra, _)| extra),
             side_effects_missing: side_effects.map_or(0, |(_, _, missing)| missing),
+            inbox_skips: side_effects.map(|_| inbox_skips),
+            left_on_broker: Some(usize::try_from(waiting).unwrap_or(usize::MAX).max(drained)),
             note: notes.join("; "),
             error: None,
         })
@@ -674,6 +704,9 @@ impl Run<'_> {
         let name = self.target.name;
         match self.fault {
             Fault::ConsumerKill => {
+                if self.inbox.is_some() {
+                    self.wait_for_held().await?;
+                }
                 if let Some(c) = &mut self.consumer {
                     c.kill().await?;
                 }
@@ -776,6 +809,41 @@ impl Run<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Waits (up to 30 s) until the consumer holds an event after its commit; notes it if none came, so
+    /// a kill that missed the window shows in the row (its inbox skips are then left to chance).
+    async fn wait_for_held(&mut self) -> Result<(), BoxError> {
+        let mut reader = RecordReader::new(&self.record);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while reader.refresh()?.held == 0 {
+            if Instant::now() > deadline {
+                self.notes
+                    .push("no event was held after its commit: the kill was not timed".into());
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    /// What the broker still holds for the group once the consumer stopped: the source's messages as
+    /// the broker's own client counts them, then every event a fresh consumer of the group is handed
+    /// within [`DRAIN`] (the retry route and the delay ladder included). A real service would handle
+    /// each of those again.
+    async fn left_on_broker(&mut self, source: &str) -> Result<(u64, usize), BoxError> {
+        let waiting = self.target.raw.waiting(source, &self.group).await?;
+        let mut reader = RecordReader::new(&self.record);
+        let before = reader.refresh()?.calls();
+        self.start_consumer().await?;
+        tokio::time::sleep(DRAIN.max(self.pace.retry_after * 3)).await;
+        let mut consumer = self.consumer.take().ok_or("no consumer")?;
+        if !consumer.stop().await {
+            self.notes
+                .push("the draining consumer did not exit cleanly on SIGTERM".into());
+        }
+        let after = reader.refresh()?.calls();
+        Ok((waiting, after - before))
     }
 
     /// Waits until every event is handled or in the DLQ, nothing moved for a minute, or five minutes
