@@ -11,8 +11,9 @@
 //! the acknowledgement. The example SIGKILLs that process mid-stream, so the payments it had committed
 //! but not acknowledged come again, and starts another; the inbox finds those ids already done and the
 //! handler skips them. An outbox relay then publishes the receipts and a reader counts them. The counts
-//! printed at the end show every ledger row and every receipt once; the example fails if one is missing
-//! or doubled.
+//! printed at the end show every ledger row and every receipt once, at least one redelivery skipped by
+//! the inbox, and nothing left on the broker for the consumer's group (read with the broker's own
+//! client); the example fails otherwise, and each wait has a deadline.
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -92,10 +93,34 @@ async fn parent(url: &str) -> Result<(), BoxError> {
     first.wait()?;
     let at_kill = ledger_rows(&pool).await?;
     println!("killed the consumer with {at_kill} ledger rows committed; starting another");
-    let status = spawn()?.wait()?;
+    let mut second = spawn()?;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let status = loop {
+        if let Some(status) = second.try_wait()? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = second.kill();
+            let rows = ledger_rows(&pool).await?;
+            return Err(format!(
+                "the second consumer did not finish in 240 s ({rows} of {PAYMENTS} ledger rows)"
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     if !status.success() {
         return Err(format!("the second consumer failed: {status}").into());
     }
+    // What the broker still holds for the group, read with its own client: a message left there would
+    // be handled again by the next consumer.
+    let source = broker.admin().names(&topic, Some(GROUP)).await?.topic;
+    let left = raw_brokers::for_url(url)
+        .await
+        .map_err(|e| e.to_string())?
+        .waiting(&source, GROUP)
+        .await
+        .map_err(|e| e.to_string())?;
 
     let relay = outbox.relay(broker.producer()).start()?;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -124,6 +149,7 @@ async fn parent(url: &str) -> Result<(), BoxError> {
     println!("payments published              {PAYMENTS}");
     println!("handler calls                   {handler_calls}");
     println!("redeliveries skipped (inbox)    {skipped}");
+    println!("left on the broker (group)      {left}");
     println!(
         "ledger rows                     {rows} ({} payments)",
         ledger.len()
@@ -144,6 +170,13 @@ async fn parent(url: &str) -> Result<(), BoxError> {
     let once = |n: usize, total: usize| n == PAYMENTS && total == PAYMENTS;
     if !once(ledger.len(), rows as usize) || !once(on_broker.len(), receipts_total) {
         return Err("a side effect is missing or doubled".into());
+    }
+    // Without a skip no redelivery reached the inbox after a commit: "once" would prove nothing.
+    if skipped == 0 {
+        return Err("no redelivery was skipped by the inbox: the kill missed every commit".into());
+    }
+    if left > 0 {
+        return Err(format!("the broker still holds {left} messages for '{GROUP}'").into());
     }
     println!("every payment's ledger row and receipt exactly once");
     Ok(())
@@ -177,7 +210,15 @@ async fn child(
             async move { state.handle(event, ctx).await }
         }))
         .await?;
+    let deadline = Instant::now() + Duration::from_secs(180);
     while ledger_rows(&pool).await? < PAYMENTS as i64 {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "only {} of {PAYMENTS} payments committed in 180 s",
+                ledger_rows(&pool).await?
+            )
+            .into());
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Redeliveries of what the killed process held can still be on their way: let them come.

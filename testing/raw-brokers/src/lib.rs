@@ -81,3 +81,28 @@ pub trait RawBroker: Send + Sync {
     /// that had to be taken out.
     async fn accept_dlq_writes(&self, dlq: &str) -> Result<Vec<String>, BoxError>;
 }
+
+/// The raw client of the broker at `url`, chosen by its scheme (`kafka://`, `amqp://`, `amqps://`, an
+/// SQS endpoint's `http(s)://`, `pulsar://`); a Pulsar broker's admin API is `RETRY_TEST_PULSAR_ADMIN`,
+/// else port 8080 of the broker's host. The URL's query (adapter options) is left out.
+pub async fn for_url(url: &str) -> Result<Box<dyn RawBroker>, BoxError> {
+    let bare = url.split('?').next().unwrap_or(url);
+    let scheme = bare.split("://").next().unwrap_or_default();
+    Ok(match scheme {
+        "kafka" => Box::new(RawKafka::new(bare)),
+        "amqp" | "amqps" => Box::new(RawRabbit::new(bare)),
+        "http" | "https" => Box::new(RawSqs::new(bare)),
+        "pulsar" => {
+            let admin = match std::env::var("RETRY_TEST_PULSAR_ADMIN") {
+                Ok(admin) if !admin.is_empty() => admin,
+                _ => {
+                    let host = bare.trim_start_matches("pulsar://");
+                    let host = host.split([':', '/']).next().unwrap_or(host);
+                    format!("http://{host}:8080")
+                }
+            };
+            Box::new(RawPulsar::connect(bare, &admin).await?)
+        }
+        other => return Err(format!("no raw client for the scheme {other:?} of {url}").into()),
+    })
+}
