@@ -74,6 +74,12 @@ pub(crate) fn connect_error(e: lapin::Error, uri: &AMQPUri) -> Error {
             "RabbitMQ at {address} refused the login of user {:?}: {text}",
             uri.authority.userinfo.username
         ))
+    } else if kind_of(&e) == Kind::Security {
+        // The login passed, the virtual host did not: the user has no permission on it.
+        Some(format!(
+            "RabbitMQ at {address} refused user {:?} access to virtual host {:?}: {text}",
+            uri.authority.userinfo.username, uri.vhost
+        ))
     } else if lower.contains("certificate") || lower.contains("unknownissuer") {
         Some(format!(
             "RabbitMQ at {address} presented a certificate this client does not trust \
@@ -210,6 +216,19 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("hunter2"), "{text}");
+        let no_vhost = answered(
+            AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED),
+            "NOT_ALLOWED - access to vhost '/' refused for user 'app'",
+        );
+        let e = connect_error(no_vhost, &uri);
+        assert_eq!(e.kind(), Kind::Security);
+        assert!(!e.is_temporary(), "a user without permission stays refused");
+        assert!(e.to_string().contains("virtual host"), "{e}");
+        let too_many = answered(
+            AMQPErrorKind::Hard(AMQPHardError::NOTALLOWED),
+            "NOT_ALLOWED - number of channels opened has reached the negotiated channel_max",
+        );
+        assert!(connect_error(too_many, &uri).is_temporary());
         let down: lapin::Error = std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into();
         let e = connect_error(down, &uri);
         assert_eq!(e.kind(), Kind::Connection);
