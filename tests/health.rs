@@ -1,6 +1,8 @@
 //! The health endpoints follow a consumer through each state, read over HTTP as a probe reads them:
 //! running, held by a blocking error, unable to reach its broker while RabbitMQ restarts
-//! (`RETRY_TEST_AMQP`, `scripts/brokers restart rabbitmq`), running again, and stopped after a shutdown.
+//! (`RETRY_TEST_AMQP`, `scripts/brokers restart rabbitmq`), running again, and stopped after a shutdown;
+//! and a consumer the broker refuses (its user's permissions revoked with `rabbitmqctl`) stopped by
+//! failing, which fails `/livez` naming the failure.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,6 +78,105 @@ async fn publish(broker: &Broker, topic: &str, id: &str) {
             Err(e) => panic!("publish {id}: {e}"),
         }
     }
+}
+
+/// `rabbitmqctl -n $RETRY_TEST_AMQP_NODE ARGS`; panics with its output when it fails.
+async fn rabbitmqctl(args: &[&str]) {
+    let node = std::env::var("RETRY_TEST_AMQP_NODE")
+        .expect("RETRY_TEST_AMQP_NODE names the RabbitMQ node (scripts/brokers start rabbitmq)");
+    let out = tokio::process::Command::new("rabbitmqctl")
+        .args(["-n", &node])
+        .args(args)
+        .output()
+        .await
+        .expect("run rabbitmqctl");
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_fails_naming_the_failure_once_the_broker_refuses_a_consumer() {
+    let url = std::env::var("RETRY_TEST_AMQP")
+        .expect("RETRY_TEST_AMQP names the RabbitMQ broker (scripts/brokers start rabbitmq)");
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis();
+    let (user, password) = (format!("health-refused-{millis}"), "refused-later");
+    rabbitmqctl(&["add_user", &user, password]).await;
+    rabbitmqctl(&["set_permissions", "-p", "/", &user, ".*", ".*", ".*"]).await;
+    // The same broker and virtual host as the user the suite connects with, as this test's user.
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let as_user = format!("{scheme}://{user}:{password}@{host}");
+
+    let admin = event_retry::connect(&url).await.expect("connect");
+    let topic = format!("health-refused-{millis}");
+    admin.admin().declare(&topic, None).await.expect("declare");
+    let broker = event_retry::connect(&as_user)
+        .await
+        .expect("connect as the test's user");
+    let app = App::new().consumer(
+        broker
+            .consumer(&topic)
+            .give_up_receiving_after(3, Duration::from_secs(1)),
+        handler_fn(|_event: Event, _ctx: Context| async { Ok(()) }),
+    );
+    let health = app.health();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("address");
+    tokio::spawn(event_retry::health::serve(listener, health));
+    let running = tokio::spawn(app.run_until(std::future::pending::<()>()));
+    wait_for(
+        addr,
+        "/livez",
+        200,
+        "livez check passed",
+        Duration::from_secs(30),
+    )
+    .await;
+    wait_for(
+        addr,
+        "/readyz",
+        200,
+        "readyz check passed",
+        Duration::from_secs(30),
+    )
+    .await;
+
+    // The broker refuses the consumer from now on: no permission, and its connection closed.
+    rabbitmqctl(&["clear_permissions", "-p", "/", &user]).await;
+    rabbitmqctl(&[
+        "close_all_user_connections",
+        &user,
+        "permissions revoked by the test",
+    ])
+    .await;
+    let body = wait_for(
+        addr,
+        "/livez",
+        503,
+        "stopped by a failure",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(body.contains("livez check failed"), "{body}");
+    let lower = body.to_lowercase();
+    assert!(
+        lower.contains("access") || lower.contains("refused"),
+        "/livez names the failure: {body}"
+    );
+    let (ready, body) = get(addr, "/readyz").await;
+    assert_eq!(ready, 503, "a failed consumer is not ready: {body}");
+    running.abort();
+    rabbitmqctl(&["delete_user", &user]).await;
+    let _ = admin.admin().delete(&topic).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
