@@ -32,11 +32,12 @@ use std::sync::Arc;
 use futures::future::{FutureExt, select_all};
 
 use super::batch::BatchHandler;
-use super::builder::{ConsumerBuilder, ConsumerError};
+use super::builder::ConsumerBuilder;
+use super::error::ConsumerError;
 use super::handle::{ConsumerHandle, HealthWatch};
 use super::handler::Handler;
 use super::health::Health;
-use super::receive::Started;
+use super::launch::Started;
 
 /// Why an [`App`] stopped with an error: which consumer, and what happened to it.
 #[derive(Debug, thiserror::Error)]

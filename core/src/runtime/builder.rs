@@ -6,62 +6,15 @@ use std::time::Duration;
 use crate::adapter::{SubscriptionSpec, Transport, default_group};
 use crate::check::DelayReport;
 use crate::classify::Classifier;
-use crate::config::{ConfigError, RetryConfig};
+use crate::config::RetryConfig;
 use crate::decide::Policies;
-use crate::error::Error;
 use crate::idempotency::IdempotencyStore;
 use crate::policy::RetryPolicy;
 
 use super::batch::BatchHandler;
+use super::error::ConsumerError;
 use super::handle::ConsumerHandle;
 use super::handler::Handler;
-use super::receive::{self, Started};
-
-/// Why a consumer could not be built, started, or stopped cleanly.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConsumerError {
-    /// The broker cannot honour a delay of the policy.
-    #[error("the {transport} transport cannot honour this retry policy:\n{report}")]
-    PolicyRefused {
-        /// The broker's name.
-        transport: &'static str,
-        /// The full report.
-        report: DelayReport,
-    },
-    /// The broker cannot do what the consumer asks for (per-key order on a broker without it).
-    #[error("the {transport} transport cannot {what}")]
-    Unsupported {
-        /// The broker's name.
-        transport: &'static str,
-        /// What it cannot do.
-        what: &'static str,
-    },
-    /// A setting is invalid (an empty topic name).
-    #[error("invalid consumer settings: {0}")]
-    Invalid(String),
-    /// The config file could not be applied.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// The broker failed.
-    #[error(transparent)]
-    Broker(#[from] Error),
-    /// Receiving failed again and again with an error trying again cannot heal (wrong credentials, a
-    /// deleted queue): the consumer stopped instead of retrying for ever.
-    #[error("receiving failed {failures} times in a row over {}s with a permanent error; the consumer stopped: {last}", .over.as_secs())]
-    ReceiveFailed {
-        /// Failures in a row.
-        failures: u32,
-        /// The time from the first of them to the last.
-        over: Duration,
-        /// The last error.
-        #[source]
-        last: Error,
-    },
-    /// The consumer's task ended abnormally (it panicked, or its runtime shut down).
-    #[error("the consumer task failed: {0}")]
-    Task(#[from] tokio::task::JoinError),
-}
 
 /// The most events a batch handler is given at once, unless [`ConsumerBuilder::batch_size`] says.
 const DEFAULT_BATCH_SIZE: usize = 64;
@@ -370,7 +323,7 @@ impl ConsumerBuilder {
 /// A configured consumer, ready to start.
 pub struct Consumer {
     pub(super) builder: ConsumerBuilder,
-    report: DelayReport,
+    pub(super) report: DelayReport,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -392,25 +345,6 @@ impl Consumer {
         &self.builder.spec.topic
     }
 
-    /// Subscribes and starts consuming in the background; the handle says when it stops.
-    pub async fn start(self, handler: impl Handler) -> Result<ConsumerHandle, ConsumerError> {
-        self.start_shared(Arc::new(handler)).await
-    }
-
-    /// Subscribes and starts consuming in the background with a batch handler: it is called once with
-    /// the events the subscription has at hand (up to [`ConsumerBuilder::batch_size`]; a quiet topic's
-    /// event comes alone, at once) and returns one result per event, each event then retried,
-    /// dead-lettered or acknowledged by its own result (see [`BatchHandler`]).
-    ///
-    /// Per-key ordering ([`ConsumerBuilder::ordered_by_key`]) and `tower` layers wrap a per-event
-    /// handler: with a batch handler they are refused here, with [`ConsumerError::Invalid`].
-    pub async fn start_batch(
-        self,
-        handler: impl BatchHandler,
-    ) -> Result<ConsumerHandle, ConsumerError> {
-        self.start_with(Started::Batch(Arc::new(handler))).await
-    }
-
     /// Refuses the settings a batch handler cannot honour (see [`Consumer::start_batch`]).
     pub(super) fn check_batch(&self) -> Result<(), ConsumerError> {
         if self.builder.ordering.is_some() {
@@ -428,24 +362,23 @@ impl Consumer {
         }
         Ok(())
     }
+}
 
-    /// Subscribes and starts consuming with `handler`, per event or per batch.
-    pub(super) async fn start_with(
-        mut self,
-        handler: Started,
-    ) -> Result<ConsumerHandle, ConsumerError> {
-        if let Started::Batch(_) = handler {
-            self.check_batch()?;
-            let spec = &mut self.builder.spec;
-            spec.max_in_flight = spec.max_in_flight.max(self.builder.batch_size);
-        }
-        receive::start(self.builder, &self.report, handler).await
-    }
-
-    pub(super) async fn start_shared(
-        self,
-        handler: Arc<dyn Handler>,
-    ) -> Result<ConsumerHandle, ConsumerError> {
-        self.start_with(Started::PerEvent(handler)).await
+#[cfg(feature = "tower")]
+impl ConsumerBuilder {
+    /// Wraps the handler in a `tower` layer (a timeout, a concurrency or rate limit, tracing). Layers
+    /// added first are outermost. Decoding, classification, idempotency and poison handling stay outside
+    /// every layer.
+    pub fn layer<L>(mut self, layer: L) -> Self
+    where
+        L: ::tower::Layer<super::tower::Boxed> + Send + 'static,
+        L::Service:
+            ::tower::Service<super::tower::Request, Response = ()> + Clone + Send + Sync + 'static,
+        <L::Service as ::tower::Service<super::tower::Request>>::Error:
+            Into<crate::classify::BoxError>,
+        <L::Service as ::tower::Service<super::tower::Request>>::Future: Send + 'static,
+    {
+        self.layers.push(layer);
+        self
     }
 }

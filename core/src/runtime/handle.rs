@@ -2,16 +2,13 @@
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
-use tokio_util::sync::CancellationToken;
-use tokio_util::sync::WaitForCancellationFuture;
-
-use super::builder::ConsumerError;
+use super::error::ConsumerError;
 use super::health::{Health, HealthState};
-use super::receive::Shared;
+use super::shared::Shared;
 use super::stats::{Counters, Stats};
+use super::stop::StopSignal;
 
 /// A running consumer.
 ///
@@ -50,32 +47,6 @@ impl Shutdown {
     /// Whether shutdown was asked for.
     pub fn is_triggered(&self) -> bool {
         self.0.is_triggered()
-    }
-}
-
-/// A consumer's shutdown signal: a token its tasks wait on, and a flag the receive loop reads for every
-/// delivery — without the lock the token takes to tell whether it is cancelled.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct StopSignal {
-    token: CancellationToken,
-    asked: Arc<AtomicBool>,
-}
-
-impl StopSignal {
-    /// Asks for the shutdown.
-    pub(crate) fn trigger(&self) {
-        self.asked.store(true, Ordering::Release);
-        self.token.cancel();
-    }
-
-    /// Whether the shutdown was asked for.
-    pub(crate) fn is_triggered(&self) -> bool {
-        self.asked.load(Ordering::Acquire)
-    }
-
-    /// Completes once the shutdown is asked for.
-    pub(crate) fn triggered(&self) -> WaitForCancellationFuture<'_> {
-        self.token.cancelled()
     }
 }
 

@@ -28,20 +28,25 @@
 mod app;
 mod batch;
 mod builder;
+mod error;
 mod handle;
 mod handler;
 mod health;
+mod launch;
 mod ordering;
 pub mod probe;
 mod process;
 mod receive;
+mod shared;
 mod stats;
+mod stop;
 #[cfg(feature = "tower")]
 pub mod tower;
 
 pub use app::{App, AppError, AppHealth, shutdown_signal};
 pub use batch::{BatchFnHandler, BatchHandler, BatchItem, batch_handler_fn};
-pub use builder::{Consumer, ConsumerBuilder, ConsumerError, ParkedAfterDead};
+pub use builder::{Consumer, ConsumerBuilder, ParkedAfterDead};
+pub use error::ConsumerError;
 pub use handle::{ConsumerHandle, HealthWatch, Shutdown};
 pub use handler::{
     Context, FnHandler, Handler, HandlerCall, JsonHandler, UndecodablePayload, decode_json,

@@ -41,302 +41,31 @@
 //! small (see `ReceiveLoop::batch_from`).
 
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
-use super::batch::{BatchHandler, OneAtATime};
-use super::builder::{ConsumerBuilder, ConsumerError, GiveUp};
-use super::handle::{ConsumerHandle, StopSignal};
-use super::handler::Handler;
-use super::ordering::{self, KeyQueues, Parking};
+use super::batch::BatchHandler;
+use super::builder::GiveUp;
+use super::error::ConsumerError;
+use super::ordering::{self, KeyQueues};
 use super::process::{self, Processing};
-use super::stats::{Counters, LaneCounters};
-use crate::adapter::{Delivery, Subscription, SubscriptionSpec};
-use crate::check::DelayReport;
-use crate::classify::Classifier;
-use crate::decide::Policies;
+use super::shared::Shared;
+use crate::adapter::{Delivery, Subscription};
 use crate::error::Kind;
-use crate::idempotency::IdempotencyStore;
-use crate::telemetry::Telemetry;
-
-use super::health::HealthState;
-
-/// Subscribes and spawns the receive loop.
-pub(super) async fn start(
-    b: ConsumerBuilder,
-    report: &DelayReport,
-    handler: Started,
-) -> Result<ConsumerHandle, ConsumerError> {
-    let (handler, batch) = match handler {
-        Started::PerEvent(handler) => {
-            #[cfg(feature = "tower")]
-            let handler = b.layers.apply(handler);
-            (handler, None)
-        }
-        // Layers were refused with a batch handler when it started.
-        Started::Batch(handler) => (
-            Arc::new(OneAtATime(handler.clone())) as Arc<dyn Handler>,
-            Some(Batching {
-                handler,
-                size: b.batch_size,
-            }),
-        ),
-    };
-    let subscription = b.transport.subscribe(&b.spec).await?;
-    info!(
-        topic = %b.spec.topic,
-        transport = b.transport.name(),
-        policy = %b.policies.deferred,
-        "consumer started\n{report}"
-    );
-    let runtime = tokio::runtime::Handle::current();
-    let single_thread = runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread;
-    let wanted = lane_count(
-        if single_thread {
-            1
-        } else {
-            runtime.metrics().num_workers()
-        },
-        b.spec.max_in_flight,
-        batch.as_ref().map(|batching| batching.size),
-        b.ordering.is_some(),
-    );
-    let mut subscription = subscription;
-    let mut subscriptions = subscription.split_lanes(wanted - 1);
-    // At most the number asked for.
-    subscriptions.truncate(wanted - 1);
-    subscriptions.insert(0, subscription);
-    let lanes = subscriptions.len();
-    let shutdown = StopSignal::default();
-    let counters = Arc::new(Counters::new(lanes));
-    let health = HealthState::new();
-    let (pause_tx, pause_rx) = watch::channel(0usize);
-    let pause = Arc::new(PauseGate {
-        holds: pause_tx,
-        health: health.clone(),
-    });
-    let topic: Arc<str> = Arc::from(b.spec.topic.as_str());
-    let rng = Arc::new(Mutex::new(
-        b.seed
-            .map_or_else(|| StdRng::from_rng(&mut rand::rng()), StdRng::seed_from_u64),
-    ));
-    let mut parking = b.ordering.map(|o| {
-        Parking::new(
-            o.follow_to_dlq,
-            Duration::from_millis(50),
-            Duration::from_secs(300),
-        )
-    });
-    let mut alive = Vec::with_capacity(lanes);
-    let mut runs = Vec::with_capacity(lanes);
-    for (lane, subscription) in subscriptions.into_iter().enumerate() {
-        let shared = Arc::new(Shared {
-            topic: topic.clone(),
-            system: crate::telemetry::messaging_system(b.transport.name()),
-            spec: b.spec.clone(),
-            policies: b.policies.clone(),
-            classifier: b.classifier.clone(),
-            idempotency: b.idempotency.clone(),
-            // One lane where there is per-key ordering (`lane_count`).
-            parking: parking.take(),
-            handler: handler.clone(),
-            counters: counters.lane(lane),
-            telemetry: Telemetry::new(&b.spec.topic),
-            health: health.clone(),
-            pause: pause.clone(),
-            shutdown: shutdown.clone(),
-            rng: rng.clone(),
-            settle_backoff: b.settle_backoff,
-            probes: b.probes.clone(),
-        });
-        alive.push(Arc::downgrade(&shared));
-        let slots = lane_share(b.spec.max_in_flight, lanes, lane);
-        runs.push(ReceiveLoop {
-            shared,
-            subscription,
-            pause: pause_rx.clone(),
-            tasks: JoinSet::new(),
-            slots: Arc::new(Semaphore::new(slots)),
-            queue_slots: Arc::new(Semaphore::new(slots.saturating_mul(4))),
-            keys: Arc::new(KeyQueues::default()),
-            grace: b.shutdown_grace,
-            inlining: Inlining::new(single_thread),
-            permanent: PermanentErrors::new(b.give_up),
-            // A batch never needs more slots than its lane has (`lane_count` gives each lane a whole
-            // batch of them; a batch waiting for more would wait for ever).
-            batch: batch.as_ref().map(|batching| Batching {
-                handler: batching.handler.clone(),
-                size: batching.size.min(slots),
-            }),
-            inlined: 0,
-            reading: process::Reading::default(),
-        });
-    }
-    let stopped = StopGuard(counters.clone(), health.clone());
-    let task_health = health.clone();
-    let lanes_shutdown = shutdown.clone();
-    let task = tokio::spawn(async move {
-        let _stopped = stopped;
-        let result = run_lanes(runs, lanes_shutdown).await;
-        task_health.stopped(result.as_ref().err().map(ToString::to_string));
-        result
-    });
-    Ok(ConsumerHandle::new(task, shutdown, counters, health, alive))
-}
-
-/// How many receive lanes a consumer asks its subscription for: one per worker thread of the runtime,
-/// but no more than its concurrency allows (each lane holds at least one work slot, a batch handler's
-/// lane a whole batch), and one alone with per-key ordering — the lanes of a subscription need not keep
-/// a key's messages together, and the runtime keeps them in order within one lane.
-fn lane_count(
-    workers: usize,
-    max_in_flight: usize,
-    batch_size: Option<usize>,
-    ordered: bool,
-) -> usize {
-    if ordered {
-        return 1;
-    }
-    let per_lane = batch_size.unwrap_or(1).max(1);
-    workers.min(max_in_flight / per_lane).max(1)
-}
-
-/// Lane `lane`'s share of `max_in_flight` work slots over `lanes` lanes: as even as it can be, the
-/// first lanes taking the remainder, and at least one.
-fn lane_share(max_in_flight: usize, lanes: usize, lane: usize) -> usize {
-    let lanes = lanes.max(1);
-    let extra = usize::from(lane < max_in_flight % lanes);
-    (max_in_flight / lanes + extra).max(1)
-}
-
-/// Runs the receive lanes: one in this task, several each in a task of its own so that they spread
-/// over the runtime's workers. The first lane to end stops the others (through the consumer's
-/// shutdown, which then reads as asked for), and the first error is the consumer's; a lane that panics
-/// takes the consumer down with it, as a single receive loop's panic would. A lane that fails drains
-/// its own work before it ends, so with several lanes a failing consumer can take up to twice the
-/// grace period to stop.
-async fn run_lanes(mut runs: Vec<ReceiveLoop>, shutdown: StopSignal) -> Result<(), ConsumerError> {
-    if runs.len() == 1
-        && let Some(run) = runs.pop()
-    {
-        return run.run().await;
-    }
-    let mut lanes = JoinSet::new();
-    for run in runs {
-        lanes.spawn(run.run());
-    }
-    let mut result = Ok(());
-    while let Some(ended) = lanes.join_next().await {
-        // The consumer stops as a whole: a lane that ends (its subscription closed, or it failed)
-        // ends the others too.
-        shutdown.trigger();
-        match ended {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                if result.is_ok() {
-                    result = Err(e);
-                }
-            }
-            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-            // Not while this task runs (it alone could cancel them): as a lane that ended.
-            Err(_) => {}
-        }
-    }
-    result
-}
-
-/// The handler a consumer starts with.
-pub(super) enum Started {
-    /// Called once per event.
-    PerEvent(Arc<dyn Handler>),
-    /// Called once per batch of the events at hand.
-    Batch(Arc<dyn BatchHandler>),
-}
 
 /// A batch handler and the most events it is given at once.
-struct Batching {
-    handler: Arc<dyn BatchHandler>,
-    size: usize,
+pub(super) struct Batching {
+    pub(super) handler: Arc<dyn BatchHandler>,
+    pub(super) size: usize,
 }
 
-/// Marks the consumer stopped when its task ends, however it ends (returned, panicked, aborted).
-struct StopGuard(Arc<Counters>, Arc<HealthState>);
-
-impl Drop for StopGuard {
-    fn drop(&mut self) {
-        // A task that returned has said how it ended already; this covers a panic or an abort.
-        self.1
-            .stopped(Some("the consumer's task ended without a result".into()));
-        self.0.stop();
-    }
-}
-
-/// State shared by a receive lane's loop and the tasks handling its deliveries; each lane has its own
-/// (its counters and metric handles), over the consumer's settings.
-pub(crate) struct Shared {
-    /// The topic, shared with every handler context.
-    pub(super) topic: Arc<str>,
-    /// The transport's name, as the attempt spans' `messaging.system` gives it.
-    pub(super) system: &'static str,
-    pub(super) spec: SubscriptionSpec,
-    pub(super) policies: Policies,
-    pub(super) classifier: Classifier,
-    pub(super) idempotency: Option<Arc<dyn IdempotencyStore>>,
-    pub(super) parking: Option<Parking>,
-    pub(super) handler: Arc<dyn Handler>,
-    /// This lane's counters.
-    pub(super) counters: LaneCounters,
-    pub(super) telemetry: Telemetry,
-    pub(super) pause: Arc<PauseGate>,
-    /// What the consumer's health is made of.
-    pub(super) health: Arc<HealthState>,
-    pub(super) shutdown: StopSignal,
-    /// Shared by the lanes: drawn from only when an event fails.
-    pub(super) rng: Arc<Mutex<StdRng>>,
-    pub(super) settle_backoff: Duration,
-    /// Dependency probes for blocking errors.
-    pub(super) probes: super::probe::Probes,
-}
-
-/// Counts blocking holds; the receive loop pauses while any is active, and the consumer's health says
-/// since when and why.
-pub(super) struct PauseGate {
-    holds: watch::Sender<usize>,
-    health: Arc<HealthState>,
-}
-
-/// One active hold; dropping it ends the hold.
-pub(super) struct PauseGuard<'a>(&'a PauseGate);
-
-impl PauseGate {
-    /// Holds consumption for `reason` (the blocking error) until the guard is dropped.
-    pub(super) fn hold(&self, reason: &str) -> PauseGuard<'_> {
-        self.health.held(reason);
-        self.holds.send_modify(|n| *n += 1);
-        PauseGuard(self)
-    }
-}
-
-impl Drop for PauseGuard<'_> {
-    fn drop(&mut self) {
-        let health = &self.0.health;
-        self.0.holds.send_modify(|n| {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                health.released();
-            }
-        });
-    }
-}
-
-struct ReceiveLoop {
+/// One receive lane's loop: its subscription, its work slots and the tasks handling its deliveries.
+pub(super) struct ReceiveLoop {
     /// Before `shared`: dropped first when the loop is aborted, so that whatever its drop gives back to
     /// the broker is done once the lane's state is gone (`ConsumerHandle::abort` waits for that).
     subscription: Box<dyn Subscription>,
@@ -468,6 +197,41 @@ impl Inlining {
 }
 
 impl ReceiveLoop {
+    /// Lane loop over `subscription`, with `slots` work slots of its own and the state it shares with
+    /// its tasks; `batch` is the consumer's batch handler, if it has one.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        subscription: Box<dyn Subscription>,
+        pause: watch::Receiver<usize>,
+        slots: usize,
+        grace: Duration,
+        single_thread: bool,
+        give_up: GiveUp,
+        batch: Option<&Batching>,
+    ) -> Self {
+        Self {
+            shared,
+            subscription,
+            pause,
+            tasks: JoinSet::new(),
+            slots: Arc::new(Semaphore::new(slots)),
+            queue_slots: Arc::new(Semaphore::new(slots.saturating_mul(4))),
+            keys: Arc::new(KeyQueues::default()),
+            grace,
+            inlining: Inlining::new(single_thread),
+            permanent: PermanentErrors::new(give_up),
+            // A batch never needs more slots than its lane has (`lane_count` gives each lane a whole
+            // batch of them; a batch waiting for more would wait for ever).
+            batch: batch.map(|batching| Batching {
+                handler: batching.handler.clone(),
+                size: batching.size.min(slots),
+            }),
+            inlined: 0,
+            reading: process::Reading::default(),
+        }
+    }
+
     /// `slot`, taken.
     fn take(&self, slot: Slot) -> Option<tokio::sync::OwnedSemaphorePermit> {
         slot.take(&self.slots)
@@ -483,7 +247,7 @@ impl ReceiveLoop {
     /// delivery takes a unit.
     const BUDGET_EVERY: u32 = 8;
 
-    async fn run(mut self) -> Result<(), ConsumerError> {
+    pub(super) async fn run(mut self) -> Result<(), ConsumerError> {
         let shutdown = self.shared.shutdown.clone();
         let mut receive_backoff = Duration::from_millis(100);
         // Whether the last receive failed (the health says so until one succeeds).
@@ -891,40 +655,6 @@ mod tests {
         );
         permanent.reset();
         assert_eq!(permanent.failed(t0 + Duration::from_secs(30)), None);
-    }
-
-    #[test]
-    fn a_lane_per_worker_within_the_concurrency_and_one_with_ordering() {
-        assert_eq!(lane_count(2, 16, None, false), 2);
-        assert_eq!(lane_count(8, 3, None, false), 3, "a slot per lane at least");
-        assert_eq!(lane_count(2, 1, None, false), 1);
-        assert_eq!(lane_count(2, 16, None, true), 1, "per-key ordering");
-        assert_eq!(lane_count(1, 16, None, false), 1);
-        assert_eq!(
-            lane_count(2, 64, Some(64), false),
-            1,
-            "a whole batch per lane"
-        );
-        assert_eq!(lane_count(4, 128, Some(64), false), 2);
-    }
-
-    #[test]
-    fn the_slots_are_shared_out_evenly_and_add_up() {
-        for (max, lanes) in [(16, 2), (3, 2), (7, 3), (1, 1), (64, 4)] {
-            let shares: Vec<usize> = (0..lanes)
-                .map(|lane| lane_share(max, lanes, lane))
-                .collect();
-            assert_eq!(
-                shares.iter().sum::<usize>(),
-                max,
-                "{max} over {lanes}: {shares:?}"
-            );
-            let (least, most) = (shares.iter().min(), shares.iter().max());
-            assert!(
-                most.zip(least).is_some_and(|(m, l)| m - l <= 1),
-                "{shares:?}"
-            );
-        }
     }
 
     #[test]

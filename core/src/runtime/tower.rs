@@ -35,7 +35,6 @@ use async_trait::async_trait;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceExt};
 
-use super::builder::ConsumerBuilder;
 use super::handler::{Context, Handler};
 use crate::classify::{BoxError, HandlerError};
 use crate::event::Event;
@@ -87,7 +86,7 @@ impl Service<Request> for HandlerService {
     }
 }
 
-type Boxed = BoxCloneSyncService<Request, (), BoxError>;
+pub(crate) type Boxed = BoxCloneSyncService<Request, (), BoxError>;
 
 /// A `tower` service as a [`Handler`]: each event is a call (on a clone of the service, so calls run
 /// concurrently); the service's error is classified like a handler's.
@@ -132,6 +131,19 @@ type ApplyLayer = Box<dyn FnOnce(Boxed) -> Boxed + Send>;
 pub(crate) struct Layers(Vec<ApplyLayer>);
 
 impl Layers {
+    /// Adds `layer`, inside the layers added before it.
+    pub(crate) fn push<L>(&mut self, layer: L)
+    where
+        L: Layer<Boxed> + Send + 'static,
+        L::Service: Service<Request, Response = ()> + Clone + Send + Sync + 'static,
+        <L::Service as Service<Request>>::Error: Into<BoxError>,
+        <L::Service as Service<Request>>::Future: Send + 'static,
+    {
+        self.0.push(Box::new(move |inner: Boxed| {
+            BoxCloneSyncService::new(layer.layer(inner).map_err(Into::into))
+        }));
+    }
+
     /// Whether no layer was added.
     pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -147,24 +159,6 @@ impl Layers {
             service = apply(service);
         }
         Arc::new(ServiceHandler(service))
-    }
-}
-
-impl ConsumerBuilder {
-    /// Wraps the handler in a `tower` layer (a timeout, a concurrency or rate limit, tracing). Layers
-    /// added first are outermost. Decoding, classification, idempotency and poison handling stay outside
-    /// every layer.
-    pub fn layer<L>(mut self, layer: L) -> Self
-    where
-        L: Layer<Boxed> + Send + 'static,
-        L::Service: Service<Request, Response = ()> + Clone + Send + Sync + 'static,
-        <L::Service as Service<Request>>::Error: Into<BoxError>,
-        <L::Service as Service<Request>>::Future: Send + 'static,
-    {
-        self.layers.0.push(Box::new(move |inner: Boxed| {
-            BoxCloneSyncService::new(layer.layer(inner).map_err(Into::into))
-        }));
-        self
     }
 }
 
