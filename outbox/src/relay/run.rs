@@ -1,40 +1,20 @@
-//! The relay: claims due rows under a lease, publishes them through a [`Producer`], and records what the
-//! broker said.
+//! The relay's run loop: claiming due rows under a lease, publishing them, recording what the broker
+//! said, backing off while the broker is down, sweeping published rows — and the handle that stops it.
 //!
-//! The bugs every hand-written relay meets, and what this one does about each:
-//! * **Two workers take the same row.** A claim is one statement that moves rows to `CLAIMED` under a
-//!   claim name (`SKIP LOCKED` on PostgreSQL, SQLite's single writer); every later write names the claim,
-//!   so a relay that lost its row cannot overwrite the new owner's outcome.
-//! * **A crashed worker holds a row forever.** A claim is a lease (`lease_until`); an expired lease makes
-//!   the row claimable again, and that is not a failed attempt. A relay does not start a publish its lease
-//!   cannot cover (lease ≥ 2 × publish timeout), so two live relays never publish one row at once.
-//! * **Events of one key get reordered.** With [`RelayBuilder::ordered_by_key`], only the head of a key is
-//!   claimable while an earlier row of that key is pending or claimed: a failing head holds its own key
-//!   and nothing else.
-//! * **An empty table is polled every few milliseconds.** The relay sleeps until a notification, the next
-//!   row's `available_at`, or the fallback poll interval.
-//! * **Retries hammer a broker that is down.** A broker-down failure backs the whole relay off
-//!   (exponentially, one probe row at a time) until a publish succeeds.
-//! * **SIGTERM kills the process mid-batch.** [`RelayHandle::shutdown`] stops claiming, lets the batch in
-//!   hand finish (each publish bounded by the publish timeout) and records it; a hard kill leaves rows
-//!   `CLAIMED`, which the lease returns.
-//!
-//! Delivery is at least once: a relay that dies after the broker confirmed but before the row was marked
-//! leaves it to be published again. Every publish of a row carries the same event id, which is what
-//! consumers deduplicate on (the SDK's idempotency store does).
+//! Separate from the builder because this is the part that runs: everything here happens after the
+//! settings were checked, on the relay's own task.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use event_retry_core::policy::RetryPolicy;
-use event_retry_core::producer::Producer;
-use event_retry_core::time::Timestamp;
 use futures::StreamExt;
 use rand::Rng;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::builder::{RelayBuilder, RelayConfig, Retention};
+use super::stats::RelayStats;
 use crate::classify::{PublishFailure, classify};
 use crate::error::OutboxError;
 use crate::lifecycle::Input;
@@ -42,199 +22,13 @@ use crate::metrics;
 use crate::row::{OutboxRow, bounded};
 use crate::store::{Dialect, Store};
 use crate::wake::Wake;
+use event_retry_core::producer::Producer;
+use event_retry_core::time::Timestamp;
 
 /// The longest `last_error` kept, in bytes.
 const MAX_ERROR_BYTES: usize = 1024;
 
-/// What happens to published rows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Retention {
-    /// Delete a row as soon as the broker confirmed it.
-    Delete,
-    /// Keep published rows this long, then delete them (checked every minute).
-    Keep(Duration),
-}
-
-/// What a relay has done since it started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RelayStats {
-    /// Rows the broker confirmed and the relay recorded as published.
-    pub published: u64,
-    /// Failed publish attempts that left the row pending for a later retry.
-    pub retried: u64,
-    /// Rows moved to `DEAD` (permanent failure, spent policy, or a row that does not read back).
-    pub dead: u64,
-    /// Rows given back unpublished (shutdown, or a lease too short to start a publish).
-    pub released: u64,
-    /// Rows published whose claim had already passed to another relay (a duplicate publish).
-    pub lease_lost: u64,
-    /// Times the relay backed off as a whole because the broker was down.
-    pub broker_backoffs: u64,
-    /// Claims that returned rows.
-    pub batches: u64,
-}
-
-impl std::fmt::Display for RelayStats {
-    /// `3 published, 3 failed attempts retried, 1 dead, 0 released, 0 lease lost, 0 broker backoffs, 4
-    /// batches`.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} published, {} failed attempts retried, {} dead, {} released, {} lease lost, {} broker backoffs, {} batches",
-            self.published,
-            self.retried,
-            self.dead,
-            self.released,
-            self.lease_lost,
-            self.broker_backoffs,
-            self.batches
-        )
-    }
-}
-
-/// Configures and starts a relay; from [`Outbox::relay`](crate::Outbox::relay).
-#[derive(Clone, Debug)]
-pub struct RelayBuilder {
-    store: Store,
-    wake: Wake,
-    url: String,
-    producer: Producer,
-    config: RelayConfig,
-}
-
-#[derive(Clone, Debug)]
-struct RelayConfig {
-    name: String,
-    policy: RetryPolicy,
-    batch_size: usize,
-    in_flight: usize,
-    lease: Duration,
-    publish_timeout: Duration,
-    poll_interval: Duration,
-    ordered: bool,
-    notifications: bool,
-    retention: Retention,
-    backoff_initial: Duration,
-    backoff_max: Duration,
-}
-
-/// The default retry policy of failed publishes: exponential from 1 s to 5 min, 20 retries (about 1 h 20 m
-/// of trying), then `DEAD`.
-pub const DEFAULT_POLICY: &str = "exp(1s, 5m, 2, 20)";
-
 impl RelayBuilder {
-    pub(crate) fn new(store: Store, wake: Wake, url: String, producer: Producer) -> Self {
-        #[allow(clippy::unwrap_used)] // a constant the unit tests parse
-        let policy = RetryPolicy::parse(DEFAULT_POLICY).unwrap();
-        Self {
-            store,
-            wake,
-            url,
-            producer,
-            config: RelayConfig {
-                name: format!("relay-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
-                policy,
-                batch_size: 100,
-                in_flight: 100,
-                lease: Duration::from_secs(30),
-                publish_timeout: Duration::from_secs(10),
-                poll_interval: Duration::from_secs(5),
-                ordered: false,
-                notifications: true,
-                retention: Retention::Keep(Duration::from_secs(7 * 86_400)),
-                backoff_initial: Duration::from_millis(250),
-                backoff_max: Duration::from_secs(30),
-            },
-        }
-    }
-
-    /// The retry policy of failed publishes, in the SDK's DSL (default [`DEFAULT_POLICY`]).
-    pub fn policy(mut self, policy: RetryPolicy) -> Self {
-        self.config.policy = policy;
-        self
-    }
-
-    /// Rows claimed at once (default 100).
-    pub fn batch_size(mut self, n: usize) -> Self {
-        self.config.batch_size = n.max(1);
-        self
-    }
-
-    /// Publishes awaiting the broker's confirmation at once (default 100).
-    pub fn in_flight(mut self, n: usize) -> Self {
-        self.config.in_flight = n.max(1);
-        self
-    }
-
-    /// How long a claim holds its rows (default 30 s); at least twice the publish timeout.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.config.lease = lease;
-        self
-    }
-
-    /// How long one publish may wait for the broker (default 10 s); a timeout is a broker-down failure.
-    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
-        self.config.publish_timeout = timeout;
-        self
-    }
-
-    /// The fallback poll when no notification comes (default 5 s).
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.config.poll_interval = interval;
-        self
-    }
-
-    /// Publishes each key's rows in id order: a key's next row waits until the one before it is
-    /// published or dead. Rows without a key are not ordered.
-    pub fn ordered_by_key(mut self, ordered: bool) -> Self {
-        self.config.ordered = ordered;
-        self
-    }
-
-    /// Listens for notifications (default on). Off, the relay finds new rows by polling alone — for
-    /// comparing the two, and for databases where `LISTEN` is not allowed (some poolers).
-    pub fn notifications(mut self, on: bool) -> Self {
-        self.config.notifications = on;
-        self
-    }
-
-    /// What happens to published rows (default: kept 7 days).
-    pub fn retention(mut self, retention: Retention) -> Self {
-        self.config.retention = retention;
-        self
-    }
-
-    /// The relay-wide backoff while the broker is down: first pause and longest pause (default 250 ms
-    /// and 30 s, doubling, with jitter).
-    pub fn broker_backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.config.backoff_initial = initial;
-        self.config.backoff_max = max.max(initial);
-        self
-    }
-
-    /// The relay's name in claims and logs (default `relay-<random>`).
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.config.name = name.into();
-        self
-    }
-
-    fn check(&self) -> Result<(), OutboxError> {
-        let c = &self.config;
-        if c.lease < c.publish_timeout * 2 {
-            return Err(OutboxError::Config(format!(
-                "the lease ({:?}) must be at least twice the publish timeout ({:?}), so a publish never \
-                 outlives its claim",
-                c.lease, c.publish_timeout
-            )));
-        }
-        if c.poll_interval.is_zero() {
-            return Err(OutboxError::Config(
-                "the poll interval must be above zero".into(),
-            ));
-        }
-        Ok(())
-    }
-
     /// Starts the relay on the current tokio runtime.
     pub fn start(self) -> Result<RelayHandle, OutboxError> {
         self.check()?;
@@ -293,6 +87,7 @@ impl RelayHandle {
     }
 }
 
+/// A relay's run loop and what it holds while it runs.
 struct Relay {
     store: Store,
     wake: Wake,
@@ -751,12 +546,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_default_policy_parses_and_ends() {
-        let policy = RetryPolicy::parse(DEFAULT_POLICY).unwrap();
-        assert_eq!(policy.max_retries(), Some(20));
-    }
-
-    #[test]
     fn broker_backoff_grows_to_its_cap_and_resets() {
         let mut b = BrokerBackoff::default();
         assert!(!b.probing());
@@ -774,30 +563,5 @@ mod tests {
         }
         b.reset();
         assert!(!b.probing() && b.until.is_none());
-    }
-
-    #[tokio::test]
-    async fn a_lease_shorter_than_twice_the_publish_timeout_is_refused() {
-        let outbox = crate::Outbox::connect_with("sqlite::memory:", 1)
-            .await
-            .unwrap();
-        let producer =
-            event_retry_core::broker::Broker::new(event_retry_core::memory::MemoryTransport::new())
-                .producer();
-        let relay = |lease_ms| {
-            outbox
-                .relay(producer.clone())
-                .publish_timeout(Duration::from_secs(5))
-                .lease(Duration::from_millis(lease_ms))
-                .start()
-        };
-        match relay(9_999) {
-            Err(OutboxError::Config(why)) => assert!(why.contains("twice"), "{why}"),
-            other => panic!(
-                "a 9.999 s lease with a 5 s publish timeout: {:?}",
-                other.err()
-            ),
-        }
-        relay(10_000).unwrap().shutdown().await.unwrap();
     }
 }
