@@ -13,9 +13,10 @@ use event_retry_core::metadata::{PACKED, PREFIX};
 use event_retry_core::time::Timestamp;
 use sqlx::{PgConnection, SqliteConnection};
 
+use crate::dialect::Dialect;
 use crate::error::OutboxError;
 use crate::row::encode_headers;
-use crate::store::{CHANNEL, Dialect, TABLE, ms};
+use crate::store::{CHANNEL, TABLE, ms};
 
 /// What a commit of an enqueued row calls (the in-process wake of SQLite relays).
 pub type OnCommit = Arc<dyn Fn() + Send + Sync>;

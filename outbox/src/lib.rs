@@ -55,6 +55,7 @@
 
 mod admin;
 pub mod classify;
+mod dialect;
 mod enqueue;
 mod error;
 pub mod inbox;
@@ -75,13 +76,14 @@ use event_retry_core::time::Timestamp;
 
 pub use admin::RowFilter;
 pub use classify::PublishFailure;
+pub use dialect::Dialect;
 pub use enqueue::{NewRow, OnCommit, OutboxConnection};
 pub use error::OutboxError;
 pub use inbox::{Inbox, InboxBuilder, InboxConnection, InboxCounts, Record, database_error};
 pub use lifecycle::State;
 pub use relay::{DEFAULT_POLICY, RelayBuilder, RelayHandle, RelayStats, Retention};
 pub use row::OutboxRow;
-pub use store::{CHANNEL, Counts, Dialect, TABLE};
+pub use store::{CHANNEL, Counts, TABLE};
 
 use store::Store;
 use wake::Wake;

@@ -20,7 +20,6 @@ use std::time::Duration;
 use ::metrics::{counter, gauge, histogram};
 use event_retry_core::time::Timestamp;
 
-use crate::inbox::InboxCounts;
 use crate::store::Counts;
 
 /// Rows waiting to be published.
@@ -43,11 +42,12 @@ pub const INBOX_ROWS: &str = "event_retry_inbox_rows";
 /// Inbox rows purged after the retention.
 pub const INBOX_PURGED_TOTAL: &str = "event_retry_inbox_purged_total";
 
-pub(crate) fn inbox_gauges(consumer: &str, counts: &InboxCounts) {
+/// Sets a consumer's inbox gauges: `done` ids whose effects committed, `in_progress` ids a delivery
+/// holds.
+pub(crate) fn inbox_gauges(consumer: &str, done: u64, in_progress: u64) {
     let consumer = consumer.to_string();
-    gauge!(INBOX_ROWS, "consumer" => consumer.clone(), "state" => "done").set(counts.done as f64);
-    gauge!(INBOX_ROWS, "consumer" => consumer, "state" => "in_progress")
-        .set(counts.in_progress as f64);
+    gauge!(INBOX_ROWS, "consumer" => consumer.clone(), "state" => "done").set(done as f64);
+    gauge!(INBOX_ROWS, "consumer" => consumer, "state" => "in_progress").set(in_progress as f64);
 }
 
 pub(crate) fn inbox_purged(consumer: &str, rows: u64) {

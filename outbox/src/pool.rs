@@ -11,8 +11,8 @@ use std::time::Duration;
 use sqlx::AnyPool;
 use sqlx::any::AnyPoolOptions;
 
+use crate::dialect::Dialect;
 use crate::error::OutboxError;
-use crate::store::Dialect;
 
 /// How long a statement waits for a free connection before it fails.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -21,6 +21,7 @@ use sqlx::AnyPool;
 use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row};
 
+use crate::dialect::Dialect;
 use crate::error::OutboxError;
 use crate::lifecycle::{self, Input, State};
 use crate::row::{OutboxRow, decode_headers};
@@ -31,36 +32,8 @@ pub const TABLE: &str = "event_retry_outbox";
 /// The PostgreSQL notification channel a commit of new or replayed rows signals.
 pub const CHANNEL: &str = "event_retry_outbox";
 
-/// Which database the outbox lives in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dialect {
-    /// SQLite (a file, embedded).
-    Sqlite,
-    /// PostgreSQL.
-    Postgres,
-}
-
+/// The outbox table in this dialect: the statements that create it and its indexes, if missing.
 impl Dialect {
-    /// The dialect of a database URL (`sqlite:` or `postgres://` / `postgresql://`).
-    pub fn of_url(url: &str) -> Result<Self, OutboxError> {
-        let scheme = url.split(':').next().unwrap_or_default();
-        match scheme {
-            "sqlite" => Ok(Dialect::Sqlite),
-            "postgres" | "postgresql" => Ok(Dialect::Postgres),
-            _ => Err(OutboxError::Config(format!(
-                "the outbox database URL must start with sqlite: or postgres:// (got {scheme:?})"
-            ))),
-        }
-    }
-
-    /// `sql` with `$N` parameters in this dialect's form.
-    pub(crate) fn sql(self, sql: &str) -> AssertSqlSafe<String> {
-        AssertSqlSafe(match self {
-            Dialect::Postgres => sql.to_string(),
-            Dialect::Sqlite => sql.replace('$', "?"),
-        })
-    }
-
     fn schema(self) -> Vec<String> {
         let (id, bytes) = match self {
             Dialect::Sqlite => ("INTEGER PRIMARY KEY AUTOINCREMENT", "BLOB"),

@@ -68,8 +68,9 @@ use event_retry_core::time::Timestamp;
 use futures::future::BoxFuture;
 use sqlx::{AnyConnection, AnyPool, PgConnection, Row, SqliteConnection};
 
+use crate::dialect::Dialect;
 use crate::error::OutboxError;
-use crate::store::{Dialect, ms};
+use crate::store::ms;
 
 pub use sql::TABLE;
 
@@ -473,7 +474,9 @@ async fn purge_loop(inner: Weak<Inner>, every: Duration) {
             tracing::warn!(error = %e, "inbox purge failed");
         }
         match inbox.counts().await {
-            Ok(counts) => crate::metrics::inbox_gauges(&inbox.inner.consumer, &counts),
+            Ok(counts) => {
+                crate::metrics::inbox_gauges(&inbox.inner.consumer, counts.done, counts.in_progress)
+            }
             Err(e) => tracing::warn!(error = %e, "inbox counts failed"),
         }
     }

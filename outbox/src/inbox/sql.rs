@@ -8,7 +8,7 @@
 
 use sqlx::AssertSqlSafe;
 
-use crate::store::Dialect;
+use crate::dialect::Dialect;
 
 /// The inbox table.
 pub const TABLE: &str = "event_retry_inbox";
