@@ -6,33 +6,30 @@
 //! taking deliveries) until the held event gets past it. Shutdown stops receiving, lets in-flight handlers
 //! finish within a grace period and releases whatever is left to the broker — nothing is lost.
 //!
-//! A delivery is first handled in the loop itself, as far as it goes without waiting
-//! (`process::start`): decoded, claimed, its handler's call polled once and — when the call is done with
-//! success and the receipt acknowledges without a round trip (`Receipt::try_ack`: Kafka's offsets,
-//! RabbitMQ's batched acks, Pulsar's, the in-memory broker) — acknowledged, with no future of the
-//! runtime's own and no task; only one that has to wait (a slow handler, a failure to carry out, a
-//! settle in flight) becomes a task. For the common handler that is done at its first poll, a task per
-//! event bought nothing but its allocation, its scheduling and — on a multi-threaded runtime — a wake-up
-//! of another worker thread per event (measured: the runtime alone on two workers went from 280,000 to
-//! 565,000 events/s when it stopped spawning them). On a multi-threaded runtime a handler that computes
-//! for long before it first waits would be held to the loop's one thread, so there the loop times one
-//! first poll in every [`Inlining::SAMPLE_EVERY`] and, while those take longer than
-//! [`Inlining::SPREAD_ABOVE`], makes every delivery a task at once so that handlers spread over the
-//! cores. On a current-thread runtime every task runs on that one thread anyway: always inline.
+//! A delivery is first handled in the loop itself, as far as it goes without waiting (`process::start`):
+//! decoded, claimed, its handler's call polled once and — when the call is done with success and the
+//! receipt acknowledges without a round trip (`Receipt::try_ack`: Kafka's offsets, RabbitMQ's batched
+//! acks, Pulsar's, the in-memory broker) — acknowledged, with no future of the runtime's own and no
+//! task; only one that has to wait (a slow handler, a failure to carry out, a settle in flight) becomes
+//! a task. For the common handler that is done at its first poll, a task per event bought nothing but
+//! its allocation, its scheduling and — on a multi-threaded runtime — a wake-up of another worker thread
+//! per event. On a multi-threaded runtime a handler that computes for long before it first waits would
+//! be held to the loop's one thread, so there the loop times one first poll in every
+//! [`Inlining::SAMPLE_EVERY`] and, while those take longer than [`Inlining::SPREAD_ABOVE`], makes every
+//! delivery a task at once so that handlers spread over the cores. On a current-thread runtime every
+//! task runs on that one thread anyway: always inline.
 //!
-//! On a multi-threaded runtime a consumer receives in lanes: its subscription split by the
-//! transport (`Subscription::split_lanes`) into one receive loop per worker thread, each with its
-//! share of the work slots and counters of its own, so that the loops run on every core without
-//! writing to what the others write (measured, the runtime alone on two workers: about 1.9 M
-//! events/s in one lane, 2.7–3.0 M in two; docs/PERFORMANCE.md). A lane with no free slot gives
-//! back what its subscription took ahead (`Subscription::give_back_taken`), so that it does not
-//! wait behind that lane's busy handlers while another lane is idle. The lanes share the
-//! blocking-hold gate (one blocking error pauses every lane), the shutdown and the health (a lane's
-//! receive failure reads as the consumer's until that lane receives again) and the seeded jitter
-//! source (so which event draws which jitter depends on the lanes' timing). A consumer asks for a
-//! single lane where lanes would break what it promises: per-key ordering (a key's messages may
-//! reach either lane), concurrency 1, a batch handler whose batch needs every slot; and a transport
-//! that cannot split keeps one.
+//! On a multi-threaded runtime a consumer receives in lanes: its subscription split by the transport
+//! (`Subscription::split_lanes`) into one receive loop per worker thread, each with its share of the
+//! work slots and counters of its own, so that the loops run on every core without writing to what the
+//! others write. A lane with no free slot gives back what its subscription took ahead
+//! (`Subscription::give_back_taken`), so that it does not wait behind that lane's busy handlers while
+//! another lane is idle. The lanes share the blocking-hold gate (one blocking error pauses every lane),
+//! the shutdown and the health (a lane's receive failure reads as the consumer's until that lane
+//! receives again) and the seeded jitter source (so which event draws which jitter depends on the lanes'
+//! timing). A consumer asks for a single lane where lanes would break what it promises: per-key ordering
+//! (a key's messages may reach either lane), concurrency 1, a batch handler whose batch needs every
+//! slot; and a transport that cannot split keeps one.
 //!
 //! With a batch handler a delivery starts a batch instead: it and the deliveries the subscription
 //! already holds (`next_ready`), up to the batch size, processed together (`process::process_batch`)
