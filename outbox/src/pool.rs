@@ -2,9 +2,9 @@
 //! URLs, create a missing SQLite file the same way and wait for a connection the same time.
 //!
 //! A SQLite file is switched to write-ahead logging (WAL) once: in its default rollback-journal mode a
-//! writer shuts out every reader and each commit takes several `fsync`s, which held sixteen handlers
-//! recording through the inbox to about 230 events/s. WAL keeps `synchronous = FULL` (SQLite's default):
-//! a commit is on disk before it returns, so nothing acknowledged after it can be lost.
+//! writer shuts out every reader and each commit takes several `fsync`s, so handlers recording through
+//! the inbox at once wait on each other. WAL keeps `synchronous = FULL` (SQLite's default): a commit is
+//! on disk before it returns, so nothing acknowledged after it can be lost.
 
 use std::time::Duration;
 
