@@ -257,7 +257,7 @@ impl ConsumerBuilder {
     }
 
     /// When a consumer whose receive keeps failing with a permanent error (one whose
-    /// [`is_temporary`](Error::is_temporary) is false: refused credentials, a deleted queue) stops: after
+    /// [`is_temporary`](crate::error::Error::is_temporary) is false: refused credentials, a deleted queue) stops: after
     /// `failures` such errors in a row spanning at least `over` (default 10 over 60 s), its handle returns
     /// [`ConsumerError::ReceiveFailed`]. A temporary error (a broken connection, a timeout) or a delivery
     /// starts the count again; temporary errors are retried with a backoff for as long as they last.

@@ -36,6 +36,12 @@
 //! and polled first in the loop like a single delivery. A batch takes as many as there are free slots
 //! for while half a batch of slots or more is free, and otherwise waits for its slots rather than start
 //! small (see `ReceiveLoop::batch_from`).
+//!
+//! Whether a delivery is polled in the loop ([`inlining`]) and when receive errors stop the consumer
+//! ([`permanent`]) are rules of their own, in files of their own.
+
+mod inlining;
+mod permanent;
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -54,6 +60,8 @@ use super::process::{self, Processing};
 use super::shared::Shared;
 use crate::adapter::{Delivery, Subscription};
 use crate::error::Kind;
+use inlining::{Inlining, Start};
+use permanent::PermanentErrors;
 
 /// A batch handler and the most events it is given at once.
 pub(super) struct Batching {
@@ -103,93 +111,6 @@ impl Slot {
             Slot::Held(permit) => Some(permit),
             Slot::Free => slots.clone().try_acquire_owned().ok(),
         }
-    }
-}
-
-/// Counts permanent receive errors in a row ([`Error::is_temporary`](crate::error::Error::is_temporary)
-/// false) and tells when they are enough to stop: retrying refused credentials or a deleted queue for
-/// ever only hides the fault, while a stopped consumer's handle says what is wrong.
-#[derive(Debug)]
-struct PermanentErrors {
-    limit: GiveUp,
-    run: Option<(u32, Instant)>,
-}
-
-impl PermanentErrors {
-    fn new(limit: GiveUp) -> Self {
-        Self { limit, run: None }
-    }
-
-    /// A delivery or a temporary error: the run of permanent errors is over.
-    fn reset(&mut self) {
-        self.run = None;
-    }
-
-    /// A permanent error at `now`: `Some((failures, over))` once the run is long enough to stop.
-    fn failed(&mut self, now: Instant) -> Option<(u32, Duration)> {
-        let (failures, first) = self.run.get_or_insert((0, now));
-        *failures += 1;
-        let over = now.saturating_duration_since(*first);
-        (*failures >= self.limit.failures && over >= self.limit.over).then_some((*failures, over))
-    }
-}
-
-/// Decides, delivery by delivery, whether its first poll runs in the receive loop or it becomes a task at
-/// once (see the module docs).
-#[derive(Debug)]
-struct Inlining {
-    /// A current-thread runtime: always inline.
-    single_thread: bool,
-    /// Deliveries until the next timed first poll.
-    until_sample: u32,
-    /// The last timed first poll took longer than [`Inlining::SPREAD_ABOVE`]: spawn.
-    spread: bool,
-}
-
-/// How a delivery starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Start {
-    /// A task at once.
-    Task,
-    /// Polled once in the loop.
-    Inline,
-    /// Polled once in the loop, timed.
-    InlineTimed,
-}
-
-impl Inlining {
-    /// One first poll in this many is timed on a multi-threaded runtime.
-    const SAMPLE_EVERY: u32 = 64;
-    /// A timed first poll longer than this makes the following deliveries tasks from the start.
-    const SPREAD_ABOVE: Duration = Duration::from_micros(50);
-
-    fn new(single_thread: bool) -> Self {
-        Self {
-            single_thread,
-            until_sample: 0,
-            spread: false,
-        }
-    }
-
-    fn next(&mut self) -> Start {
-        if self.single_thread {
-            return Start::Inline;
-        }
-        if self.until_sample == 0 {
-            self.until_sample = Self::SAMPLE_EVERY - 1;
-            return Start::InlineTimed;
-        }
-        self.until_sample -= 1;
-        if self.spread {
-            Start::Task
-        } else {
-            Start::Inline
-        }
-    }
-
-    /// A timed first poll took `took`.
-    fn timed(&mut self, took: Duration) {
-        self.spread = took > Self::SPREAD_ABOVE;
     }
 }
 
@@ -628,50 +549,5 @@ impl ReceiveLoop {
         self.subscription.close().await?;
         info!(topic = %self.shared.spec.topic, "consumer stopped");
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn permanent_errors_stop_only_when_enough_over_long_enough() {
-        let mut permanent = PermanentErrors::new(GiveUp {
-            failures: 3,
-            over: Duration::from_secs(10),
-        });
-        let t0 = Instant::now();
-        assert_eq!(permanent.failed(t0), None);
-        assert_eq!(permanent.failed(t0 + Duration::from_secs(1)), None);
-        // Three failures, but within 10 s.
-        assert_eq!(permanent.failed(t0 + Duration::from_secs(2)), None);
-        assert_eq!(
-            permanent.failed(t0 + Duration::from_secs(10)),
-            Some((4, Duration::from_secs(10)))
-        );
-        permanent.reset();
-        assert_eq!(permanent.failed(t0 + Duration::from_secs(30)), None);
-    }
-
-    #[test]
-    fn a_current_thread_runtime_always_polls_inline_untimed() {
-        let mut inlining = Inlining::new(true);
-        inlining.timed(Duration::from_secs(1));
-        assert!((0..200).all(|_| inlining.next() == Start::Inline));
-    }
-
-    #[test]
-    fn a_slow_timed_first_poll_spreads_the_next_deliveries_until_a_fast_one() {
-        let mut inlining = Inlining::new(false);
-        let every = Inlining::SAMPLE_EVERY as usize;
-        assert_eq!(inlining.next(), Start::InlineTimed);
-        assert!((1..every).all(|_| inlining.next() == Start::Inline));
-        assert_eq!(inlining.next(), Start::InlineTimed);
-        inlining.timed(Inlining::SPREAD_ABOVE * 2);
-        assert!((1..every).all(|_| inlining.next() == Start::Task));
-        assert_eq!(inlining.next(), Start::InlineTimed);
-        inlining.timed(Duration::from_micros(1));
-        assert_eq!(inlining.next(), Start::Inline);
     }
 }
