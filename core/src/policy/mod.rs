@@ -54,17 +54,17 @@
 //! computed in whole milliseconds.
 
 pub(crate) mod duration;
+mod error;
 mod parse;
+mod text;
 
-use std::fmt;
-use std::str::FromStr;
+pub use error::{PolicyError, PolicyParseError};
+
 use std::time::Duration;
 
 use rand::Rng;
-use serde::de::Error as _;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use self::duration::{DurationLit, millis, whole_millis};
+use self::duration::{millis, whole_millis};
 
 /// A policy per topic, with a default: what a consumer subscribed to several topics retries by.
 pub use crate::decide::Policies;
@@ -147,104 +147,6 @@ pub struct ScheduleRow {
     pub delay: Duration,
     /// The sum of the nominal waits up to and including this retry.
     pub cumulative: Duration,
-}
-
-/// Why a policy could not be built from code ([`RetryPolicy::steps`],
-/// [`RetryPolicy::exponential`]).
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[non_exhaustive]
-pub enum PolicyError {
-    /// A step policy was given no steps.
-    #[error("a step policy needs at least one step")]
-    NoSteps,
-    /// A step had a repeat count of zero.
-    #[error("step {index} has a repeat count of 0; counts must be at least 1")]
-    ZeroCount {
-        /// The 0-based position of the step.
-        index: usize,
-    },
-    /// An exponential policy was given `Some(0)` retries.
-    #[error("an exponential policy needs at least 1 retry (use None for no limit)")]
-    ZeroRetries,
-    /// An exponential policy's initial delay was zero.
-    #[error("the initial delay of an exponential policy must be greater than 0")]
-    ZeroInitial,
-    /// An exponential policy's initial delay exceeded its cap.
-    #[error("the initial delay ({initial:?}) must not exceed the cap ({cap:?})")]
-    InitialExceedsCap {
-        /// The initial delay given.
-        initial: Duration,
-        /// The cap given.
-        cap: Duration,
-    },
-    /// The growth factor was below 1.0, infinite or NaN.
-    #[error("the growth factor must be a finite number of at least 1.0, got {0}")]
-    InvalidFactor(f64),
-    /// A duration was not a whole number of milliseconds fitting in a `u64`.
-    #[error("durations must be whole milliseconds (at most u64::MAX ms), got {0:?}")]
-    NotWholeMillis(Duration),
-}
-
-/// Why a policy string did not parse: where, what was expected there and what
-/// was found instead.
-///
-/// `Display` reads `column 6: expected a repeat count after 'x', found end of
-/// input`; [`PolicyParseError::render`] adds the input and a caret under the
-/// column.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("column {column}: expected {expected}, found {found}")]
-pub struct PolicyParseError {
-    input: String,
-    column: usize,
-    expected: String,
-    found: String,
-}
-
-impl PolicyParseError {
-    /// The 1-based character column of the error in the input.
-    pub fn column(&self) -> usize {
-        self.column
-    }
-
-    /// What the parser expected at [`column`](Self::column), e.g.
-    /// `a repeat count after 'x'`.
-    pub fn expected(&self) -> &str {
-        &self.expected
-    }
-
-    /// What was there instead: a quoted token or character, or `end of input`.
-    pub fn found(&self) -> &str {
-        &self.found
-    }
-
-    /// The input that failed to parse.
-    pub fn input(&self) -> &str {
-        &self.input
-    }
-
-    /// A multi-line rendering for humans: the input, a caret under the
-    /// offending column, then the message.
-    ///
-    /// ```text
-    /// 5000x
-    ///      ^
-    /// column 6: expected a repeat count after 'x', found end of input
-    /// ```
-    pub fn render(&self) -> String {
-        let line: String = self
-            .input
-            .chars()
-            .map(|c| if c == '\n' || c == '\r' { ' ' } else { c })
-            .collect();
-        // Keep tabs in the caret line so the caret stays under the column.
-        let pad: String = self
-            .input
-            .chars()
-            .take(self.column.saturating_sub(1))
-            .map(|c| if c == '\t' { '\t' } else { ' ' })
-            .collect();
-        format!("{line}\n{pad}^\n{self}")
-    }
 }
 
 impl RetryPolicy {
@@ -538,90 +440,6 @@ fn check_millis(duration: Duration) -> Result<(), PolicyError> {
     whole_millis(duration)
         .map(drop)
         .ok_or(PolicyError::NotWholeMillis(duration))
-}
-
-impl FromStr for RetryPolicy {
-    type Err = PolicyParseError;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::parse(s)
-    }
-}
-
-impl fmt::Display for Step {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", DurationLit::of(self.delay))?;
-        if self.count != 1 {
-            write!(f, " x{}", self.count)?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Display for Jitter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Jitter::None => f.write_str("none"),
-            Jitter::Full => f.write_str("full"),
-            Jitter::Equal => f.write_str("equal"),
-            Jitter::Decorrelated => f.write_str("decorrelated"),
-            Jitter::Percent(n) => write!(f, "{n}%"),
-        }
-    }
-}
-
-impl fmt::Display for Schedule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Schedule::Steps(steps) => {
-                for (i, step) in steps.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    write!(f, "{step}")?;
-                }
-                Ok(())
-            }
-            Schedule::Exponential {
-                initial,
-                cap,
-                factor,
-                retries,
-            } => {
-                let (initial, cap) = (DurationLit::of(*initial), DurationLit::of(*cap));
-                match retries {
-                    Some(n) => write!(f, "exp({initial}, {cap}, {factor}, {n})"),
-                    None => write!(f, "exp({initial}, {cap}, {factor})"),
-                }
-            }
-        }
-    }
-}
-
-impl fmt::Display for RetryPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.schedule)?;
-        if self.jitter != Jitter::None {
-            write!(f, "; jitter={}", self.jitter)?;
-        }
-        if let Some(budget) = self.max_elapsed {
-            write!(f, "; max-elapsed={}", DurationLit::of(budget))?;
-        }
-        Ok(())
-    }
-}
-
-impl Serialize for RetryPolicy {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for RetryPolicy {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        Self::parse(&text).map_err(D::Error::custom)
-    }
 }
 
 #[cfg(test)]
