@@ -18,6 +18,8 @@ mod effects;
 mod faults;
 mod forward;
 mod netns;
+mod outage;
+mod process;
 mod record;
 mod report;
 mod run;

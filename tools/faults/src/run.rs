@@ -6,19 +6,18 @@
 //! event is accounted for or nothing moves for a minute, stop the consumer with SIGTERM, and count.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use event_retry::{Broker, Event};
 use futures::StreamExt;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
 use crate::account::account;
 use crate::effects::{self, InboxDb};
 use crate::faults::{AT_SHARE, Fault};
 use crate::netns::Namespace;
-use crate::record::{RecordReader, Tally, now_ms};
+use crate::outage::{OutageHalf, first_ids};
+use crate::process::{Consumer, Launch, Pace, signal};
+use crate::record::{RecordReader, now_ms};
 use crate::report::Row;
 use crate::target::{self, BrokerName, Target};
 use crate::workload;
@@ -134,19 +133,6 @@ async fn reported_cell(
     Ok(row)
 }
 
-/// Sends `signal` (`KILL`, `STOP`, `CONT`, `TERM`) to `pid`.
-async fn signal(pid: u32, signal: &str) -> Result<(), BoxError> {
-    let status = Command::new("kill")
-        .args(["-s", signal, &pid.to_string()])
-        .status()
-        .await?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("kill -s {signal} {pid} failed").into())
-    }
-}
-
 /// Publishes the events at `indices`, each until the broker confirms it (a publish that failed is sent
 /// again, for up to two minutes); returns how many were confirmed and how many were sent again.
 async fn produce(
@@ -192,142 +178,6 @@ async fn produce(
 }
 
 /// How fast the consumer works and how long its failed events wait.
-#[derive(Clone, Copy, Debug)]
-struct Pace {
-    work: Duration,
-    retry_after: Duration,
-}
-
-/// The consumer under test, in a process of its own.
-struct Consumer {
-    child: Child,
-    pid: u32,
-    /// The consumer's stdin: it exits when this closes, so a harness that dies (killed by an operator)
-    /// leaves no consumer behind to write into the next run's record and inbox.
-    _lifeline: tokio::process::ChildStdin,
-}
-
-impl Consumer {
-    /// Starts `faults consume` for `run` (inside its network namespace, if any) and waits until its
-    /// consumer started.
-    async fn start(run: &Run<'_>, log: &Path, hold: Option<usize>) -> Result<Self, BoxError> {
-        let (target, topic, group, record) = (run.target, &run.topic, &run.group, &run.record);
-        let (inbox, pace, namespace) = (run.inbox.as_deref(), run.pace, run.namespace.as_ref());
-        let exe = std::env::current_exe()?;
-        let mut command = match namespace {
-            Some(_) => Namespace::exec(&exe),
-            None => Command::new(&exe),
-        };
-        command
-            .args(["consume", "--url", &target.url, "--topic", topic])
-            .args(["--group", group, "--record"])
-            .arg(record);
-        if let Some(url) = inbox {
-            command.args(["--inbox", url]);
-        }
-        command
-            .args(["--work-ms", &pace.work.as_millis().to_string()])
-            .args([
-                "--retry-after-ms",
-                &pace.retry_after.as_millis().to_string(),
-            ]);
-        for (k, v) in &target.options {
-            command.args(["--option", &format!("{k}={v}")]);
-        }
-        if let Some(n) = hold {
-            command.args(["--hold-after-commits", &n.to_string()]);
-        }
-        command.arg("--exit-with-stdin");
-        let mut child = command
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(log)?)
-            .kill_on_drop(true)
-            .spawn()?;
-        let pid = child.id().ok_or("the consumer exited at once")?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let mut lines = BufReader::new(stdout).lines();
-        let started = tokio::time::timeout(Duration::from_secs(120), async {
-            while let Some(line) = lines.next_line().await? {
-                if line.starts_with("consumer started") {
-                    return Ok::<bool, std::io::Error>(true);
-                }
-            }
-            Ok(false)
-        })
-        .await;
-        if !matches!(started, Ok(Ok(true))) {
-            // Its output ended (rather than the wait): it is exiting, and its status says how.
-            let how = match started {
-                Err(_) => "the consumer did not start within 120 s".to_string(),
-                Ok(_) => match tokio::time::timeout(Duration::from_secs(5), child.wait()).await {
-                    Ok(Ok(status)) => format!("the consumer exited ({status}) before it started"),
-                    _ => "the consumer closed its output before it started".to_string(),
-                },
-            };
-            let _ = child.start_kill();
-            // The report's row holds one line; the log's tail goes to the run's output, which a CI
-            // run keeps after its clone (and the log file) is gone.
-            eprintln!(
-                "   {}: {how}; the end of its log:{}",
-                target.name,
-                log_tail(log, 20)
-            );
-            return Err(format!("{how} (its log: {})", log.display()).into());
-        }
-        // Keep reading its output, so it never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let lifeline = child.stdin.take().ok_or("no stdin")?;
-        Ok(Self {
-            child,
-            pid,
-            _lifeline: lifeline,
-        })
-    }
-
-    fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    async fn kill(&mut self) -> Result<(), BoxError> {
-        self.child.start_kill()?;
-        self.child.wait().await?;
-        Ok(())
-    }
-
-    /// SIGTERM, then waits up to a minute for a clean exit; `true` if it exited cleanly.
-    async fn stop(&mut self) -> bool {
-        if signal(self.pid, "TERM").await.is_err() {
-            return false;
-        }
-        match tokio::time::timeout(Duration::from_secs(60), self.child.wait()).await {
-            Ok(Ok(status)) => status.success(),
-            _ => {
-                let _ = self.child.start_kill();
-                false
-            }
-        }
-    }
-}
-
-/// The last `lines` lines of the log at `path`, each on a line of its own and indented.
-fn log_tail(path: &Path, lines: usize) -> String {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return String::new();
-    };
-    let all: Vec<&str> = text.lines().collect();
-    let tail = &all[all.len().saturating_sub(lines)..];
-    if tail.is_empty() {
-        return " (empty)".to_string();
-    }
-    let mut out = String::new();
-    for line in tail {
-        out.push_str("\n      ");
-        out.push_str(line);
-    }
-    out
-}
-
 /// Everything one run needs.
 struct Run<'a> {
     target: &'a Target,
@@ -350,67 +200,6 @@ struct Run<'a> {
     /// F5: what the broker and the record showed in the second half of the DLQ outage.
     outage_half: Option<OutageHalf>,
     notes: Vec<String>,
-}
-
-/// A DLQ outage as the pause check sees it. Once the first dead letter is refused, the consumer must
-/// pause: the events it had already taken finish within a second (10 ms of work each), and no event
-/// starts after that; in the outage's second half the broker's count of the source's messages waiting
-/// for the group does not fall; and no refused event is delivered again (its original stayed unsettled
-/// with the consumer that holds it).
-#[derive(Clone, Copy, Debug)]
-struct OutageHalf {
-    /// When it began and ended (ms since the epoch).
-    from: u64,
-    to: u64,
-    /// Messages the broker held for the group then, read with its own client.
-    waiting_from: u64,
-    waiting_to: u64,
-}
-
-impl OutageHalf {
-    /// Whether the record and the broker show a consumer that paused and left the original unsettled,
-    /// and the words for the row's note.
-    fn verdict(&self, tally: &Tally, fault_start: u64) -> (bool, String) {
-        let first_refusal = tally
-            .refusal_times
-            .iter()
-            .copied()
-            .filter(|&t| t >= fault_start && t < self.from)
-            .min();
-        let Some(first_refusal) = first_refusal else {
-            return (
-                false,
-                "pause check: no dead letter was refused in the outage's first half — NOT shown"
-                    .into(),
-            );
-        };
-        let settled_in = 1_000;
-        let started = tally.started_between(first_refusal + settled_in, self.to);
-        let redelivered = tally.refused_again(0, self.to);
-        let paused = started == 0 && self.waiting_to >= self.waiting_from && redelivered.is_empty();
-        let mut words = format!(
-            "pause check: {started} events started from 1 s after the first refused dead letter to the \
-             outage's end, the broker's count of waiting messages {} → {} over its second half",
-            self.waiting_from, self.waiting_to
-        );
-        if !redelivered.is_empty() {
-            words.push_str(&format!(
-                ", refused events called again: {}",
-                first_ids(
-                    &redelivered
-                        .iter()
-                        .map(|s| s.to_string())
-                        .collect::<Vec<_>>()
-                )
-            ));
-        }
-        words.push_str(if paused {
-            " — paused"
-        } else {
-            " — NOT paused"
-        });
-        (paused, words)
-    }
 }
 
 /// Runs `fault` on `name` and counts.
@@ -476,7 +265,16 @@ impl Run<'_> {
         // between a commit and its acknowledgement and the inbox is shown at work.
         let hold = (self.fault == Fault::ConsumerKill && self.inbox.is_some() && self.started == 1)
             .then_some((self.events as f64 * AT_SHARE) as usize);
-        let consumer = Consumer::start(self, &log, hold).await?;
+        let launch = Launch {
+            target: self.target,
+            topic: &self.topic,
+            group: &self.group,
+            record: &self.record,
+            inbox: self.inbox.as_deref(),
+            pace: self.pace,
+            namespace: self.namespace.as_ref(),
+        };
+        let consumer = Consumer::start(launch, &log, hold).await?;
         self.consumer = Some(consumer);
         Ok(())
     }
@@ -889,80 +687,5 @@ impl Run<'_> {
                 return Ok(());
             }
         }
-    }
-}
-
-/// The first five of `ids`, for a note.
-fn first_ids(ids: &[String]) -> String {
-    let shown: Vec<&str> = ids.iter().take(5).map(String::as_str).collect();
-    shown.join(", ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::record::Calls;
-
-    fn calls(first_at: u64, calls: u32, refusals: u32) -> Calls {
-        Calls {
-            calls,
-            oks: calls - refusals,
-            refusals,
-            first_at,
-        }
-    }
-
-    #[test]
-    fn a_log_tail_keeps_the_last_lines_in_order() -> Result<(), BoxError> {
-        let dir = std::env::temp_dir().join(format!("faults-log-tail-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let path = dir.join("consumer.log");
-        std::fs::write(&path, "one\ntwo\nthree\n")?;
-        assert_eq!(log_tail(&path, 2), "\n      two\n      three");
-        std::fs::write(&path, "")?;
-        assert_eq!(log_tail(&path, 2), " (empty)");
-        assert_eq!(log_tail(&dir.join("missing.log"), 2), "");
-        std::fs::remove_dir_all(&dir)?;
-        Ok(())
-    }
-
-    #[test]
-    fn the_pause_check_fails_on_each_sign_of_consumption_going_on() {
-        let half = OutageHalf {
-            from: 1_000,
-            to: 2_000,
-            waiting_from: 500,
-            waiting_to: 500,
-        };
-        let mut tally = Tally::default();
-        tally.by_id.insert("ev-00001".into(), calls(100, 1, 0));
-        tally.by_id.insert("ev-00007".into(), calls(300, 1, 1));
-        tally.refusal_times.push(300);
-        // Taken before the refusal, finished within the second after it.
-        tally.by_id.insert("ev-00002".into(), calls(1_200, 1, 0));
-        assert!(half.verdict(&tally, 0).0, "paused");
-        assert!(
-            !half.verdict(&tally, 400).0,
-            "no refusal in the outage: nothing shown"
-        );
-        let mut started = Tally::default();
-        started.refusal_times.clone_from(&tally.refusal_times);
-        started.by_id.clone_from(&tally.by_id);
-        started.by_id.insert("ev-00003".into(), calls(1_400, 1, 0));
-        assert!(
-            !half.verdict(&started, 0).0,
-            "an event started after the pause"
-        );
-        let fell = OutageHalf {
-            waiting_to: 499,
-            ..half
-        };
-        assert!(!fell.verdict(&tally, 0).0, "the broker's count fell");
-        let mut again = Tally::default();
-        again.refusal_times.clone_from(&tally.refusal_times);
-        again.by_id.clone_from(&tally.by_id);
-        again.by_id.insert("ev-00107".into(), calls(250, 2, 2));
-        let (paused, words) = half.verdict(&again, 0);
-        assert!(!paused && words.contains("ev-00107"), "{words}");
     }
 }
