@@ -6,7 +6,8 @@
 //!   policy that lets the topic send to it;
 //! * a dead letter of one group lands in that group's DLQ alone, while the other group handles the
 //!   event once;
-//! * deleting the topic removes the topic, every group's queue and every DLQ.
+//! * deleting the topic removes the topic, every group's queue, retry queue and DLQ (a queue counts as
+//!   gone only when SQS answers that it does not exist).
 //!
 //! Without `RETRY_TEST_SNS` the test is listed as ignored with the reason; with `RETRY_TEST_REQUIRE`
 //! naming sqs, that is a failure.
@@ -48,13 +49,23 @@ fn raw_clients(url: &str) -> (aws_sdk_sns::Client, aws_sdk_sqs::Client) {
 }
 
 /// The queue `name`'s attribute `attribute`, read with the raw client (`None` when the queue is gone).
+///
+/// Only SQS's answer that the queue does not exist means gone; any other error (the endpoint
+/// unreachable, a refused request, …) is an error, so a deletion check cannot pass on a failed read.
 async fn queue_attribute(
     sqs: &aws_sdk_sqs::Client,
     name: &str,
     attribute: &str,
 ) -> Result<Option<String>, String> {
-    let Ok(found) = sqs.get_queue_url().queue_name(name).send().await else {
-        return Ok(None);
+    let found = match sqs.get_queue_url().queue_name(name).send().await {
+        Ok(found) => found,
+        Err(e) if queue_does_not_exist(&e) => return Ok(None),
+        Err(e) => {
+            return Err(format!(
+                "look up queue {name}: {}",
+                aws_sdk_sqs::error::DisplayErrorContext(&e)
+            ));
+        }
     };
     let attributes = sqs
         .get_queue_attributes()
@@ -71,6 +82,22 @@ async fn queue_attribute(
             .cloned()
             .unwrap_or_default(),
     ))
+}
+
+/// Whether `error` is SQS's answer that the queue does not exist: `QueueDoesNotExist`, the code
+/// `AWS.SimpleQueueService.NonExistentQueue` that the SDK reads from the `x-amzn-query-error` header
+/// (as moto sends it), or the bare `QueueDoesNotExist` type of a server that sends no such header.
+fn queue_does_not_exist(
+    error: &aws_sdk_sqs::error::SdkError<aws_sdk_sqs::operation::get_queue_url::GetQueueUrlError>,
+) -> bool {
+    use aws_sdk_sqs::error::ProvideErrorMetadata;
+    error.as_service_error().is_some_and(|e| {
+        e.is_queue_does_not_exist()
+            || matches!(
+                e.code(),
+                Some("AWS.SimpleQueueService.NonExistentQueue" | "QueueDoesNotExist")
+            )
+    })
 }
 
 /// The messages in queue `name` (visible, delayed and in flight), read with the raw client.
@@ -216,29 +243,42 @@ fn each_group_has_its_own_subscribed_queue_and_dlq(url: String) -> Result<(), St
             .publish(&topic, Event::new("refused by billing").with_id("e1"))
             .await
             .map_err(|e| e.to_string())?;
+        // Both groups have had the event: billing's dead letter is in its DLQ and the default group
+        // was called.
         let deadline = Instant::now() + Duration::from_secs(30);
-        while held(&sqs, &format!("{billing}-dlq")).await? < 1 {
+        while held(&sqs, &format!("{billing}-dlq")).await? < 1
+            || default_calls.load(Ordering::SeqCst) < 1
+        {
             if Instant::now() > deadline {
-                return Err("billing's dead letter never reached its DLQ".into());
+                return Err(format!(
+                    "within 30 s: billing DLQ {}, default group's calls {}, want 1 and 1",
+                    held(&sqs, &format!("{billing}-dlq")).await?,
+                    default_calls.load(Ordering::SeqCst)
+                ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        // Long enough for a stray copy to arrive anywhere else.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // No window for a stray copy to show up: once both consumers are shut down (in-flight work
+        // finished or released), no copy of the event is outside SQS, and every copy inside it is
+        // counted now — visible, in flight or delayed, in a group's queue, its retry queue (where a
+        // retry waits out its delay) or its DLQ. moto's SNS delivers to the subscribed queues within
+        // the publish call, so no copy is still on its way from the topic.
         b.shutdown().await.map_err(|e| e.to_string())?;
         d.shutdown().await.map_err(|e| e.to_string())?;
-        let counts = (
-            billing_calls.load(Ordering::SeqCst),
-            default_calls.load(Ordering::SeqCst),
+        let counts = [
+            billing_calls.load(Ordering::SeqCst) as u64,
+            default_calls.load(Ordering::SeqCst) as u64,
             held(&sqs, &format!("{billing}-dlq")).await?,
             held(&sqs, &format!("{topic}-dlq")).await?,
             held(&sqs, &billing).await?,
             held(&sqs, &topic).await?,
-        );
-        if counts != (1, 1, 1, 0, 0, 0) {
+            held(&sqs, &format!("{billing}-retry")).await?,
+            held(&sqs, &format!("{topic}-retry")).await?,
+        ];
+        if counts != [1, 1, 1, 0, 0, 0, 0, 0] {
             return Err(format!(
-                "(billing calls, default calls, billing DLQ, default DLQ, billing queue, default queue) = \
-                 {counts:?}, want (1, 1, 1, 0, 0, 0)"
+                "[billing calls, default calls, billing DLQ, default DLQ, billing queue, default queue, \
+                 billing retry queue, default retry queue] = {counts:?}, want [1, 1, 1, 0, 0, 0, 0, 0]"
             ));
         }
 
@@ -251,8 +291,11 @@ fn each_group_has_its_own_subscribed_queue_and_dlq(url: String) -> Result<(), St
             .topics()
             .iter()
             .any(|t| t.topic_arn() == Some(topic_arn.as_str()));
-        for queue in [&topic, &billing, &format!("{topic}-dlq"), &format!("{billing}-dlq")] {
-            if queue_attribute(&sqs, queue, "QueueArn").await?.is_some() {
+        for queue in [topic.clone(), billing.clone()]
+            .into_iter()
+            .flat_map(|q| [format!("{q}-retry"), format!("{q}-dlq"), q])
+        {
+            if queue_attribute(&sqs, &queue, "QueueArn").await?.is_some() {
                 return Err(format!("queue {queue} is left after deleting the topic"));
             }
         }
