@@ -3,6 +3,9 @@
 //! The spans are read back with the OpenTelemetry SDK's in-memory exporter behind
 //! `tracing-opentelemetry`'s layer, installed once per test process as the global `tracing` subscriber
 //! (spans only, no events, so other scenarios running beside it pay little).
+//!
+//! The unit test at the end reads a held attempt's `outcome` (`hold`) the same way, on the in-memory
+//! transport: no scenario holds an event inside a trace.
 
 use std::sync::{Arc, OnceLock};
 
@@ -227,4 +230,88 @@ pub async fn trace_context_every_hop(f: Arc<Fixture>) -> ScenarioResult {
         )
     })?;
     Ok(Verdict::Pass(None))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use event_retry_core::broker::Broker;
+    use event_retry_core::classify::HandlerError;
+    use event_retry_core::event::Event;
+    use event_retry_core::runtime::{Context, handler_fn};
+    use opentelemetry_sdk::trace::SpanData;
+
+    use super::{capture, describe};
+
+    /// Every value the attribute `outcome` of `span` has, as text (one if it was recorded once).
+    fn outcomes(span: &SpanData) -> Vec<String> {
+        span.attributes
+            .iter()
+            .filter(|kv| kv.key.as_str() == "outcome")
+            .map(|kv| kv.value.to_string())
+            .collect()
+    }
+
+    /// A blocking error holds the event in place, in its attempt span, and pauses consumption; shut down
+    /// while it is held, that span ends with outcome `hold` (the runtime records the outcome of each
+    /// held call on it). On the in-memory transport: the outcome is the runtime's, not the broker's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_held_attempt_ends_with_outcome_hold() -> Result<(), String> {
+        let capture = capture()?;
+        let broker = Broker::memory();
+        let topic = "trace-holds";
+        let handle = broker
+            .consumer(topic)
+            .start(handler_fn(|_event: Event, _ctx: Context| async {
+                Err(HandlerError::blocking("database unreachable"))
+            }))
+            .await
+            .map_err(|e| e.to_string())?;
+        broker
+            .producer()
+            .publish(topic, Event::new("held").with_id("h1"))
+            .await
+            .map_err(|e| e.to_string())?;
+        let stats =
+            tokio::time::timeout(Duration::from_secs(10), handle.wait_until(|s| s.holds >= 2))
+                .await
+                .map_err(|_| {
+                    format!(
+                        "the event was not held twice within 10 s: {:?}",
+                        handle.stats()
+                    )
+                })?;
+        handle.shutdown().await.map_err(|e| e.to_string())?;
+        capture
+            .provider
+            .force_flush()
+            .map_err(|e| format!("flush the spans: {e}"))?;
+        let attempts: Vec<SpanData> = capture
+            .exporter
+            .get_finished_spans()
+            .map_err(|e| format!("read the spans: {e}"))?
+            .into_iter()
+            .filter(|s| {
+                s.name == "event"
+                    && s.attributes.iter().any(|kv| {
+                        kv.key.as_str() == "messaging.destination.name"
+                            && kv.value.to_string() == topic
+                    })
+            })
+            .collect();
+        let all = attempts.iter().map(describe).collect::<Vec<_>>().join("; ");
+        assert_eq!(
+            attempts.len(),
+            1,
+            "want one attempt span (the holds are in place), got: {all}"
+        );
+        let recorded = outcomes(&attempts[0]);
+        assert!(
+            !recorded.is_empty() && recorded.iter().all(|o| o == "hold"),
+            "the held attempt's outcome: {recorded:?}, want hold (after {} holds): {all}",
+            stats.holds
+        );
+        Ok(())
+    }
 }
