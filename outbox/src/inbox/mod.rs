@@ -430,8 +430,10 @@ impl IdempotencyStore for Inbox {
 }
 
 /// A database error from the handler's own statements, stated [`FailureKind::Blocking`] when it means the
-/// database cannot be reached (a connection refused or lost, a pool that timed out or closed) and left
-/// for the classifier otherwise (a constraint the event breaks is the event's problem, not an outage).
+/// database is not there: a connection refused or lost, a pool that timed out or closed, or the server
+/// saying it is shutting down, crashed, not accepting connections yet or out of connection slots (a
+/// PostgreSQL restart reaches the connections it cut as SQLSTATE `57P01`). Anything else is left for
+/// the classifier (a constraint the event breaks is the event's problem, not an outage).
 /// For the handler's `pool.begin().await.map_err(database_error)?`.
 pub fn database_error(error: sqlx::Error) -> HandlerError {
     if is_unreachable(&error) {
@@ -443,14 +445,25 @@ pub fn database_error(error: sqlx::Error) -> HandlerError {
 
 /// Whether `error` says the database could not be reached, as opposed to refusing a statement.
 fn is_unreachable(error: &sqlx::Error) -> bool {
-    matches!(
-        error,
+    match error {
         sqlx::Error::Io(_)
-            | sqlx::Error::Tls(_)
-            | sqlx::Error::PoolTimedOut
-            | sqlx::Error::PoolClosed
-            | sqlx::Error::WorkerCrashed
-    )
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(e) => e.code().is_some_and(|code| server_gone(&code)),
+        _ => false,
+    }
+}
+
+/// Whether a SQLSTATE says the server is going, gone or not taking connections: class 08 (connection
+/// exception), `57P01` admin_shutdown (a fast or smart shutdown, as in a restart, ends the session),
+/// `57P02` crash_shutdown (another backend crashed; the server restarts), `57P03` cannot_connect_now
+/// (starting up, shutting down, in recovery) and `53300` too_many_connections. SQLite's codes are
+/// numbers without a leading zero: none of them matches.
+fn server_gone(code: &str) -> bool {
+    code.len() == 5
+        && (code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "53300"))
 }
 
 /// The inbox's own statements failing means the database is not there for any event: blocking.
@@ -487,16 +500,108 @@ async fn purge_loop(inner: Weak<Inner>, every: Duration) {
 mod tests {
     use super::*;
 
+    /// A database error with a SQLSTATE, as a driver reports one.
+    #[derive(Debug)]
+    struct Coded(&'static str);
+
+    impl std::fmt::Display for Coded {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "error with SQLSTATE {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Coded {}
+
+    impl sqlx::error::DatabaseError for Coded {
+        fn message(&self) -> &str {
+            "error"
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn with_code(code: &'static str) -> Option<FailureKind> {
+        database_error(sqlx::Error::Database(Box::new(Coded(code)))).stated_kind()
+    }
+
     #[test]
     fn only_an_unreachable_database_is_blocking() {
         let down = database_error(sqlx::Error::PoolTimedOut);
         assert_eq!(down.stated_kind(), Some(FailureKind::Blocking));
-        let io = database_error(sqlx::Error::Io(std::io::Error::from(
+        assert_eq!(
+            database_error(sqlx::Error::PoolClosed).stated_kind(),
+            Some(FailureKind::Blocking)
+        );
+        for kind in [
             std::io::ErrorKind::ConnectionRefused,
-        )));
-        assert_eq!(io.stated_kind(), Some(FailureKind::Blocking));
+            std::io::ErrorKind::ConnectionReset,
+            std::io::ErrorKind::UnexpectedEof,
+            std::io::ErrorKind::BrokenPipe,
+        ] {
+            let io = database_error(sqlx::Error::Io(std::io::Error::from(kind)));
+            assert_eq!(io.stated_kind(), Some(FailureKind::Blocking), "{kind:?}");
+        }
         let refused = database_error(sqlx::Error::RowNotFound);
         assert_eq!(refused.stated_kind(), None);
+    }
+
+    #[test]
+    fn a_restart_cutting_the_session_is_an_outage_57p01() {
+        // "terminating connection due to administrator command": a fast shutdown, as in a restart.
+        assert_eq!(with_code("57P01"), Some(FailureKind::Blocking));
+    }
+
+    #[test]
+    fn a_crash_of_another_backend_is_an_outage_57p02() {
+        assert_eq!(with_code("57P02"), Some(FailureKind::Blocking));
+    }
+
+    #[test]
+    fn a_server_starting_or_stopping_is_an_outage_57p03() {
+        // "the database system is starting up", "… is shutting down", "… is in recovery mode".
+        assert_eq!(with_code("57P03"), Some(FailureKind::Blocking));
+    }
+
+    #[test]
+    fn no_connection_slot_is_an_outage_53300() {
+        assert_eq!(with_code("53300"), Some(FailureKind::Blocking));
+    }
+
+    #[test]
+    fn every_connection_exception_is_an_outage_class_08() {
+        // connection_exception, connection_does_not_exist, connection_failure,
+        // sqlclient_unable_to_establish_sqlconnection, sqlserver_rejected_establishment_of_sqlconnection,
+        // transaction_resolution_unknown, protocol_violation.
+        for code in [
+            "08000", "08003", "08006", "08001", "08004", "08007", "08P01",
+        ] {
+            assert_eq!(with_code(code), Some(FailureKind::Blocking), "{code}");
+        }
+    }
+
+    #[test]
+    fn a_statement_the_database_refuses_is_left_to_the_classifier() {
+        // unique_violation, foreign_key_violation, serialization_failure, deadlock_detected,
+        // query_canceled, idle_in_transaction_session_timeout, database_dropped, and SQLite's
+        // SQLITE_CONSTRAINT_UNIQUE (2067) and SQLITE_BUSY (5).
+        for code in [
+            "23505", "23503", "40001", "40P01", "57014", "25P03", "57P04", "2067", "5",
+        ] {
+            assert_eq!(with_code(code), None, "{code}");
+        }
     }
 
     #[test]
