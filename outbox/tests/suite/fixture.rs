@@ -379,3 +379,45 @@ pub(crate) fn stall(broker: BrokerKind) -> Result<test_support::stall::Stall, St
     };
     test_support::stall::Stall::start(broker.name(), pid_file)
 }
+
+/// Restarts the column's PostgreSQL with `scripts/brokers restart postgres` (the server of
+/// `RETRY_BROKERS_STATE`, the test command's by default) and returns how long it took. It refuses when
+/// the server the script manages is not the one at `RETRY_TEST_POSTGRES`: restarting a server the
+/// suite does not use would break whoever uses it and test nothing.
+pub(crate) async fn restart_postgres(column: &Column) -> Result<Duration, String> {
+    let script = root().join("scripts/brokers");
+    let ours = column
+        .postgres_url
+        .as_deref()
+        .ok_or("RETRY_TEST_POSTGRES is not set")?;
+    let env = tokio::process::Command::new("bash")
+        .arg(&script)
+        .args(["env", "postgres"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .await
+        .map_err(|e| e.to_string())?;
+    let managed = String::from_utf8_lossy(&env.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("export RETRY_TEST_POSTGRES="))
+        .map(|v| v.trim_matches('\'').to_string())
+        .unwrap_or_default();
+    if managed != ours {
+        return Err(format!(
+            "scripts/brokers manages PostgreSQL at {managed:?}, not RETRY_TEST_POSTGRES ({ours}): \
+             set RETRY_BROKERS_STATE to the state folder of the server the suite uses"
+        ));
+    }
+    let started = Instant::now();
+    let status = tokio::process::Command::new("bash")
+        .arg(&script)
+        .args(["restart", "postgres"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .await
+        .map_err(|e| e.to_string())?;
+    if !status.success() {
+        return Err("scripts/brokers restart postgres failed".into());
+    }
+    Ok(started.elapsed())
+}

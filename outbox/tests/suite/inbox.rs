@@ -1,5 +1,6 @@
 //! The inbox scenarios: an event's database effects happen once, through a crash between the commit and
-//! the broker's acknowledgement and through a rolled-back attempt. Effects are rows of an `effects` table
+//! the broker's acknowledgement, through a rolled-back attempt and through a restart of PostgreSQL (the
+//! consumer holds; nothing is dead-lettered). Effects are rows of an `effects` table
 //! with no unique key, so a repeated effect is a second row, read back with plain SQL.
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,7 +21,7 @@ use sqlx::AnyPool;
 use sqlx::any::AnyPoolOptions;
 
 use crate::Scenario;
-use crate::fixture::{BrokerKind, Column, fresh_db, fresh_topic, root};
+use crate::fixture::{BrokerKind, Column, Db, fresh_db, fresh_topic, restart_postgres, root};
 
 /// The inbox scenarios, run in every column of the suite.
 pub(crate) const ALL: &[Scenario] = &[
@@ -44,6 +45,19 @@ pub(crate) const ALL: &[Scenario] = &[
         title: "inbox: a handler failing after its record rolls back: no effect row and no inbox row remain, the retry through the broker records first time and commits one effect",
         run: |c| block_on(rolled_back_attempt_is_retried(c)),
         skip: |_| None,
+    },
+    Scenario {
+        name: "inbox_database_restarted_under_consumer",
+        restarts_database: true,
+        title: "inbox: PostgreSQL restarted under a consumer whose policy dead-letters the first failure taken for the event's, transactions open: every error of the database going away holds the consumer (held while it is gone), no retry spent, nothing dead-lettered, each event's effect row once",
+        run: |c| block_on(database_restarted_under_consumer(c)),
+        skip: |c| match (c.db, c.broker) {
+            (Db::Sqlite, _) => Some("SQLite is embedded: there is no server to restart"),
+            (_, BrokerKind::Kafka) => Some(
+                "the consumer reads the in-process broker (the database is what fails): run once, in the RabbitMQ column",
+            ),
+            _ => None,
+        },
     },
 ];
 
@@ -582,4 +596,225 @@ async fn rolled_back_attempt_is_retried(column: Column) -> Result<String, String
         "r1 not done after its commit".into()
     })?;
     Ok("attempt 1 rolled back (0 rows after it), attempt 2 first and committed".into())
+}
+
+/// What a handler saw of the database going away: its error, in a few words (the SQLSTATE of a
+/// database error, the kind of an I/O error).
+fn describe(error: &sqlx::Error) -> String {
+    match error {
+        sqlx::Error::Database(e) => format!(
+            "Database {} ({})",
+            e.code().unwrap_or_default(),
+            e.message()
+        ),
+        sqlx::Error::Io(e) => format!("Io {:?}", e.kind()),
+        other => {
+            let text = format!("{other:?}");
+            text.chars().take(80).collect()
+        }
+    }
+}
+
+/// Counts `what` in `seen`.
+fn note(seen: &Mutex<BTreeMap<String, usize>>, what: String) {
+    *seen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(what)
+        .or_default() += 1;
+}
+
+async fn database_restarted_under_consumer(column: Column) -> Result<String, String> {
+    const EVENTS: usize = 300;
+    let db_url = fresh_db(&column).await?;
+    sqlx::any::install_default_drivers();
+    // Pooled connections are handed out without a ping first (a pool tuned for speed): each one the
+    // restart cut fails the handler's next statement with what the server said, rather than being
+    // replaced quietly.
+    let pool = AnyPoolOptions::new()
+        .max_connections(4)
+        .test_before_acquire(false)
+        .acquire_timeout(Duration::from_secs(2))
+        .connect(&db_url)
+        .await
+        .map_err(|e| format!("connect {db_url}: {e}"))?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS effects (event_id TEXT NOT NULL, attempt BIGINT NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .map_err(text)?;
+    let inbox = Inbox::builder(&db_url)
+        .consumer(GROUP)
+        .connect()
+        .await
+        .map_err(text)?;
+    let broker = Broker::memory();
+    let topic = format!("inbox-dbrestart-{}", uuid::Uuid::new_v4().simple());
+    broker.admin().declare(&topic, None).await.map_err(text)?;
+    // The errors the handlers saw, by what they were.
+    let seen: Arc<Mutex<BTreeMap<String, usize>>> = Arc::default();
+    let (h_pool, h_inbox, h_seen) = (pool.clone(), inbox.clone(), seen.clone());
+    let handle = broker
+        .consumer(&topic)
+        .group(GROUP)
+        .concurrency(4)
+        // A retry 50 ms later, but no time to make it in: a failure taken for the event's dead-letters
+        // it at once. (With the retry allowed, a 57P01 taken for the event's spent it, and the retry
+        // then waited in the pool until the server was back.)
+        .policy(RetryPolicy::parse("50ms; max-elapsed=0").map_err(text)?)
+        .start(handler_fn(move |_e: Event, ctx: Context| {
+            let (pool, inbox, seen) = (h_pool.clone(), h_inbox.clone(), h_seen.clone());
+            async move {
+                let failed = |e: sqlx::Error| {
+                    note(&seen, describe(&e));
+                    database_error(e)
+                };
+                let mut tx = pool.begin().await.map_err(failed)?;
+                let record = inbox.record(&mut *tx, &ctx).await.inspect_err(|e| {
+                    note(&seen, format!("record: {}", e.message()));
+                })?;
+                if record == Record::AlreadyDone {
+                    return Ok(());
+                }
+                sqlx::query("INSERT INTO effects (event_id, attempt) VALUES ($1, $2)")
+                    .bind(ctx.event_id.to_string())
+                    .bind(i64::from(ctx.attempt))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(failed)?;
+                // The transaction stays open a while, as one around a call elsewhere does: the restart
+                // finds some open.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                tx.commit().await.map_err(failed)?;
+                Ok(())
+            }
+        }))
+        .await
+        .map_err(text)?;
+    let ids: Vec<String> = (0..EVENTS).map(|i| format!("{topic}-{i}")).collect();
+    // Events keep coming, one every 10 ms, through the restart.
+    let publisher = {
+        let (producer, topic, ids) = (broker.producer(), topic.clone(), ids.clone());
+        tokio::spawn(async move {
+            for id in ids {
+                producer
+                    .publish(&topic, Event::new("effect").with_id(id))
+                    .await
+                    .map_err(text)?;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok::<_, String>(())
+        })
+    };
+    // The consumer's health every 10 ms, with when.
+    let started = Instant::now();
+    let samples: Arc<Mutex<Vec<(Duration, &'static str)>>> = Arc::default();
+    let sampler = {
+        let (watch, samples) = (handle.health_watch(), samples.clone());
+        tokio::spawn(async move {
+            loop {
+                let name = watch.health().name();
+                samples
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push((started.elapsed(), name));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+    };
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        handle.wait_until(|s| s.succeeded >= (EVENTS / 5) as u64),
+    )
+    .await
+    .map_err(|_| format!("fewer than {} events handled in 60 s", EVENTS / 5))?;
+    let down_from = started.elapsed();
+    let restart_took = restart_postgres(&column).await?;
+    let down_until = started.elapsed();
+    let stats = tokio::time::timeout(
+        Duration::from_secs(120),
+        handle.wait_until(|s| s.succeeded + s.dead_lettered >= EVENTS as u64),
+    )
+    .await
+    .map_err(|_| format!("not every event settled in 120 s: {:?}", handle.stats()))?;
+    publisher.await.map_err(text)??;
+    let health_after = handle.health();
+    sampler.abort();
+    handle.shutdown().await.map_err(text)?;
+    let seen = seen.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let dead = broker
+        .dead_letters()
+        .list(&topic, &event_retry_core::dlq::DlqFilter::all())
+        .await
+        .map_err(text)?;
+    ensure(stats.dead_lettered == 0 && dead.is_empty(), || {
+        let why: Vec<String> = dead
+            .iter()
+            .map(|d| {
+                let meta = d.event.metadata();
+                format!(
+                    "{:?} after {} attempts ({:?}): {:?}",
+                    d.dead().map(|i| &i.reason),
+                    meta.attempts,
+                    meta.error_kind,
+                    meta.last_error
+                )
+            })
+            .collect();
+        format!(
+            "{} events dead-lettered ({} in the DLQ: {why:?}) for the database's restart; the handlers saw {seen:?}",
+            stats.dead_lettered,
+            dead.len()
+        )
+    })?;
+    ensure(stats.retries_scheduled == 0, || {
+        format!(
+            "{} retries spent on the database's restart; the handlers saw {seen:?}",
+            stats.retries_scheduled
+        )
+    })?;
+    let rows = effects(&pool).await?;
+    let want: BTreeMap<String, i64> = ids.iter().map(|id| (id.clone(), 1)).collect();
+    ensure(rows == want, || {
+        let off: Vec<_> = ids
+            .iter()
+            .filter(|id| rows.get(*id) != Some(&1))
+            .map(|id| (id.clone(), rows.get(id).copied().unwrap_or(0)))
+            .collect();
+        format!("effect rows not one per event (id, rows): {off:?}")
+    })?;
+    ensure(!seen.is_empty(), || {
+        "no handler saw the restart: nothing was tested".into()
+    })?;
+    let samples = samples.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let held: Vec<Duration> = samples
+        .iter()
+        .filter(|(_, name)| *name == "held")
+        .map(|(at, _)| *at)
+        .collect();
+    let held_while_down = held
+        .iter()
+        .any(|at| *at >= down_from && *at <= down_until + Duration::from_secs(1));
+    ensure(held_while_down, || {
+        format!(
+            "the consumer was never held while the database was gone ({:.1}–{:.1} s; held samples at {held:?}); the handlers saw {seen:?}; {stats:?}",
+            down_from.as_secs_f64(),
+            down_until.as_secs_f64()
+        )
+    })?;
+    ensure(health_after.name() == "running", || {
+        format!("after the restart the consumer is {health_after}")
+    })?;
+    ensure(samples.iter().all(|(_, name)| *name != "stopped"), || {
+        "the consumer stopped during the restart".into()
+    })?;
+    let held_for = Duration::from_millis(10) * held.len() as u32;
+    pool.close().await;
+    Ok(format!(
+        "{EVENTS} events, PostgreSQL down and back in {:.1} s mid-run; the handlers saw {seen:?}; held about {:.1} s, {} holds; dead-lettered 0; one effect row each",
+        restart_took.as_secs_f64(),
+        held_for.as_secs_f64(),
+        stats.holds
+    ))
 }

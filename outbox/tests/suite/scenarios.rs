@@ -768,19 +768,7 @@ async fn database_restarted(column: Column) -> Result<String, String> {
         |m| count(m, State::Published) >= ROWS / 10,
     )
     .await?;
-    let script = fixture::root().join("scripts/brokers");
-    let restarted_at = Instant::now();
-    let status = tokio::process::Command::new("bash")
-        .arg(&script)
-        .args(["restart", "postgres"])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .await
-        .map_err(|e| e.to_string())?;
-    ensure(status.success(), || {
-        "scripts/brokers restart postgres failed".into()
-    })?;
-    let restart_took = restarted_at.elapsed();
+    let restart_took = fixture::restart_postgres(&column).await?;
     wait_states(
         &s.outbox,
         Duration::from_secs(90),
