@@ -4,7 +4,7 @@
 //!
 //! Brokers and PostgreSQL come from `RETRY_TEST_KAFKA`, `RETRY_TEST_AMQP` and `RETRY_TEST_POSTGRES`
 //! (`scripts/brokers start` writes them); a missing one is a loud skip, or a failure when
-//! `RETRY_TEST_REQUIRE` names it. Some scenarios stall their broker (SIGSTOP) and one restarts
+//! `RETRY_TEST_REQUIRE` names it. Some scenarios stall their broker (SIGSTOP) and two restart
 //! PostgreSQL, so each scenario holds its broker alone and PostgreSQL shared (alone, for the restart):
 //! a Kafka scenario and a RabbitMQ one run side by side, two scenarios on one broker never do.
 

@@ -47,6 +47,17 @@ pub(crate) const ALL: &[Scenario] = &[
         skip: |_| None,
     },
     Scenario {
+        name: "inbox_idempotency_across_processes",
+        restarts_database: false,
+        title: "inbox as the idempotency store of two consumer processes on one queue: every event published twice back to back, then all again; each effect once, every copy skipped by the inbox, both processes at work",
+        run: |c| block_on(idempotency_across_processes(c)),
+        skip: |c| {
+            (c.broker == BrokerKind::Kafka).then_some(
+                "two members of one Kafka group split it by partition, not message by message: the two processes share a RabbitMQ queue",
+            )
+        },
+    },
+    Scenario {
         name: "inbox_database_restarted_under_consumer",
         restarts_database: true,
         title: "inbox: PostgreSQL restarted under a consumer whose policy dead-letters the first failure taken for the event's, transactions open: every error of the database going away holds the consumer (held while it is gone), no retry spent, nothing dead-lettered, each event's effect row once",
@@ -259,6 +270,9 @@ const CHILD_TOPIC: &str = "INBOX_SUITE_CHILD_TOPIC";
 const CHILD_MARKS: &str = "INBOX_SUITE_CHILD_MARKS";
 const CHILD_HANG: &str = "INBOX_SUITE_CHILD_HANG";
 const CHILD_EXPECT: &str = "INBOX_SUITE_CHILD_EXPECT";
+/// `store`: the child of `idempotency_across_processes`, with the stop file to watch.
+const CHILD_MODE: &str = "INBOX_SUITE_CHILD_MODE";
+const CHILD_STOP: &str = "INBOX_SUITE_CHILD_STOP";
 
 /// The child process of `killed_between_commit_and_ack`: a consumer whose handler records each event in
 /// the inbox and writes its effect in one transaction, then appends `committed <id>` (or
@@ -266,8 +280,15 @@ const CHILD_EXPECT: &str = "INBOX_SUITE_CHILD_EXPECT";
 /// so before the ack — until it is killed; otherwise it shuts down cleanly once `EXPECT` ids are marked.
 pub(crate) fn child_consumer() -> Option<ExitCode> {
     let db = std::env::var(CHILD_DB).ok()?;
+    let store = std::env::var(CHILD_MODE).is_ok_and(|m| m == "store");
     let code = match test_support::broker::runtime() {
-        Ok(runtime) => match runtime.block_on(run_child(db)) {
+        Ok(runtime) => match runtime.block_on(async {
+            if store {
+                run_store_child(db).await
+            } else {
+                run_child(db).await
+            }
+        }) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("inbox child: {e}");
@@ -816,5 +837,261 @@ async fn database_restarted_under_consumer(column: Column) -> Result<String, Str
         restart_took.as_secs_f64(),
         held_for.as_secs_f64(),
         stats.holds
+    ))
+}
+
+/// The child of `idempotency_across_processes`: a consumer with the inbox as its idempotency store, whose
+/// handler's effect is outside the database — a line `effect <pid> <id>` appended to the marks file.
+/// It writes `ready <pid>` once consuming, keeps `<marks>.<pid>` holding its handled and skipped counts,
+/// and shuts down when the stop file appears.
+async fn run_store_child(db: String) -> Result<(), String> {
+    let var = |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set"));
+    let broker = event_retry::connect(&var(CHILD_BROKER)?)
+        .await
+        .map_err(text)?;
+    let topic = var(CHILD_TOPIC)?;
+    let marks = PathBuf::from(var(CHILD_MARKS)?);
+    let stop = PathBuf::from(var(CHILD_STOP)?);
+    let inbox = Inbox::builder(&db)
+        .consumer(GROUP)
+        .connect()
+        .await
+        .map_err(text)?;
+    let pid = std::process::id();
+    let h_marks = marks.clone();
+    let handle = broker
+        .consumer(&topic)
+        .group(GROUP)
+        .concurrency(2)
+        .idempotency(inbox)
+        .start(handler_fn(move |_e: Event, ctx: Context| {
+            let marks = h_marks.clone();
+            async move {
+                mark(&marks, "effect", &format!("{pid} {}", ctx.event_id))?;
+                // A call elsewhere takes a while: a copy in the other process finds the id in progress.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok(())
+            }
+        }))
+        .await
+        .map_err(text)?;
+    mark(&marks, "ready", &pid.to_string()).map_err(text)?;
+    let counts = marks.with_extension(format!("marks.{pid}"));
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while !stop.exists() {
+        if Instant::now() > deadline {
+            return Err("no stop file in 240 s".into());
+        }
+        let stats = handle.stats();
+        std::fs::write(
+            &counts,
+            format!("{} {}\n", stats.succeeded, stats.duplicates_skipped),
+        )
+        .map_err(text)?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let stats = handle.stats();
+    handle.shutdown().await.map_err(text)?;
+    std::fs::write(
+        &counts,
+        format!("{} {}\n", stats.succeeded, stats.duplicates_skipped),
+    )
+    .map_err(text)?;
+    Ok(())
+}
+
+fn store_child(
+    column: &Column,
+    db_url: &str,
+    topic: &str,
+    marks: &Path,
+    stop: &Path,
+) -> Result<tokio::process::Child, String> {
+    let exe = std::env::current_exe().map_err(text)?;
+    tokio::process::Command::new(exe)
+        .env(CHILD_MODE, "store")
+        .env(CHILD_DB, db_url)
+        .env(CHILD_BROKER, child_broker_url(column))
+        .env(CHILD_TOPIC, topic)
+        .env(CHILD_MARKS, marks)
+        .env(CHILD_STOP, stop)
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(text)
+}
+
+/// Per event id, the pids whose handler made its effect.
+type EffectsBy = BTreeMap<String, Vec<String>>;
+
+/// The marks of `idempotency_across_processes`: the ready pids, and who made each effect.
+fn store_marks(path: &Path) -> Result<(Vec<String>, EffectsBy), String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(e.to_string()),
+    };
+    let (mut ready, mut effects) = (Vec::new(), EffectsBy::new());
+    for line in text.lines() {
+        match line.split_whitespace().collect::<Vec<_>>()[..] {
+            ["ready", pid] => ready.push(pid.to_string()),
+            ["effect", pid, id] => effects
+                .entry(id.to_string())
+                .or_default()
+                .push(pid.to_string()),
+            _ => {}
+        }
+    }
+    Ok((ready, effects))
+}
+
+/// A child's handled and skipped counts, from its counts file.
+fn store_counts(marks: &Path, pid: &str) -> (u64, u64) {
+    let file = marks.with_extension(format!("marks.{pid}"));
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let mut numbers = text.split_whitespace().map(|n| n.parse().unwrap_or(0));
+    (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0))
+}
+
+async fn idempotency_across_processes(column: Column) -> Result<String, String> {
+    const EVENTS: usize = 40;
+    let broker = event_retry::connect(&column.broker_url)
+        .await
+        .map_err(text)?;
+    let topic = fresh_topic(&broker, "inbox-store").await?;
+    broker
+        .admin()
+        .declare(&topic, Some(GROUP))
+        .await
+        .map_err(text)?;
+    let db_url = create_mode(&fresh_db(&column).await?);
+    // The inbox's table, made here before two processes open it at once.
+    let inbox = Inbox::builder(&db_url)
+        .consumer(GROUP)
+        .connect()
+        .await
+        .map_err(text)?;
+    let dir = root().join("target/outbox-tests");
+    std::fs::create_dir_all(&dir).map_err(text)?;
+    let marks = dir.join(format!("{topic}.marks"));
+    let stop = dir.join(format!("{topic}.stop"));
+    let mut children = Vec::new();
+    for _ in 0..2 {
+        children.push(store_child(&column, &db_url, &topic, &marks, &stop)?);
+    }
+    // Both consuming before anything is published, so the queue hands out to both.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pids = loop {
+        let (ready, _) = store_marks(&marks)?;
+        if ready.len() == 2 {
+            break ready;
+        }
+        for child in &mut children {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "a consumer process exited ({status}) before consuming"
+                ));
+            }
+        }
+        ensure(Instant::now() < deadline, || {
+            format!("{} of 2 consumer processes ready in 60 s", ready.len())
+        })?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let ids: Vec<String> = (0..EVENTS).map(|i| format!("{topic}-{i}")).collect();
+    let producer = broker.producer();
+    let publish = |id: String| {
+        let (producer, topic) = (producer.clone(), topic.clone());
+        async move {
+            producer
+                .publish(&topic, Event::new("effect").with_id(id))
+                .await
+                .map_err(text)
+        }
+    };
+    // Every event twice back to back, as a publisher that retried a send the broker had taken: the
+    // queue hands the copies out in turn, mostly to the two processes at once.
+    for id in &ids {
+        publish(id.clone()).await?;
+        publish(id.clone()).await?;
+    }
+    let settled = |want_skipped: u64| {
+        let (marks, pids) = (marks.clone(), pids.clone());
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let (_, effects) = store_marks(&marks)?;
+                let skipped: u64 = pids.iter().map(|p| store_counts(&marks, p).1).sum();
+                let repeated: Vec<_> = effects.iter().filter(|(_, by)| by.len() > 1).collect();
+                ensure(repeated.is_empty(), || {
+                    format!(
+                        "effects repeated (id, by pids): {repeated:?}; {skipped} copies skipped"
+                    )
+                })?;
+                if effects.len() == EVENTS && skipped >= want_skipped {
+                    return Ok::<_, String>(());
+                }
+                ensure(Instant::now() < deadline, || {
+                    format!(
+                        "in 120 s: effects for {} of {EVENTS} events, {skipped} of {want_skipped} copies skipped",
+                        effects.len()
+                    )
+                })?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    settled(EVENTS as u64).await?;
+    // Then every event again, after all are done: a redelivery the inbox answers from the database.
+    for id in &ids {
+        publish(id.clone()).await?;
+    }
+    settled(2 * EVENTS as u64).await?;
+    std::fs::write(&stop, "").map_err(text)?;
+    for child in &mut children {
+        let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+            .await
+            .map_err(|_| "a consumer process did not stop in 60 s".to_string())?
+            .map_err(text)?;
+        ensure(status.success(), || {
+            format!("a consumer process failed: {status}")
+        })?;
+    }
+    let (_, effects) = store_marks(&marks)?;
+    let repeated: Vec<_> = effects.iter().filter(|(_, by)| by.len() != 1).collect();
+    ensure(effects.len() == EVENTS && repeated.is_empty(), || {
+        format!(
+            "effects for {} of {EVENTS} events; repeated (id, by pids): {repeated:?}",
+            effects.len()
+        )
+    })?;
+    let per_process: Vec<(usize, u64)> = pids
+        .iter()
+        .map(|pid| {
+            let made = effects.values().filter(|by| by[0] == *pid).count();
+            (made, store_counts(&marks, pid).1)
+        })
+        .collect();
+    ensure(per_process.iter().all(|(made, _)| *made > 0), || {
+        format!("one process made every effect (effects, skipped per process: {per_process:?})")
+    })?;
+    let skipped: u64 = per_process.iter().map(|(_, s)| s).sum();
+    ensure(skipped == 2 * EVENTS as u64, || {
+        format!(
+            "{skipped} copies skipped, want {} ({per_process:?})",
+            2 * EVENTS
+        )
+    })?;
+    let counts = inbox.counts().await.map_err(text)?;
+    ensure(counts.done == EVENTS as u64, || {
+        format!("the inbox holds {counts:?}, want {EVENTS} done")
+    })?;
+    let _ = std::fs::remove_file(&marks);
+    let _ = std::fs::remove_file(&stop);
+    for pid in &pids {
+        let _ = std::fs::remove_file(marks.with_extension(format!("marks.{pid}")));
+    }
+    Ok(format!(
+        "{EVENTS} events × 3 deliveries over 2 processes: one effect each; (effects, copies skipped) per process {per_process:?}"
     ))
 }
