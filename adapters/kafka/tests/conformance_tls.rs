@@ -10,9 +10,14 @@ use event_retry_core::options::Options;
 use event_retry_kafka::{KafkaConfig, KafkaTransport};
 use event_retry_testkit::{Adapter, Fixture};
 
-/// The scenarios run over TLS, by the numbers the suite selects them with, in order: success acked
-/// once, transient then success, policy spent to DLQ, non-retryable to DLQ, and DLQ replay.
-const SCENARIOS: [u8; 5] = [1, 2, 3, 4, 9];
+/// The scenarios run over TLS: delivery, retry, DLQ and replay.
+const SCENARIOS: [&str; 5] = [
+    "success_acked_once",
+    "transient_then_success",
+    "policy_spent_to_dlq",
+    "non_retryable_to_dlq",
+    "dlq_replay",
+];
 
 async fn connect(url: String) -> Result<Fixture, String> {
     let (base, options) = Options::split_url(&url).map_err(|e| e.to_string())?;

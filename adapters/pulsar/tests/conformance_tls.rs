@@ -11,9 +11,14 @@ use event_retry_pulsar::SCHEME;
 use event_retry_testkit::{Adapter, Fixture};
 use test_support::security::with_query;
 
-/// The scenarios run over TLS, as the suite numbers them for `run_only`: success acked once,
-/// transient failures then success, policy spent → DLQ, non-retryable → DLQ, and DLQ replay.
-const SCENARIOS: [u8; 5] = [1, 2, 3, 4, 9];
+/// The scenarios run over TLS: delivery, retry, DLQ and replay.
+const SCENARIOS: [&str; 5] = [
+    "success_acked_once",
+    "transient_then_success",
+    "policy_spent_to_dlq",
+    "non_retryable_to_dlq",
+    "dlq_replay",
+];
 
 async fn connect(url: String) -> Result<Fixture, String> {
     let url = match test_support::broker::url("RETRY_TEST_PULSAR_TLS_ADMIN") {

@@ -26,7 +26,7 @@ fn main() {
                     ..Default::default()
                 };
                 let fixture = fixture::connect("sqs-sns", url, "", config).await?;
-                Ok(fixture.with_known_gap(12, MOTO_BINARY_GAP))
+                Ok(fixture.with_known_gap("bytes_preserved_every_hop", MOTO_BINARY_GAP))
             })
         },
     })

@@ -114,7 +114,7 @@ pub struct Fixture {
     raw_client: Option<Arc<dyn RawClient>>,
     topic_suffix: &'static str,
     child_exe: Option<(std::path::PathBuf, Vec<(String, String)>)>,
-    known_gaps: Vec<(u8, &'static str)>,
+    known_gaps: Vec<(&'static str, &'static str)>,
     batch: bool,
 }
 
@@ -164,20 +164,20 @@ impl Fixture {
             .map(|(exe, env)| (exe.as_path(), env.as_slice()))
     }
 
-    /// Marks scenario `scenario` as one this fixture's server cannot run, for the reason `why` (a bug of
-    /// an emulator standing in for the real service): the suite skips it loudly, with the reason, and
-    /// counts it as skipped in the report — never as passed.
-    pub fn with_known_gap(mut self, scenario: u8, why: &'static str) -> Self {
+    /// Marks the scenario named `scenario` as one this fixture's server cannot run, for the reason
+    /// `why` (a bug of an emulator standing in for the real service): the suite skips it loudly, with
+    /// the reason, and counts it as skipped in the report — never as passed.
+    pub fn with_known_gap(mut self, scenario: &'static str, why: &'static str) -> Self {
         self.known_gaps.push((scenario, why));
         self
     }
 
-    /// Why scenario `number` cannot run against this fixture's server, if it is a known gap of it
-    /// ([`Fixture::with_known_gap`]).
-    pub fn known_gap(&self, number: u8) -> Option<&'static str> {
+    /// Why the scenario named `scenario` cannot run against this fixture's server, if it is a known
+    /// gap of it ([`Fixture::with_known_gap`]).
+    pub fn known_gap(&self, scenario: &str) -> Option<&'static str> {
         self.known_gaps
             .iter()
-            .find(|(n, _)| *n == number)
+            .find(|(n, _)| *n == scenario)
             .map(|(_, why)| *why)
     }
 

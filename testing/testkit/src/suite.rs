@@ -81,7 +81,7 @@ enum Flavor {
     CurrentThread,
 }
 
-/// Runs only the scenarios numbered in `numbers` (the others are "not run" in the report, not
+/// Runs only the scenarios named in `names` (the others are "not run" in the report, not
 /// skips), as [`run`] does every one: a representative part of the suite over another setting of a
 /// broker, such as its TLS listener.
 ///
@@ -92,23 +92,27 @@ enum Flavor {
 /// fn main() {
 ///     event_retry_testkit::run_only(
 ///         Adapter { name: "kafka-tls", url_env: Some("RETRY_TEST_KAFKA_TLS"), connect, container: None },
-///         &[1, 2, 3, 4, 9],
+///         &["success_acked_once", "transient_then_success", "policy_spent_to_dlq", "non_retryable_to_dlq", "dlq_replay"],
 ///     )
 /// }
 /// ```
-pub fn run_only(adapter: Adapter, numbers: &[u8]) -> ! {
-    run_scenarios(adapter, Some(numbers), Flavor::MultiThread)
+pub fn run_only(adapter: Adapter, names: &[&str]) -> ! {
+    if let Some(unknown) = names.iter().find(|n| scenarios::named(n).is_none()) {
+        eprintln!("run_only: the suite has no scenario named {unknown:?}");
+        std::process::exit(2);
+    }
+    run_scenarios(adapter, Some(names), Flavor::MultiThread)
 }
 
-/// The scenarios a run covers: all, or those numbered in `only`.
-fn selected(only: Option<&[u8]>) -> Vec<scenarios::Scenario> {
+/// The scenarios a run covers: all, or those named in `only`.
+fn selected(only: Option<&[&str]>) -> Vec<scenarios::Scenario> {
     scenarios::all()
         .into_iter()
-        .filter(|s| only.is_none_or(|n| n.contains(&s.number)))
+        .filter(|s| only.is_none_or(|n| n.contains(&s.name)))
         .collect()
 }
 
-fn run_scenarios(adapter: Adapter, only: Option<&[u8]>, flavor: Flavor) -> ! {
+fn run_scenarios(adapter: Adapter, only: Option<&[&str]>, flavor: Flavor) -> ! {
     // Started again as the consumer a crash scenario kills: be that, and nothing else.
     if let Ok(spec) = std::env::var(scenarios::crash::CHILD_ENV) {
         scenarios::crash::child_main(adapter, &spec);
@@ -256,7 +260,7 @@ fn trials_for(
     fixture: Arc<Fixture>,
     runtime: &Arc<tokio::runtime::Runtime>,
     report: &Arc<Report>,
-    only: Option<&[u8]>,
+    only: Option<&[&str]>,
 ) -> Vec<Trial> {
     let caps = fixture.capabilities();
     let abilities = fixture.abilities();
@@ -264,7 +268,7 @@ fn trials_for(
         .into_iter()
         .map(|s| {
             let name = format!("{}::{}", fixture.name(), s.test_name());
-            let known_gap = fixture.known_gap(s.number);
+            let known_gap = fixture.known_gap(s.name);
             if let Some(reason) = known_gap.or_else(|| (s.needs)(&caps, &abilities)) {
                 eprintln!("SKIP {name}: {reason}");
                 report.record(&s, Cell::Skip(reason.to_string()));

@@ -21,53 +21,53 @@ fn fixture() -> Arc<Fixture> {
     ))
 }
 
-/// Runs scenario `number` and fails unless it passed, in full or in part.
-async fn passes(number: u8) {
-    let Some(scenario) = scenarios::numbered(number) else {
-        panic!("the suite has no scenario {number}");
+/// Runs the scenario named `name` and fails unless it passed, in full or in part.
+async fn passes(name: &str) {
+    let Some(scenario) = scenarios::named(name) else {
+        panic!("the suite has no scenario {name}");
     };
     match scenario.check(fixture()).await {
         Ok(Verdict::Pass(_) | Verdict::Partial(_)) => {}
-        Ok(Verdict::Skip(why)) => panic!("scenario {number} was skipped: {why}"),
-        Err(e) => panic!("scenario {number} failed: {e}"),
+        Ok(Verdict::Skip(why)) => panic!("{name} was skipped: {why}"),
+        Err(e) => panic!("{name} failed: {e}"),
     }
 }
 
 macro_rules! scenario_tests {
-    ($($name:ident = $number:literal),* $(,)?) => {
+    ($($name:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                passes($number).await;
+                passes(stringify!($name)).await;
             }
         )*
     };
 }
 
 scenario_tests!(
-    s01_success_acked_once = 1,
-    s02_transient_then_success = 2,
-    s03_policy_spent_to_dlq = 3,
-    s04_non_retryable_to_dlq = 4,
-    s05_non_blocking_isolation = 5,
-    s06_blocking_pauses_in_order = 6,
-    s07_per_key_ordering = 7,
-    s08_crash_mid_handle_redelivered = 8,
-    s09_dlq_replay = 9,
-    s10_poison_input_to_dlq = 10,
-    s11_duplicate_delivery_idempotent = 11,
-    s12_bytes_preserved_every_hop = 12,
-    s13_delay_precision = 13,
-    s14_rebalance_during_retries = 14,
-    s16_graceful_shutdown = 16,
-    s17_groups_each_get_every_event = 17,
-    s18_trace_context_every_hop = 18,
+    success_acked_once,
+    transient_then_success,
+    policy_spent_to_dlq,
+    non_retryable_to_dlq,
+    non_blocking_isolation,
+    blocking_pauses_in_order,
+    per_key_ordering,
+    crash_mid_handle_redelivered,
+    dlq_replay,
+    poison_input_to_dlq,
+    duplicate_delivery_idempotent,
+    bytes_preserved_every_hop,
+    delay_precision,
+    rebalance_during_retries,
+    graceful_shutdown,
+    groups_each_get_every_event,
+    trace_context_every_hop,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s15_is_skipped_without_a_fault_switch() {
-    let Some(scenario) = scenarios::numbered(15) else {
-        panic!("the suite has no scenario 15");
+async fn dlq_unwritable_holds_is_skipped_without_a_fault_switch() {
+    let Some(scenario) = scenarios::named("dlq_unwritable_holds") else {
+        panic!("the suite has no scenario dlq_unwritable_holds");
     };
     let verdict = scenario.check(fixture()).await;
     assert_eq!(
@@ -84,6 +84,6 @@ async fn a_scenario_called_by_its_function() {
     let verdict = scenarios::retry::transient_then_success(fixture()).await;
     assert!(
         matches!(verdict, Ok(Verdict::Pass(_))),
-        "scenario 2 called directly: {verdict:?}"
+        "transient_then_success called directly: {verdict:?}"
     );
 }

@@ -86,9 +86,9 @@ impl Scenario {
     }
 }
 
-/// The scenario numbered `number` (1–18).
-pub fn numbered(number: u8) -> Option<Scenario> {
-    all().into_iter().find(|s| s.number == number)
+/// The scenario named `name` (`delay_precision`).
+pub fn named(name: &str) -> Option<Scenario> {
+    all().into_iter().find(|s| s.name == name)
 }
 
 fn always(_: &Capabilities, _: &Abilities) -> Option<&'static str> {
