@@ -42,6 +42,7 @@ use event_retry_core::options::Options;
 pub use crate::config::KafkaConfig;
 use crate::config::check_name;
 use crate::link::{Link, REQUEST_TIMEOUT};
+pub use crate::stranding::CLIENT_HEALS;
 
 /// `kafka://host:port[,host:port…]` in `event_retry::connect`; the URL's query parameters are
 /// [`KafkaConfig::from_options`]'s keys.

@@ -10,7 +10,8 @@
 //!
 //! The first send that finds the producer in either state replaces it with a new one, which bootstraps
 //! afresh; a record whose delivery failed because of it is sent once more through the new one (at least
-//! once, as any resend).
+//! once, as any resend). A stranded producer replaced counts as a heal of the `producer` in
+//! [`crate::stranding::CLIENT_HEALS`].
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -21,7 +22,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::statistics::Statistics;
 
-use crate::stranding::{report_statistics, stranded};
+use crate::stranding::{count_heal, report_statistics, stranded};
 
 /// A producer with the context that watches it.
 pub(crate) type KafkaProducer = FutureProducer<ProducerWatch>;
@@ -107,6 +108,9 @@ impl Producers {
         let mut current = self.current.write().unwrap_or_else(|p| p.into_inner());
         if current.is(old) {
             *current = create(&self.config)?;
+            if old.stranded.load(Ordering::Relaxed) {
+                count_heal("producer");
+            }
             let replaced = self.replaced.fetch_add(1, Ordering::Relaxed) + 1;
             tracing::warn!(
                 reason = why,
@@ -137,6 +141,31 @@ fn create(config: &ClientConfig) -> Result<Handle, Error> {
 mod tests {
     use super::*;
     use crate::stranding::tests::statistics;
+
+    #[test]
+    fn replacing_a_stranded_producer_counts_a_heal_and_a_fatal_one_none() {
+        use metrics_util::debugging::DebuggingRecorder;
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", "127.0.0.1:1");
+        let producers = Producers::new(config).expect("a producer needs no broker to exist");
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let first = producers.current();
+            producers.replace(&first, "fatal").expect("replaced");
+            let second = producers.current();
+            second.stranded.store(true, Ordering::Relaxed);
+            assert!(second.broken().is_some());
+            producers.usable().expect("replaced");
+            // Already replaced: a second caller with the same old producer counts nothing.
+            producers.replace(&second, "stranded").expect("current");
+        });
+        assert_eq!(producers.replaced(), 2);
+        assert_eq!(
+            crate::stranding::tests::heals(&snapshotter),
+            vec![("producer".to_string(), 1)]
+        );
+    }
 
     #[test]
     fn a_producer_whose_statistics_list_no_broker_is_marked_stranded_until_they_list_one() {

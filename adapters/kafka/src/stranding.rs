@@ -15,6 +15,9 @@
 //! a consumer, whose group membership and assignment a replacement would throw away, gets its
 //! bootstrap servers added again by the thread that polls it ([`BrokerWatch::heal`]) — what the lost
 //! re-bootstrap would have done.
+//!
+//! Every heal — a consumer's servers added again, a stranded producer replaced — counts in
+//! [`CLIENT_HEALS`], labelled by the `client` healed.
 
 use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +27,16 @@ use rdkafka::ClientContext;
 use rdkafka::client::Client;
 use rdkafka::config::ClientConfig;
 use rdkafka::statistics::Statistics;
+
+/// Stranded clients healed (counter), by `client`: `consumer` (a source consumer's servers added
+/// again), `ladder` (a ladder consumer's) or `producer` (a stranded producer replaced). Above zero, a
+/// client lost its brokers and librdkafka did not find them again by itself.
+pub const CLIENT_HEALS: &str = "event_retry_kafka_client_heals_total";
+
+/// Counts a heal of `client` in [`CLIENT_HEALS`].
+pub(crate) fn count_heal(client: &'static str) {
+    metrics::counter!(CLIENT_HEALS, "client" => client).increment(1);
+}
 
 /// How often a watched client reports its statistics, by which a stranded one is found (ms).
 const STATISTICS_INTERVAL_MS: &str = "5000";
@@ -48,11 +61,14 @@ pub(crate) fn stranded(statistics: &Statistics) -> bool {
 pub(crate) struct BrokerWatch {
     stranded: AtomicBool,
     bootstrap: CString,
+    /// Which client it watches, as [`CLIENT_HEALS`] labels it.
+    client: &'static str,
 }
 
 impl BrokerWatch {
-    /// A watch for a client created from `config`, which must name its bootstrap servers.
-    pub(crate) fn new(config: &ClientConfig) -> Result<Self, Error> {
+    /// A watch for the `client` (`consumer` or `ladder`) created from `config`, which must name its
+    /// bootstrap servers.
+    pub(crate) fn new(config: &ClientConfig, client: &'static str) -> Result<Self, Error> {
         let servers = config.get("bootstrap.servers").unwrap_or_default();
         let bootstrap = CString::new(servers).map_err(|_| {
             Error::new(
@@ -63,6 +79,7 @@ impl BrokerWatch {
         Ok(Self {
             stranded: AtomicBool::new(false),
             bootstrap,
+            client,
         })
     }
 
@@ -71,9 +88,9 @@ impl BrokerWatch {
         self.stranded.store(stranded(statistics), Ordering::Relaxed);
     }
 
-    /// If the latest statistics showed `client` stranded, adds its bootstrap servers again; `true` if
-    /// it did. Called by the thread that polls the client (named in the warning); the next statistics
-    /// tell anew.
+    /// If the latest statistics showed `client` stranded, adds its bootstrap servers again and counts
+    /// the heal; `true` if it did. Called by the thread that polls the client (named in the warning);
+    /// the next statistics tell anew.
     #[allow(unsafe_code)]
     pub(crate) fn heal<C: ClientContext>(&self, client: &Client<C>) -> bool {
         if !self.stranded.swap(false, Ordering::Relaxed) {
@@ -85,8 +102,10 @@ impl BrokerWatch {
         let added = unsafe {
             rdkafka::bindings::rd_kafka_brokers_add(client.native_ptr(), self.bootstrap.as_ptr())
         };
+        count_heal(self.client);
         tracing::warn!(
             thread = std::thread::current().name().unwrap_or("unnamed"),
+            client = self.client,
             added,
             "the Kafka consumer held no broker to reach (librdkafka lost its re-bootstrap); its bootstrap servers were added again"
         );
@@ -96,6 +115,8 @@ impl BrokerWatch {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+
     use super::*;
 
     /// Statistics listing one broker per entry of `sources`, each with that `source`.
@@ -156,20 +177,44 @@ pub(crate) mod tests {
         let consumer: BaseConsumer = config
             .create()
             .expect("a consumer needs no broker to exist");
-        let watch = BrokerWatch::new(&config).expect("servers");
-        watch.observe(&statistics(&["internal", "learned"]));
-        assert!(!watch.heal(consumer.client()));
-        watch.observe(&statistics(&["internal", "logical"]));
-        assert!(watch.heal(consumer.client()));
-        // Healed once: the next statistics tell anew.
-        assert!(!watch.heal(consumer.client()));
+        let watch = BrokerWatch::new(&config, "consumer").expect("servers");
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            watch.observe(&statistics(&["internal", "learned"]));
+            assert!(!watch.heal(consumer.client()));
+            watch.observe(&statistics(&["internal", "logical"]));
+            assert!(watch.heal(consumer.client()));
+            // Healed once: the next statistics tell anew.
+            assert!(!watch.heal(consumer.client()));
+        });
+        assert_eq!(heals(&snapshotter), vec![("consumer".to_string(), 1)]);
+    }
+
+    /// Per `client` label, the heals `snapshotter`'s recorder counted.
+    pub(crate) fn heals(snapshotter: &Snapshotter) -> Vec<(String, u64)> {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == CLIENT_HEALS)
+            .filter_map(|(key, _, _, value)| {
+                let client = key.key().labels().find(|l| l.key() == "client")?;
+                match value {
+                    DebugValue::Counter(n) => Some((client.value().to_string(), n)),
+                    _ => None,
+                }
+            })
+            .collect()
     }
 
     #[test]
     fn servers_with_a_nul_are_refused_with_a_config_error() {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", "a\0b:9092");
-        let err = BrokerWatch::new(&config).err().expect("refused");
+        let err = BrokerWatch::new(&config, "consumer")
+            .err()
+            .expect("refused");
         assert_eq!(err.kind(), Kind::Config);
     }
 }

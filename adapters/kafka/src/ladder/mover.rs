@@ -167,7 +167,7 @@ impl Ladder {
         let context = LadderContext {
             state: Mutex::new(LadderState::default()),
             joined: joined.clone(),
-            brokers: BrokerWatch::new(&config)?,
+            brokers: BrokerWatch::new(&config, "ladder")?,
             reset: crate::consumer::start::reset_position(&config),
         };
         let consumer: BaseConsumer<LadderContext> = config

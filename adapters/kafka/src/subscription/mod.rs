@@ -74,7 +74,7 @@ pub(crate) async fn subscribe(
         command_rx,
         link.config.revoke_grace,
         txn,
-        BrokerWatch::new(&config)?,
+        BrokerWatch::new(&config, "consumer")?,
         crate::consumer::start::reset_position(&config),
     );
     // The range assignor shares out each topic's partitions on its own, so every member of a group gets
