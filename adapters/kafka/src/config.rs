@@ -53,7 +53,9 @@ pub struct KafkaConfig {
     /// transaction that commits the offset of the record it copies (the source record's, or the ladder
     /// record's it came from), and every consumer reads `read_committed`. A crash between the copy and
     /// the commit then leaves exactly one copy, where without it the record is consumed again and
-    /// copied twice. Costs a transaction per commit (see the adapter README for the figure). Default
+    /// copied twice — except for a copy whose offset an earlier unsettled record held back for more
+    /// than a second: it is committed without its offset, and a crash before the offset follows
+    /// leaves two copies (see the adapter README). Costs a transaction per commit (see the adapter README for the figure). Default
     /// false.
     pub transactional_hops: bool,
     /// Extra librdkafka settings for every client (security, timeouts), e.g.

@@ -6,6 +6,9 @@
 //!   exactly one copy of each on the retry topic with transactional hops (read with rdkafka,
 //!   `read_committed`), and two of the copies it made without them (the crash point is a `fail`
 //!   failpoint, `kafka-before-commit-transaction` / `kafka-before-commit`);
+//! * with transactional hops, a process that dies right after a transaction committed copies without
+//!   their offsets (held back by an earlier record whose handler never returns; the failpoint
+//!   `kafka-after-stranded-commit`) leaves two copies of such a record, none lost and none more;
 //! * with transactional hops, a DLQ copy settled while an earlier record of its partition is still
 //!   unsettled is committed within seconds (the runtime holding for a DLQ outage waits for it before
 //!   it hands that record out again), and the offsets are not committed past the unsettled record;
@@ -63,8 +66,8 @@ const DELAY: Duration = Duration::from_secs(5);
 const CHILD: &str = "KAFKA_TEST_CHILD";
 /// Set (to the topic) in the child that dies between its copies and their commit.
 const CRASH_CHILD: &str = "KAFKA_TEST_CRASH_CHILD";
-/// Whether that child's hops are transactional.
-const TRANSACTIONAL: &str = "KAFKA_TEST_TRANSACTIONAL";
+/// Where that child dies ([`CrashPoint::name`]).
+const CRASH_POINT: &str = "KAFKA_TEST_CRASH_POINT";
 /// Events of the crash-before-commit tests.
 const CRASH_EVENTS: usize = 5;
 
@@ -74,9 +77,15 @@ type Runs = HashMap<String, Vec<(u64, u32)>>;
 fn main() {
     if let Ok(topic) = std::env::var(CRASH_CHILD) {
         let url = std::env::var("RETRY_TEST_KAFKA").unwrap_or_default();
-        let transactional = std::env::var(TRANSACTIONAL).is_ok_and(|v| v == "true");
+        let Some(point) = std::env::var(CRASH_POINT)
+            .ok()
+            .and_then(|name| CrashPoint::named(&name))
+        else {
+            eprintln!("child failed: {CRASH_POINT} names no crash point");
+            std::process::exit(1);
+        };
         let _failpoints = fail::FailScenario::setup();
-        if let Err(e) = crash_child(url, topic, transactional) {
+        if let Err(e) = crash_child(url, topic, point) {
             eprintln!("child failed: {e}");
             std::process::exit(1);
         }
@@ -112,6 +121,7 @@ fn main() {
         a_batch_handler_gets_more_than_one_held_event_per_call,
         killed_process_loses_no_delayed_retry,
         transactional_hops_leave_one_copy_after_a_crash_before_commit,
+        a_crash_after_a_stranded_transactional_copy_copies_its_record_twice,
         plain_hops_copy_twice_after_a_crash_before_commit,
         dlq_marks_are_committed_offsets,
         delay_beyond_the_ladder_is_refused,
@@ -771,12 +781,62 @@ fn crash_group(topic: &str) -> String {
     format!("{topic}-group")
 }
 
-/// The child that dies before committing: fails every event once (a retry after 1 s) and aborts at the
-/// failpoint the parent set, after its copies were produced and before their commit.
-fn crash_child(url: String, topic: String, transactional: bool) -> Result<(), String> {
+/// Where a crash test's child dies.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum CrashPoint {
+    /// Plain hops: after the copies were acknowledged, before the offset commit.
+    Plain,
+    /// Transactional hops: after the copies were produced, before their transaction commits.
+    Transactional,
+    /// Transactional hops: right after a transaction committed copies without their offsets, which
+    /// an earlier record of their partition held back (its handler never returns).
+    Stranded,
+}
+
+impl CrashPoint {
+    const ALL: [CrashPoint; 3] = [Self::Plain, Self::Transactional, Self::Stranded];
+
+    /// Its name in the child's environment.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Plain => "plain",
+            Self::Transactional => "transactional",
+            Self::Stranded => "stranded",
+        }
+    }
+
+    fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    fn transactional(self) -> bool {
+        self != Self::Plain
+    }
+
+    /// The failpoint that kills the child there.
+    fn failpoint(self) -> &'static str {
+        match self {
+            Self::Plain => "kafka-before-commit=return",
+            Self::Transactional => "kafka-before-commit-transaction=return",
+            Self::Stranded => "kafka-after-stranded-commit=return",
+        }
+    }
+}
+
+/// The event whose handler never returns in the child of [`CrashPoint::Stranded`]: published first,
+/// under the one key every event of that test shares, it holds back the offsets of the others.
+const HANGS: &str = "t0";
+
+/// The child that dies at `point`: fails every event once (a retry after 1 s) and aborts at the
+/// failpoint the parent set. For [`CrashPoint::Stranded`] the handler of [`HANGS`] never returns
+/// instead, so the others' copies are committed without their offsets.
+fn crash_child(url: String, topic: String, point: CrashPoint) -> Result<(), String> {
     runtime()?.block_on(async move {
-        let transport = connect_as(&url, transactional_config(transactional)).await?;
-        let handler = handler_fn(|_event: Event, _ctx: Context| async move {
+        let transport = connect_as(&url, transactional_config(point.transactional())).await?;
+        let handler = handler_fn(move |event: Event, _ctx: Context| async move {
+            if point == CrashPoint::Stranded && event.id() == Some(HANGS) {
+                tokio::time::sleep(Duration::from_secs(600)).await;
+            }
             Err::<(), _>(HandlerError::deferred("first try fails"))
         });
         let _consumer = Broker::new(transport)
@@ -796,7 +856,7 @@ fn crash_child(url: String, topic: String, transactional: bool) -> Result<(), St
 fn transactional_hops_leave_one_copy_after_a_crash_before_commit(
     url: String,
 ) -> Result<(), String> {
-    let (copies, _) = crash_before_commit(&url, true)?;
+    let (copies, _) = crash_before_commit(&url, CrashPoint::Transactional)?;
     let twice: Vec<_> = copies.iter().filter(|(_, n)| **n != 1).collect();
     if !twice.is_empty() {
         return Err(format!(
@@ -813,7 +873,7 @@ fn transactional_hops_leave_one_copy_after_a_crash_before_commit(
 /// is copied once more — what transactional hops prevent, and proof the crash point lies between the
 /// two writes.
 fn plain_hops_copy_twice_after_a_crash_before_commit(url: String) -> Result<(), String> {
-    let (copies, crash) = crash_before_commit(&url, false)?;
+    let (copies, crash) = crash_before_commit(&url, CrashPoint::Plain)?;
     let twice = copies.values().filter(|n| **n == 2).count();
     if twice == 0 || copies.values().any(|n| *n > 2) {
         // What tells the causes apart: the source's offsets the child left committed, and the copies
@@ -826,6 +886,33 @@ fn plain_hops_copy_twice_after_a_crash_before_commit(url: String) -> Result<(), 
     }
     eprintln!(
         "  {twice} of {CRASH_EVENTS} events have two copies on the retry topic without transactions"
+    );
+    Ok(())
+}
+
+/// With transactional hops, a copy whose offset an earlier unsettled record holds back is committed
+/// without it after a second: a process that dies then consumes the record again and copies it once
+/// more. The child's handler of [`HANGS`] never returns while the other four events (the same key, so
+/// the same partition, after it) fail; it dies right after the transaction of their stranded copies
+/// committed. Every event must then have a copy on the retry topic (`read_committed`): [`HANGS`] one
+/// (the child never copied it), the others one or two, at least one of them two (the crash lay
+/// between a committed copy and its offset), none more.
+fn a_crash_after_a_stranded_transactional_copy_copies_its_record_twice(
+    url: String,
+) -> Result<(), String> {
+    let (copies, _) = crash_before_commit(&url, CrashPoint::Stranded)?;
+    let held = copies.get(HANGS).copied().unwrap_or(0);
+    let twice = copies.values().filter(|n| **n == 2).count();
+    if held != 1 || twice == 0 || copies.values().any(|n| *n > 2) {
+        return Err(format!(
+            "after a crash following a stranded commit {HANGS} should have one copy and the events \
+             copied in that commit two (none more): {copies:?}"
+        ));
+    }
+    eprintln!(
+        "  {twice} of {} events copied without their offsets have two copies on the retry topic, \
+         {HANGS} one",
+        CRASH_EVENTS - 1
     );
     Ok(())
 }
@@ -878,14 +965,15 @@ fn committed_report(bootstrap: &str, group: &str, topic: &str) -> Result<String,
     ))
 }
 
-/// Publishes `CRASH_EVENTS` events, runs a child that fails each once and dies after producing copies
-/// and before committing them, then a consumer in the same group that fails each attempt 1 and accepts
+/// Publishes `CRASH_EVENTS` events (under one key for [`CrashPoint::Stranded`], [`HANGS`] first),
+/// runs a child that fails each once and dies at `point`, then a consumer in the same group that fails each attempt 1 and accepts
 /// attempt 2; once every event ran its attempt 2, counts each event's copies on the group's retry topic
 /// with a raw `read_committed` consumer.
 fn crash_before_commit(
     url: &str,
-    transactional: bool,
+    point: CrashPoint,
 ) -> Result<(HashMap<String, usize>, Crash), String> {
+    let transactional = point.transactional();
     runtime()?.block_on(async move {
         let transport = connect_as(url, transactional_config(transactional)).await?;
         let topic = format!("txn-crash-{}", uuid::Uuid::new_v4().simple());
@@ -893,22 +981,23 @@ fn crash_before_commit(
             .declare(&topic, Some(&crash_group(&topic)))
             .await
             .map_err(|e| e.to_string())?;
-        publish_keyed(
-            &transport,
-            &topic,
-            (0..CRASH_EVENTS).map(|i| format!("t{i}")),
-        )
-        .await?;
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let failpoint = if transactional {
-            "kafka-before-commit-transaction=return"
+        let ids = (0..CRASH_EVENTS).map(|i| format!("t{i}"));
+        if point == CrashPoint::Stranded {
+            for id in ids {
+                transport
+                    .publish(&topic, &Event::new(id.clone()).with_key("one").with_id(id))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
         } else {
-            "kafka-before-commit=return"
-        };
+            publish_keyed(&transport, &topic, ids).await?;
+        }
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let failpoint = point.failpoint();
         let status = tokio::task::spawn_blocking(move || {
             Command::new(exe)
                 .env(CRASH_CHILD, &topic)
-                .env(TRANSACTIONAL, transactional.to_string())
+                .env(CRASH_POINT, point.name())
                 .env("FAILPOINTS", failpoint)
                 .stdout(Stdio::null())
                 .status()

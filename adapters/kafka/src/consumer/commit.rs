@@ -161,6 +161,18 @@ impl Context {
                     .map_err(Some)
             }
         };
+        // A process that dies here has committed copies whose offsets the transaction did not carry
+        // (stranded ones, see `STRANDED_AFTER`): their records are consumed and copied again.
+        #[cfg(feature = "failpoints")]
+        if outcome.is_ok()
+            && copies.iter().any(|c| {
+                !commits
+                    .iter()
+                    .any(|(tp, point)| *tp == c.tp && c.offset < *point)
+            })
+        {
+            fail::fail_point!("kafka-after-stranded-commit", |_| std::process::abort());
+        }
         let mut state = self.lock();
         match outcome {
             Ok(()) => {
