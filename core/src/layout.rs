@@ -77,8 +77,14 @@ pub fn restore(native: &Headers, layout: &[u8]) -> Result<Headers, String> {
         #[serde(default)]
         more: Vec<String>,
     }
-    let parsed: Parsed =
-        serde_json::from_slice(layout).map_err(|e| format!("is not a valid layout: {e}"))?;
+    // serde's message quotes a string of the wrong type whole (up to the limit above): its start only.
+    let parsed: Parsed = serde_json::from_slice(layout).map_err(|e| {
+        let message = e.to_string();
+        format!(
+            "is not a valid layout: {}",
+            crate::metadata::truncate_utf8(&message, 200)
+        )
+    })?;
     let mut firsts: HashMap<String, Bytes> = HashMap::with_capacity(native.len());
     let mut order: Vec<String> = Vec::with_capacity(native.len());
     for (name, value) in native.iter() {

@@ -545,9 +545,15 @@ fn apply(
         Field::LastError => meta.last_error = Some(text(value)?.to_string()),
         Field::FailureKind => {
             meta.error_kind = Some(text(value)?.parse().map_err(
-                |e: crate::classify::UnknownFailureKind| MetadataError {
-                    header: name.to_string(),
-                    problem: e.to_string(),
+                |e: crate::classify::UnknownFailureKind| {
+                    MetadataError {
+                        header: name.to_string(),
+                        // Quoting the start of a forged value only, as for numbers.
+                        problem: crate::classify::UnknownFailureKind(
+                            truncate_utf8(&e.0, 64).to_string(),
+                        )
+                        .to_string(),
+                    }
                 },
             )?)
         }
@@ -696,6 +702,27 @@ mod tests {
 
         let h = Headers::new().with(names::DEAD_AT, "5");
         assert_eq!(decode(&h).unwrap_err().header, names::DEAD_REASON);
+    }
+
+    /// Fuzzing finding (`metadata_headers`): a poison reason quoted a forged value whole — 4 KiB, and
+    /// more once escaped — crowding the other reasons out of the DLQ entry's last error.
+    #[test]
+    fn a_poison_reason_quotes_only_the_start_of_a_forged_value() {
+        for name in [
+            names::DEAD_REASON,
+            names::ORIGIN_TIMESTAMP_TYPE,
+            names::ERROR_KIND,
+        ] {
+            let h = Headers::new().with(name, "\u{1}".repeat(MAX_VALUE_BYTES));
+            let err = decode(&h).unwrap_err();
+            assert_eq!(err.header, name);
+            assert!(err.to_string().len() < 512, "{name}: {err}");
+        }
+        let layout = format!("{{\"names\":\"{}\"}}", "a".repeat(60_000));
+        let h = Headers::new().with(crate::layout::LAYOUT, layout);
+        let err = decode(&h).unwrap_err();
+        assert_eq!(err.header, crate::layout::LAYOUT);
+        assert!(err.to_string().len() < 512, "{err}");
     }
 
     #[test]

@@ -85,7 +85,11 @@ impl FromStr for TimestampKind {
         match s {
             "create-time" => Ok(TimestampKind::CreateTime),
             "log-append-time" => Ok(TimestampKind::LogAppendTime),
-            other => Err(format!("unknown timestamp type {other:?}")),
+            // A forged header may hold kilobytes: the reason quotes its start only.
+            other => Err(format!(
+                "unknown timestamp type {:?}",
+                truncate_utf8(other, 64)
+            )),
         }
     }
 }
@@ -140,7 +144,7 @@ impl FromStr for DeadReason {
         DeadReason::ALL
             .into_iter()
             .find(|r| r.as_str() == s)
-            .ok_or_else(|| format!("unknown dead-letter reason {s:?}"))
+            .ok_or_else(|| format!("unknown dead-letter reason {:?}", truncate_utf8(s, 64)))
     }
 }
 
