@@ -21,6 +21,8 @@ pub mod config;
 mod consumer;
 mod dlq;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod ladder;
 mod link;
 mod producer;

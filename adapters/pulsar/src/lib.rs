@@ -21,6 +21,8 @@ mod consumer_requests;
 mod delay_settings;
 mod dlq;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod link;
 mod security;
 mod subscription;

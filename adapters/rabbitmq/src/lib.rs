@@ -24,6 +24,8 @@ pub mod config;
 mod declare;
 mod dlq;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod ladder;
 mod link;
 mod security;

@@ -27,6 +27,8 @@ mod codec;
 pub mod config;
 mod dlq;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod link;
 mod queues;
 mod settle;

@@ -190,7 +190,7 @@ impl Form {
 }
 
 /// The library's filter for the form's values.
-fn to_filter(form: &FilterForm) -> Result<DlqFilter, CliError> {
+pub(super) fn to_filter(form: &FilterForm) -> Result<DlqFilter, CliError> {
     let text = |s: &str| (!s.trim().is_empty()).then(|| s.trim().to_string());
     let kind = match text(&form.kind) {
         Some(k) => Some(

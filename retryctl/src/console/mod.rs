@@ -13,6 +13,8 @@
 //! `--read-only` refuses every change; pages show broker URLs with their secrets as `***`.
 
 mod auth;
+#[doc(hidden)]
+pub mod fuzzing;
 mod handlers;
 mod jobs;
 mod pages;
