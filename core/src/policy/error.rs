@@ -20,6 +20,12 @@ pub enum PolicyError {
         /// The 0-based position of the step.
         index: usize,
     },
+    /// A step policy's repeat counts add up to more retries than a `u32` counts.
+    #[error("the steps allow {total} retries in all; at most 4294967295 are possible")]
+    TooManyRetries {
+        /// The sum of the steps' repeat counts.
+        total: u64,
+    },
     /// An exponential policy was given `Some(0)` retries.
     #[error("an exponential policy needs at least 1 retry (use None for no limit)")]
     ZeroRetries,

@@ -157,17 +157,23 @@ impl RetryPolicy {
 
     /// A fixed-delay policy from its steps.
     ///
-    /// Fails if there are no steps, a count is zero, or a delay is not a whole
-    /// number of milliseconds.
+    /// Fails if there are no steps, a count is zero, the counts add up to more
+    /// than `u32::MAX` retries, or a delay is not a whole number of
+    /// milliseconds.
     pub fn steps(steps: Vec<Step>) -> Result<Self, PolicyError> {
         if steps.is_empty() {
             return Err(PolicyError::NoSteps);
         }
+        let mut total = 0u64;
         for (index, step) in steps.iter().enumerate() {
             if step.count == 0 {
                 return Err(PolicyError::ZeroCount { index });
             }
             check_millis(step.delay)?;
+            total += u64::from(step.count);
+        }
+        if total > u64::from(u32::MAX) {
+            return Err(PolicyError::TooManyRetries { total });
         }
         Ok(Self::from_schedule(Schedule::Steps(steps)))
     }
@@ -251,8 +257,9 @@ impl RetryPolicy {
         self.max_elapsed
     }
 
-    /// How many retries the policy allows; `None` means no limit. Saturates at
-    /// `u32::MAX`.
+    /// How many retries the policy allows; `None` means no limit. A step
+    /// policy's counts add up to at most `u32::MAX` (longer ones are refused
+    /// when built or parsed).
     pub fn max_retries(&self) -> Option<u32> {
         match &self.schedule {
             Schedule::Steps(steps) => Some(
@@ -631,13 +638,33 @@ mod tests {
 
     #[test]
     fn huge_counts_are_cheap() {
-        let p = RetryPolicy::steps(vec![step(secs(1), u32::MAX), step(secs(2), u32::MAX)]).unwrap();
+        let p = RetryPolicy::steps(vec![step(secs(1), u32::MAX - 1), step(secs(2), 1)]).unwrap();
         assert_eq!(p.max_retries(), Some(u32::MAX));
         assert_eq!(p.max_attempts(), Some(u32::MAX));
-        assert_eq!(p.nominal_delay(u32::MAX - 1), Some(secs(1)));
-        assert_eq!(p.nominal_delay(u32::MAX), Some(secs(2)));
+        assert_eq!(p.nominal_delay(u32::MAX - 2), Some(secs(1)));
+        assert_eq!(p.nominal_delay(u32::MAX - 1), Some(secs(2)));
+        assert_eq!(p.nominal_delay(u32::MAX), None);
         let p = RetryPolicy::steps(vec![step(secs(1), u32::MAX)]).unwrap();
         assert_eq!(p.nominal_delay(u32::MAX), None);
+    }
+
+    #[test]
+    fn counts_past_u32_are_refused() {
+        // A policy whose counts add up past u32::MAX would report u32::MAX retries (saturated)
+        // while still having a delay for retry u32::MAX: the limit and the schedule disagreed.
+        assert_eq!(
+            RetryPolicy::steps(vec![step(secs(1), u32::MAX), step(secs(2), 1)]),
+            Err(PolicyError::TooManyRetries {
+                total: u64::from(u32::MAX) + 1
+            })
+        );
+        let text = "1d x009,31d X4224090928, 5s x100000000";
+        let err = RetryPolicy::parse(text).unwrap_err();
+        assert_eq!(err.column(), 30, "{}", err.render());
+        assert!(
+            err.expected().contains("at most 4294967295 retries"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -715,7 +742,8 @@ mod tests {
         let steps = prop::collection::vec(
             (
                 any_millis(0),
-                prop_oneof![1u32..10, any::<u32>().prop_map(|c| c.max(1))],
+                // At most 5 steps of at most u32::MAX / 5: the total fits, as it must.
+                prop_oneof![1u32..10, 1u32..=u32::MAX / 5],
             ),
             1..6,
         )

@@ -146,17 +146,29 @@ impl<'a> Parser<'a> {
     /// `step ("," step)*`; also reports whether the last step had an `xN`.
     fn steps(&mut self) -> PResult<(Vec<Step>, bool)> {
         let mut steps = Vec::new();
+        let mut total = 0u64;
         loop {
+            let delay_at = self.pos;
             let delay = self.duration("a delay (e.g. 5s)", "a unit (ms, s, m, h or d) or 'x'")?;
             self.skip_ws();
             let counted = matches!(self.peek(), Some('x' | 'X'));
+            let mut count_at = delay_at;
             let count = if counted {
                 self.pos += 1;
                 self.skip_ws();
+                count_at = self.pos;
                 self.count("a repeat count after 'x'", "a repeat count of at least 1")?
             } else {
                 1
             };
+            // The runtime counts retries in a u32: a longer schedule would disagree with its limit.
+            total += u64::from(count);
+            if total > u64::from(u32::MAX) {
+                return Err(self.error(
+                    count_at,
+                    "repeat counts adding up to at most 4294967295 retries",
+                ));
+            }
             steps.push(Step {
                 delay: Duration::from_millis(delay),
                 count,
