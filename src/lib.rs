@@ -122,6 +122,8 @@
 //! service needs lives there. [`register_scheme`] makes an adapter built outside this crate reachable
 //! through [`connect`].
 #![deny(missing_docs)]
+// On docs.rs, every feature-gated item names its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::sync::Arc;
 

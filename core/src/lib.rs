@@ -5,6 +5,8 @@
 //! Services use it through the `event-retry` facade, which re-exports the user API and adds
 //! `connect(url)` for the broker adapters compiled in. Adapter authors implement [`adapter`].
 #![deny(missing_docs)]
+// On docs.rs, every feature-gated item names its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // What a service writes against (the `event-retry` facade re-exports the parts it needs).
 pub mod broker;

@@ -15,6 +15,19 @@
 //! # Ok(()) }
 //! ```
 
+/// A named crash point of the broker tests (`fail::fail_point!`, set by the `FAILPOINTS` variable);
+/// nothing at all without the `failpoints` feature, which only the tests turn on.
+#[cfg(feature = "failpoints")]
+macro_rules! failpoint {
+    ($($point:tt)*) => {
+        fail::fail_point!($($point)*)
+    };
+}
+#[cfg(not(feature = "failpoints"))]
+macro_rules! failpoint {
+    ($($point:tt)*) => {};
+}
+
 mod admin;
 mod codec;
 pub mod config;

@@ -115,7 +115,7 @@ impl Context {
         // the first record received settles nothing, and is not that crash point.
         #[cfg(feature = "failpoints")]
         if self.lock().offsets.passes_settled(&commits) {
-            fail::fail_point!("kafka-before-commit", |_| std::process::abort());
+            failpoint!("kafka-before-commit", |_| std::process::abort());
         }
         if let Err(e) = consumer.commit(&offset_list(&commits), mode) {
             debug!(error = %e, "commit failed; it is tried again");
@@ -171,7 +171,7 @@ impl Context {
                     .any(|(tp, point)| *tp == c.tp && c.offset < *point)
             })
         {
-            fail::fail_point!("kafka-after-stranded-commit", |_| std::process::abort());
+            failpoint!("kafka-after-stranded-commit", |_| std::process::abort());
         }
         let mut state = self.lock();
         match outcome {

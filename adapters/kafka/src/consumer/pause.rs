@@ -43,7 +43,7 @@ pub(crate) fn resume<C: ConsumerContext>(
     failpoint: &str,
 ) -> KafkaResult<()> {
     #[cfg(feature = "failpoints")]
-    fail::fail_point!(failpoint, |_| Ok(()));
+    failpoint!(failpoint, |_| Ok(()));
     let _ = failpoint;
     consumer.resume(partitions)
 }

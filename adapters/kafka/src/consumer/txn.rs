@@ -222,7 +222,7 @@ impl TxnProducer {
                 })?;
         }
         // A process that dies here has produced its copies and not committed them.
-        fail::fail_point!("kafka-before-commit-transaction", |_| std::process::abort());
+        failpoint!("kafka-before-commit-transaction", |_| std::process::abort());
         // A commit that fails is aborted, also one that timed out and might still land: resuming it
         // (calling it again) held the consumer thread past a 20 s broker stop (fault F3 stalled), so
         // such a transaction can leave a duplicate copy, never a lost one.

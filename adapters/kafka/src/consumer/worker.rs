@@ -261,7 +261,7 @@ pub(crate) fn run(
             // consumer's own queue before it is forwarded (`sleep`), to show the order kept by
             // `drain_main` below.
             #[cfg(feature = "failpoints")]
-            fail::fail_point!("kafka-before-forward");
+            failpoint!("kafka-before-forward");
             if !priority.split(&consumer, &waker)
                 || !attach_source(&consumer, &source, &source_topic)
             {
