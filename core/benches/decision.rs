@@ -97,6 +97,7 @@ fn decision_path(c: &mut Criterion) {
                 in_place_retries: 0,
                 holds: 0,
                 now,
+                chosen_delay: None,
             };
             decide(Err(FailureKind::Deferred), &attempt, &policies, &mut rng)
         })
@@ -122,6 +123,7 @@ fn decision_path(c: &mut Criterion) {
             in_place_retries: 0,
             holds: 0,
             now,
+            chosen_delay: None,
         };
         let outcome = decide(Err(kind), &attempt, &policies, rng);
         let state = State::InFlight { held: false };

@@ -34,6 +34,9 @@ pub struct DelayReport {
     pub policy: String,
     /// One row per distinct delay.
     pub rows: Vec<DelayRow>,
+    /// The policy's bound on a delay a handler chooses (`max-delay=`) and how the transport honours
+    /// it, when the policy states one.
+    pub chosen: Option<(Duration, Honour)>,
 }
 
 impl DelayReport {
@@ -94,9 +97,13 @@ impl DelayReport {
                 }
             }
         }
+        let chosen = policy
+            .max_chosen_delay()
+            .map(|bound| (bound, capability.honour(bound)));
         Self {
             policy: policy.to_string(),
             rows,
+            chosen,
         }
     }
 
@@ -107,9 +114,10 @@ impl DelayReport {
             .filter(|r| matches!(r.honour, Honour::Refused { .. }))
     }
 
-    /// Whether every delay can be honoured (exactly, rounded or split).
+    /// Whether every delay can be honoured (exactly, rounded or split), a handler-chosen one up to
+    /// the policy's bound included.
     pub fn is_ok(&self) -> bool {
-        self.refused().next().is_none()
+        self.refused().next().is_none() && !matches!(self.chosen, Some((_, Honour::Refused { .. })))
     }
 }
 
@@ -132,6 +140,13 @@ impl fmt::Display for DelayReport {
                 "  {retries}: {}{jitter} -> {}",
                 format_duration(row.delay),
                 row.honour
+            )?;
+        }
+        if let Some((bound, honour)) = &self.chosen {
+            writeln!(
+                f,
+                "  a delay the handler chooses, up to {}: {honour}",
+                format_duration(*bound)
             )?;
         }
         Ok(())
@@ -182,6 +197,21 @@ mod tests {
         assert!(!ladder.is_ok());
         assert_eq!(ladder.refused().count(), 1);
         assert!(ladder.to_string().contains("refused"), "{ladder}");
+    }
+
+    #[test]
+    fn the_bound_on_a_chosen_delay_is_checked_too() {
+        let p = RetryPolicy::parse("1s x3; max-delay=2h").unwrap();
+        let r = DelayReport::new(&p, &cap(1_000, Some(3_600), BeyondMax::Refuse));
+        assert_eq!(r.refused().count(), 0, "every scheduled delay fits");
+        assert!(!r.is_ok(), "but a chosen delay of up to 2h does not");
+        assert!(
+            r.to_string()
+                .contains("a delay the handler chooses, up to 2h: refused"),
+            "{r}"
+        );
+        let r = DelayReport::new(&p, &DelayCapability::EXACT);
+        assert!(r.is_ok());
     }
 
     #[test]

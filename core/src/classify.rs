@@ -10,6 +10,7 @@
 use std::error::Error as StdError;
 use std::fmt;
 use std::str::FromStr;
+use std::time::{Duration, SystemTime};
 
 use regex::Regex;
 use serde::{Deserialize, Serialize};
@@ -116,6 +117,42 @@ impl StdError for Classified {
     }
 }
 
+/// An error wrapped with the delay its producer chose for the next retry (`Retry-After`, a rate
+/// limit's reset); the runtime honours it wherever it sits in a `source()` chain, bounded by the
+/// policy ([`RetryPolicy::chosen_delay`](crate::policy::RetryPolicy::chosen_delay)).
+#[derive(Debug)]
+pub struct ChosenDelay {
+    delay: Duration,
+    inner: BoxError,
+}
+
+impl ChosenDelay {
+    /// Wraps `error` with the delay it asks for.
+    pub fn new(delay: Duration, error: impl Into<BoxError>) -> Self {
+        Self {
+            delay,
+            inner: error.into(),
+        }
+    }
+
+    /// The delay asked for.
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+}
+
+impl fmt::Display for ChosenDelay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.inner, f)
+    }
+}
+
+impl StdError for ChosenDelay {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(self.inner.as_ref())
+    }
+}
+
 /// The error a handler returns. Any error converts into it with `?` (unclassified: the [`Classifier`]
 /// decides); the constructors state the kind explicitly.
 pub struct HandlerError {
@@ -150,6 +187,52 @@ impl HandlerError {
         Self::new(FailureKind::Deferred, error)
     }
 
+    /// The same error, asking that the next retry wait `delay` (a 429's `Retry-After`, a rate
+    /// limit's reset, a downstream that names when to come back) instead of the policy's delay.
+    ///
+    /// The retry still counts against the policy's retries and goes through the broker's delay
+    /// mechanism like any other (never early); the delay is bounded by the policy's `max-delay=`, or
+    /// its longest delay when it states none. A deferred or transient error is retried through the
+    /// broker after it (a transient one skips its in-place retries: waiting in place would stall the
+    /// consumer); a blocking error holds for it; a non-retryable error ignores it.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use event_retry_core::classify::HandlerError;
+    /// let e = HandlerError::deferred("rate limited").retry_after(Duration::from_secs(30));
+    /// assert_eq!(e.chosen_delay(), Some(Duration::from_secs(30)));
+    /// ```
+    pub fn retry_after(self, delay: Duration) -> Self {
+        Self {
+            error: Box::new(ChosenDelay::new(delay, self.error)),
+        }
+    }
+
+    /// [`retry_after`](Self::retry_after) from an HTTP `Retry-After` value: delay-seconds (`120`)
+    /// or an HTTP date (`Wed, 21 Oct 2026 07:28:00 GMT`, a date already past meaning now). A value
+    /// that is neither leaves the error as it was, so the policy decides.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use event_retry_core::classify::HandlerError;
+    /// let e = HandlerError::deferred("429 Too Many Requests").retry_after_header("30");
+    /// assert_eq!(e.chosen_delay(), Some(Duration::from_secs(30)));
+    /// let e = HandlerError::deferred("429 Too Many Requests").retry_after_header("soon");
+    /// assert_eq!(e.chosen_delay(), None);
+    /// ```
+    pub fn retry_after_header(self, value: &str) -> Self {
+        match parse_retry_after(value, SystemTime::now()) {
+            Some(delay) => self.retry_after(delay),
+            None => self,
+        }
+    }
+
+    /// The delay the error asks for ([`retry_after`](Self::retry_after)), if any error in its chain
+    /// asks for one (the outermost wins).
+    pub fn chosen_delay(&self) -> Option<Duration> {
+        chain(self.as_error()).find_map(|e| e.downcast_ref::<ChosenDelay>().map(ChosenDelay::delay))
+    }
+
     /// An error whose kind the classifier decides.
     pub fn unclassified(error: impl Into<BoxError>) -> Self {
         Self {
@@ -178,7 +261,7 @@ impl HandlerError {
     pub fn message(&self) -> String {
         let mut out = String::new();
         for e in chain(self.as_error()) {
-            if e.downcast_ref::<Classified>().is_some() {
+            if e.is::<Classified>() || e.is::<ChosenDelay>() {
                 continue;
             }
             if !out.is_empty() {
@@ -209,6 +292,17 @@ impl fmt::Display for HandlerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.message())
     }
+}
+
+/// A `Retry-After` value at `now`: delay-seconds or an HTTP date (RFC 9110, section 10.2.3).
+fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // Delay-seconds; more digits than a u64 holds is "a very long time", bounded by the policy.
+        return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// Iterates an error and its `source()` chain, outermost first (at most 64 levels, so a cyclic chain
@@ -385,6 +479,9 @@ impl Classifier {
                 if let Some(c) = e.downcast_ref::<Classified>() {
                     return c.kind();
                 }
+                if e.is::<ChosenDelay>() {
+                    continue;
+                }
                 let mut message = Message {
                     buf: &mut *buf,
                     rendered: false,
@@ -431,6 +528,52 @@ mod tests {
             .on_message("(?i)not yet replicated", FailureKind::Deferred)
             .unwrap()
             .default_kind(FailureKind::Transient)
+    }
+
+    #[test]
+    fn a_chosen_delay_keeps_the_kind_and_the_message() {
+        let e = HandlerError::transient(DbError("busy".into())).retry_after(Duration::from_secs(7));
+        assert_eq!(e.chosen_delay(), Some(Duration::from_secs(7)));
+        assert_eq!(e.stated_kind(), Some(FailureKind::Transient));
+        assert_eq!(e.message(), "db error: busy");
+        assert_eq!(Classifier::new().classify(&e), FailureKind::Transient);
+        // Through a middleware that boxes the error and back.
+        let back = HandlerError::unclassified(e.into_boxed());
+        assert_eq!(back.chosen_delay(), Some(Duration::from_secs(7)));
+        // The outermost choice wins.
+        let again = back.retry_after(Duration::from_secs(1));
+        assert_eq!(again.chosen_delay(), Some(Duration::from_secs(1)));
+        // Unstated: the classifier still decides, its rules still see the message.
+        let e = HandlerError::unclassified(DbError("deadlock".into())).retry_after(Duration::ZERO);
+        let c = Classifier::new()
+            .on_message("deadlock", FailureKind::Transient)
+            .unwrap();
+        assert_eq!(c.classify(&e), FailureKind::Transient);
+        assert_eq!(HandlerError::deferred("x").chosen_delay(), None);
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_http_dates() {
+        let now = httpdate::parse_http_date("Wed, 21 Oct 2026 07:28:00 GMT").unwrap();
+        let at = |v| parse_retry_after(v, now);
+        assert_eq!(at("120"), Some(Duration::from_secs(120)));
+        assert_eq!(at(" 0 "), Some(Duration::ZERO));
+        assert_eq!(
+            at("99999999999999999999999"),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(
+            at("Wed, 21 Oct 2026 07:28:30 GMT"),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            at("Wed, 21 Oct 2026 07:00:00 GMT"),
+            Some(Duration::ZERO),
+            "a past date is now"
+        );
+        for bad in ["", "-5", "1.5", "soon", "30s", "Wed, 21 Oct 2026"] {
+            assert_eq!(at(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

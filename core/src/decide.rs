@@ -117,6 +117,9 @@ pub struct Attempt<'a> {
     pub holds: u32,
     /// The current time.
     pub now: Timestamp,
+    /// The delay the handler's error chose for the next retry
+    /// ([`HandlerError::chosen_delay`](crate::classify::HandlerError::chosen_delay)), if any.
+    pub chosen_delay: Option<Duration>,
 }
 
 /// Decides the outcome of a handler call: `result` is `Ok` on success or the error's kind.
@@ -133,9 +136,17 @@ pub fn decide(
     match kind {
         FailureKind::NonRetryable => Outcome::Dead(DeadReason::NonRetryable),
         FailureKind::Blocking => match policies.blocking.delay(attempt.holds, None, rng) {
-            Some(backoff) => Outcome::Hold(backoff),
+            Some(backoff) => Outcome::Hold(
+                attempt
+                    .chosen_delay
+                    .map_or(backoff, |d| policies.blocking.chosen_delay(d)),
+            ),
             None => deferred(attempt, policies, rng),
         },
+        // A chosen delay is a wait through the broker: waiting it in place would stall the consumer.
+        FailureKind::Transient if attempt.chosen_delay.is_some() => {
+            deferred(attempt, policies, rng)
+        }
         FailureKind::Transient => {
             match policies.in_place.delay(attempt.in_place_retries, None, rng) {
                 Some(pause) => Outcome::RetryInPlace(pause),
@@ -148,9 +159,12 @@ pub fn decide(
 
 fn deferred(attempt: &Attempt<'_>, policies: &Policies, rng: &mut dyn RngCore) -> Outcome {
     let meta = attempt.meta;
-    let Some(delay) = policies.deferred.delay(meta.retries, meta.last_delay, rng) else {
+    let Some(scheduled) = policies.deferred.delay(meta.retries, meta.last_delay, rng) else {
         return Outcome::Dead(DeadReason::Exhausted);
     };
+    let delay = attempt
+        .chosen_delay
+        .map_or(scheduled, |d| policies.deferred.chosen_delay(d));
     if let Some(budget) = policies.deferred.max_elapsed() {
         // A replay starts the budget again; the first-seen time stays as history.
         let started = meta.replayed_at.or(meta.first_seen).unwrap_or(attempt.now);
@@ -209,6 +223,7 @@ mod tests {
             in_place_retries: 3,
             holds: 0,
             now: Timestamp::from_millis(100_000),
+            chosen_delay: None,
         };
         let policies = policies("5000x3,10000x5");
         let mut rng = StdRng::seed_from_u64(7);
@@ -272,6 +287,7 @@ mod tests {
             in_place_retries: in_place,
             holds,
             now: Timestamp::from_millis(100_000),
+            chosen_delay: None,
         };
         decide(
             result,
@@ -369,6 +385,7 @@ mod tests {
             in_place_retries: 0,
             holds: 1,
             now: Timestamp::from_millis(100_000),
+            chosen_delay: None,
         };
         let out = decide(
             Err(FailureKind::Blocking),
@@ -377,6 +394,48 @@ mod tests {
             &mut StdRng::seed_from_u64(1),
         );
         assert_eq!(out, Outcome::RetryAfter(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn a_chosen_delay_replaces_the_scheduled_one_within_the_policy() {
+        let mut p = policies("1s x2; max-delay=1m");
+        p.blocking = RetryPolicy::parse("exp(500ms, 30s, 2)").unwrap();
+        let at = |retries, chosen: u64| {
+            let m = meta(retries);
+            let attempt = Attempt {
+                meta: &m,
+                in_place_retries: 0,
+                holds: 0,
+                now: Timestamp::from_millis(100_000),
+                chosen_delay: Some(Duration::from_secs(chosen)),
+            };
+            let mut rng = StdRng::seed_from_u64(1);
+            [
+                FailureKind::Deferred,
+                FailureKind::Transient,
+                FailureKind::Blocking,
+                FailureKind::NonRetryable,
+            ]
+            .map(|kind| decide(Err(kind), &attempt, &p, &mut rng))
+        };
+        let secs = Duration::from_secs;
+        // Deferred and transient go through the broker after it; blocking holds for it (bounded by
+        // the blocking policy's longest delay); non-retryable ignores it.
+        assert_eq!(
+            at(0, 30),
+            [
+                Outcome::RetryAfter(secs(30)),
+                Outcome::RetryAfter(secs(30)),
+                Outcome::Hold(secs(30)),
+                Outcome::Dead(DeadReason::NonRetryable),
+            ]
+        );
+        // Bounded by max-delay.
+        assert_eq!(at(1, 3_600)[0], Outcome::RetryAfter(secs(60)));
+        assert_eq!(at(1, 3_600)[2], Outcome::Hold(secs(30)));
+        // It still counts: once the policy is spent, the event is dead-lettered.
+        assert_eq!(at(2, 30)[0], Outcome::Dead(DeadReason::Exhausted));
+        assert_eq!(at(2, 30)[1], Outcome::Dead(DeadReason::Exhausted));
     }
 
     #[test]
@@ -392,6 +451,7 @@ mod tests {
             in_place_retries: 0,
             holds: 0,
             now: Timestamp::from_millis(now),
+            chosen_delay: None,
         };
         let mut rng = StdRng::seed_from_u64(1);
         assert_eq!(
@@ -418,6 +478,7 @@ mod tests {
             in_place_retries: 0,
             holds: 0,
             now: Timestamp::from_millis(901_000),
+            chosen_delay: None,
         };
         let mut rng = StdRng::seed_from_u64(1);
         assert_eq!(

@@ -59,6 +59,19 @@ pub fn check_policy(policy: &RetryPolicy) {
             }
         }
     }
+    // A delay a handler chooses stays within what the start-up check covered, and is never longer than
+    // what was asked for.
+    for requested in [Duration::ZERO, Duration::from_secs(30), Duration::MAX] {
+        let chosen = policy.chosen_delay(requested);
+        assert!(
+            chosen <= requested,
+            "{policy}: chose {chosen:?} for {requested:?}"
+        );
+        assert!(
+            chosen <= longest,
+            "{policy}: chose {chosen:?} > {longest:?}"
+        );
+    }
     let rows = policy.explain(8);
     assert!(rows.len() <= 8);
 }
@@ -139,6 +152,7 @@ pub fn check_decisions(meta: &RetryMetadata) {
                 in_place_retries: 0,
                 holds: 0,
                 now: NOW,
+                chosen_delay: None,
             };
             match decide(Err(kind), &attempt, &policies, &mut rng) {
                 Outcome::RetryAfter(delay) => {

@@ -3,6 +3,7 @@
 //! consumer refuses to start with it.
 
 use std::io::Write;
+use std::time::Duration;
 
 use clap::Subcommand;
 use event_retry::Broker;
@@ -76,6 +77,20 @@ pub fn explain(
             render::duration(budget)
         )?;
     }
+    let bound = policy.chosen_delay(Duration::MAX);
+    let stated = if policy.max_chosen_delay().is_some() {
+        "max-delay"
+    } else {
+        "the longest delay; max-delay= sets another"
+    };
+    let honour = capability.map_or(String::new(), |(name, cap)| {
+        format!(", which {name} honours: {}", cap.honour(bound))
+    });
+    writeln!(
+        out,
+        "chosen delay: a handler's retry_after waits at most {} ({stated}){honour}",
+        render::duration(bound)
+    )?;
     if let Some((name, cap)) = capability {
         let report = DelayReport::new(&policy, &cap);
         if !report.is_ok() {
@@ -126,6 +141,8 @@ pub fn explain_json(
         "retries": rows,
         "truncated": policy.max_retries().is_none_or(|max| max > limit),
         "budget_ms": policy.max_elapsed().map(|d| d.as_millis() as u64),
+        "max_delay_ms": policy.max_chosen_delay().map(|d| d.as_millis() as u64),
+        "chosen_delay_bound_ms": policy.chosen_delay(Duration::MAX).as_millis() as u64,
         "refused": refused,
     });
     writeln!(
@@ -180,7 +197,22 @@ mod tests {
         );
     }
 
-    /// Dead-letters `n` events of `topic` through a consumer whose handler refuses them.
+    #[test]
+    fn explain_shows_the_bound_on_a_chosen_delay() {
+        let out = text(|o| explain("1s x3; max-delay=5m", None, 20, o)).unwrap();
+        assert!(
+            out.contains("policy: 1s x3; max-delay=5m")
+                && out.contains("retry_after waits at most 5m (max-delay)"),
+            "{out}"
+        );
+        let out = text(|o| explain("1s x3, 10s", None, 20, o)).unwrap();
+        assert!(out.contains("at most 10s (the longest delay"), "{out}");
+        let json = text(|o| explain_json("1s x3; max-delay=5m", None, 20, o)).unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(doc["max_delay_ms"], 300_000);
+        assert_eq!(doc["chosen_delay_bound_ms"], 300_000);
+    }
+
     #[test]
     fn explain_speaks_in_human_durations_and_json() {
         let out = text(|o| explain("exp(1s, 1h, 2, 14)", None, 20, o)).unwrap();

@@ -23,6 +23,7 @@
 //! step     := duration [("x" | "X") count]
 //! option   := "jitter=" ("none" | "full" | "equal" | "decorrelated" | ["±" | "+-"] N "%")
 //!           | "max-elapsed=" duration
+//!           | "max-delay=" duration
 //! duration := integer ["ms" | "s" | "m" | "h" | "d"]      (bare integer = milliseconds)
 //! ```
 //!
@@ -52,6 +53,18 @@
 //! upper bounds of what `delay` can return, for checking a policy against a
 //! broker's largest supported delay before any message is consumed. Jitter is
 //! computed in whole milliseconds.
+//!
+//! # A delay the handler chooses
+//!
+//! A handler that knows when to come back (a 429 with `Retry-After: 30`, a
+//! rate limit's reset) says so on its error
+//! ([`HandlerError::retry_after`](crate::classify::HandlerError::retry_after)).
+//! That retry still counts against the policy; its delay is the one asked for,
+//! without jitter, bounded by `max-delay=` ([`RetryPolicy::chosen_delay`]) or,
+//! when the policy states none, by its schedule's longest delay — so an
+//! upstream that answers `Retry-After: 86400` cannot park an event for a day
+//! unless the policy says it may. `longest_delay` includes the bound, so the
+//! start-up check covers every delay a handler can choose.
 
 pub(crate) mod duration;
 mod error;
@@ -80,6 +93,7 @@ pub struct RetryPolicy {
     schedule: Schedule,
     jitter: Jitter,
     max_elapsed: Option<Duration>,
+    max_chosen_delay: Option<Duration>,
 }
 
 /// The nominal delays of a policy, before jitter.
@@ -216,6 +230,7 @@ impl RetryPolicy {
             schedule,
             jitter: Jitter::None,
             max_elapsed: None,
+            max_chosen_delay: None,
         }
     }
 
@@ -240,6 +255,35 @@ impl RetryPolicy {
     pub fn with_max_elapsed(mut self, budget: Duration) -> Self {
         self.max_elapsed = Some(Duration::from_millis(millis(budget)));
         self
+    }
+
+    /// The same policy with a bound on the delay a handler's error may choose
+    /// ([`HandlerError::retry_after`](crate::classify::HandlerError::retry_after)),
+    /// `max-delay=` in the DSL. Without one, a chosen delay is bounded by the
+    /// schedule's [`longest_delay`](Self::longest_delay).
+    ///
+    /// Truncated to whole milliseconds (saturating at `u64::MAX` ms) so that it
+    /// prints exactly.
+    pub fn with_max_chosen_delay(mut self, bound: Duration) -> Self {
+        self.max_chosen_delay = Some(Duration::from_millis(millis(bound)));
+        self
+    }
+
+    /// The stated bound on a handler-chosen delay (`max-delay=`), if any.
+    pub fn max_chosen_delay(&self) -> Option<Duration> {
+        self.max_chosen_delay
+    }
+
+    /// The delay a retry waits when the handler's error asked for `requested`:
+    /// `requested`, bounded by [`max_chosen_delay`](Self::max_chosen_delay) or,
+    /// without one, by the schedule's longest delay. No jitter is applied: the
+    /// handler named a time, and the retry is never earlier than it (up to the
+    /// bound).
+    pub fn chosen_delay(&self, requested: Duration) -> Duration {
+        let bound = self
+            .max_chosen_delay
+            .unwrap_or_else(|| self.schedule_longest_delay());
+        requested.min(bound)
     }
 
     /// The nominal schedule.
@@ -328,9 +372,18 @@ impl RetryPolicy {
             .map(|d| Duration::from_millis(self.jitter_upper(d)))
     }
 
-    /// An upper bound of [`delay`](Self::delay) over every retry, jitter
-    /// included: the largest delay a transport must be able to schedule.
+    /// An upper bound of every delay the policy can produce — [`delay`](Self::delay)
+    /// over every retry, jitter included, and a handler-chosen delay up to
+    /// [`max_chosen_delay`](Self::max_chosen_delay): the largest delay a
+    /// transport must be able to schedule.
     pub fn longest_delay(&self) -> Duration {
+        let schedule = self.schedule_longest_delay();
+        self.max_chosen_delay
+            .map_or(schedule, |bound| bound.max(schedule))
+    }
+
+    /// The largest delay of the schedule, jitter included.
+    fn schedule_longest_delay(&self) -> Duration {
         let ms = match &self.schedule {
             Schedule::Steps(steps) => steps
                 .iter()
@@ -649,6 +702,37 @@ mod tests {
     }
 
     #[test]
+    fn a_chosen_delay_is_bounded_by_max_delay_or_the_longest_delay() {
+        let p = RetryPolicy::parse("1s x3, 10s; jitter=full").unwrap();
+        assert_eq!(p.max_chosen_delay(), None);
+        assert_eq!(p.chosen_delay(secs(3)), secs(3));
+        assert_eq!(p.chosen_delay(secs(60)), secs(10));
+        assert_eq!(p.longest_delay(), secs(10));
+        let p = RetryPolicy::parse("1s x3; max-delay=5m; jitter=full").unwrap();
+        assert_eq!(p.to_string(), "1s x3; jitter=full; max-delay=5m");
+        assert_eq!(p.max_chosen_delay(), Some(secs(300)));
+        assert_eq!(p.chosen_delay(secs(30)), secs(30));
+        assert_eq!(p.chosen_delay(secs(86_400)), secs(300));
+        assert_eq!(
+            p.longest_delay(),
+            secs(300),
+            "the start-up check covers the bound"
+        );
+        // A bound below the schedule's delays bounds only what a handler chooses.
+        let p = RetryPolicy::parse("1m; max-delay=5s").unwrap();
+        assert_eq!(p.chosen_delay(secs(30)), secs(5));
+        assert_eq!(p.longest_delay(), secs(60));
+        assert_eq!(p.nominal_delay(0), Some(secs(60)));
+        assert_eq!(
+            RetryPolicy::parse("1s x3")
+                .unwrap()
+                .with_max_chosen_delay(Duration::from_micros(2_500_900))
+                .to_string(),
+            "1s x3; max-delay=2500ms"
+        );
+    }
+
+    #[test]
     fn counts_past_u32_are_refused() {
         // A policy whose counts add up past u32::MAX would report u32::MAX retries (saturated)
         // while still having a delay for retry u32::MAX: the limit and the schedule disagreed.
@@ -775,11 +859,13 @@ mod tests {
             any_schedule(),
             any_jitter(),
             prop::option::of(any_millis(0)),
+            prop::option::of(any_millis(0)),
         )
-            .prop_map(|(schedule, jitter, budget)| RetryPolicy {
+            .prop_map(|(schedule, jitter, budget, bound)| RetryPolicy {
                 schedule,
                 jitter,
                 max_elapsed: budget.map(Duration::from_millis),
+                max_chosen_delay: bound.map(Duration::from_millis),
             })
     }
 

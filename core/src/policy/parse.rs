@@ -58,6 +58,7 @@ impl<'a> Parser<'a> {
         let mut policy = RetryPolicy::from_schedule(schedule);
         let mut seen_jitter = false;
         let mut seen_budget = false;
+        let mut seen_bound = false;
         let mut after = after_body;
         loop {
             self.skip_ws();
@@ -73,11 +74,16 @@ impl<'a> Parser<'a> {
             let seen = match name.as_str() {
                 "jitter" => &mut seen_jitter,
                 "max-elapsed" => &mut seen_budget,
-                "" => return Err(self.error(start, "an option (jitter=… or max-elapsed=…)")),
+                "max-delay" => &mut seen_bound,
+                "" => {
+                    return Err(
+                        self.error(start, "an option (jitter=…, max-elapsed=… or max-delay=…)")
+                    );
+                }
                 _ => {
                     return Err(self.error_found(
                         start,
-                        "an option name (jitter or max-elapsed)",
+                        "an option name (jitter, max-elapsed or max-delay)",
                         quote(&name),
                     ));
                 }
@@ -94,6 +100,12 @@ impl<'a> Parser<'a> {
             self.skip_ws();
             if name == "jitter" {
                 policy.jitter = self.jitter()?;
+            } else if name == "max-delay" {
+                let bound = self.duration(
+                    "the longest delay a handler may choose (e.g. 5m)",
+                    "a unit (ms, s, m, h or d)",
+                )?;
+                policy.max_chosen_delay = Some(Duration::from_millis(bound));
             } else {
                 let budget =
                     self.duration("a time budget (e.g. 1h)", "a unit (ms, s, m, h or d)")?;
@@ -522,6 +534,16 @@ mod tests {
         );
         assert_error("5s; max-elapsed=1h; max-elapsed=2h", 21, "at most once");
         assert_error("5s; retries=3", 5, "an option name");
+        assert_error(
+            "5s; max-delay=",
+            15,
+            "the longest delay a handler may choose",
+        );
+        assert_error(
+            "5s; max-delay=1s; max-delay=2s",
+            19,
+            "each option at most once",
+        );
         assert_error("5s;", 4, "an option");
         assert_error("5s; jitter", 11, "'='");
         assert_error("5s; max-elapsed=", 17, "a time budget");

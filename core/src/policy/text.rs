@@ -80,6 +80,9 @@ impl fmt::Display for RetryPolicy {
         if let Some(budget) = self.max_elapsed {
             write!(f, "; max-elapsed={}", DurationLit::of(budget))?;
         }
+        if let Some(bound) = self.max_chosen_delay {
+            write!(f, "; max-delay={}", DurationLit::of(bound))?;
+        }
         Ok(())
     }
 }

@@ -93,6 +93,7 @@ pub(super) fn prepare(
         attempt = meta.attempts.saturating_add(1),
         replays = meta.replay_count,
         next_delay_ms = tracing::field::Empty,
+        chosen_delay_ms = tracing::field::Empty,
         outcome = tracing::field::Empty,
         otel.kind = "consumer",
         otel.status_code = tracing::field::Empty,

@@ -403,7 +403,7 @@ impl Handling<'_> {
     /// or its refusal). With an idempotency store the acknowledgement always waits: the success is
     /// recorded in the store first.
     fn ack_at_once(&mut self) -> Option<Settle> {
-        let Decision { outcome, next } = match self.decide(Ok(()), 0, 0) {
+        let Decision { outcome, next } = match self.decide(Ok(()), 0, 0, None) {
             Ok(decision) => decision,
             Err(e) => {
                 self.refused(e);
@@ -443,6 +443,7 @@ impl Handling<'_> {
         result: Result<(), FailureKind>,
         in_place_retries: u32,
         holds: u32,
+        chosen_delay: Option<Duration>,
     ) -> Result<Decision, TransitionError> {
         let now = if result.is_ok() {
             self.received
@@ -454,6 +455,7 @@ impl Handling<'_> {
             in_place_retries,
             holds,
             now,
+            chosen_delay,
         };
         let shared = self.shared;
         decide_in(
@@ -501,7 +503,13 @@ impl Handling<'_> {
                     .transition(self.state, Timestamp::now())
                     .map(|next| Decision { outcome, next })
             } else {
-                self.decide(kind.map_or(Ok(()), Err), in_place_retries, holds)
+                let chosen = result.as_ref().err().and_then(HandlerError::chosen_delay);
+                if let Some(chosen) = chosen {
+                    // What the handler asked for; `next_delay_ms` is what the policy allowed.
+                    tracing::Span::current()
+                        .record("chosen_delay_ms", crate::time::duration_ms(chosen));
+                }
+                self.decide(kind.map_or(Ok(()), Err), in_place_retries, holds, chosen)
             };
             // The decision carries the state its action leads to; a refused one is not acted on.
             let Decision { outcome, next } = match decided {

@@ -242,6 +242,12 @@ pub fn all() -> Vec<Scenario> {
             |c, _| (!c.replay).then_some("the transport cannot replay its DLQ"),
             "one trace: publish → attempt → retry → attempt → DLQ → replay → attempt"
         ),
+        scenario!(
+            19,
+            retry::handler_chosen_delay,
+            always,
+            "a delay the handler's error chooses: honoured, never early, bounded, counted"
+        ),
     ]
 }
 
@@ -261,6 +267,6 @@ mod tests {
             );
         }
         let numbers: Vec<u8> = scenarios.iter().map(|s| s.number).collect();
-        assert_eq!(numbers, (1..=18).collect::<Vec<u8>>());
+        assert_eq!(numbers, (1..=19).collect::<Vec<u8>>());
     }
 }

@@ -1,5 +1,6 @@
 //! Retries: attempts counted, every retry waits at least its delay, a spent policy and a non-retryable
-//! error end in the DLQ with complete metadata, and delays are precise.
+//! error end in the DLQ with complete metadata, delays are precise, and a delay the handler's error
+//! chooses is honoured within the policy.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -253,4 +254,86 @@ pub async fn delay_precision(f: Arc<Fixture>) -> ScenarioResult {
     })?;
     finish(&f, &topic, vec![c]).await?;
     Ok(Verdict::Pass(Some(note)))
+}
+
+/// Scenario 19: A delay chosen by the handler's error (`retry_after`) replaces the policy's: the retry
+/// is recorded with it and runs no earlier (through the broker's own delay mechanism, like any retry);
+/// it is bounded by the policy's `max-delay`, still counts against the policy's retries, and sends a
+/// transient error through the broker instead of retrying in place.
+///
+/// The policy's own delay is one unit and the chosen ones are 3 and 5 units, so a runtime that ignored
+/// the choice records one unit and fails here; the bound is 5 units, so an unbounded choice of 40
+/// units records 40 and fails too.
+pub async fn handler_chosen_delay(f: Arc<Fixture>) -> ScenarioResult {
+    let topic = f.fresh_topic("s19").await.map_err(|e| e.to_string())?;
+    let u = unit(&f);
+    let probe = Probe::new(move |e, nth| match (e.payload.as_ref(), nth) {
+        (b"chosen" | b"bounded" | b"transient", 1..) => Act::Ok,
+        (b"chosen", _) => {
+            Act::Fail(HandlerError::deferred("429 Too Many Requests").retry_after(u * 3))
+        }
+        (b"bounded", _) => Act::Fail(HandlerError::deferred("rate limited").retry_after(u * 40)),
+        (b"transient", _) => {
+            Act::Fail(HandlerError::transient("connection reset").retry_after(u * 3))
+        }
+        _ => Act::Fail(HandlerError::deferred("still limited").retry_after(u * 2)),
+    });
+    let b = builder(&f, &topic, "c1").policy(policy(&format!(
+        "{}ms x2; max-delay={}ms",
+        ms(u),
+        ms(u * 5)
+    )));
+    let c = start(&f, b, &probe).await?;
+    publish_ids(&f, &topic, &["chosen", "bounded", "transient", "counted"]).await?;
+    let entries = wait_dlq(&f, &topic, 1, patience(&f, 30)).await?;
+    wait_for("3 successes", patience(&f, 30), || {
+        probe.successes().len() >= 3
+    })
+    .await?;
+    let mut late = Vec::new();
+    for (id, want) in [
+        ("chosen", u * 3),
+        ("bounded", u * 5),
+        ("transient", u * 3),
+        ("counted", u * 2),
+    ] {
+        let calls = probe.calls_of(id);
+        let attempts: Vec<u32> = calls.iter().map(|c| c.attempt).collect();
+        let expected: &[u32] = if id == "counted" { &[1, 2, 3] } else { &[1, 2] };
+        ensure(attempts == expected, || {
+            format!("{id}: attempts {attempts:?}, want {expected:?}")
+        })?;
+        let scheduled = check_policy_delays(&calls, want)?;
+        ensure(scheduled == expected.len() - 1, || {
+            format!(
+                "{id}: {scheduled} retries through the broker, want {}",
+                expected.len() - 1
+            )
+        })?;
+        late.extend(check_never_early(&calls)?);
+    }
+    ensure(entries.len() == 1, || {
+        format!("{} DLQ entries, want 1", entries.len())
+    })?;
+    let m = entries[0].event.metadata();
+    ensure(
+        m.event_id.as_deref() == Some("counted")
+            && m.retries == 2
+            && m.dead
+                .as_ref()
+                .is_some_and(|d| d.reason == DeadReason::Exhausted),
+        || {
+            format!(
+                "DLQ entry {:?} after {} retries, {:?}",
+                m.event_id, m.retries, m.dead
+            )
+        },
+    )?;
+    let stats = c.stats();
+    ensure(
+        stats.in_place_retries == 0 && stats.retries_scheduled == 5,
+        || format!("{stats:?}: want no in-place retry and 5 through the broker"),
+    )?;
+    finish(&f, &topic, vec![c]).await?;
+    Ok(Verdict::Pass(Some(lateness_note(&mut late))))
 }
