@@ -15,11 +15,47 @@ use event_retry::prelude::*;
 #[error("payment gateway timed out")]
 struct GatewayTimeout;
 
+/// What the handler shares across calls: given once, received as `State<Shop>` by every call.
+#[derive(Clone)]
+struct Shop {
+    started: Instant,
+    stock_checks: Arc<AtomicU32>,
+}
+
+/// The order handler: fails some orders in different ways, and prints each attempt on the timeline.
+async fn handle(State(shop): State<Shop>, event: Event, ctx: Context) -> Result<(), HandlerError> {
+    let order = String::from_utf8_lossy(&event.payload).into_owned();
+    let at = shop.started.elapsed().as_secs_f64();
+    let result = match order.as_str() {
+        "order-1 book" => Ok(()),
+        "order-2 lamp" if ctx.attempt == 1 => Err(HandlerError::unclassified(GatewayTimeout)),
+        "order-3 desk" if shop.stock_checks.fetch_add(1, Ordering::SeqCst) < 2 => {
+            Err(HandlerError::deferred("stock not replicated yet"))
+        }
+        "order-4 quantity=-1" => Err(HandlerError::non_retryable("negative quantity")),
+        "order-5 chair" => Err(HandlerError::deferred("warehouse says no")),
+        _ => Ok(()),
+    };
+    let late = ctx.lateness.map_or(String::new(), |l| {
+        format!(" ({} ms after due)", l.as_millis())
+    });
+    match &result {
+        Ok(()) => println!("[{at:6.3}s] {order:<20} attempt {}{late}: ok", ctx.attempt),
+        Err(e) => println!(
+            "[{at:6.3}s] {order:<20} attempt {}{late}: failed: {e}",
+            ctx.attempt
+        ),
+    }
+    result
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let broker = event_retry::connect("memory://").await?;
-    let started = Instant::now();
-    let stock_checks = Arc::new(AtomicU32::new(0));
+    let shop = Shop {
+        started: Instant::now(),
+        stock_checks: Arc::new(AtomicU32::new(0)),
+    };
 
     // Classify a library error by type: a gateway timeout heals within seconds, so retry it in place.
     let classifier = Classifier::new().on_type::<GatewayTimeout>(FailureKind::Transient);
@@ -35,39 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     print!("{}", consumer.delay_report());
     println!("\ntimeline:");
 
-    let checks = stock_checks.clone();
-    let handle = consumer
-        .start(handler_fn(move |event: Event, ctx: Context| {
-            let checks = checks.clone();
-            async move {
-                let order = String::from_utf8_lossy(&event.payload).into_owned();
-                let at = started.elapsed().as_secs_f64();
-                let result = match order.as_str() {
-                    "order-1 book" => Ok(()),
-                    "order-2 lamp" if ctx.attempt == 1 => {
-                        Err(HandlerError::unclassified(GatewayTimeout))
-                    }
-                    "order-3 desk" if checks.fetch_add(1, Ordering::SeqCst) < 2 => {
-                        Err(HandlerError::deferred("stock not replicated yet"))
-                    }
-                    "order-4 quantity=-1" => Err(HandlerError::non_retryable("negative quantity")),
-                    "order-5 chair" => Err(HandlerError::deferred("warehouse says no")),
-                    _ => Ok(()),
-                };
-                let late = ctx.lateness.map_or(String::new(), |l| {
-                    format!(" ({} ms after due)", l.as_millis())
-                });
-                match &result {
-                    Ok(()) => println!("[{at:6.3}s] {order:<20} attempt {}{late}: ok", ctx.attempt),
-                    Err(e) => println!(
-                        "[{at:6.3}s] {order:<20} attempt {}{late}: failed: {e}",
-                        ctx.attempt
-                    ),
-                }
-                result
-            }
-        }))
-        .await?;
+    let handle = consumer.start(handler_fn_with_state(shop, handle)).await?;
 
     let producer = broker.producer();
     for order in [
@@ -122,4 +126,56 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     Ok(())
+}
+
+/// A handler is a function: its unit test builds the context a broker would give it, no broker needed.
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn shop() -> State<Shop> {
+        State(Shop {
+            started: Instant::now(),
+            stock_checks: Arc::new(AtomicU32::new(0)),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_malformed_order_is_not_retried_and_a_timeout_is_left_to_the_classifier() {
+        let ctx = Context::new("orders", "order-4");
+        let err = handle(shop(), Event::new("order-4 quantity=-1"), ctx)
+            .await
+            .unwrap_err();
+        assert_eq!(err.stated_kind(), Some(FailureKind::NonRetryable));
+
+        let first = Context::new("orders", "order-2").with_attempt(1);
+        let err = handle(shop(), Event::new("order-2 lamp"), first)
+            .await
+            .unwrap_err();
+        assert_eq!(err.stated_kind(), None, "the classifier decides");
+        let second = Context::new("orders", "order-2").with_attempt(2);
+        assert!(
+            handle(shop(), Event::new("order-2 lamp"), second)
+                .await
+                .is_ok()
+        );
+    }
+
+    #[tokio::test]
+    async fn the_stock_check_is_shared_by_every_call() {
+        let shop = shop();
+        for _ in 0..2 {
+            let ctx = Context::new("orders", "order-3");
+            assert!(
+                handle(shop.clone(), Event::new("order-3 desk"), ctx)
+                    .await
+                    .is_err()
+            );
+        }
+        let ctx = Context::new("orders", "order-3")
+            .with_attempt(3)
+            .with_retries(2);
+        assert!(handle(shop, Event::new("order-3 desk"), ctx).await.is_ok());
+    }
 }

@@ -127,6 +127,9 @@
 
 use std::sync::Arc;
 
+/// The attribute for `impl Handler for …` and `impl BatchHandler for …` (the traits' methods are
+/// `async`): the `async_trait` crate's, re-exported so a service needs no dependency of its own.
+pub use async_trait::async_trait;
 pub use event_retry_core::broker::Broker;
 pub use event_retry_core::classify::{Classifier, FailureKind, HandlerError};
 pub use event_retry_core::dlq::{DeadLetter, DeadLetters, DlqFilter, ReplayReport};
@@ -136,8 +139,9 @@ pub use event_retry_core::headers::Headers;
 pub use event_retry_core::policy::RetryPolicy;
 pub use event_retry_core::producer::Producer;
 pub use event_retry_core::runtime::{
-    App, BatchHandler, BatchItem, ConsumerBuilder, Context, Handler, batch_handler_fn, handler_fn,
-    json_handler, shutdown_signal,
+    App, BatchHandler, BatchItem, ConsumerBuilder, Context, Handler, State, batch_handler_fn,
+    batch_handler_fn_with_state, handler_fn, handler_fn_with_state, json_handler,
+    json_handler_with_state, shutdown_signal,
 };
 
 /// A running consumer: its handle, counters and health, and what stops it.
@@ -192,7 +196,8 @@ pub mod prelude {
     pub use crate::{
         App, BatchHandler, BatchItem, Broker, Classifier, Context, DeadLetter, DeadLetters,
         DlqFilter, Event, FailureKind, Handler, HandlerError, Headers, Producer, RetryPolicy,
-        batch_handler_fn, handler_fn, json_handler,
+        State, async_trait, batch_handler_fn, batch_handler_fn_with_state, handler_fn,
+        handler_fn_with_state, json_handler, json_handler_with_state,
     };
 }
 

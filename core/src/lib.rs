@@ -64,6 +64,8 @@ pub mod prelude {
     pub use crate::producer::Producer;
     pub use crate::runtime::{
         App, BatchHandler, BatchItem, Consumer, ConsumerHandle, Context, Handler, ParkedAfterDead,
-        batch_handler_fn, decode_json, handler_fn, json_handler,
+        State, batch_handler_fn, batch_handler_fn_with_state, decode_json, handler_fn,
+        handler_fn_with_state, json_handler, json_handler_with_state,
     };
+    pub use async_trait::async_trait;
 }

@@ -56,15 +56,15 @@ pub struct Selection {
 impl Selection {
     /// The library's filter for this selection.
     pub fn filter(&self) -> Result<DlqFilter, CliError> {
-        Ok(DlqFilter {
-            ids: (!self.ids.is_empty()).then(|| self.ids.clone()),
-            error_kind: self.kind,
-            key: self.key.clone().map(Into::into),
-            since: self.since.as_deref().map(render::parse_time).transpose()?,
-            until: self.until.as_deref().map(render::parse_time).transpose()?,
-            error_text: self.error.clone(),
-            limit: self.limit,
-        })
+        let mut filter = DlqFilter::all();
+        filter.ids = (!self.ids.is_empty()).then(|| self.ids.clone());
+        filter.error_kind = self.kind;
+        filter.key = self.key.clone().map(Into::into);
+        filter.since = self.since.as_deref().map(render::parse_time).transpose()?;
+        filter.until = self.until.as_deref().map(render::parse_time).transpose()?;
+        filter.error_text = self.error.clone();
+        filter.limit = self.limit;
+        Ok(filter)
     }
 
     /// Whether any filter is given.

@@ -381,13 +381,7 @@ fn dlq_marks_are_committed_offsets(url: String) -> Result<(), String> {
             .find(|e| e.event.key.as_deref() == Some(b"b"))
             .ok_or("no b")?;
         let purged_b = dlq
-            .purge(
-                &topic,
-                &DlqFilter {
-                    key: Some(bytes_of("b")),
-                    ..DlqFilter::all()
-                },
-            )
+            .purge(&topic, &DlqFilter::all().key(bytes_of("b")))
             .await
             .map_err(|e| e.to_string())?;
         if purged != 1 || purged_b != 1 {

@@ -85,16 +85,18 @@ impl DeadLetter {
 /// use event_retry_core::time::Timestamp;
 ///
 /// // The poison events of one customer from the last hour, at most 50 of them.
-/// let filter = DlqFilter {
-///     error_kind: Some(FailureKind::NonRetryable),
-///     key: Some("customer-42".into()),
-///     since: Some(Timestamp::now().minus(std::time::Duration::from_secs(3600))),
-///     limit: Some(50),
-///     ..DlqFilter::all()
-/// };
+/// let filter = DlqFilter::all()
+///     .error_kind(FailureKind::NonRetryable)
+///     .key("customer-42")
+///     .since(Timestamp::now().minus(std::time::Duration::from_secs(3600)))
+///     .limit(50);
 /// assert!(filter.ids.is_none());
 /// ```
+///
+/// Criteria may be added, so a filter is built from [`DlqFilter::all`] or [`DlqFilter::id`]; its fields
+/// stay public to read and to set.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct DlqFilter {
     /// Only these entry ids.
     pub ids: Option<Vec<String>>,
@@ -124,6 +126,48 @@ impl DlqFilter {
             ids: Some(vec![id.into()]),
             ..Self::default()
         }
+    }
+
+    /// The same filter, only these entry ids.
+    pub fn ids(mut self, ids: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.ids = Some(ids.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The same filter, only entries whose last error was of `kind`.
+    pub fn error_kind(mut self, kind: FailureKind) -> Self {
+        self.error_kind = Some(kind);
+        self
+    }
+
+    /// The same filter, only entries with this key.
+    pub fn key(mut self, key: impl Into<Bytes>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// The same filter, only entries dead-lettered at or after `at`.
+    pub fn since(mut self, at: Timestamp) -> Self {
+        self.since = Some(at);
+        self
+    }
+
+    /// The same filter, only entries dead-lettered before `at`.
+    pub fn until(mut self, at: Timestamp) -> Self {
+        self.until = Some(at);
+        self
+    }
+
+    /// The same filter, only entries whose last error contains `text` (ignoring case).
+    pub fn error_text(mut self, text: impl Into<String>) -> Self {
+        self.error_text = Some(text.into());
+        self
+    }
+
+    /// The same filter, at most `n` entries.
+    pub fn limit(mut self, n: usize) -> Self {
+        self.limit = Some(n);
+        self
     }
 
     /// Whether `entry` passes the filter (ignoring `limit`).

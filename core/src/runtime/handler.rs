@@ -17,7 +17,17 @@ use crate::time::Timestamp;
 /// The topic and event id are shared strings (`Arc<str>`, read like a `&str`): the runtime makes a
 /// context per call and closures given to [`handler_fn`] take it by value, so copying it costs no
 /// allocation.
+///
+/// A handler's unit test builds the context a broker would give it:
+///
+/// ```
+/// use event_retry_core::runtime::Context;
+///
+/// let ctx = Context::new("orders", "order-7").with_attempt(3).with_retries(2);
+/// assert_eq!((ctx.attempt, ctx.retries, &*ctx.topic), (3, 2, "orders"));
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Context {
     /// The topic or queue the consumer reads.
     pub topic: Arc<str>,
@@ -33,6 +43,47 @@ pub struct Context {
     pub lateness: Option<Duration>,
     /// How many times an operator replayed the event.
     pub replay_count: u32,
+}
+
+impl Context {
+    /// The context of a first delivery (attempt 1, no retries, not replayed) of event `event_id` on
+    /// `topic`: what a handler's unit test starts from.
+    pub fn new(topic: impl Into<Arc<str>>, event_id: impl Into<Arc<str>>) -> Self {
+        Self {
+            topic: topic.into(),
+            event_id: event_id.into(),
+            attempt: 1,
+            retries: 0,
+            due_at: None,
+            lateness: None,
+            replay_count: 0,
+        }
+    }
+
+    /// The same context for call number `attempt` (1 for the first).
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// The same context after `retries` retries through the broker.
+    pub fn with_retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// The same context for a retry due at `due_at` that started `lateness` after it.
+    pub fn with_due(mut self, due_at: Timestamp, lateness: Duration) -> Self {
+        self.due_at = Some(due_at);
+        self.lateness = Some(lateness);
+        self
+    }
+
+    /// The same context for an event an operator replayed `replay_count` times.
+    pub fn with_replay_count(mut self, replay_count: u32) -> Self {
+        self.replay_count = replay_count;
+        self
+    }
 }
 
 /// A handler call that owns what it was given: what the runtime polls.
@@ -157,15 +208,7 @@ where
 /// A context for unit tests of handlers and middleware: first attempt of event `e` on topic `t`.
 #[cfg(test)]
 pub(crate) fn test_context() -> Context {
-    Context {
-        topic: "t".into(),
-        event_id: "e".into(),
-        attempt: 1,
-        retries: 0,
-        due_at: None,
-        lateness: None,
-        replay_count: 0,
-    }
+    Context::new("t", "e")
 }
 
 /// The payload could not be decoded: the event is poison and goes to the DLQ at once, with this reason.

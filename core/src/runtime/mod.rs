@@ -38,6 +38,7 @@ pub mod probe;
 mod process;
 mod receive;
 mod shared;
+mod state;
 mod stats;
 mod stop;
 #[cfg(feature = "tower")]
@@ -53,6 +54,10 @@ pub use handler::{
     handler_fn, json_handler,
 };
 pub use health::{Health, UNREACHABLE_AFTER_LAST_ERROR};
+pub use state::{
+    State, StateBatchFnHandler, StateFnHandler, StateJsonHandler, batch_handler_fn_with_state,
+    handler_fn_with_state, json_handler_with_state,
+};
 pub use stats::Stats;
 
 #[cfg(test)]

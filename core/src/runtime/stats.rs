@@ -5,8 +5,10 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-/// A snapshot of a consumer's counters.
+/// A snapshot of a consumer's counters (read from a [`ConsumerHandle`](super::ConsumerHandle);
+/// counters may be added, so it is not built outside the SDK).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Deliveries received.
     pub received: u64,

@@ -199,20 +199,19 @@ pub(super) fn to_filter(form: &FilterForm) -> Result<DlqFilter, CliError> {
         ),
         None => None,
     };
-    Ok(DlqFilter {
-        error_kind: kind,
-        key: text(&form.key).map(Into::into),
-        since: text(&form.since)
-            .as_deref()
-            .map(render::parse_time)
-            .transpose()?,
-        until: text(&form.until)
-            .as_deref()
-            .map(render::parse_time)
-            .transpose()?,
-        error_text: text(&form.error),
-        ..DlqFilter::all()
-    })
+    let mut filter = DlqFilter::all();
+    filter.error_kind = kind;
+    filter.key = text(&form.key).map(Into::into);
+    filter.since = text(&form.since)
+        .as_deref()
+        .map(render::parse_time)
+        .transpose()?;
+    filter.until = text(&form.until)
+        .as_deref()
+        .map(render::parse_time)
+        .transpose()?;
+    filter.error_text = text(&form.error);
+    Ok(filter)
 }
 
 fn frame<'a>(console: &Console, caller: &'a Caller) -> Frame<'a> {
@@ -403,10 +402,7 @@ impl Selected {
     pub(super) fn filter(&self) -> Result<DlqFilter, CliError> {
         match &self.filter {
             Some(f) => to_filter(f),
-            None => Ok(DlqFilter {
-                ids: Some(self.ids.clone()),
-                ..DlqFilter::all()
-            }),
+            None => Ok(DlqFilter::all().ids(self.ids.iter().cloned())),
         }
     }
 }
