@@ -21,7 +21,7 @@ use event_retry_core::adapter::{
     Admin, Capabilities, DlqSession, Published, Subscription, SubscriptionSpec, Transport,
 };
 use event_retry_outbox::{Outbox, OutboxRow, RowFilter, State};
-use sqlx::Connection;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -30,14 +30,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::process::id()
     ));
     let url = format!("sqlite:{}", file.display());
-    let outbox = Outbox::connect(&url).await?;
+    // The service's own pool: business rows and outbox rows commit together on its connections, and
+    // the outbox's relay and operator commands share them.
+    let db = SqlitePoolOptions::new()
+        .max_connections(4)
+        .connect_with(
+            url.parse::<SqliteConnectOptions>()?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal),
+        )
+        .await?;
+    let outbox = Outbox::from_pool(db.clone()).await?;
     let started = Instant::now();
     println!("outbox: {url}");
-
-    // The service's own connection: business rows and outbox rows commit together.
-    let mut db = sqlx::SqliteConnection::connect(&url).await?;
     sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, total INTEGER NOT NULL)")
-        .execute(&mut db)
+        .execute(&db)
         .await?;
 
     let broker = Arc::new(FlakyBroker::new(Broker::memory()));
@@ -97,7 +104,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stats = relay.shutdown().await?;
 
     let orders: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM orders")
-        .fetch_one(&mut db)
+        .fetch_one(&db)
         .await?;
     let rows = outbox.list(&RowFilter::all()).await?;
     println!();

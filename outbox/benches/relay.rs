@@ -115,8 +115,7 @@ async fn fresh_db(pg: Option<&str>) -> Result<String, Error> {
             sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
                 .execute(&mut conn)
                 .await?;
-            let base = admin.rsplit_once('/').map_or(admin, |(b, _)| b);
-            Ok(format!("{base}/{name}"))
+            Ok(test_support::broker::postgres_database(admin, &name, None))
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Which database the outbox lives in, and the one way its SQL differs between the two.
 //!
-//! Separate from the store because the connection pool, the outbox table and the inbox all need it:
-//! the pool to open the database a URL names, the others to write their statements in its form.
+//! Separate from the store because the database, the outbox table and the inbox all need it: the
+//! database to open the one a URL names, the others to write their statements in its form.
 
 use sqlx::AssertSqlSafe;
 
@@ -26,6 +26,14 @@ impl Dialect {
             _ => Err(OutboxError::Config(format!(
                 "the outbox database URL must start with sqlite: or postgres:// (got {scheme:?})"
             ))),
+        }
+    }
+
+    /// The cargo feature of `event-retry-outbox` that compiles this database's driver.
+    pub fn feature(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "sqlite",
+            Dialect::Postgres => "postgres",
         }
     }
 

@@ -6,17 +6,17 @@
 //! transaction commits, so relays wake for committed rows and never for rolled-back ones.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use event_retry_core::event::Event;
 use event_retry_core::metadata::{PACKED, PREFIX};
 use event_retry_core::time::Timestamp;
-use sqlx::{PgConnection, SqliteConnection};
 
 use crate::dialect::Dialect;
 use crate::error::OutboxError;
 use crate::row::encode_headers;
-use crate::store::{CHANNEL, TABLE, ms};
+#[cfg(feature = "postgres")]
+use crate::store::CHANNEL;
+use crate::store::{TABLE, ms};
 
 /// What a commit of an enqueued row calls (the in-process wake of SQLite relays).
 pub type OnCommit = Arc<dyn Fn() + Send + Sync>;
@@ -35,7 +35,9 @@ pub trait OutboxConnection: Send {
 
 /// A SQLite commit hook that calls `on_commit` once, at the first commit after it was set (a rollback
 /// leaves it armed for the next commit, which then wakes the relays for nothing, harmlessly).
+#[cfg(feature = "sqlite")]
 fn commit_hook(on_commit: OnCommit) -> impl FnMut() -> bool + Send + 'static {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let armed = AtomicBool::new(true);
     move || {
         if armed.swap(false, Ordering::AcqRel) {
@@ -62,7 +64,8 @@ const INSERT: &str = "INSERT INTO event_retry_outbox
     VALUES ($1, $2, $3, $4, $5, 'PENDING', 0, 0, $6, $6)";
 
 macro_rules! outbox_connection {
-    ($conn:ty, $dialect:expr, $arm:ident) => {
+    ($conn:ty, $dialect:expr, $arm:ident, $feature:literal) => {
+        #[cfg(feature = $feature)]
         impl OutboxConnection for $conn {
             fn insert_row<'a>(
                 &'a mut self,
@@ -88,11 +91,25 @@ macro_rules! outbox_connection {
     };
 }
 
-outbox_connection!(SqliteConnection, Dialect::Sqlite, arm_sqlite);
-outbox_connection!(PgConnection, Dialect::Postgres, arm_postgres);
+outbox_connection!(
+    sqlx::SqliteConnection,
+    Dialect::Sqlite,
+    arm_sqlite,
+    "sqlite"
+);
+outbox_connection!(
+    sqlx::PgConnection,
+    Dialect::Postgres,
+    arm_postgres,
+    "postgres"
+);
 
 /// SQLite: the commit of the caller's transaction wakes this process's relays.
-async fn arm_sqlite(conn: &mut SqliteConnection, on_commit: OnCommit) -> Result<(), OutboxError> {
+#[cfg(feature = "sqlite")]
+async fn arm_sqlite(
+    conn: &mut sqlx::SqliteConnection,
+    on_commit: OnCommit,
+) -> Result<(), OutboxError> {
     conn.lock_handle()
         .await
         .map_err(OutboxError::db("arm the outbox commit hook"))?
@@ -101,7 +118,8 @@ async fn arm_sqlite(conn: &mut SqliteConnection, on_commit: OnCommit) -> Result<
 }
 
 /// PostgreSQL: a `NOTIFY` in the caller's transaction, delivered to every listening relay on commit.
-async fn arm_postgres(conn: &mut PgConnection, _: OnCommit) -> Result<(), OutboxError> {
+#[cfg(feature = "postgres")]
+async fn arm_postgres(conn: &mut sqlx::PgConnection, _: OnCommit) -> Result<(), OutboxError> {
     sqlx::query(Dialect::Postgres.sql(&format!("SELECT pg_notify('{CHANNEL}', '')")))
         .execute(conn)
         .await
@@ -202,8 +220,10 @@ mod tests {
         assert_eq!(fresh.event_id.len(), 36);
     }
 
+    #[cfg(feature = "sqlite")]
     #[test]
     fn the_commit_hook_wakes_once_and_never_refuses_a_commit() {
+        use std::sync::atomic::Ordering;
         let calls = Arc::new(std::sync::atomic::AtomicU32::new(0));
         let seen = calls.clone();
         let mut hook = commit_hook(Arc::new(move || {

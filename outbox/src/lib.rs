@@ -52,16 +52,21 @@
 //! # Ok(()) }
 //! ```
 #![deny(missing_docs)]
+// On docs.rs, every feature-gated item names its feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(not(any(feature = "postgres", feature = "sqlite")))]
+compile_error!("event-retry-outbox needs a database: turn on its `postgres` or `sqlite` feature");
 
 mod admin;
 pub mod classify;
+mod db;
 mod dialect;
 mod enqueue;
 mod error;
 pub mod inbox;
 pub mod lifecycle;
 pub mod metrics;
-mod pool;
 mod relay;
 mod row;
 mod store;
@@ -76,6 +81,7 @@ use event_retry_core::time::Timestamp;
 
 pub use admin::RowFilter;
 pub use classify::PublishFailure;
+pub use db::DatabasePool;
 pub use dialect::Dialect;
 pub use enqueue::{NewRow, OnCommit, OutboxConnection};
 pub use error::OutboxError;
@@ -85,6 +91,7 @@ pub use relay::{DEFAULT_POLICY, RelayBuilder, RelayHandle, RelayStats, Retention
 pub use row::OutboxRow;
 pub use store::{CHANNEL, Counts, TABLE};
 
+use db::Db;
 use store::Store;
 use wake::Wake;
 
@@ -93,14 +100,17 @@ use wake::Wake;
 pub struct Outbox {
     store: Store,
     wake: Wake,
-    url: String,
+    /// The URL it was opened from; `None` on the service's own pool.
+    url: Option<String>,
 }
 
 impl fmt::Debug for Outbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Outbox")
-            .field("url", &redact(&self.url))
-            .finish()
+        let url = self
+            .url
+            .as_deref()
+            .map_or_else(|| "the service's pool".to_string(), redact);
+        f.debug_struct("Outbox").field("url", &url).finish()
     }
 }
 
@@ -114,11 +124,31 @@ impl Outbox {
     /// [`connect`](Self::connect) with at most `max_connections` in the outbox's own pool (relays and
     /// operator commands use it; `enqueue` uses the caller's connection).
     pub async fn connect_with(url: &str, max_connections: u32) -> Result<Self, OutboxError> {
-        let store = Store::connect(url, max_connections.max(1)).await?;
+        let db = Db::connect(url, max_connections.max(1)).await?;
+        Self::open(db, Some(url.to_string())).await
+    }
+
+    /// The outbox on the service's own pool (a `sqlx::PgPool` or `sqlx::SqlitePool`): relays and
+    /// operator commands share its connections, its TLS settings and its limits. Creates the outbox
+    /// table if it is missing.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use event_retry_outbox::Outbox;
+    /// let pool = sqlx::PgPool::connect("postgres://app@db/shop?sslmode=verify-full").await?;
+    /// let outbox = Outbox::from_pool(pool.clone()).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_pool(pool: impl Into<DatabasePool>) -> Result<Self, OutboxError> {
+        Self::open(pool.into().0, None).await
+    }
+
+    async fn open(db: Db, url: Option<String>) -> Result<Self, OutboxError> {
+        let wake = Wake::for_database(&db.identity());
         Ok(Self {
-            store,
-            wake: Wake::for_url(url),
-            url: url.to_string(),
+            store: Store::open(db).await?,
+            wake,
+            url,
         })
     }
 
@@ -146,12 +176,7 @@ impl Outbox {
 
     /// A relay publishing this outbox's rows through `producer`; configure it, then `start` it.
     pub fn relay(&self, producer: Producer) -> RelayBuilder {
-        RelayBuilder::new(
-            self.store.clone(),
-            self.wake.clone(),
-            self.url.clone(),
-            producer,
-        )
+        RelayBuilder::new(self.store.clone(), self.wake.clone(), producer)
     }
 
     /// The rows `filter` selects, in id order.

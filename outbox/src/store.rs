@@ -17,10 +17,9 @@ use std::fmt::Write as _;
 
 use bytes::Bytes;
 use event_retry_core::time::Timestamp;
-use sqlx::AnyPool;
-use sqlx::any::AnyRow;
-use sqlx::{AssertSqlSafe, Row};
 
+pub(crate) use crate::db::Bind;
+use crate::db::{Db, DbRow};
 use crate::dialect::Dialect;
 use crate::error::OutboxError;
 use crate::lifecycle::{self, Input, State};
@@ -103,7 +102,7 @@ pub(crate) struct Unreadable {
 /// The outbox table in one database.
 #[derive(Clone, Debug)]
 pub(crate) struct Store {
-    pool: AnyPool,
+    db: Db,
     dialect: Dialect,
 }
 
@@ -124,9 +123,17 @@ pub struct Counts {
 
 impl Store {
     /// Connects to `url` with at most `max_connections` and creates the table if it is missing.
+    #[cfg(all(test, feature = "sqlite"))]
     pub(crate) async fn connect(url: &str, max_connections: u32) -> Result<Self, OutboxError> {
-        let (pool, dialect) = crate::pool::connect(url, max_connections).await?;
-        let store = Self { pool, dialect };
+        Self::open(Db::connect(url, max_connections).await?).await
+    }
+
+    /// The outbox table in `db`, created if it is missing.
+    pub(crate) async fn open(db: Db) -> Result<Self, OutboxError> {
+        let store = Self {
+            dialect: db.dialect(),
+            db,
+        };
         store.migrate().await?;
         Ok(store)
     }
@@ -136,10 +143,16 @@ impl Store {
         self.dialect
     }
 
+    /// The database.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn db(&self) -> &Db {
+        &self.db
+    }
+
     async fn migrate(&self) -> Result<(), OutboxError> {
         for statement in self.dialect.schema() {
-            sqlx::query(AssertSqlSafe(statement))
-                .execute(&self.pool)
+            self.db
+                .execute(&statement, Vec::new())
                 .await
                 .map_err(OutboxError::db("create the outbox table"))?;
         }
@@ -183,12 +196,15 @@ impl Store {
              RETURNING {COLUMNS}",
             pending = from_states(Input::Claim),
         );
-        let rows = sqlx::query(self.dialect.sql(&sql))
-            .bind(ms(now))
-            .bind(ms(lease_until))
-            .bind(claim.to_string())
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
+        let binds = vec![
+            Bind::Int(ms(now)),
+            Bind::Int(ms(lease_until)),
+            Bind::Text(claim.to_string()),
+            Bind::Int(i64::try_from(limit).unwrap_or(i64::MAX)),
+        ];
+        let rows = self
+            .db
+            .fetch_all(&sql, binds)
             .await
             .map_err(OutboxError::db("claim due outbox rows"))?;
         let mut good = Vec::with_capacity(rows.len());
@@ -197,7 +213,7 @@ impl Store {
             match decode_row(&row) {
                 Ok(r) => good.push(r),
                 Err(reason) => bad.push(Unreadable {
-                    id: row.try_get("id").unwrap_or_default(),
+                    id: row.get("id").unwrap_or_default(),
                     reason,
                 }),
             }
@@ -231,15 +247,14 @@ impl Store {
         } else {
             format!("DELETE FROM {TABLE} WHERE {guard}")
         };
-        let mut query = sqlx::query(self.dialect.sql(&sql)).bind(claim.to_string());
+        let mut binds = vec![Bind::Text(claim.to_string())];
         if keep {
-            query = query.bind(ms(now));
+            binds.push(Bind::Int(ms(now)));
         }
-        let done = query
-            .execute(&self.pool)
+        self.db
+            .execute(&sql, binds)
             .await
-            .map_err(OutboxError::db("mark outbox rows published"))?;
-        Ok(done.rows_affected())
+            .map_err(OutboxError::db("mark outbox rows published"))
     }
 
     /// Records a failed attempt of row `id` of `claim`: back to pending at `available_at`, or dead.
@@ -268,17 +283,20 @@ impl Store {
              WHERE id = $5 AND claimed_by = $6 AND {}",
             from_states(outcome)
         );
-        let done = sqlx::query(self.dialect.sql(&sql))
-            .bind(to.as_str())
-            .bind(error.to_string())
-            .bind(ms(available_at))
-            .bind(dead_at)
-            .bind(id)
-            .bind(claim.to_string())
-            .execute(&self.pool)
+        let binds = vec![
+            Bind::Text(to.as_str().to_string()),
+            Bind::Text(error.to_string()),
+            Bind::Int(ms(available_at)),
+            Bind::OptInt(dead_at),
+            Bind::Int(id),
+            Bind::Text(claim.to_string()),
+        ];
+        let done = self
+            .db
+            .execute(&sql, binds)
             .await
             .map_err(OutboxError::db("record a failed publish attempt"))?;
-        Ok(done.rows_affected() == 1)
+        Ok(done == 1)
     }
 
     /// Gives `ids` of `claim` back unpublished: pending again, no attempt counted.
@@ -292,12 +310,10 @@ impl Store {
             from_states(Input::Release),
             id_list(ids)
         );
-        let done = sqlx::query(self.dialect.sql(&sql))
-            .bind(claim.to_string())
-            .execute(&self.pool)
+        self.db
+            .execute(&sql, vec![Bind::Text(claim.to_string())])
             .await
-            .map_err(OutboxError::db("release claimed outbox rows"))?;
-        Ok(done.rows_affected())
+            .map_err(OutboxError::db("release claimed outbox rows"))
     }
 
     /// When the next row becomes due: the earliest pending `available_at` or claimed `lease_until`.
@@ -307,13 +323,17 @@ impl Store {
                SELECT MIN(available_at) AS t FROM {TABLE} WHERE state = 'PENDING'
                UNION ALL SELECT MIN(lease_until) AS t FROM {TABLE} WHERE state = 'CLAIMED') due"
         );
-        let row = sqlx::query(self.dialect.sql(&sql))
-            .fetch_one(&self.pool)
+        let row = self
+            .db
+            .fetch_optional(&sql, Vec::new())
             .await
             .map_err(OutboxError::db("find the next due outbox row"))?;
-        let t: Option<i64> = row
-            .try_get(0)
-            .map_err(OutboxError::db("read the next due time"))?;
+        let t: Option<i64> = match row {
+            Some(row) => row
+                .get(0)
+                .map_err(OutboxError::db("read the next due time"))?,
+            None => None,
+        };
         Ok(t.map(ts))
     }
 
@@ -327,27 +347,29 @@ impl Store {
             "DELETE FROM {TABLE} WHERE id IN (SELECT id FROM {TABLE}
              WHERE state = 'PUBLISHED' AND published_at < $1 ORDER BY id LIMIT $2)"
         );
-        let done = sqlx::query(self.dialect.sql(&sql))
-            .bind(ms(before))
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .execute(&self.pool)
+        let binds = vec![
+            Bind::Int(ms(before)),
+            Bind::Int(i64::try_from(limit).unwrap_or(i64::MAX)),
+        ];
+        self.db
+            .execute(&sql, binds)
             .await
-            .map_err(OutboxError::db("delete old published outbox rows"))?;
-        Ok(done.rows_affected())
+            .map_err(OutboxError::db("delete old published outbox rows"))
     }
 
     /// Counts by state and the oldest waiting row.
     pub(crate) async fn counts(&self) -> Result<Counts, OutboxError> {
         let sql = format!("SELECT state, COUNT(*), MIN(created_at) FROM {TABLE} GROUP BY state");
-        let rows = sqlx::query(self.dialect.sql(&sql))
-            .fetch_all(&self.pool)
+        let rows = self
+            .db
+            .fetch_all(&sql, Vec::new())
             .await
             .map_err(OutboxError::db("count outbox rows"))?;
         let mut counts = Counts::default();
         for row in rows {
-            let state: String = row.try_get(0).map_err(OutboxError::db("read counts"))?;
-            let n: i64 = row.try_get(1).map_err(OutboxError::db("read counts"))?;
-            let oldest: Option<i64> = row.try_get(2).map_err(OutboxError::db("read counts"))?;
+            let state: String = row.get(0).map_err(OutboxError::db("read counts"))?;
+            let n: i64 = row.get(1).map_err(OutboxError::db("read counts"))?;
+            let oldest: Option<i64> = row.get(2).map_err(OutboxError::db("read counts"))?;
             let n = u64::try_from(n).unwrap_or(0);
             match state.parse::<State>() {
                 Ok(state @ (State::Pending | State::Claimed)) => {
@@ -378,12 +400,9 @@ impl Store {
     ) -> Result<Vec<OutboxRow>, OutboxError> {
         let limit = limit.map(|n| format!(" LIMIT {n}")).unwrap_or_default();
         let sql = format!("SELECT {COLUMNS} FROM {TABLE} WHERE {where_sql} ORDER BY id{limit}");
-        let mut query = sqlx::query(self.dialect.sql(&sql));
-        for bind in binds {
-            query = bind.apply(query);
-        }
-        let rows = query
-            .fetch_all(&self.pool)
+        let rows = self
+            .db
+            .fetch_all(&sql, binds)
             .await
             .map_err(OutboxError::db("list outbox rows"))?;
         rows.iter()
@@ -391,7 +410,7 @@ impl Store {
                 decode_row(row).map_err(|reason| {
                     OutboxError::InvalidInput(format!(
                         "row {}: {reason}",
-                        row.try_get::<i64, _>("id").unwrap_or_default()
+                        row.get::<i64>("id").unwrap_or_default()
                     ))
                 })
             })
@@ -405,50 +424,21 @@ impl Store {
         binds: Vec<Bind>,
         operation: &'static str,
     ) -> Result<u64, OutboxError> {
-        let mut query = sqlx::query(self.dialect.sql(sql));
-        for bind in binds {
-            query = bind.apply(query);
-        }
-        let done = query
-            .execute(&self.pool)
+        self.db
+            .execute(sql, binds)
             .await
-            .map_err(OutboxError::db(operation))?;
-        Ok(done.rows_affected())
+            .map_err(OutboxError::db(operation))
     }
 
     /// Wakes the relays listening on PostgreSQL (a no-op on SQLite, whose signal stays in-process).
     pub(crate) async fn notify(&self) -> Result<(), OutboxError> {
         if self.dialect == Dialect::Postgres {
-            sqlx::query(
-                self.dialect
-                    .sql(&format!("SELECT pg_notify('{CHANNEL}', '')")),
-            )
-            .execute(&self.pool)
-            .await
-            .map_err(OutboxError::db("notify the outbox relays"))?;
+            self.db
+                .execute(&format!("SELECT pg_notify('{CHANNEL}', '')"), Vec::new())
+                .await
+                .map_err(OutboxError::db("notify the outbox relays"))?;
         }
         Ok(())
-    }
-}
-
-/// A parameter of a filter statement.
-#[derive(Clone, Debug)]
-pub(crate) enum Bind {
-    Int(i64),
-    Text(String),
-    Bytes(Vec<u8>),
-}
-
-impl Bind {
-    fn apply<'q>(
-        self,
-        query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
-    ) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
-        match self {
-            Bind::Int(v) => query.bind(v),
-            Bind::Text(v) => query.bind(v),
-            Bind::Bytes(v) => query.bind(v),
-        }
     }
 }
 
@@ -460,53 +450,50 @@ pub(crate) fn ts(ms: i64) -> Timestamp {
     Timestamp::from_millis(u64::try_from(ms).unwrap_or(0))
 }
 
-fn decode_row(row: &AnyRow) -> Result<OutboxRow, String> {
+fn decode_row(row: &DbRow) -> Result<OutboxRow, String> {
     let get_err = |e: sqlx::Error| format!("a column does not read back: {e}");
     let count = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
-    let state: String = row.try_get("state").map_err(get_err)?;
-    let headers: String = row.try_get("headers").map_err(get_err)?;
+    let state: String = row.get("state").map_err(get_err)?;
+    let headers: String = row.get("headers").map_err(get_err)?;
     let (headers, headers_error) = match decode_headers(&headers) {
         Ok(h) => (h, None),
         Err(e) => (event_retry_core::headers::Headers::new(), Some(e)),
     };
     Ok(OutboxRow {
-        id: row.try_get("id").map_err(get_err)?,
-        event_id: row.try_get("event_id").map_err(get_err)?,
-        topic: row.try_get("topic").map_err(get_err)?,
+        id: row.get("id").map_err(get_err)?,
+        event_id: row.get("event_id").map_err(get_err)?,
+        topic: row.get("topic").map_err(get_err)?,
         key: row
-            .try_get::<Option<Vec<u8>>, _>("msg_key")
+            .get::<Option<Vec<u8>>>("msg_key")
             .map_err(get_err)?
             .map(Bytes::from),
-        payload: Bytes::from(row.try_get::<Vec<u8>, _>("payload").map_err(get_err)?),
+        payload: Bytes::from(row.get::<Vec<u8>>("payload").map_err(get_err)?),
         headers,
         headers_error,
         state: state.parse()?,
-        attempts: count(row.try_get("attempts").map_err(get_err)?),
-        replay_count: count(row.try_get("replay_count").map_err(get_err)?),
-        available_at: ts(row.try_get("available_at").map_err(get_err)?),
+        attempts: count(row.get("attempts").map_err(get_err)?),
+        replay_count: count(row.get("replay_count").map_err(get_err)?),
+        available_at: ts(row.get("available_at").map_err(get_err)?),
         claimed_at: row
-            .try_get::<Option<i64>, _>("claimed_at")
+            .get::<Option<i64>>("claimed_at")
             .map_err(get_err)?
             .map(ts),
         lease_until: row
-            .try_get::<Option<i64>, _>("lease_until")
+            .get::<Option<i64>>("lease_until")
             .map_err(get_err)?
             .map(ts),
-        claimed_by: row.try_get("claimed_by").map_err(get_err)?,
-        last_error: row.try_get("last_error").map_err(get_err)?,
-        created_at: ts(row.try_get("created_at").map_err(get_err)?),
+        claimed_by: row.get("claimed_by").map_err(get_err)?,
+        last_error: row.get("last_error").map_err(get_err)?,
+        created_at: ts(row.get("created_at").map_err(get_err)?),
         published_at: row
-            .try_get::<Option<i64>, _>("published_at")
+            .get::<Option<i64>>("published_at")
             .map_err(get_err)?
             .map(ts),
-        dead_at: row
-            .try_get::<Option<i64>, _>("dead_at")
-            .map_err(get_err)?
-            .map(ts),
+        dead_at: row.get::<Option<i64>>("dead_at").map_err(get_err)?.map(ts),
     })
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
     use std::time::Duration;
@@ -515,13 +502,11 @@ mod tests {
     async fn store_with_two_rows() -> Store {
         let store = Store::connect("sqlite::memory:", 1).await.expect("store");
         for id in ["e1", "e2"] {
-            sqlx::query(AssertSqlSafe(format!(
+            let insert = format!(
                 "INSERT INTO {TABLE} (event_id, topic, payload, headers, state, attempts, replay_count,
                  available_at, created_at) VALUES ('{id}', 'orders', X'00', '[]', 'PENDING', 0, 0, 0, 0)"
-            )))
-            .execute(&store.pool)
-            .await
-            .expect("insert");
+            );
+            store.db.execute(&insert, Vec::new()).await.expect("insert");
         }
         store
     }

@@ -22,15 +22,15 @@ pub(crate) struct Wake {
 }
 
 impl Wake {
-    /// The signal shared by every outbox handle of `url` in this process.
-    pub(crate) fn for_url(url: &str) -> Wake {
+    /// The signal shared by every outbox handle of one database (its `identity`) in this process.
+    pub(crate) fn for_database(identity: &str) -> Wake {
         static REGISTRY: OnceLock<Mutex<HashMap<String, Wake>>> = OnceLock::new();
         let mut registry = REGISTRY
             .get_or_init(Mutex::default)
             .lock()
             .unwrap_or_else(|p| p.into_inner());
         registry
-            .entry(url.to_string())
+            .entry(identity.to_string())
             .or_insert_with(|| Wake {
                 tx: watch::channel(0).0,
             })
@@ -55,9 +55,9 @@ mod tests {
 
     #[test]
     fn handles_of_one_database_share_the_signal() {
-        let a = Wake::for_url("sqlite:wake-test-a.db");
-        let b = Wake::for_url("sqlite:wake-test-a.db");
-        let other = Wake::for_url("sqlite:wake-test-b.db");
+        let a = Wake::for_database("sqlite:wake-test-a.db");
+        let b = Wake::for_database("sqlite:wake-test-a.db");
+        let other = Wake::for_database("sqlite:wake-test-b.db");
         let mut seen = a.subscribe();
         let mut unrelated = other.subscribe();
         b.bump();

@@ -27,6 +27,7 @@ async fn exercise(url: &str) {
              dead_at = 1 WHERE id = {id}"
         )
     };
+    sqlx::any::install_default_drivers();
     let mut conn = sqlx::AnyConnection::connect(url).await.expect("connect");
     for (state, id) in [("PUBLISHED", ids[1]), ("DEAD", ids[2])] {
         sqlx::query(sqlx::AssertSqlSafe(set(state, id)))
@@ -209,8 +210,10 @@ fn outbox_commands_on_postgres(admin: String) -> Result<(), String> {
             .execute(&mut conn)
             .await
             .map_err(|e| format!("create database: {e}"))?;
-        let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-        exercise(&format!("{base}/{name}")).await;
+        exercise(&test_support::broker::postgres_database(
+            &admin, &name, None,
+        ))
+        .await;
         Ok(())
     })
 }

@@ -4,6 +4,11 @@
 # The server refuses to run as root, so it runs as user postgres, which may not be able to reach a clone
 # under a private home folder: its data lives in a folder that user owns under /tmp (named in
 # $STATE/postgres/data-dir). Local connections are trusted (loopback only, a throwaway cluster).
+#
+# With TLS (tls_wanted) the same port also takes TLS connections, with the throwaway CA's server
+# certificate (tls.sh): postgres_tls_status answers with a sslmode=verify-full URL. The settings are in
+# the cluster's postgresql.conf, so a test can turn TLS off for a while (ALTER SYSTEM, then a reload)
+# to meet a server without it.
 
 postgres_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
 
@@ -56,6 +61,8 @@ postgres_start() {
     postgres_as_owner "$bin/initdb" -D "$n/data" -U postgres -A trust -E UTF8 > "$d/initdb.log" 2>&1 \
       || { cat "$d/initdb.log" >&2; die "postgres: initdb failed"; }
   fi
+  postgres_tls_settings "$n"
+  tls_mark "$d"
   log "postgres: starting on 127.0.0.1:$port"
   rm -f "$d/pid"
   launch_detached postgres "$d" "$d/postgres.log" \
@@ -69,6 +76,33 @@ postgres_start() {
   head -n 1 "$n/data/postmaster.pid" > "$d/pid" 2>/dev/null || true
   serve_or_stop postgres postgres_stop 60 postgres_ready "$port"
   log "postgres: up at postgres://postgres@127.0.0.1:$port/postgres (pid $(cat "$d/pid"))"
+}
+
+# postgres_tls_settings DIR — with TLS, the server's certificate and key in DIR (the key readable by the
+# server's user alone, as it requires) and ssl on in the cluster's configuration; without, ssl off.
+postgres_tls_settings() {
+  local n=$1 conf="$1/data/postgresql.conf"
+  sed -i '/^# event-retry tls$/,$d' "$conf"
+  tls_wanted || return 0
+  tls_material
+  cp "$TLS_DIR/server.pem" "$n/server.pem"
+  cp "$TLS_DIR/server.key" "$n/server.key"
+  chmod 600 "$n/server.key"
+  [ "$(id -u)" -eq 0 ] && chown postgres "$n/server.pem" "$n/server.key"
+  printf "# event-retry tls\nssl = on\nssl_cert_file = '%s'\nssl_key_file = '%s'\n" \
+    "$n/server.pem" "$n/server.key" >> "$conf"
+}
+
+# postgres_tls_status — prints the verify-full URL if our cluster was started with TLS and a query over
+# TLS, checking the certificate and the host, answers; else 1, silent.
+postgres_tls_status() {
+  local d="$STATE/postgres" port url
+  tls_on postgres && postgres_status >/dev/null || return 1
+  port=$(cat "$d/port")
+  url="postgres://postgres@127.0.0.1:$port/postgres?sslmode=verify-full&sslrootcert=$TLS_DIR/ca.pem"
+  psql "$url" -Atc 'SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()' 2>/dev/null \
+    | grep -q '^t$' || return 1
+  printf '%s\n' "$url"
 }
 
 # postgres_status — prints the URL if our cluster is alive and answers; else 1, silent.

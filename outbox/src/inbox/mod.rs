@@ -25,32 +25,30 @@
 //! use event_retry::prelude::*;
 //! use event_retry_outbox::{Inbox, Outbox, Record, database_error};
 //!
+//! #[derive(Clone)]
+//! struct Billing { pool: sqlx::SqlitePool, inbox: Inbox, outbox: Outbox }
+//!
+//! async fn pay(State(b): State<Billing>, event: Event, ctx: Context) -> Result<(), HandlerError> {
+//!     let mut tx = b.pool.begin().await.map_err(database_error)?;
+//!     if b.inbox.record(&mut *tx, &ctx).await? == Record::AlreadyDone {
+//!         return Ok(()); // a redelivery: its effects are committed already
+//!     }
+//!     sqlx::query("INSERT INTO ledger (payment) VALUES (?1)")
+//!         .bind(ctx.event_id.to_string())
+//!         .execute(&mut *tx)
+//!         .await
+//!         .map_err(database_error)?;
+//!     b.outbox.enqueue(&mut *tx, "receipts", Event::new(event.payload.clone())).await?;
+//!     tx.commit().await.map_err(database_error)?; // id, ledger row and receipt: all or none
+//!     Ok(())
+//! }
+//!
 //! # async fn demo(broker: event_retry::Broker) -> Result<(), Box<dyn std::error::Error>> {
-//! let db = "sqlite:app.db";
-//! let pool = sqlx::SqlitePool::connect(db).await?;
-//! let inbox = Inbox::builder(db).consumer("billing").connect().await?;
-//! let outbox = Outbox::connect(db).await?;
-//! broker
-//!     .consumer("payments")
-//!     .group("billing")
-//!     .start(handler_fn(move |event: Event, ctx: Context| {
-//!         let (pool, inbox, outbox) = (pool.clone(), inbox.clone(), outbox.clone());
-//!         async move {
-//!             let mut tx = pool.begin().await.map_err(database_error)?;
-//!             if inbox.record(&mut *tx, &ctx).await? == Record::AlreadyDone {
-//!                 return Ok(()); // a redelivery: its effects are committed already
-//!             }
-//!             sqlx::query("INSERT INTO ledger (payment) VALUES (?1)")
-//!                 .bind(ctx.event_id.to_string())
-//!                 .execute(&mut *tx)
-//!                 .await
-//!                 .map_err(database_error)?;
-//!             outbox.enqueue(&mut *tx, "receipts", Event::new(event.payload.clone())).await?;
-//!             tx.commit().await.map_err(database_error)?; // id, ledger row and receipt: all or none
-//!             Ok(())
-//!         }
-//!     }))
-//!     .await?;
+//! let pool = sqlx::SqlitePool::connect("sqlite:app.db").await?;
+//! let inbox = Inbox::from_pool(pool.clone()).consumer("billing").connect().await?;
+//! let outbox = Outbox::from_pool(pool.clone()).await?;
+//! let billing = Billing { pool, inbox, outbox };
+//! broker.consumer("payments").group("billing").start(handler_fn_with_state(billing, pay)).await?;
 //! # Ok(()) }
 //! ```
 
@@ -66,8 +64,8 @@ use event_retry_core::idempotency::{Begin, IdempotencyStore, StoreError};
 use event_retry_core::runtime::Context;
 use event_retry_core::time::Timestamp;
 use futures::future::BoxFuture;
-use sqlx::{AnyConnection, AnyPool, PgConnection, Row, SqliteConnection};
 
+use crate::db::{Bind, DatabasePool, Db};
 use crate::dialect::Dialect;
 use crate::error::OutboxError;
 use crate::store::ms;
@@ -120,7 +118,8 @@ pub trait InboxConnection: Send {
 }
 
 macro_rules! inbox_connection {
-    ($conn:ty, $dialect:expr) => {
+    ($conn:ty, $dialect:expr, $feature:literal) => {
+        #[cfg(feature = $feature)]
         impl InboxConnection for $conn {
             fn mark_done<'a>(
                 &'a mut self,
@@ -144,16 +143,20 @@ macro_rules! inbox_connection {
 }
 
 inbox_connection!(
-    SqliteConnection,
-    |_: &SqliteConnection| Ok::<_, sqlx::Error>(Dialect::Sqlite)
+    sqlx::SqliteConnection,
+    |_: &sqlx::SqliteConnection| Ok::<_, sqlx::Error>(Dialect::Sqlite),
+    "sqlite"
 );
-inbox_connection!(PgConnection, |_: &PgConnection| Ok::<_, sqlx::Error>(
-    Dialect::Postgres
-));
-inbox_connection!(AnyConnection, any_dialect);
+inbox_connection!(
+    sqlx::PgConnection,
+    |_: &sqlx::PgConnection| Ok::<_, sqlx::Error>(Dialect::Postgres),
+    "postgres"
+);
+inbox_connection!(sqlx::AnyConnection, any_dialect, "any");
 
 /// The dialect of a connection through sqlx's `Any` driver: its backend's.
-fn any_dialect(conn: &AnyConnection) -> Result<Dialect, sqlx::Error> {
+#[cfg(feature = "any")]
+fn any_dialect(conn: &sqlx::AnyConnection) -> Result<Dialect, sqlx::Error> {
     match conn.backend_name() {
         "SQLite" => Ok(Dialect::Sqlite),
         "PostgreSQL" => Ok(Dialect::Postgres),
@@ -166,7 +169,7 @@ fn any_dialect(conn: &AnyConnection) -> Result<Dialect, sqlx::Error> {
 /// Settings for an [`Inbox`]; [`InboxBuilder::connect`] opens it.
 #[derive(Clone, Debug)]
 pub struct InboxBuilder {
-    url: String,
+    source: Source,
     consumer: String,
     lease: Duration,
     retention: Duration,
@@ -203,7 +206,8 @@ impl InboxBuilder {
     }
 
     /// At most this many connections in the inbox's own pool (8 unless told; [`Inbox::record`] uses the
-    /// caller's connection instead).
+    /// caller's connection instead; an inbox on the service's pool, [`Inbox::from_pool`], uses that
+    /// pool's limit).
     pub fn max_connections(mut self, max: u32) -> Self {
         self.max_connections = max.max(1);
         self
@@ -217,20 +221,21 @@ impl InboxBuilder {
                 "the inbox consumer name is empty".into(),
             ));
         }
-        let (pool, dialect) = crate::pool::connect(&self.url, self.max_connections).await?;
+        let (db, url) = match self.source {
+            Source::Url(url) => (Db::connect(&url, self.max_connections).await?, Some(url)),
+            Source::Pool(db) => (db, None),
+        };
         for statement in sql::schema() {
-            sqlx::query(sqlx::AssertSqlSafe(statement))
-                .execute(&pool)
+            db.execute(&statement, Vec::new())
                 .await
                 .map_err(OutboxError::db("create the inbox table"))?;
         }
         let inner = Arc::new(Inner {
-            pool,
-            dialect,
+            db,
             consumer: self.consumer,
             lease: self.lease,
             retention: self.retention,
-            url: self.url,
+            url,
         });
         tokio::spawn(purge_loop(Arc::downgrade(&inner), self.purge_every));
         Ok(Inbox { inner })
@@ -244,18 +249,34 @@ pub struct Inbox {
 }
 
 struct Inner {
-    pool: AnyPool,
-    dialect: Dialect,
+    db: Db,
     consumer: String,
     lease: Duration,
     retention: Duration,
-    url: String,
+    /// The URL it was opened from; `None` on the service's own pool.
+    url: Option<String>,
+}
+
+/// Where an inbox's database comes from.
+#[derive(Clone, Debug)]
+enum Source {
+    /// A URL: the inbox opens a pool of its own.
+    Url(String),
+    /// The service's own pool.
+    Pool(Db),
 }
 
 impl fmt::Debug for Inbox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Inbox")
-            .field("url", &crate::redact(&self.inner.url))
+            .field(
+                "url",
+                &self
+                    .inner
+                    .url
+                    .as_deref()
+                    .map_or_else(|| "the service's pool".to_string(), crate::redact),
+            )
             .field("consumer", &self.inner.consumer)
             .finish()
     }
@@ -265,8 +286,25 @@ impl Inbox {
     /// Settings for the inbox in the database at `url` (`sqlite:path/to/file.db`,
     /// `postgres://user@host/db`): name the consumer, then [`connect`](InboxBuilder::connect).
     pub fn builder(url: &str) -> InboxBuilder {
+        Self::builder_on(Source::Url(url.to_string()))
+    }
+
+    /// Settings for the inbox on the service's own pool (a `sqlx::PgPool` or `sqlx::SqlitePool`):
+    /// the inbox's statements share its connections, its TLS and its limits.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use event_retry_outbox::Inbox;
+    /// let inbox = Inbox::from_pool(pool.clone()).consumer("billing").connect().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn from_pool(pool: impl Into<DatabasePool>) -> InboxBuilder {
+        Self::builder_on(Source::Pool(pool.into().0))
+    }
+
+    fn builder_on(source: Source) -> InboxBuilder {
         InboxBuilder {
-            url: url.to_string(),
+            source,
             consumer: "default".into(),
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
@@ -330,32 +368,35 @@ impl Inbox {
             Timestamp::from_millis(Timestamp::now().as_millis().saturating_sub(
                 u64::try_from(self.inner.retention.as_millis()).unwrap_or(u64::MAX),
             ));
-        let purged = sqlx::query(sql::sql(self.inner.dialect, sql::PURGE))
-            .bind(&self.inner.consumer)
-            .bind(ms(cut_off))
-            .execute(&self.inner.pool)
+        let binds = vec![
+            Bind::Text(self.inner.consumer.clone()),
+            Bind::Int(ms(cut_off)),
+        ];
+        let purged = self
+            .inner
+            .db
+            .execute(sql::checked(sql::PURGE), binds)
             .await
-            .map_err(OutboxError::db("purge the inbox"))?
-            .rows_affected();
+            .map_err(OutboxError::db("purge the inbox"))?;
         crate::metrics::inbox_purged(&self.inner.consumer, purged);
         Ok(purged)
     }
 
     /// This consumer's rows by state.
     pub async fn counts(&self) -> Result<InboxCounts, OutboxError> {
-        let rows = sqlx::query(sql::sql(self.inner.dialect, sql::COUNTS))
-            .bind(&self.inner.consumer)
-            .fetch_all(&self.inner.pool)
+        let rows = self
+            .inner
+            .db
+            .fetch_all(
+                sql::checked(sql::COUNTS),
+                vec![Bind::Text(self.inner.consumer.clone())],
+            )
             .await
             .map_err(OutboxError::db("count inbox rows"))?;
         let mut counts = InboxCounts::default();
         for row in rows {
-            let state: String = row
-                .try_get(0)
-                .map_err(OutboxError::db("read inbox counts"))?;
-            let n: i64 = row
-                .try_get(1)
-                .map_err(OutboxError::db("read inbox counts"))?;
+            let state: String = row.get(0).map_err(OutboxError::db("read inbox counts"))?;
+            let n: i64 = row.get(1).map_err(OutboxError::db("read inbox counts"))?;
             let n = u64::try_from(n).unwrap_or(0);
             match state.as_str() {
                 "DONE" => counts.done += n,
@@ -366,25 +407,36 @@ impl Inbox {
     }
 
     async fn state(&self, event_id: &str) -> Result<Option<String>, OutboxError> {
-        sqlx::query_scalar(sql::sql(self.inner.dialect, sql::STATE))
-            .bind(&self.inner.consumer)
-            .bind(event_id)
-            .fetch_optional(&self.inner.pool)
+        let binds = vec![
+            Bind::Text(self.inner.consumer.clone()),
+            Bind::Text(event_id.to_string()),
+        ];
+        let row = self
+            .inner
+            .db
+            .fetch_optional(sql::checked(sql::STATE), binds)
             .await
+            .map_err(OutboxError::db("read the inbox"))?;
+        row.map(|row| row.get(0))
+            .transpose()
             .map_err(OutboxError::db("read the inbox"))
     }
 
     async fn try_claim(&self, event_id: &str) -> Result<bool, OutboxError> {
         let now = Timestamp::now();
-        let claimed = sqlx::query(sql::sql(self.inner.dialect, sql::CLAIM))
-            .bind(&self.inner.consumer)
-            .bind(event_id)
-            .bind(ms(now.plus(self.inner.lease)))
-            .bind(ms(now))
-            .execute(&self.inner.pool)
+        let binds = vec![
+            Bind::Text(self.inner.consumer.clone()),
+            Bind::Text(event_id.to_string()),
+            Bind::Int(ms(now.plus(self.inner.lease))),
+            Bind::Int(ms(now)),
+        ];
+        let claimed = self
+            .inner
+            .db
+            .execute(sql::checked(sql::CLAIM), binds)
             .await
             .map_err(OutboxError::db("claim the event in the inbox"))?;
-        Ok(claimed.rows_affected() > 0)
+        Ok(claimed > 0)
     }
 }
 
@@ -408,21 +460,27 @@ impl IdempotencyStore for Inbox {
     }
 
     async fn complete(&self, id: &str) -> Result<(), StoreError> {
-        sqlx::query(sql::sql(self.inner.dialect, sql::DONE))
-            .bind(&self.inner.consumer)
-            .bind(id)
-            .bind(ms(Timestamp::now()))
-            .execute(&self.inner.pool)
+        let binds = vec![
+            Bind::Text(self.inner.consumer.clone()),
+            Bind::Text(id.to_string()),
+            Bind::Int(ms(Timestamp::now())),
+        ];
+        self.inner
+            .db
+            .execute(sql::checked(sql::DONE), binds)
             .await
             .map_err(|e| store_error(OutboxError::db("mark the event done in the inbox")(e)))?;
         Ok(())
     }
 
     async fn abandon(&self, id: &str) -> Result<(), StoreError> {
-        sqlx::query(sql::sql(self.inner.dialect, sql::RELEASE))
-            .bind(&self.inner.consumer)
-            .bind(id)
-            .execute(&self.inner.pool)
+        let binds = vec![
+            Bind::Text(self.inner.consumer.clone()),
+            Bind::Text(id.to_string()),
+        ];
+        self.inner
+            .db
+            .execute(sql::checked(sql::RELEASE), binds)
             .await
             .map_err(|e| store_error(OutboxError::db("release the inbox claim")(e)))?;
         Ok(())

@@ -26,7 +26,6 @@ pub enum Retention {
 pub struct RelayBuilder {
     pub(super) store: Store,
     pub(super) wake: Wake,
-    pub(super) url: String,
     pub(super) producer: Producer,
     pub(super) config: RelayConfig,
 }
@@ -53,13 +52,12 @@ pub(super) struct RelayConfig {
 pub const DEFAULT_POLICY: &str = "exp(1s, 5m, 2, 20)";
 
 impl RelayBuilder {
-    pub(crate) fn new(store: Store, wake: Wake, url: String, producer: Producer) -> Self {
+    pub(crate) fn new(store: Store, wake: Wake, producer: Producer) -> Self {
         #[allow(clippy::unwrap_used)] // a constant the unit tests parse
         let policy = RetryPolicy::parse(DEFAULT_POLICY).unwrap();
         Self {
             store,
             wake,
-            url,
             producer,
             config: RelayConfig {
                 name: format!("relay-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]),
@@ -177,6 +175,7 @@ mod tests {
         assert_eq!(policy.max_retries(), Some(20));
     }
 
+    #[cfg(feature = "sqlite")]
     #[tokio::test]
     async fn a_lease_shorter_than_twice_the_publish_timeout_is_refused() {
         let outbox = crate::Outbox::connect_with("sqlite::memory:", 1)

@@ -38,7 +38,6 @@ impl RelayBuilder {
         let relay = Relay {
             store: self.store,
             wake: self.wake,
-            url: self.url,
             producer: self.producer,
             config: self.config,
             stats: stats.clone(),
@@ -92,7 +91,6 @@ impl RelayHandle {
 struct Relay {
     store: Store,
     wake: Wake,
-    url: String,
     producer: Producer,
     config: RelayConfig,
     stats: Arc<Mutex<RelayStats>>,
@@ -251,32 +249,25 @@ impl Relay {
         tracing::info!(relay = %self.config.name, "outbox relay stopped");
     }
 
-    async fn listen(&self) -> Option<sqlx::postgres::PgListener> {
+    async fn listen(&self) -> Option<Listener> {
         if !self.config.notifications || self.store.dialect() != Dialect::Postgres {
             return None;
         }
-        match sqlx::postgres::PgListener::connect(&self.url).await {
-            Ok(mut listener) => match listener.listen(crate::store::CHANNEL).await {
-                Ok(()) => Some(listener),
-                Err(e) => {
-                    tracing::warn!(error = %e, "LISTEN failed; the relay polls");
-                    None
-                }
-            },
+        #[cfg(feature = "postgres")]
+        match self.store.db().listen(crate::store::CHANNEL).await? {
+            Ok(listener) => Some(listener),
             Err(e) => {
-                tracing::warn!(error = %e, "no notification connection; the relay polls");
+                tracing::warn!(error = %e, "no notification connection (LISTEN); the relay polls");
                 None
             }
         }
+        #[cfg(not(feature = "postgres"))]
+        None
     }
 
     /// Sleeps until something may be due: a notification, the next row's time, the fallback poll, or
     /// shutdown.
-    async fn idle(
-        &mut self,
-        wakes: &mut watch::Receiver<u64>,
-        listener: &mut Option<sqlx::postgres::PgListener>,
-    ) {
+    async fn idle(&mut self, wakes: &mut watch::Receiver<u64>, listener: &mut Option<Listener>) {
         let now = Timestamp::now();
         let mut wait = self.config.poll_interval;
         if let Ok(Some(due)) = self.store.next_due().await {
@@ -531,12 +522,22 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
 }
 
-async fn recv(listener: &mut Option<sqlx::postgres::PgListener>) -> Result<(), ()> {
+/// PostgreSQL's notification connection (none without the `postgres` feature).
+#[cfg(feature = "postgres")]
+type Listener = sqlx::postgres::PgListener;
+/// PostgreSQL's notification connection (none without the `postgres` feature).
+#[cfg(not(feature = "postgres"))]
+type Listener = std::convert::Infallible;
+
+async fn recv(listener: &mut Option<Listener>) -> Result<(), ()> {
     match listener {
+        #[cfg(feature = "postgres")]
         Some(l) => match l.try_recv().await {
             Ok(Some(_)) => Ok(()),
             Ok(None) | Err(_) => Err(()),
         },
+        #[cfg(not(feature = "postgres"))]
+        Some(never) => match *never {},
         None => std::future::pending().await,
     }
 }

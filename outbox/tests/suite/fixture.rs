@@ -97,8 +97,7 @@ pub(crate) async fn fresh_db(column: &Column) -> Result<String, String> {
                 .execute(&mut conn)
                 .await
                 .map_err(|e| format!("create database {name}: {e}"))?;
-            let base = admin.rsplit_once('/').map_or(admin, |(b, _)| b);
-            Ok(format!("{base}/{name}"))
+            Ok(test_support::broker::postgres_database(admin, &name, None))
         }
     }
 }
@@ -397,12 +396,16 @@ pub(crate) async fn restart_postgres(column: &Column) -> Result<Duration, String
         .output()
         .await
         .map_err(|e| e.to_string())?;
-    let managed = String::from_utf8_lossy(&env.stdout)
+    // Its plain URL or, started with TLS, its verify-full one.
+    let managed: Vec<String> = String::from_utf8_lossy(&env.stdout)
         .lines()
-        .find_map(|l| l.strip_prefix("export RETRY_TEST_POSTGRES="))
+        .filter_map(|l| {
+            l.strip_prefix("export RETRY_TEST_POSTGRES=")
+                .or_else(|| l.strip_prefix("export RETRY_TEST_POSTGRES_TLS="))
+        })
         .map(|v| v.trim_matches('\'').to_string())
-        .unwrap_or_default();
-    if managed != ours {
+        .collect();
+    if !managed.iter().any(|m| m == ours) {
         return Err(format!(
             "scripts/brokers manages PostgreSQL at {managed:?}, not RETRY_TEST_POSTGRES ({ours}): \
              set RETRY_BROKERS_STATE to the state folder of the server the suite uses"

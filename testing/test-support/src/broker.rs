@@ -5,7 +5,7 @@ use libtest_mimic::{Failed, Trial};
 /// A broker test: given the broker's URL, `Ok` or what went wrong.
 pub type Test = fn(String) -> Result<(), String>;
 
-pub use event_retry_testkit::env::{required_brokers, url};
+pub use event_retry_testkit::env::{postgres_database, required_brokers, url};
 
 /// The trials of `tests` against the broker `broker` found through `env`. Without the broker, each is
 /// listed as ignored with the reason printed (`SKIP …`), or fails when `RETRY_TEST_REQUIRE` names it.

@@ -16,3 +16,47 @@ pub fn required_brokers() -> Vec<String> {
         .filter(|s| !s.is_empty())
         .collect()
 }
+
+/// The PostgreSQL URL `url` with its database replaced by `database`, its settings (`?sslmode=…`,
+/// `sslrootcert=…`, whose value may hold slashes) kept, and `extra` (`key=value`) added to them.
+pub fn postgres_database(url: &str, database: &str, extra: Option<&str>) -> String {
+    let (address, query) = url.split_once('?').unwrap_or((url, ""));
+    let base = address
+        .rsplit_once('/')
+        .filter(|(base, _)| base.ends_with(|c: char| c != '/'))
+        .map_or(address, |(base, _)| base);
+    let settings: Vec<&str> = [query, extra.unwrap_or_default()]
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect();
+    if settings.is_empty() {
+        format!("{base}/{database}")
+    } else {
+        format!("{base}/{database}?{}", settings.join("&"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_is_swapped_and_the_settings_kept() {
+        assert_eq!(
+            postgres_database("postgres://pg@127.0.0.1:5432/postgres", "t1", None),
+            "postgres://pg@127.0.0.1:5432/t1"
+        );
+        assert_eq!(
+            postgres_database(
+                "postgres://pg@127.0.0.1:5432/postgres?sslmode=verify-full&sslrootcert=/a/b/ca.pem",
+                "t1",
+                Some("host=/tmp/x")
+            ),
+            "postgres://pg@127.0.0.1:5432/t1?sslmode=verify-full&sslrootcert=/a/b/ca.pem&host=/tmp/x"
+        );
+        assert_eq!(
+            postgres_database("postgres://pg@127.0.0.1:5432", "t1", None),
+            "postgres://pg@127.0.0.1:5432/t1"
+        );
+    }
+}

@@ -69,6 +69,8 @@ struct SideEffects {
 impl SideEffects {
     async fn open(url: &str, group: &str) -> Result<Self, Box<dyn std::error::Error>> {
         let inbox = Inbox::builder(url).consumer(group).connect().await?;
+        // The handler's own pool, through sqlx's `Any` driver (SQLite or PostgreSQL by the URL).
+        sqlx::any::install_default_drivers();
         let pool = sqlx::any::AnyPoolOptions::new()
             .max_connections(16)
             .connect(url)

@@ -48,13 +48,15 @@ pub(crate) async fn fresh(db: InboxDb, out: &Path, name: &str) -> Result<Option<
             sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
                 .execute(&mut conn)
                 .await?;
-            let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
             // Through the server's Unix socket where its folder is known: a consumer in a network
             // namespace (F4) reaches it there, and the cut between it and the broker leaves it alone.
             let socket = test_support::broker::url("RETRY_TEST_POSTGRES_SOCKET")
-                .map(|dir| format!("?host={dir}"))
-                .unwrap_or_default();
-            Ok(Some(format!("{base}/{database}{socket}")))
+                .map(|dir| format!("host={dir}"));
+            Ok(Some(test_support::broker::postgres_database(
+                &admin,
+                &database,
+                socket.as_deref(),
+            )))
         }
     }
 }
