@@ -1,5 +1,5 @@
 //! The runtime records its metrics through the `metrics` facade: attempts, retries scheduled, dead letters
-//! by reason, success after retry, handler latency and retry lateness.
+//! by reason and failure group, success after retry, handler latency and retry lateness.
 
 use std::time::Duration;
 
@@ -39,7 +39,7 @@ fn the_runtime_records_its_metrics() -> Result<(), Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(async {
+    let groups = runtime.block_on(async {
         let broker = Broker::memory();
         let handle = broker
             .consumer("metrics")
@@ -61,12 +61,30 @@ fn the_runtime_records_its_metrics() -> Result<(), Box<dyn std::error::Error>> {
         )
         .await?;
         handle.shutdown().await?;
-        Ok::<_, Box<dyn std::error::Error>>(())
+        // The failure group the DLQ shows for the dead letter: the metric must name the same one.
+        let groups = broker
+            .dead_letters()
+            .groups("metrics", &DlqFilter::all())
+            .await?;
+        Ok::<_, Box<dyn std::error::Error>>(groups)
     })?;
+    let [group] = groups.as_slice() else {
+        return Err(format!("{} failure groups, want 1", groups.len()).into());
+    };
 
     // One snapshot: taking it drains histograms.
     let snapshot = snapshotter.snapshot().into_vec();
     let topic = Some(("topic", "metrics"));
+    assert_eq!(
+        counter(
+            &snapshot,
+            telemetry::DEAD_LETTERS,
+            Some(("fingerprint", group.fingerprint.as_str()))
+        ),
+        1,
+        "the dead letter is counted under the fingerprint the DLQ shows ({})",
+        group.fingerprint
+    );
     assert_eq!(counter(&snapshot, telemetry::ATTEMPTS, topic), 3);
     assert_eq!(counter(&snapshot, telemetry::RETRIES_SCHEDULED, topic), 1);
     assert_eq!(counter(&snapshot, telemetry::SUCCESS_AFTER_RETRY, topic), 1);

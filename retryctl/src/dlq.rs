@@ -7,6 +7,8 @@ use std::io::Write;
 use clap::{Args, Subcommand};
 use event_retry::{Broker, DeadLetter, DlqFilter};
 use event_retry_core::classify::FailureKind;
+use event_retry_core::dlq::FailureGroup;
+use event_retry_core::time::Timestamp;
 
 use crate::{CliError, progress, render};
 
@@ -48,6 +50,9 @@ pub struct Selection {
     /// At most this many entries.
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Only entries of this failure group (a fingerprint `dlq groups` prints).
+    #[arg(long = "group")]
+    pub group: Option<String>,
     /// Select every entry (required when no other filter is given, for replay and purge).
     #[arg(long)]
     pub all: bool,
@@ -64,6 +69,7 @@ impl Selection {
         filter.until = self.until.as_deref().map(render::parse_time).transpose()?;
         filter.error_text = self.error.clone();
         filter.limit = self.limit;
+        filter.fingerprint = self.group.clone();
         Ok(filter)
     }
 
@@ -76,18 +82,30 @@ impl Selection {
             || self.until.is_some()
             || self.error.is_some()
             || self.limit.is_some()
+            || self.group.is_some()
     }
 }
 
 /// The filters a replay or purge needs one of.
 pub(crate) const FILTERS: &str =
-    "--all or a filter (--id, --kind, --key, --since, --until, --error, --limit)";
+    "--all or a filter (--id, --kind, --key, --since, --until, --error, --group, --limit)";
 
 /// `retryctl dlq --url … --topic … <command>`
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// Lists entries, oldest first.
     List {
+        /// Which entries.
+        #[command(flatten)]
+        selection: Selection,
+        /// One JSON document instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The entries grouped by cause (error kind, normalised message, origin topic, group), the largest
+    /// group first: each group's fingerprint (for `--group`), count, first and last dead-letter time,
+    /// and a sample.
+    Groups {
         /// Which entries.
         #[command(flatten)]
         selection: Selection,
@@ -185,6 +203,66 @@ pub fn entry_json(entry: &DeadLetter, with_payload: bool) -> serde_json::Value {
     doc
 }
 
+/// A failure group in JSON: its fingerprint, cause, count, times, sample and entries per hour over the
+/// last day.
+pub fn group_json(group: &FailureGroup, now: Timestamp) -> serde_json::Value {
+    serde_json::json!({
+        "fingerprint": group.fingerprint.as_str(),
+        "error_kind": group.error_kind.map(|k| k.as_str()),
+        "pattern": group.pattern,
+        "topic": group.topic,
+        "group": group.group,
+        "count": group.count,
+        "first_dead_at": render::time_json(group.first_dead_at()),
+        "last_dead_at": render::time_json(group.last_dead_at()),
+        "sample_id": group.sample_id,
+        "sample_error": group.sample_error,
+        "per_hour_last_24h": group.per_hour(now, 24),
+    })
+}
+
+/// `dlq groups` for a person: one block per group.
+fn show_groups(groups: &[FailureGroup], topic: &str, out: &mut dyn Write) -> Result<(), CliError> {
+    let entries: usize = groups.iter().map(|g| g.count).sum();
+    writeln!(
+        out,
+        "{} from {topic} in {}",
+        render::counted(entries, "dead letter", "dead letters"),
+        render::counted(groups.len(), "failure group", "failure groups")
+    )?;
+    let now = Timestamp::now();
+    for group in groups {
+        writeln!(
+            out,
+            "\n{}  {}  {}",
+            group.fingerprint,
+            render::counted(group.count, "entry", "entries"),
+            group.error_kind.map_or("-", |k| k.as_str()),
+        )?;
+        writeln!(out, "  cause   {}", group.pattern)?;
+        let from = match &group.group {
+            Some(g) => format!("{} (group {g})", group.topic),
+            None => group.topic.clone(),
+        };
+        writeln!(out, "  from    {from}")?;
+        if let (Some(first), Some(last)) = (group.first_dead_at(), group.last_dead_at()) {
+            writeln!(
+                out,
+                "  died    {} .. {}",
+                render::time(first),
+                render::time_ago(last)
+            )?;
+            writeln!(
+                out,
+                "  24 h    {}",
+                render::sparkline(&group.per_hour(now, 24))
+            )?;
+        }
+        writeln!(out, "  sample  {}: {}", group.sample_id, group.sample_error)?;
+    }
+    Ok(())
+}
+
 /// `dlq show`: every field of an entry, for a person.
 fn show_entry(entry: &DeadLetter, out: &mut dyn Write) -> Result<(), CliError> {
     let e = &entry.event;
@@ -262,6 +340,17 @@ pub async fn dlq(
             }
             for entry in &entries {
                 writeln!(out, "{}", describe(entry))?;
+            }
+        }
+        DlqCommand::Groups { selection, json } => {
+            let groups = queue.groups(topic, &selection.filter()?).await?;
+            if json {
+                let now = Timestamp::now();
+                let doc: Vec<_> = groups.iter().map(|g| group_json(g, now)).collect();
+                let text = serde_json::to_string_pretty(&doc).map_err(std::io::Error::other)?;
+                writeln!(out, "{text}")?;
+            } else {
+                show_groups(&groups, topic, out)?;
             }
         }
         DlqCommand::Show { id, json } => {
@@ -441,6 +530,93 @@ pub(crate) mod tests {
                 .unwrap()
                 .starts_with("0 dead letters")
         );
+    }
+
+    #[tokio::test]
+    async fn groups_show_each_cause_and_a_purge_by_group_keeps_the_others() {
+        let broker = Broker::memory();
+        let handle = broker
+            .consumer("orders")
+            .start(handler_fn(|e: Event, _c: Context| async move {
+                let n = String::from_utf8_lossy(&e.payload).into_owned();
+                Err(if n.starts_with("stock") {
+                    HandlerError::non_retryable(format!("no stock for sku {n}"))
+                } else {
+                    HandlerError::non_retryable(format!("order {n} has quantity -1"))
+                })
+            }))
+            .await
+            .unwrap();
+        for (i, payload) in ["1", "2", "3", "stock-7"].iter().enumerate() {
+            broker
+                .producer()
+                .publish("orders", Event::new(*payload).with_id(format!("e{i}")))
+                .await
+                .unwrap();
+        }
+        handle.wait_until(|s| s.dead_lettered >= 4).await;
+        handle.shutdown().await.unwrap();
+        let run = |command| {
+            let broker = broker.clone();
+            async move {
+                let mut o = Vec::new();
+                dlq(&broker, "orders", command, &mut o)
+                    .await
+                    .map(|()| String::from_utf8(o).unwrap())
+            }
+        };
+        let text = run(DlqCommand::Groups {
+            selection: Selection::default(),
+            json: false,
+        })
+        .await
+        .unwrap();
+        assert!(
+            text.starts_with("4 dead letters from orders in 2 failure groups"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cause   order <n> has quantity -<n>"),
+            "{text}"
+        );
+        assert!(text.contains("3 entries  non_retryable"), "{text}");
+        let doc: serde_json::Value = serde_json::from_str(
+            &run(DlqCommand::Groups {
+                selection: Selection::default(),
+                json: true,
+            })
+            .await
+            .unwrap(),
+        )
+        .unwrap();
+        let groups = doc.as_array().unwrap();
+        assert_eq!(groups[0]["count"], 3);
+        assert_eq!(groups[1]["pattern"], "no stock for sku stock-<n>");
+        let hours: u64 = groups[0]["per_hour_last_24h"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(hours, 3, "every entry died within the last 24 h");
+        let orders = groups[0]["fingerprint"].as_str().unwrap().to_string();
+        let out = run(DlqCommand::Purge {
+            selection: Selection {
+                group: Some(orders),
+                ..Selection::default()
+            },
+            yes: true,
+        })
+        .await
+        .unwrap();
+        assert_eq!(out.trim(), "purged 3 dead letters");
+        let left = broker
+            .dead_letters()
+            .list("orders", &DlqFilter::all())
+            .await
+            .unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].event.metadata().event_id.as_deref(), Some("e3"));
     }
 
     #[tokio::test]

@@ -25,6 +25,19 @@ pub fn time(t: Timestamp) -> String {
     humantime::format_rfc3339_seconds(t.to_system_time()).to_string()
 }
 
+/// Counts as a one-line bar chart (`▁▂▃▄▅▆▇█`, a space for none), scaled to the largest.
+pub fn sparkline(counts: &[usize]) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let max = counts.iter().copied().max().unwrap_or(0);
+    counts
+        .iter()
+        .map(|&n| match n {
+            0 => ' ',
+            n => BARS[n * (BARS.len() - 1) / max.max(1)],
+        })
+        .collect()
+}
+
 /// A time with how long ago it was: `2026-11-24T10:00:00Z (3h 12m ago)`.
 pub fn time_ago(t: Timestamp) -> String {
     let now = Timestamp::now();

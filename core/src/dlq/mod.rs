@@ -8,8 +8,10 @@
 //! raised, and removes (or marks) the entry only after the broker confirmed the copy — and finally give
 //! back what was not removed. A broker supplies only the five steps of its session.
 
+mod groups;
 mod migrate;
 
+pub use groups::{FailureGroup, Fingerprint, failure_groups, normalize};
 pub use migrate::{MigrationReport, MigrationTarget, Moved, MovedEntry, migration_mark};
 
 use bytes::Bytes;
@@ -112,6 +114,8 @@ pub struct DlqFilter {
     pub error_text: Option<String>,
     /// At most this many entries.
     pub limit: Option<usize>,
+    /// Only entries of this failure group ([`DeadLetter::fingerprint`]).
+    pub fingerprint: Option<String>,
 }
 
 impl DlqFilter {
@@ -164,6 +168,12 @@ impl DlqFilter {
         self
     }
 
+    /// The same filter, only entries of the failure group `fingerprint`.
+    pub fn fingerprint(mut self, fingerprint: impl Into<String>) -> Self {
+        self.fingerprint = Some(fingerprint.into());
+        self
+    }
+
     /// The same filter, at most `n` entries.
     pub fn limit(mut self, n: usize) -> Self {
         self.limit = Some(n);
@@ -187,6 +197,10 @@ impl DlqFilter {
                     .as_deref()
                     .is_some_and(|e| e.to_lowercase().contains(&text.to_lowercase()))
             })
+            && self
+                .fingerprint
+                .as_deref()
+                .is_none_or(|f| entry.fingerprint().as_str() == f.trim())
     }
 }
 
@@ -268,6 +282,15 @@ impl DeadLetters {
     ) -> Result<Vec<DeadLetter>, Error> {
         self.run(source_topic, filter, Action::List, &NoProgress)
             .await
+    }
+
+    /// The selected entries grouped by cause ([`failure_groups`]), the largest group first.
+    pub async fn groups(
+        &self,
+        source_topic: &str,
+        filter: &DlqFilter,
+    ) -> Result<Vec<FailureGroup>, Error> {
+        Ok(failure_groups(&self.list(source_topic, filter).await?))
     }
 
     /// One entry with all its metadata.
@@ -798,5 +821,41 @@ mod tests {
         assert!(by_text("refused by").matches(&failed), "ignoring case");
         assert!(!by_text("timeout").matches(&failed));
         assert!(!by_text("refused").matches(&e), "no error at all");
+        let mut other_db = entry("10", FailureKind::Deferred, 1_000);
+        other_db.event.metadata_mut().last_error = Some("Connection REFUSED by db-2".into());
+        let group = DlqFilter::all().fingerprint(failed.fingerprint().as_str());
+        assert!(group.matches(&failed));
+        assert!(group.matches(&other_db), "one cause, another number");
+        assert!(!group.matches(&e));
+    }
+
+    #[tokio::test]
+    async fn a_purge_by_group_removes_that_cause_alone() {
+        // The scripted entries alternate two error kinds: two causes of two entries each.
+        let (listed, _) = run(Scripted::with(4), &DlqFilter::all(), Action::List).await;
+        let groups = failure_groups(&listed.unwrap());
+        let counts: Vec<usize> = groups.iter().map(|g| g.count).collect();
+        assert_eq!(counts, [2, 2]);
+        let deferred = groups
+            .iter()
+            .find(|g| g.error_kind == Some(FailureKind::Deferred))
+            .unwrap();
+        let (purged, log) = run(
+            Scripted::with(4),
+            &DlqFilter::all().fingerprint(deferred.fingerprint.as_str()),
+            Action::Purge,
+        )
+        .await;
+        let ids: Vec<String> = purged.unwrap().into_iter().map(|e| e.id).collect();
+        assert_eq!(ids, ["id0", "id2"]);
+        assert_eq!(log, ["check [0, 2]", "remove [0, 2]", "finish"]);
+        let (purged, log) = run(
+            Scripted::with(4),
+            &DlqFilter::all().fingerprint("000000000000"),
+            Action::Purge,
+        )
+        .await;
+        assert_eq!(purged.unwrap().len(), 0);
+        assert_eq!(log, ["finish"], "another group's purge touches nothing");
     }
 }

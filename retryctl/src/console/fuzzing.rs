@@ -30,6 +30,7 @@ pub fn query(query: &str) -> Result<(), String> {
         since: get("since"),
         until: get("until"),
         error: get("error"),
+        group: get("group"),
     };
     to_filter(&form).map(drop).map_err(|e| e.to_string())
 }

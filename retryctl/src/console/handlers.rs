@@ -185,6 +185,7 @@ impl Form {
             since: self.get("since").to_string(),
             until: self.get("until").to_string(),
             error: self.get("error").to_string(),
+            group: self.get("group").to_string(),
         }
     }
 }
@@ -211,6 +212,7 @@ pub(super) fn to_filter(form: &FilterForm) -> Result<DlqFilter, CliError> {
         .map(render::parse_time)
         .transpose()?;
     filter.error_text = text(&form.error);
+    filter.fingerprint = text(&form.group);
     Ok(filter)
 }
 
@@ -285,21 +287,20 @@ pub(super) async fn overview(
     State(console): State<Shared>,
     Extension(caller): Extension<Caller>,
 ) -> Response {
-    let mut counts = Vec::new();
+    let mut read = Vec::new();
     for d in &console.dlqs {
-        let n = d
+        let entries = d
             .broker
             .dead_letters()
             .list(&d.topic, &DlqFilter::all())
             .await
-            .map(|e| e.len())
             .map_err(|e| e.to_string());
-        counts.push(n);
+        read.push(entries);
     }
     let summaries: Vec<pages::Summary<'_>> = console
         .dlqs
         .iter()
-        .zip(counts)
+        .zip(read)
         .enumerate()
         .map(|(index, (d, entries))| pages::Summary {
             index,
@@ -307,7 +308,11 @@ pub(super) async fn overview(
             broker: d.broker.name(),
             url: &d.url,
             topic: &d.topic,
-            entries,
+            groups: entries
+                .as_deref()
+                .map(event_retry_core::dlq::failure_groups)
+                .unwrap_or_default(),
+            entries: entries.map(|e| e.len()),
         })
         .collect();
     pages::overview(&frame(&console, &caller), &summaries).into_response()
@@ -328,6 +333,7 @@ pub(super) async fn list(
         since: get("since"),
         until: get("until"),
         error: get("error"),
+        group: get("group"),
     };
     let all = read_all(dlq, &frame).await?;
     let (matching, filter_error): (Vec<&DeadLetter>, _) = match to_filter(&form) {

@@ -1,11 +1,13 @@
 //! The console's pages, rendered on the server (maud escapes every value it writes): the overview of the
-//! DLQs, one DLQ's list with its filters and counts, one entry, the confirmation before a replay or a
+//! DLQs with each one's failure groups (a chart per group of when its entries died), one DLQ's list with its filters and counts, one entry, the confirmation before a replay or a
 //! purge, a running job, the login form and a refusal. Times are UTC with their age, as in the CLI.
 
 use std::collections::BTreeMap;
 
 use event_retry::DeadLetter;
 use event_retry_core::classify::FailureKind;
+use event_retry_core::dlq::FailureGroup;
+use event_retry_core::time::Timestamp;
 use maud::{DOCTYPE, Markup, html};
 
 use crate::render;
@@ -96,6 +98,36 @@ pub(crate) struct Summary<'a> {
     pub(crate) topic: &'a str,
     /// The number of entries, or why it could not be read.
     pub(crate) entries: Result<usize, String>,
+    /// Its failure groups, the largest first.
+    pub(crate) groups: Vec<FailureGroup>,
+}
+
+/// Hours the overview's chart of each failure group covers.
+pub(crate) const CHART_HOURS: usize = 48;
+
+/// A group's dead letters per hour over the last [`CHART_HOURS`], as a small bar chart (the latest
+/// hour on the right), with a text alternative.
+fn chart(group: &FailureGroup, now: Timestamp) -> Markup {
+    let counts = group.per_hour(now, CHART_HOURS);
+    let most = counts.iter().copied().max().unwrap_or(0);
+    let max = most.max(1);
+    let (bar, height) = (3, 24);
+    let width = bar * CHART_HOURS;
+    let label = format!(
+        "{} in the last {CHART_HOURS} hours, at most {most} in one hour",
+        render::counted(counts.iter().sum(), "dead letter", "dead letters"),
+    );
+    html! {
+        svg.chart width=(width) height=(height) viewBox={ "0 0 " (width) " " (height) } role="img" aria-label=(label) {
+            title { (label) }
+            @for (i, n) in counts.iter().enumerate() {
+                @if *n > 0 {
+                    @let h = (n * height).div_ceil(max).max(1);
+                    rect x=(i * bar) y=(height - h) width=(bar - 1) height=(h) {}
+                }
+            }
+        }
+    }
 }
 
 /// The overview: every DLQ the console shows, with its count.
@@ -106,6 +138,7 @@ pub(crate) fn overview(frame: &Frame<'_>, dlqs: &[Summary<'_>]) -> Markup {
         false,
         html! {
             h1 { "Dead letter queues" }
+            @let now = Timestamp::now();
             table #dlqs {
                 thead { tr { th { "DLQ" } th { "broker" } th { "URL" } th { "source topic" } th.num { "entries" } } }
                 tbody {
@@ -123,6 +156,29 @@ pub(crate) fn overview(frame: &Frame<'_>, dlqs: &[Summary<'_>]) -> Markup {
                     }
                 }
             }
+            @for d in dlqs {
+                @if !d.groups.is_empty() {
+                    h2 { "Failure groups of " (d.name) }
+                    table.groups id={ "groups-" (d.index) } {
+                        thead { tr {
+                            th { "group" } th.num { "entries" } th { "error kind" } th { "cause" }
+                            th { "last " (CHART_HOURS) " h" } th { "last dead at (UTC)" }
+                        } }
+                        tbody {
+                            @for g in &d.groups {
+                                tr.group {
+                                    td { a href={ "/dlq/" (d.index) "?group=" (g.fingerprint) } { code { (g.fingerprint) } } }
+                                    td.num { (g.count) }
+                                    td { (kind_name(g.error_kind)) }
+                                    td.error-text title=(g.sample_error) { (g.pattern.chars().take(120).collect::<String>()) }
+                                    td { (chart(g, now)) }
+                                    td { (g.last_dead_at().map_or("-".to_string(), render::time_ago)) }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
         },
     )
 }
@@ -135,6 +191,7 @@ pub(crate) struct FilterForm {
     pub(crate) since: String,
     pub(crate) until: String,
     pub(crate) error: String,
+    pub(crate) group: String,
 }
 
 impl FilterForm {
@@ -146,6 +203,7 @@ impl FilterForm {
             input type="hidden" name="since" value=(self.since);
             input type="hidden" name="until" value=(self.until);
             input type="hidden" name="error" value=(self.error);
+            input type="hidden" name="group" value=(self.group);
         }
     }
 }
@@ -219,6 +277,7 @@ pub(crate) fn list(frame: &Frame<'_>, view: &ListView<'_>) -> Markup {
             label { "since " input type="text" name="since" value=(f.since) placeholder="2h or 2026-11-24T10:00:00Z"; }
             label { "until " input type="text" name="until" value=(f.until) placeholder="30m"; }
             label { "error text " input type="text" name="error" value=(f.error); }
+            label { "failure group " input type="text" name="group" value=(f.group) size="12"; }
             button type="submit" { "Filter" }
             " " a href={ "/dlq/" (view.index) } { "clear" }
         }
@@ -451,7 +510,8 @@ td.num,th.num{text-align:right}.fields th{width:12em;color:#556}.chip{background
 padding:.1em .6em;margin-right:.3em}.error{color:#a01010}.warning{color:#8a5a00}.badge{background:#8a5a00;\
 padding:.1em .5em;border-radius:.3em}button{padding:.3em .9em}button.danger{background:#a01010;color:#fff;\
 border:none}pre{background:#f4f5f8;padding:.8em;overflow:auto}form#filter label{margin-right:.8em}\
-progress{width:30em;height:1.2em}.inline{display:inline}";
+progress{width:30em;height:1.2em}.inline{display:inline}svg.chart rect{fill:#a01010}\
+svg.chart{background:#f4f5f8;vertical-align:middle}";
 
 /// The script of a job's page: polls the status until the job ends.
 pub(crate) const JS: &str = r#"(function () {
@@ -473,4 +533,56 @@ pub(crate) const JS: &str = r#"(function () {
 /// What the console does to `entry` in words, for reports: "replay", "purge".
 pub(crate) fn verb(action: &str) -> &'static str {
     if action == "purge" { "purge" } else { "replay" }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_overview_shows_each_failure_group_with_its_chart_and_link() {
+        let broker = event_retry::Broker::memory();
+        crate::dlq::tests::dead_letters(&broker, "orders", 3).await;
+        let entries = broker
+            .dead_letters()
+            .list("orders", &event_retry::DlqFilter::all())
+            .await
+            .unwrap();
+        let groups = event_retry_core::dlq::failure_groups(&entries);
+        let fingerprint = groups[0].fingerprint.to_string();
+        let summary = Summary {
+            index: 0,
+            name: "orders",
+            broker: "memory",
+            url: "memory://",
+            topic: "orders",
+            entries: Ok(entries.len()),
+            groups,
+        };
+        let frame = Frame {
+            csrf: "t",
+            read_only: false,
+        };
+        let page = overview(&frame, &[summary]).into_string();
+        assert!(page.contains("Failure groups of orders"), "{page}");
+        assert!(
+            page.contains(&format!("href=\"/dlq/0?group={fingerprint}\"")),
+            "{page}"
+        );
+        assert!(
+            page.contains("<td>boom</td>") || page.contains(">boom</td>"),
+            "{page}"
+        );
+        // Three entries in the latest hour: one bar, at the right end, of full height.
+        assert_eq!(page.matches("<rect ").count(), 1, "{page}");
+        assert!(
+            page.contains(&format!("x=\"{}\"", 3 * (CHART_HOURS - 1))),
+            "{page}"
+        );
+        assert!(
+            page.contains("3 dead letters in the last 48 hours"),
+            "{page}"
+        );
+    }
 }

@@ -10,6 +10,7 @@ use tracing::warn;
 
 use super::outage::outage_backoff;
 use crate::adapter::Receipt;
+use crate::dlq::Fingerprint;
 use crate::error::Kind;
 use crate::event::Event;
 use crate::metadata::{DeadInfo, DeadReason};
@@ -39,7 +40,14 @@ pub(super) async fn dead_letter(
                     tracing::info!("the DLQ accepts again: resuming consumption");
                 }
                 shared.counters.bump(&shared.counters.dead_lettered);
-                shared.telemetry.dead_letter(reason);
+                let meta = &event.meta;
+                let fingerprint = Fingerprint::of(
+                    meta.error_kind,
+                    meta.last_error.as_deref().unwrap_or(""),
+                    meta.origin.as_ref().map_or("", |o| &*o.topic),
+                    Some(&shared.spec.group),
+                );
+                shared.telemetry.dead_letter(reason, fingerprint.as_str());
                 return true;
             }
             Err(e) => e,
