@@ -55,8 +55,7 @@ pub use handler::{
 };
 pub use health::{Health, UNREACHABLE_AFTER_LAST_ERROR};
 pub use state::{
-    State, StateBatchFnHandler, StateFnHandler, StateJsonHandler, batch_handler_fn_with_state,
-    handler_fn_with_state, json_handler_with_state,
+    State, batch_handler_fn_with_state, handler_fn_with_state, json_handler_with_state,
 };
 pub use stats::Stats;
 

@@ -4,19 +4,18 @@
 //! The same idea as axum's `State` extractor, for the three closure forms a handler takes: an event
 //! ([`handler_fn_with_state`]), a decoded JSON payload ([`json_handler_with_state`]) and a batch
 //! ([`batch_handler_fn_with_state`]). The state is cloned for each call, as axum does, so it is
-//! something cheap to clone — a pool, an `Arc` — and what a handler made this way returns is an
-//! ordinary [`Handler`] or [`BatchHandler`]: `tower` layers, the batch runtime and every broker take it
+//! something cheap to clone — a pool, an `Arc` — and each is the stateless form ([`handler_fn`],
+//! [`json_handler`], [`batch_handler_fn`]) over a closure that hands the clone on: an ordinary
+//! [`Handler`](super::Handler) or [`BatchHandler`](super::BatchHandler) that `tower` layers, the batch runtime and every broker take
 //! unchanged. A handler written as a struct keeps its state in its fields and needs none of this.
 
 use std::future::Future;
 use std::ops::{Deref, DerefMut};
-use std::sync::Arc;
 
-use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 
-use super::batch::{BatchHandler, BatchItem};
-use super::handler::{Context, Handler, HandlerCall, decode_json};
+use super::batch::{BatchFnHandler, batch_handler_fn};
+use super::handler::{Context, FnHandler, JsonHandler, handler_fn, json_handler};
 use crate::classify::HandlerError;
 use crate::event::Event;
 
@@ -57,148 +56,59 @@ impl<S> DerefMut for State<S> {
     }
 }
 
-/// A handler made from a state and an async closure taking it, the event and the context
-/// ([`handler_fn_with_state`]).
-#[derive(Clone, Debug)]
-pub struct StateFnHandler<S, F> {
+/// Wraps an async closure taking `State<S>`, the event and the context as a
+/// [`Handler`](super::Handler) ([`handler_fn`] with state); each call receives a clone of `state`.
+pub fn handler_fn_with_state<S, F, Fut>(
     state: S,
     f: F,
-}
-
-/// Wraps an async closure taking `State<S>`, the event and the context as a [`Handler`]; each call
-/// receives a clone of `state`.
-pub fn handler_fn_with_state<S, F, Fut>(state: S, f: F) -> StateFnHandler<S, F>
+) -> FnHandler<impl Fn(Event, Context) -> Fut + Send + Sync + 'static>
 where
     S: Clone + Send + Sync + 'static,
     F: Fn(State<S>, Event, Context) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
 {
-    StateFnHandler { state, f }
-}
-
-#[async_trait]
-impl<S, F, Fut> Handler for StateFnHandler<S, F>
-where
-    S: Clone + Send + Sync + 'static,
-    F: Fn(State<S>, Event, Context) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-{
-    async fn handle(&self, event: &Event, ctx: &Context) -> Result<(), HandlerError> {
-        (self.f)(State(self.state.clone()), event.clone(), ctx.clone()).await
-    }
-
-    fn call(self: Arc<Self>, event: Event, ctx: Context) -> HandlerCall {
-        Box::pin((self.f)(State(self.state.clone()), event, ctx))
-    }
-}
-
-/// A JSON handler made from a state and an async closure taking it, the decoded payload and the
-/// context ([`json_handler_with_state`]).
-pub struct StateJsonHandler<S, T, F> {
-    state: S,
-    f: F,
-    _payload: std::marker::PhantomData<fn() -> T>,
-}
-
-impl<S: Clone, T, F: Clone> Clone for StateJsonHandler<S, T, F> {
-    fn clone(&self) -> Self {
-        Self {
-            state: self.state.clone(),
-            f: self.f.clone(),
-            _payload: std::marker::PhantomData,
-        }
-    }
-}
-
-impl<S, T, F> std::fmt::Debug for StateJsonHandler<S, T, F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StateJsonHandler")
-            .field("state", &std::any::type_name::<S>())
-            .field("payload", &std::any::type_name::<T>())
-            .finish()
-    }
+    handler_fn(move |event, ctx| f(State(state.clone()), event, ctx))
 }
 
 /// Wraps an async closure taking `State<S>`, a decoded JSON payload and the context as a
-/// [`Handler`]: [`json_handler`](super::json_handler) with state. A payload that does not decode is
-/// poison and goes to the DLQ at once, without calling the closure.
-pub fn json_handler_with_state<S, T, F, Fut>(state: S, f: F) -> StateJsonHandler<S, T, F>
-where
-    S: Clone + Send + Sync + 'static,
-    T: DeserializeOwned + Send + 'static,
-    F: Fn(State<S>, T, Context) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-{
-    StateJsonHandler {
-        state,
-        f,
-        _payload: std::marker::PhantomData,
-    }
-}
-
-#[async_trait]
-impl<S, T, F, Fut> Handler for StateJsonHandler<S, T, F>
-where
-    S: Clone + Send + Sync + 'static,
-    T: DeserializeOwned + Send + 'static,
-    F: Fn(State<S>, T, Context) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-{
-    async fn handle(&self, event: &Event, ctx: &Context) -> Result<(), HandlerError> {
-        let value: T = decode_json(event)?;
-        (self.f)(State(self.state.clone()), value, ctx.clone()).await
-    }
-
-    fn call(self: Arc<Self>, event: Event, ctx: Context) -> HandlerCall {
-        match decode_json::<T>(&event) {
-            Ok(value) => Box::pin((self.f)(State(self.state.clone()), value, ctx)),
-            Err(e) => Box::pin(std::future::ready(Err(e))),
-        }
-    }
-}
-
-/// A batch handler made from a state and an async closure taking it and the batch
-/// ([`batch_handler_fn_with_state`]).
-#[derive(Clone, Debug)]
-pub struct StateBatchFnHandler<S, F> {
+/// [`Handler`](super::Handler) ([`json_handler`] with state). A payload that does not decode is poison and goes to the
+/// DLQ at once, without calling the closure.
+pub fn json_handler_with_state<S, T, F, Fut>(
     state: S,
     f: F,
+) -> JsonHandler<T, impl Fn(T, Context) -> Fut + Send + Sync + 'static>
+where
+    S: Clone + Send + Sync + 'static,
+    T: DeserializeOwned + Send + 'static,
+    F: Fn(State<S>, T, Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
+{
+    json_handler(move |value, ctx| f(State(state.clone()), value, ctx))
 }
 
 /// Wraps an async closure taking `State<S>` and the batch as `(event, context)` pairs as a
-/// [`BatchHandler`]: [`batch_handler_fn`](super::batch_handler_fn) with state.
-pub fn batch_handler_fn_with_state<S, F, Fut>(state: S, f: F) -> StateBatchFnHandler<S, F>
+/// [`BatchHandler`](super::BatchHandler) ([`batch_handler_fn`] with state).
+pub fn batch_handler_fn_with_state<S, F, Fut>(
+    state: S,
+    f: F,
+) -> BatchFnHandler<impl Fn(Vec<(Event, Context)>) -> Fut + Send + Sync + 'static>
 where
     S: Clone + Send + Sync + 'static,
     F: Fn(State<S>, Vec<(Event, Context)>) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Vec<Result<(), HandlerError>>> + Send + 'static,
 {
-    StateBatchFnHandler { state, f }
-}
-
-#[async_trait]
-impl<S, F, Fut> BatchHandler for StateBatchFnHandler<S, F>
-where
-    S: Clone + Send + Sync + 'static,
-    F: Fn(State<S>, Vec<(Event, Context)>) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Vec<Result<(), HandlerError>>> + Send + 'static,
-{
-    async fn handle_batch(&self, batch: &[BatchItem<'_>]) -> Vec<Result<(), HandlerError>> {
-        let owned = batch
-            .iter()
-            .map(|item| (item.event.clone(), item.ctx.clone()))
-            .collect();
-        (self.f)(State(self.state.clone()), owned).await
-    }
+    batch_handler_fn(move |batch| f(State(state.clone()), batch))
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
     use crate::classify::FailureKind;
+    use crate::runtime::{BatchHandler, BatchItem, Handler};
 
     /// A stand-in for a pool: clones share one counter, as clones of a pool share its connections.
     #[derive(Clone, Default)]
@@ -219,12 +129,12 @@ mod tests {
             },
         );
         by_event.handle(&Event::new("x"), &ctx).await.unwrap();
-        Arc::new(by_event.clone())
+        let err = by_event.handle(&Event::new(""), &ctx).await.unwrap_err();
+        assert_eq!(err.stated_kind(), Some(FailureKind::NonRetryable));
+        Arc::new(by_event)
             .call(Event::new("y"), ctx.clone())
             .await
             .unwrap();
-        let err = by_event.handle(&Event::new(""), &ctx).await.unwrap_err();
-        assert_eq!(err.stated_kind(), Some(FailureKind::NonRetryable));
 
         #[derive(serde::Deserialize)]
         struct Order {

@@ -23,14 +23,6 @@ pub fn query(query: &str) -> Result<(), String> {
         .map_err(|e: axum::http::uri::InvalidUri| e.to_string())?;
     let Query(query) =
         Query::<HashMap<String, String>>::try_from_uri(&uri).map_err(|e| e.to_string())?;
-    let get = |k: &str| query.get(k).cloned().unwrap_or_default();
-    let form = FilterForm {
-        kind: get("kind"),
-        key: get("key"),
-        since: get("since"),
-        until: get("until"),
-        error: get("error"),
-        group: get("group"),
-    };
+    let form = FilterForm::from_fields(|k| query.get(k).cloned().unwrap_or_default());
     to_filter(&form).map(drop).map_err(|e| e.to_string())
 }

@@ -179,14 +179,7 @@ impl Form {
     }
 
     fn filter_form(&self) -> FilterForm {
-        FilterForm {
-            kind: self.get("kind").to_string(),
-            key: self.get("key").to_string(),
-            since: self.get("since").to_string(),
-            until: self.get("until").to_string(),
-            error: self.get("error").to_string(),
-            group: self.get("group").to_string(),
-        }
+        FilterForm::from_fields(|k| self.get(k).to_string())
     }
 }
 
@@ -326,15 +319,7 @@ pub(super) async fn list(
 ) -> Result<Response, Refused> {
     let frame = frame(&console, &caller);
     let dlq = dlq_of(&console, &frame, index)?;
-    let get = |k: &str| query.get(k).cloned().unwrap_or_default();
-    let form = FilterForm {
-        kind: get("kind"),
-        key: get("key"),
-        since: get("since"),
-        until: get("until"),
-        error: get("error"),
-        group: get("group"),
-    };
+    let form = FilterForm::from_fields(|k| query.get(k).cloned().unwrap_or_default());
     let all = read_all(dlq, &frame).await?;
     let (matching, filter_error): (Vec<&DeadLetter>, _) = match to_filter(&form) {
         Ok(filter) => (all.iter().filter(|e| filter.matches(e)).collect(), None),

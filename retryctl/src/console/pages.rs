@@ -195,6 +195,18 @@ pub(crate) struct FilterForm {
 }
 
 impl FilterForm {
+    /// The form from its named values (`get` answers `""` for a field not given).
+    pub(crate) fn from_fields(get: impl Fn(&str) -> String) -> Self {
+        FilterForm {
+            kind: get("kind"),
+            key: get("key"),
+            since: get("since"),
+            until: get("until"),
+            error: get("error"),
+            group: get("group"),
+        }
+    }
+
     /// The filter as hidden fields, so a confirmation carries it on.
     fn hidden(&self) -> Markup {
         html! {
