@@ -139,8 +139,8 @@ pub(crate) fn decode(message: &BorrowedMessage<'_>) -> Decoded {
 ///
 /// Why: a record is read on the consumer thread and freed on a runtime thread. With glibc's allocator
 /// every allocation that crosses threads so takes the slow path on both sides, under the reading thread's
-/// arena lock — measured on the Kafka bench, that lock was where the runtime's threads were put to sleep
-/// most (39 % of their context switches). One allocation per chunk instead of several per record. The
+/// arena lock — on the Kafka bench, that lock was where the runtime's threads were put to sleep most.
+/// One allocation per chunk instead of several per record. The
 /// price: a payload the handler keeps beyond its event keeps its chunk alive.
 pub(crate) struct Chunks {
     buffer: BytesMut,

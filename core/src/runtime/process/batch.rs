@@ -170,7 +170,7 @@ async fn call_and_settle<'a>(
 
 /// Runs `futures` concurrently and returns their outputs in order. `futures::future::join_all` keeps a
 /// list of up to 30 futures in one allocation but gives each future of a longer one a task of its own
-/// (measured: a batch of 64 ran at two thirds of the rate of batches of 30); here every chunk of up to 30
+/// (so a batch longer than that runs markedly slower on the runtime bench); here every chunk of up to 30
 /// is one such short list, and the chunks are joined the same way.
 async fn join_all_chunked<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
     /// The longest list `join_all` keeps in one allocation.

@@ -21,7 +21,7 @@ pub(super) fn elapsed_since(started: SystemTime) -> Duration {
 /// delivery's time of taking, when the loop takes that one without waiting in between. What lies between
 /// the two is the loop's own work: the acknowledgement of the one, the taking (on Kafka, the decoding)
 /// of the next — so that delivery's call time includes its own taking, as it included its decoding
-/// before. On this 2-core VM a reading costs 30–70 ns, about 2 % of the SDK's CPU per event on Kafka.
+/// before. A reading is cheap but not free: taken twice per event, it shows in the SDK's CPU per event.
 /// The loop forgets it whenever it waits or may yield ([`Reading::forget`], and by not keeping it), so a
 /// reading never stands for a time after a wait. On a current-thread runtime, where the loop spends its
 /// cooperative budget after every delivery, it is never carried: two readings per event there.

@@ -73,8 +73,8 @@ pub(super) use clock::Reading;
 ///
 /// The delivery is decoded now, before the future is made, so the future holds the decoded event once:
 /// the handling's steps borrow it instead of moving it from one nested future into the next (each move
-/// a copy in the enclosing future's layout — measured, the future of the common path was 4,240 bytes
-/// when they did, allocated and copied per event).
+/// a copy in the enclosing future's layout — the common path's future grew several times larger when
+/// they did, allocated and copied per event).
 pub(super) fn process<G: Send + 'static>(
     shared: Arc<Shared>,
     delivery: Delivery,

@@ -159,8 +159,8 @@ impl ReceiveLoop {
     /// The loop yields once its budget (128 units) is spent, and a task that yields there is taken up
     /// by an idle worker thread, which another thread must wake (a system call) and which then reads
     /// the loop's state from the other core's caches: with a unit per delivery that happened every 128
-    /// deliveries, and the runtime bench ran 10–20 % slower than with a unit per 8 (measured, 1,000,000
-    /// events, three alternating runs of each). Every 1,024 deliveries the other tasks of the thread
+    /// deliveries, and the runtime bench ran slower than with a unit per 8 (alternating runs of each).
+    /// Every 1,024 deliveries the other tasks of the thread
     /// still get their turn; on a current-thread runtime, where nothing else can run meanwhile, every
     /// delivery takes a unit.
     const BUDGET_EVERY: u32 = 8;
