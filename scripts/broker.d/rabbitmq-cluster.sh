@@ -78,7 +78,7 @@ rabbitmq-cluster_start() {
     echo "${ports[*]}" > "$d/ports"; echo "${dists[*]}" > "$d/dist-ports"
   fi
   keep_data || rm -rf "$base"/node-*
-  if ! running_named epmd; then echo ours > "$d/epmd"; elif [ ! -f "$d/epmd" ]; then echo external > "$d/epmd"; fi
+  if [ -z "$(rabbitmq_host_epmd_pids)" ]; then echo ours > "$d/epmd"; elif [ ! -f "$d/epmd" ]; then echo external > "$d/epmd"; fi
   log "rabbitmq-cluster: starting 3 nodes on 127.0.0.1:${ports[*]} (data $base)"
   local fresh=1
   keep_data && [ -d "$base/node-2/mnesia" ] && fresh=""
@@ -134,7 +134,7 @@ rabbitmq-cluster_stop() {
     rm -f "$pidfile"
   done
   if [ "$(cat "$d/epmd" 2>/dev/null)" = ours ] && ! rabbitmq_server_pid >/dev/null 2>&1; then
-    epmd -kill >/dev/null 2>&1 || pkill -x epmd || true
+    rabbitmq_host_epmd_stop
   fi
   rm -f "$d/epmd"
   # Unless keeping data, the nodes' folder under /tmp goes too, as a single node's does.

@@ -32,6 +32,27 @@ rabbitmq_install() {
   fi
 }
 
+# rabbitmq_host_epmd_pids — the live epmd processes of the machine's own root: RabbitMQ 4 (rabbitmq4.sh)
+# runs an epmd of its own, on another port, in a root of its own, which these scripts must not take for
+# the 3.10 nodes' or stop.
+rabbitmq_host_epmd_pids() {
+  local p
+  for p in $(pgrep -x epmd 2>/dev/null || true); do
+    [ "$(readlink "/proc/$p/root" 2>/dev/null)" = / ] && pid_running "$p" && printf '%s\n' "$p"
+  done
+  return 0
+}
+
+# rabbitmq_host_epmd_stop — stops the machine's own epmd: `epmd -kill`, which refuses while a
+# short-lived CLI node is still registered, then a signal.
+rabbitmq_host_epmd_stop() {
+  local pids
+  epmd -kill >/dev/null 2>&1 && return 0
+  pids=$(rabbitmq_host_epmd_pids)
+  # shellcheck disable=SC2086 # one pid per word
+  [ -z "$pids" ] || kill $pids 2>/dev/null || true
+}
+
 # rabbitmq_node_dir — the folder user rabbitmq owns for our node (created on first use).
 rabbitmq_node_dir() {
   local d; d=$(dir rabbitmq)
@@ -53,10 +74,11 @@ rabbitmq_server_pid() {
 # rabbitmq_pid — the server's pid, for `scripts/brokers pid rabbitmq` (fault runs signal it).
 rabbitmq_pid() { rabbitmq_server_pid || die "rabbitmq: not running"; }
 
-# rabbitmq_tls_files NODE_DIR TLS_PORT — the node's config file and plugin list for the TLS listener, and
-# the PEM files it names, copied into NODE_DIR/tls (given to user rabbitmq by the caller).
+# rabbitmq_tls_files NODE_DIR TLS_PORT [SEEN_AS] — the node's config file and plugin list for the TLS
+# listener, and the PEM files it names, copied into NODE_DIR/tls (given to user rabbitmq by the caller).
+# SEEN_AS is NODE_DIR as the node sees it (RabbitMQ 4 runs in a root of its own); NODE_DIR by default.
 rabbitmq_tls_files() {
-  local n=$1 f
+  local n=$1 seen=${3:-$1} f
   mkdir -p "$n/tls"
   for f in ca.pem server.pem server.key; do
     ( umask 077; cat "$TLS_DIR/$f" > "$n/tls/$f" )
@@ -64,9 +86,9 @@ rabbitmq_tls_files() {
   cat > "$n/rabbitmq.conf" <<EOF
 # Written by scripts/broker.d/rabbitmq.sh when started with --tls; edits are lost.
 listeners.ssl.default = 127.0.0.1:$2
-ssl_options.cacertfile = $n/tls/ca.pem
-ssl_options.certfile = $n/tls/server.pem
-ssl_options.keyfile = $n/tls/server.key
+ssl_options.cacertfile = $seen/tls/ca.pem
+ssl_options.certfile = $seen/tls/server.pem
+ssl_options.keyfile = $seen/tls/server.key
 # A client certificate is asked for and, when sent, must be signed by the CA; none is needed.
 ssl_options.verify = verify_peer
 ssl_options.fail_if_no_peer_cert = false
@@ -162,7 +184,7 @@ rabbitmq_start() {
   runuser -u rabbitmq -- test -w "$n" || die "rabbitmq: user rabbitmq cannot write $n"
   ln -sfn "$n/rabbitmq.log" "$d/rabbitmq.log"
   # epmd (Erlang's port mapper) is shared by every Erlang node; stop it later only if we started it.
-  if ! running_named epmd; then echo ours > "$d/epmd"; elif [ ! -f "$d/epmd" ]; then echo external > "$d/epmd"; fi
+  if [ -z "$(rabbitmq_host_epmd_pids)" ]; then echo ours > "$d/epmd"; elif [ ! -f "$d/epmd" ]; then echo external > "$d/epmd"; fi
   log "rabbitmq: starting node $(rabbitmq_node) on 127.0.0.1:$port${tls:+ (TLS 127.0.0.1:$tls)} (data $n)"
   env RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="$port" RABBITMQ_DIST_PORT="$dist" \
   RABBITMQ_NODENAME="$(rabbitmq_node)" RABBITMQ_MNESIA_BASE="$n/mnesia" RABBITMQ_LOG_BASE="$n" \
@@ -223,8 +245,7 @@ rabbitmq_stop() {
   fi
   rm -f "$d/server.pid"
   if [ "$(cat "$d/epmd" 2>/dev/null)" = ours ] && ! rabbitmq_cluster_alive; then
-    # `epmd -kill` refuses while a short-lived CLI node is still registered; fall back to a signal.
-    epmd -kill >/dev/null 2>&1 || pkill -x epmd || true
+    rabbitmq_host_epmd_stop
   fi
   rm -f "$d/epmd"
   # Unless keeping data, the node's folder under /tmp goes too (the next start makes a fresh one): a
