@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use event_retry_core::error::{Error, Kind};
 use event_retry_core::options::Options;
+use event_retry_core::time::format_duration;
 
 pub use crate::security::RabbitSecurity;
 
@@ -79,6 +80,16 @@ impl Default for RabbitConfig {
 /// now and none beyond it.
 const MAX_LEVEL_WAIT_MS: u128 = u32::MAX as u128;
 
+/// `d` for a reader: in days or hours with a decimal when that long, else exact (`1500ms`).
+fn about(d: Duration) -> String {
+    const HOUR: f64 = 3_600.0;
+    match d.as_secs_f64() {
+        s if s >= 24.0 * HOUR => format!("{:.1} days", s / (24.0 * HOUR)),
+        s if s >= HOUR => format!("{:.1} hours", s / HOUR),
+        _ => format_duration(d),
+    }
+}
+
 /// AMQP URI query parameters lapin itself reads; they pass through to the connection URL.
 pub(crate) const URI_PARAMETERS: [&str; 5] = [
     "heartbeat",
@@ -89,6 +100,36 @@ pub(crate) const URI_PARAMETERS: [&str; 5] = [
 ];
 
 impl RabbitConfig {
+    /// The topology these settings declare, in one line (the consumer's start-up report names it):
+    /// the queue type with each queue's delivery limit, and the delay ladder.
+    pub fn topology(&self) -> String {
+        let queues = match self.queue_type {
+            QueueType::Classic => "classic durable queues".to_string(),
+            QueueType::Quorum => format!(
+                "quorum queues: work and retry queues with x-delivery-limit {} (then the DLQ), \
+                 the DLQ and the ladder with x-delivery-limit {} (a message given back there is \
+                 never dropped)",
+                self.delivery_limit,
+                crate::declare::HELD_DELIVERY_LIMIT
+            ),
+        };
+        let checked = if self.declare {
+            ""
+        } else {
+            " (declare=false: the queues as the broker has them, checked only to exist)"
+        };
+        format!(
+            "{queues}; a delay ladder '{}' of {} levels of {} (delays up to {}, rounded up to {}); \
+             DLQ queues named <topic>{}{checked}",
+            self.prefix,
+            self.levels,
+            format_duration(self.granularity),
+            about(self.max_delay()),
+            format_duration(self.granularity),
+            self.dlq_suffix
+        )
+    }
+
     /// The settings from text options (URL query parameters or the config file's `[broker]` section),
     /// starting from the defaults: `granularity` (a duration such as `100ms`), `levels`, `queue_type`
     /// (`classic` or `quorum`), `delivery_limit`, `prefix`, `dlq_suffix`, `declare` (true/false), and
@@ -186,6 +227,36 @@ impl RabbitConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_topology_names_the_queue_type_the_limits_and_the_ladder() {
+        let classic = RabbitConfig::default().topology();
+        assert!(
+            classic.starts_with(
+                "classic durable queues; a delay ladder 'event-retry' of 24 levels of 100ms"
+            ),
+            "{classic}"
+        );
+        assert!(
+            classic.contains("(delays up to 19.4 days, rounded up to 100ms)"),
+            "{classic}"
+        );
+        assert!(
+            classic.ends_with("DLQ queues named <topic>.dlq"),
+            "{classic}"
+        );
+        let quorum = RabbitConfig {
+            queue_type: QueueType::Quorum,
+            delivery_limit: 50,
+            ..RabbitConfig::default()
+        }
+        .topology();
+        assert!(
+            quorum.contains("x-delivery-limit 50 (then the DLQ)"),
+            "{quorum}"
+        );
+        assert!(quorum.contains("x-delivery-limit 2147483647"), "{quorum}");
+    }
 
     #[test]
     fn defaults_are_valid_and_reach_19_days() {

@@ -143,6 +143,10 @@ impl Transport for RabbitTransport {
         capabilities_of(&self.link.config)
     }
 
+    fn topology(&self) -> Option<String> {
+        Some(self.link.config.topology())
+    }
+
     async fn publish(&self, topic: &str, event: &Event) -> Result<Published, Error> {
         let id = self
             .link

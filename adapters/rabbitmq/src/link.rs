@@ -23,9 +23,11 @@ use lapin::types::FieldTable;
 use lapin::uri::AMQPUri;
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, DefaultConnectionBuilder};
 use tokio::sync::Mutex;
+use tracing::warn;
 
 use crate::codec;
 use crate::config::RabbitConfig;
+use crate::declare;
 use crate::error::{self as errors, amqp_error, connection_error};
 use crate::ladder::mover::{Hops, Movers};
 use crate::ladder::{self, Ladder};
@@ -268,13 +270,36 @@ impl Link {
         let default = event_retry_core::adapter::default_group(topic);
         topics::check_group(&self.names, topic, &default)?;
         let group = default.as_str();
+        match self.declare_topology(topic, group, true).await {
+            // A DLQ or ladder queue of an earlier version, without the delivery limit asked for: used
+            // as it is, and said (the declarations before it stand; the rest are made again).
+            Err(e) if declare::declared_without_limit(&e.to_string()) => {
+                warn!(topic, error = %e, "{}", declare::HELD_WITHOUT_LIMIT);
+                self.declare_topology(topic, group, false).await?;
+            }
+            result => result?,
+        }
+        self.mark_declared(topic, None);
+        self.mark_declared(topic, Some(&default));
+        Ok(())
+    }
+
+    /// Declares (or, with `declare` off, checks) the ladder unless declared already, `topic`'s exchange
+    /// and DLQ, and its `group`'s queues; the DLQ's and the ladder's quorum queues with their delivery
+    /// limit where `held_limit`.
+    async fn declare_topology(
+        &self,
+        topic: &str,
+        group: &str,
+        held_limit: bool,
+    ) -> Result<(), Error> {
         self.declare_with("declare the topology", |ch| async move {
             if self.config.declare {
                 if !self.is_declared("", None) {
-                    ladder::declare(&ch, &self.names.ladder, &self.config).await?;
+                    ladder::declare(&ch, &self.names.ladder, &self.config, held_limit).await?;
                     self.mark_declared("", None);
                 }
-                topics::declare_topic(&ch, &self.names, &self.config, topic).await?;
+                topics::declare_topic(&ch, &self.names, &self.config, topic, held_limit).await?;
                 topics::declare_group(&ch, &self.names, &self.config, topic, group).await
             } else {
                 ch.exchange_declare(
@@ -297,10 +322,7 @@ impl Link {
                 check_queues(&ch, &queues).await
             }
         })
-        .await?;
-        self.mark_declared(topic, None);
-        self.mark_declared(topic, Some(&default));
-        Ok(())
+        .await
     }
 
     /// Declares (or checks) `topic` and the work queue of its consumer group `group`, once per transport.

@@ -22,7 +22,7 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, ExchangeKind};
 
 use crate::config::{QueueType, RabbitConfig};
-use crate::declare::{durable, failed, table, text, type_args};
+use crate::declare::{durable, failed, held_args, table, text, type_args};
 use crate::ladder::Ladder;
 
 /// What a group's work queue name gets to name its retry queue.
@@ -137,14 +137,15 @@ pub(crate) fn check_group(names: &Names, topic: &str, group: &str) -> Result<(),
     Ok(())
 }
 
-/// Declares `topic`'s exchange and its DLQ.
+/// Declares `topic`'s exchange and its DLQ (a quorum DLQ with its delivery limit where `held_limit`).
 pub(crate) async fn declare_topic(
     channel: &Channel,
     names: &Names,
     config: &RabbitConfig,
     topic: &str,
+    held_limit: bool,
 ) -> Result<(), Error> {
-    declare_dlq(channel, names, config, topic).await?;
+    declare_dlq(channel, names, config, topic, held_limit).await?;
     channel
         .exchange_declare(
             topic.into(),
@@ -226,19 +227,20 @@ async fn declare_consumed_queue(
         )))
 }
 
-/// Declares `topic`'s DLQ queue.
+/// Declares `topic`'s DLQ queue (on quorum queues with its delivery limit where `held_limit`).
 pub(crate) async fn declare_dlq(
     channel: &Channel,
     names: &Names,
     config: &RabbitConfig,
     topic: &str,
+    held_limit: bool,
 ) -> Result<(), Error> {
     let dlq = names.dlq(topic);
     channel
         .queue_declare(
             dlq.as_str().into(),
             durable(),
-            table(&type_args(config.queue_type)),
+            table(&held_args(config.queue_type, held_limit)),
         )
         .await
         .map(drop)

@@ -59,6 +59,13 @@ pub trait Transport: Send + Sync + 'static {
     /// What this transport can do.
     fn capabilities(&self) -> Capabilities;
 
+    /// What the transport declares on the broker for a consumer — queue types, the delay mechanism,
+    /// delivery limits — in one line for the consumer's start-up report, so an operator reads what was
+    /// chosen instead of inferring it. `None` (the default) where there is nothing to say.
+    fn topology(&self) -> Option<String> {
+        None
+    }
+
     /// What this transport can do with `topic`, where that depends on the topic (an SQS FIFO queue keeps
     /// per-key order, a standard queue does not). By default, [`Transport::capabilities`].
     fn capabilities_for(&self, topic: &str) -> Capabilities {

@@ -114,6 +114,7 @@ async fn launch(
     info!(
         topic = %b.spec.topic,
         transport = b.transport.name(),
+        topology = b.transport.topology().as_deref().unwrap_or("-"),
         policy = %b.policies.deferred,
         "consumer started\n{report}"
     );

@@ -38,7 +38,7 @@ use lapin::types::FieldTable;
 use lapin::{Channel, ExchangeKind};
 
 use crate::config::{QueueType, RabbitConfig};
-use crate::declare::{durable, failed, table, text, type_args};
+use crate::declare::{durable, failed, held_args, table, text};
 
 /// The names of the ladder's levels and exits, and the routing keys through them, derived from the
 /// configuration.
@@ -143,11 +143,13 @@ impl Ladder {
     }
 }
 
-/// Declares the shared ladder (idempotent: the same settings declare the same things).
+/// Declares the shared ladder (idempotent: the same settings declare the same things); its quorum queues
+/// with their delivery limit where `held_limit`.
 pub(crate) async fn declare(
     channel: &Channel,
     ladder: &Ladder,
     config: &RabbitConfig,
+    held_limit: bool,
 ) -> Result<(), Error> {
     let topic = ExchangeKind::Topic;
     let ex_opts = ExchangeDeclareOptions {
@@ -156,7 +158,7 @@ pub(crate) async fn declare(
     };
     let out = ladder.out();
     let unroutable = ladder.unroutable();
-    declare_unroutable(channel, &unroutable, config.queue_type, ex_opts).await?;
+    declare_unroutable(channel, &unroutable, config.queue_type, held_limit, ex_opts).await?;
     let mut out_args = FieldTable::default();
     out_args.insert("alternate-exchange".into(), text(&unroutable));
     channel
@@ -180,7 +182,7 @@ pub(crate) async fn declare(
             .await
             .map_err(failed(format!("exchange {level}")))?;
         // No TTL and no dead-lettering: the SDK moves a copy on (the `mover` module).
-        let args = type_args(config.queue_type);
+        let args = held_args(config.queue_type, held_limit);
         channel
             .queue_declare(level.as_str().into(), durable(), table(&args))
             .await
@@ -215,6 +217,7 @@ async fn declare_unroutable(
     channel: &Channel,
     unroutable: &str,
     queue_type: QueueType,
+    held_limit: bool,
     ex_opts: ExchangeDeclareOptions,
 ) -> Result<(), Error> {
     channel
@@ -227,7 +230,11 @@ async fn declare_unroutable(
         .await
         .map_err(failed(format!("exchange {unroutable}")))?;
     channel
-        .queue_declare(unroutable.into(), durable(), table(&type_args(queue_type)))
+        .queue_declare(
+            unroutable.into(),
+            durable(),
+            table(&held_args(queue_type, held_limit)),
+        )
         .await
         .map_err(failed(format!("queue {unroutable}")))?;
     channel
