@@ -94,22 +94,9 @@ async fn dead_letters(transport: &RabbitTransport, topic: &str) -> Result<Vec<De
 /// Runs `rabbitmqctl -q -n <node> <args>` on the node `RETRY_TEST_AMQP_NODE` names; its output, or
 /// its error.
 async fn rabbitmqctl(args: &[&str]) -> Result<String, String> {
-    let node = test_support::broker::url("RETRY_TEST_AMQP_NODE")
+    let ctl = raw_brokers::Rabbitmqctl::from_env("RETRY_TEST_AMQP")
         .ok_or("RETRY_TEST_AMQP_NODE is not set (scripts/brokers writes it)")?;
-    let out = tokio::process::Command::new("rabbitmqctl")
-        .args(["-q", "-n", &node])
-        .args(args)
-        .output()
-        .await
-        .map_err(|e| format!("run rabbitmqctl: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "rabbitmqctl {}: {}",
-            args.first().unwrap_or(&""),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    ctl.run(args).await.map_err(|e| e.to_string())
 }
 
 /// Closes every client connection to the node `RETRY_TEST_AMQP_NODE` names, with `rabbitmqctl`.

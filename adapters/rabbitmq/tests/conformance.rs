@@ -6,6 +6,7 @@
 
 mod suite;
 
+use event_retry_rabbitmq::RabbitConfig;
 use event_retry_testkit::Adapter;
 
 fn main() {
@@ -13,6 +14,13 @@ fn main() {
         name: "rabbitmq",
         url_env: Some("RETRY_TEST_AMQP"),
         container: event_retry_testkit::hooks::RABBITMQ,
-        connect: |url| Box::pin(suite::connect(url, "rabbitmq")),
+        connect: |url| {
+            Box::pin(suite::connect(
+                url,
+                "rabbitmq",
+                "RETRY_TEST_AMQP",
+                RabbitConfig::default(),
+            ))
+        },
     })
 }

@@ -5,6 +5,7 @@
 
 mod suite;
 
+use event_retry_rabbitmq::RabbitConfig;
 use event_retry_testkit::Adapter;
 
 fn main() {
@@ -14,9 +15,14 @@ fn main() {
         container: event_retry_testkit::hooks::RABBITMQ,
         connect: |url| {
             Box::pin(async move {
-                suite::connect(url, "rabbitmq-batch")
-                    .await
-                    .map(|fixture| fixture.with_batch_handler())
+                suite::connect(
+                    url,
+                    "rabbitmq-batch",
+                    "RETRY_TEST_AMQP",
+                    RabbitConfig::default(),
+                )
+                .await
+                .map(|fixture| fixture.with_batch_handler())
             })
         },
     })

@@ -9,8 +9,9 @@
 //! * the password appears in no `Debug` or `Display` output, no error and no tracing event, whether it
 //!   came from a file, the option, or the URL's user info.
 //!
-//! They fail when `RETRY_TEST_REQUIRE` names `rabbitmq-tls` and the variable is unset, and are skipped
-//! loudly otherwise.
+//! Each case runs on Debian 12's RabbitMQ and, marked `[rabbitmq4]`, on RabbitMQ 4's TLS listener
+//! (`RETRY_TEST_AMQP4_TLS`). They fail when `RETRY_TEST_REQUIRE` names `rabbitmq-tls` (or `rabbitmq4`)
+//! and the variable is unset, and are skipped loudly otherwise.
 
 use event_retry_core::options::Options;
 use event_retry_rabbitmq::{RabbitConfig, SCHEME};
@@ -34,7 +35,13 @@ fn main() {
         tls_to_the_plaintext_port_is_refused_fast,
         the_password_is_never_printed,
     ];
-    let trials = test_support::broker::trials("rabbitmq-tls", "RETRY_TEST_AMQP_TLS", &tests);
+    // The same cases on RabbitMQ 4's TLS listener, each trial marked `[rabbitmq4]`.
+    let mut trials = test_support::broker::trials("rabbitmq-tls", "RETRY_TEST_AMQP_TLS", &tests);
+    trials.extend(
+        test_support::broker::trials("rabbitmq4-tls", "RETRY_TEST_AMQP4_TLS", &tests)
+            .into_iter()
+            .map(|t| t.with_kind("rabbitmq4")),
+    );
     libtest_mimic::run(&args, trials).exit();
 }
 
@@ -93,8 +100,14 @@ fn plaintext_to_the_tls_port_is_refused_fast(url: String) -> Result<(), String> 
 }
 
 fn tls_to_the_plaintext_port_is_refused_fast(url: String) -> Result<(), String> {
-    let plaintext = std::env::var("RETRY_TEST_AMQP")
-        .map_err(|_| "RETRY_TEST_AMQP (the plaintext listener) is not set".to_string())?;
+    // The plaintext listener of the node whose TLS listener `url` is.
+    let node = if std::env::var("RETRY_TEST_AMQP4_TLS").is_ok_and(|tls| tls == url) {
+        "RETRY_TEST_AMQP4"
+    } else {
+        "RETRY_TEST_AMQP"
+    };
+    let plaintext =
+        std::env::var(node).map_err(|_| format!("{node} (the plaintext listener) is not set"))?;
     let url = with_address_of(&url, &plaintext);
     expect_refused("RabbitMQ", &["did not answer TLS"], connect(&SCHEME, &url))
 }

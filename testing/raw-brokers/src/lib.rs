@@ -8,6 +8,7 @@ pub mod fixture;
 mod kafka;
 mod pulsar;
 mod rabbitmq;
+mod rabbitmqctl;
 mod sqs;
 
 use async_trait::async_trait;
@@ -17,6 +18,7 @@ pub use self::kafka::{
 };
 pub use self::pulsar::RawPulsar;
 pub use self::rabbitmq::RawRabbit;
+pub use self::rabbitmqctl::Rabbitmqctl;
 pub use self::sqs::RawSqs;
 
 /// Any error of a raw client.

@@ -11,14 +11,16 @@ type Check = fn(String) -> Result<(), String>;
 fn main() {
     let args = Arguments::from_args();
     let required = std::env::var("RETRY_TEST_REQUIRE").unwrap_or_default();
-    let brokers: [(&str, &str, Check); 7] = [
+    let brokers: [(&str, &str, Check); 9] = [
         ("kafka", "RETRY_TEST_KAFKA", kafka::smoke),
         ("rabbitmq", "RETRY_TEST_AMQP", rabbitmq::smoke),
+        ("rabbitmq4", "RETRY_TEST_AMQP4", rabbitmq::smoke),
         ("sqs", "RETRY_TEST_SQS", sqs::smoke),
         ("pulsar", "RETRY_TEST_PULSAR", pulsar_smoke::smoke),
         // The secured listeners of `scripts/brokers start --tls`, through the same raw clients.
         ("kafka-tls", "RETRY_TEST_KAFKA_TLS", kafka::smoke),
         ("rabbitmq-tls", "RETRY_TEST_AMQP_TLS", rabbitmq::smoke),
+        ("rabbitmq4-tls", "RETRY_TEST_AMQP4_TLS", rabbitmq::smoke),
         ("pulsar-tls", "RETRY_TEST_PULSAR_TLS", pulsar_smoke::smoke),
     ];
     let mut trials = Vec::new();

@@ -58,7 +58,7 @@ pub struct Report {
 }
 
 /// The adapters in the report's column order; others follow alphabetically.
-const COLUMN_ORDER: [&str; 17] = [
+const COLUMN_ORDER: [&str; 20] = [
     "memory",
     "memory-current-thread",
     "memory-batch",
@@ -69,6 +69,9 @@ const COLUMN_ORDER: [&str; 17] = [
     "rabbitmq",
     "rabbitmq-tls",
     "rabbitmq-batch",
+    "rabbitmq4",
+    "rabbitmq4-quorum",
+    "rabbitmq4-batch",
     "sqs",
     "sqs-fifo",
     "sqs-sns",

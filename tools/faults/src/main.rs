@@ -43,8 +43,8 @@ struct Cli {
 enum Command {
     /// Runs every named fault on every named broker, one row each, and writes the report.
     Run {
-        /// Brokers: kafka, rabbitmq, sqs, pulsar (F6 runs on kafka-cluster and F7 on rabbitmq-cluster, by
-        /// themselves).
+        /// Brokers: kafka, rabbitmq, rabbitmq4, sqs, pulsar (F6 runs on kafka-cluster and F7 on
+        /// rabbitmq-cluster, by themselves).
         #[arg(long = "broker", required = true)]
         brokers: Vec<target::BrokerName>,
         /// Faults: F1 … F7.

@@ -144,9 +144,16 @@ pub(crate) fn rows(out: &Path) -> std::io::Result<Vec<Row>> {
         }
     }
     let order = |b: &str| {
-        ["kafka", "rabbitmq", "sqs", "pulsar", "kafka-cluster"]
-            .iter()
-            .position(|x| *x == b)
+        [
+            "kafka",
+            "rabbitmq",
+            "rabbitmq4",
+            "sqs",
+            "pulsar",
+            "kafka-cluster",
+        ]
+        .iter()
+        .position(|x| *x == b)
     };
     rows.sort_by(|a: &Row, b: &Row| {
         (order(&a.broker), &a.fault).cmp(&(order(&b.broker), &b.fault))

@@ -3,15 +3,17 @@
 
 use std::path::PathBuf;
 
-use raw_brokers::{BoxError, RawBroker, RawKafka, RawPulsar, RawRabbit, RawSqs};
+use raw_brokers::{BoxError, Rabbitmqctl, RawBroker, RawKafka, RawPulsar, RawRabbit, RawSqs};
 
 /// A broker `scripts/brokers` starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
 pub(crate) enum BrokerName {
     /// One Kafka node.
     Kafka,
-    /// RabbitMQ.
+    /// RabbitMQ (Debian 12's 3.10).
     Rabbitmq,
+    /// RabbitMQ 4.0, in its Debian 13 root.
+    Rabbitmq4,
     /// ElasticMQ, the SQS API.
     Sqs,
     /// Pulsar standalone.
@@ -28,6 +30,7 @@ impl BrokerName {
         match self {
             BrokerName::Kafka => "kafka",
             BrokerName::Rabbitmq => "rabbitmq",
+            BrokerName::Rabbitmq4 => "rabbitmq4",
             BrokerName::Sqs => "sqs",
             BrokerName::Pulsar => "pulsar",
             BrokerName::KafkaCluster => "kafka-cluster",
@@ -40,6 +43,7 @@ impl BrokerName {
         match self {
             BrokerName::Kafka => "RETRY_TEST_KAFKA",
             BrokerName::Rabbitmq => "RETRY_TEST_AMQP",
+            BrokerName::Rabbitmq4 => "RETRY_TEST_AMQP4",
             BrokerName::Sqs => "RETRY_TEST_SQS",
             BrokerName::Pulsar => "RETRY_TEST_PULSAR",
             BrokerName::KafkaCluster => "RETRY_TEST_KAFKA_CLUSTER",
@@ -105,7 +109,9 @@ impl Target {
                 Box::new(RawKafka::new(&url)),
                 vec![("replication_factor".into(), "3".into())],
             ),
-            BrokerName::Rabbitmq => (Box::new(RawRabbit::new(&url)), vec![]),
+            BrokerName::Rabbitmq | BrokerName::Rabbitmq4 => {
+                (Box::new(RawRabbit::new(&url)), vec![])
+            }
             // A classic queue lives on one node, so killing its node is no cluster fault: quorum queues
             // (replicated) unless `--option queue_type=…` says otherwise (a later option wins).
             BrokerName::RabbitmqCluster => (
@@ -142,10 +148,11 @@ impl Target {
     /// process holds unacknowledged, waiting for their time or being moved on; the ladder of the queue
     /// type and prefix the options choose, granularity and depth the defaults. Other brokers: `None`.
     pub(crate) async fn copies_in_transit(&self) -> Result<Option<LadderCopies>, BoxError> {
-        let node = match self.name {
-            BrokerName::Rabbitmq => variable("RETRY_TEST_AMQP_NODE")?,
+        let ctl = match self.name {
+            BrokerName::Rabbitmq => node_ctl("RETRY_TEST_AMQP")?,
+            BrokerName::Rabbitmq4 => node_ctl("RETRY_TEST_AMQP4")?,
             // The consumer and the harness use node 2; a quorum queue's counts are the same on each.
-            BrokerName::RabbitmqCluster => "eventretry-c2@localhost".to_string(),
+            BrokerName::RabbitmqCluster => cluster_ctl(2),
             _ => return Ok(None),
         };
         let option = |key: &str, default: &'static str| {
@@ -159,7 +166,7 @@ impl Target {
             option("queue_type", "classic"),
             option("prefix", "event-retry"),
         );
-        let counts = rabbitmq_queue_messages(&node).await?;
+        let counts = rabbitmq_queue_messages(&ctl).await?;
         let mut copies = LadderCopies::default();
         for level in 0..24 {
             let name = format!("{prefix}.ladder-100ms-{queue_type}.{level:02}");
@@ -214,8 +221,7 @@ pub(crate) async fn broker_pid(name: BrokerName, node: Option<u32>) -> Result<u3
 /// The node (1, 2 or 3) of the RabbitMQ cluster leading quorum queue `queue`, asked of node `ask` with
 /// `rabbitmqctl list_queues name leader`.
 pub(crate) async fn rabbitmq_cluster_leader(queue: &str, ask: u32) -> Result<u32, BoxError> {
-    let node = format!("eventretry-c{ask}@localhost");
-    let queues = rabbitmq_list_queues(&node, &["name", "leader"]).await?;
+    let queues = cluster_ctl(ask).queues(&["name", "leader"]).await?;
     let leader = queues
         .iter()
         .find(|q| q["name"] == queue)
@@ -237,13 +243,29 @@ pub(crate) struct LadderCopies {
     pub(crate) held: u64,
 }
 
-/// Every queue's messages (ready and unacknowledged) and its unacknowledged ones, on RabbitMQ node
-/// `node` (`rabbitmqctl list_queues name messages messages_unacknowledged`).
+/// `rabbitmqctl` for the node whose variables start with `prefix` (`{prefix}_NODE`, `{prefix}_CTL`).
+fn node_ctl(prefix: &str) -> Result<Rabbitmqctl, BoxError> {
+    Rabbitmqctl::from_env(prefix).ok_or_else(|| {
+        format!("{prefix}_NODE is not set: start the broker with scripts/brokers start and source target/brokers/env.sh").into()
+    })
+}
+
+/// `rabbitmqctl` for node `n` (1, 2 or 3) of the RabbitMQ cluster.
+fn cluster_ctl(n: u32) -> Rabbitmqctl {
+    Rabbitmqctl {
+        program: "rabbitmqctl".to_string(),
+        node: format!("eventretry-c{n}@localhost"),
+    }
+}
+
+/// Every queue's messages (ready and unacknowledged) and its unacknowledged ones, on the node `ctl`
+/// reaches (`rabbitmqctl list_queues name messages messages_unacknowledged`).
 async fn rabbitmq_queue_messages(
-    node: &str,
+    ctl: &Rabbitmqctl,
 ) -> Result<std::collections::HashMap<String, (u64, u64)>, BoxError> {
-    let columns = ["name", "messages", "messages_unacknowledged"];
-    let queues = rabbitmq_list_queues(node, &columns).await?;
+    let queues = ctl
+        .queues(&["name", "messages", "messages_unacknowledged"])
+        .await?;
     Ok(queues
         .iter()
         .filter_map(|q| {
@@ -254,27 +276,6 @@ async fn rabbitmq_queue_messages(
             Some((q["name"].as_str()?.to_string(), counts))
         })
         .collect())
-}
-
-/// `rabbitmqctl list_queues` with `columns` on RabbitMQ node `node`: one JSON object per queue.
-async fn rabbitmq_list_queues(
-    node: &str,
-    columns: &[&str],
-) -> Result<Vec<serde_json::Value>, BoxError> {
-    let out = tokio::process::Command::new("rabbitmqctl")
-        .args(["-q", "-n", node, "list_queues"])
-        .args(columns)
-        .args(["--formatter", "json"])
-        .output()
-        .await?;
-    if !out.status.success() {
-        return Err(format!(
-            "rabbitmqctl list_queues: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )
-        .into());
-    }
-    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// Starts the broker again on its data and ports (`scripts/brokers restart NAME`), after a kill.
