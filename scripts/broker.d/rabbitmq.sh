@@ -147,6 +147,26 @@ rabbitmq_tls_login() {
   [[ $answer == *0100000000000c000a001e* ]]
 }
 
+# rabbitmq_tls_logins NAME STOP_FN PIDFILE LOG PORT — waits until the TLS listener on 127.0.0.1:PORT takes
+# a PLAIN login as event-retry, then checks an EXTERNAL (client certificate) one; on a failure stops the
+# node NAME with STOP_FN and fails. PIDFILE and LOG are the node's (wait_ready).
+rabbitmq_tls_logins() {
+  local name=$1 stop=$2 pidfile=$3 logfile=$4 port=$5
+  if ! (wait_ready "$name" 30 "$pidfile" "$logfile" rabbitmq_tls_login "$port" PLAIN); then
+    "$stop"; die "$name: no PLAIN login as $TLS_USER over TLS on 127.0.0.1:$port"
+  fi
+  rabbitmq_tls_login "$port" EXTERNAL \
+    || { tail_log "$name" "$logfile"; "$stop"; die "$name: no EXTERNAL (client certificate) login over TLS on 127.0.0.1:$port"; }
+}
+
+# rabbitmq_tls_url PORT — prints the URL of the TLS listener on 127.0.0.1:PORT (user event-retry, its
+# password file and the CA named) when a TLS handshake with it verifies; else 1, silent.
+rabbitmq_tls_url() {
+  rabbitmq_tls_handshake "$1" || return 1
+  printf 'amqps://%s@127.0.0.1:%s/%%2f?password_file=%s&tls_ca=%s\n' \
+    "$TLS_USER" "$1" "$TLS_DIR/amqp.password" "$TLS_DIR/ca.pem"
+}
+
 # rabbitmq_tls_handshake PORT [CA_FILE] — true when a TLS handshake with 127.0.0.1:PORT succeeds and the
 # server's certificate verifies against CA_FILE (default: our CA) for IP 127.0.0.1.
 rabbitmq_tls_handshake() {
@@ -200,11 +220,7 @@ rabbitmq_start() {
   cp "$n/pid" "$d/server.pid"
   if [ -n "$tls" ]; then
     rabbitmq_tls_user || { rabbitmq_stop; die "rabbitmq: could not set up user $TLS_USER"; }
-    if ! (wait_ready rabbitmq 30 "$d/server.pid" "$n/rabbitmq.log" rabbitmq_tls_login "$tls" PLAIN); then
-      rabbitmq_stop; die "rabbitmq: no PLAIN login as $TLS_USER over TLS on 127.0.0.1:$tls"
-    fi
-    rabbitmq_tls_login "$tls" EXTERNAL \
-      || { tail_log rabbitmq "$n/rabbitmq.log"; rabbitmq_stop; die "rabbitmq: no EXTERNAL (client certificate) login over TLS on 127.0.0.1:$tls"; }
+    rabbitmq_tls_logins rabbitmq rabbitmq_stop "$d/server.pid" "$n/rabbitmq.log" "$tls"
   fi
   log "rabbitmq: up at amqp://127.0.0.1:$port${tls:+ and amqps://127.0.0.1:$tls} (pid $(cat "$d/server.pid"))"
 }
@@ -212,12 +228,9 @@ rabbitmq_start() {
 # rabbitmq_tls_status — prints the RETRY_TEST_AMQP_TLS URL when our node runs with its TLS listener and a
 # TLS handshake with it verifies; else 1, silent.
 rabbitmq_tls_status() {
-  local d="$STATE/rabbitmq" tls
+  local d="$STATE/rabbitmq"
   tls_on rabbitmq && alive "$d/server.pid" && [ -s "$d/tls-port" ] || return 1
-  tls=$(cat "$d/tls-port")
-  rabbitmq_tls_handshake "$tls" || return 1
-  printf 'amqps://%s@127.0.0.1:%s/%%2f?password_file=%s&tls_ca=%s\n' \
-    "$TLS_USER" "$tls" "$TLS_DIR/amqp.password" "$TLS_DIR/ca.pem"
+  rabbitmq_tls_url "$(cat "$d/tls-port")"
 }
 
 # rabbitmq_status — prints the AMQP URL and succeeds if our node is up.

@@ -249,11 +249,7 @@ rabbitmq4_start() {
     || { tail_log rabbitmq4 "$data/rabbitmq.log"; rabbitmq4_stop; die "rabbitmq4: the node (version '$version') does not serve AMQP on $port as a 4.x node"; }
   if [ -n "$tls" ]; then
     bounded 60 rabbitmq4_tls_user || { rabbitmq4_stop; die "rabbitmq4: could not set up user $TLS_USER"; }
-    if ! (wait_ready rabbitmq4 30 "$d/server.pid" "$data/rabbitmq.log" rabbitmq_tls_login "$tls" PLAIN); then
-      rabbitmq4_stop; die "rabbitmq4: no PLAIN login as $TLS_USER over TLS on 127.0.0.1:$tls"
-    fi
-    rabbitmq_tls_login "$tls" EXTERNAL \
-      || { tail_log rabbitmq4 "$data/rabbitmq.log"; rabbitmq4_stop; die "rabbitmq4: no EXTERNAL (client certificate) login over TLS on 127.0.0.1:$tls"; }
+    rabbitmq_tls_logins rabbitmq4 rabbitmq4_stop "$d/server.pid" "$data/rabbitmq.log" "$tls"
   fi
   log "rabbitmq4: RabbitMQ $version up at amqp://127.0.0.1:$port${tls:+ and amqps://127.0.0.1:$tls} (pid $(cat "$d/server.pid"))"
 }
@@ -261,12 +257,9 @@ rabbitmq4_start() {
 # rabbitmq4_tls_status — prints the RETRY_TEST_AMQP4_TLS URL when our node runs with its TLS listener and
 # a TLS handshake with it verifies; else 1, silent.
 rabbitmq4_tls_status() {
-  local d="$STATE/rabbitmq4" tls
+  local d="$STATE/rabbitmq4"
   tls_on rabbitmq4 && rabbitmq4_server_pid >/dev/null && [ -s "$d/tls-port" ] || return 1
-  tls=$(cat "$d/tls-port")
-  rabbitmq_tls_handshake "$tls" || return 1
-  printf 'amqps://%s@127.0.0.1:%s/%%2f?password_file=%s&tls_ca=%s\n' \
-    "$TLS_USER" "$tls" "$TLS_DIR/amqp.password" "$TLS_DIR/ca.pem"
+  rabbitmq_tls_url "$(cat "$d/tls-port")"
 }
 
 # rabbitmq4_status — prints the AMQP URL and succeeds if our node is up.
