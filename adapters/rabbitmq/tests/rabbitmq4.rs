@@ -247,7 +247,21 @@ fn a_quorum_dlq_listed_25_times_keeps_its_entries(url: String) -> Result<(), Str
         consumer.shutdown().await.map_err(|e| e.to_string())?;
         done.map_err(|_| format!("the two dead letters did not happen: {stats:?}"))?;
 
+        let dlq = transport
+            .names(&topic, None)
+            .await
+            .map_err(|e| e.to_string())?
+            .dlq;
+        // Each listing starts once the previous one's entries are back (the DLQ's depth read with
+        // lapin), and the depth is read once more after the last.
+        let raw = raw_brokers::RawRabbit::new(&url);
         for listing in 1..=25 {
+            let depth = ready_again(&raw, &dlq, 2).await?;
+            if depth != 2 {
+                return Err(format!(
+                    "before listing {listing} {dlq} holds {depth} messages, want 2"
+                ));
+            }
             let entries = broker
                 .dead_letters()
                 .list(&topic, &DlqFilter::all())
@@ -260,22 +274,7 @@ fn a_quorum_dlq_listed_25_times_keeps_its_entries(url: String) -> Result<(), Str
                 ));
             }
         }
-        let dlq = transport
-            .names(&topic, None)
-            .await
-            .map_err(|e| e.to_string())?
-            .dlq;
-        // The DLQ's depth read with lapin (the broker's message count for the queue); the last
-        // listing's entries come back as its channel closes.
-        let raw = raw_brokers::RawRabbit::new(&url);
-        let mut depth = 0;
-        for _ in 0..50 {
-            depth = raw.depth(&dlq).await.map_err(|e| e.to_string())?;
-            if depth == 2 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let depth = ready_again(&raw, &dlq, 2).await?;
         if depth != 2 {
             return Err(format!(
                 "after 25 listings {dlq} holds {depth} messages, want 2"
@@ -286,18 +285,62 @@ fn a_quorum_dlq_listed_25_times_keeps_its_entries(url: String) -> Result<(), Str
     })
 }
 
+/// Waits up to 5 s until `queue` holds `want` messages ready, read with lapin; the depth last read.
+/// A message given back by a closed channel returns to a quorum queue a moment after the close, so a
+/// take right after one could find the queue short: each take waits for this first.
+async fn ready_again(raw: &raw_brokers::RawRabbit, queue: &str, want: u32) -> Result<u32, String> {
+    let mut depth = 0;
+    for _ in 0..50 {
+        depth = raw.depth(queue).await.map_err(|e| e.to_string())?;
+        if depth == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(depth)
+}
+
+/// Declares `queue` with lapin as a durable quorum queue without `x-delivery-limit` (as an earlier
+/// version of the adapter declared its DLQ), on a channel it returns.
+async fn declare_quorum_without_limit(
+    connection: &lapin::Connection,
+    queue: &str,
+) -> Result<lapin::Channel, String> {
+    use lapin::options::QueueDeclareOptions;
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString(LongString::from("quorum")),
+    );
+    channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            },
+            args,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(channel)
+}
+
 /// A quorum queue declared with lapin without `x-delivery-limit`, one message in it, taken and given back
-/// (its channel closed) until it is gone: RabbitMQ 4 drops it at its 21st give-back, so the 22nd take
-/// finds the queue empty. Without this, the DLQ
-/// test above would pass on a broker that never counts a message given back.
+/// (its channel closed) until it does not come back: RabbitMQ 4 drops it at its 21st give-back.
+/// Without this, the DLQ test above would pass on a broker that never counts a message given back.
 fn a_quorum_queue_without_a_limit_drops_a_message_given_back_20_times(
     url: String,
 ) -> Result<(), String> {
     use lapin::options::{
-        BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-        QueueDeleteOptions,
+        BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeleteOptions,
     };
-    use lapin::types::{AMQPValue, FieldTable, LongString};
     use lapin::{BasicProperties, Connection, ConnectionProperties};
 
     runtime()?.block_on(async move {
@@ -307,23 +350,7 @@ fn a_quorum_queue_without_a_limit_drops_a_message_given_back_20_times(
             .await
             .map_err(e)?;
         let queue = format!("no-limit-{}", uuid::Uuid::new_v4().simple());
-        let channel = connection.create_channel().await.map_err(e)?;
-        let mut args = FieldTable::default();
-        args.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString(LongString::from("quorum")),
-        );
-        channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                args,
-            )
-            .await
-            .map_err(e)?;
+        let channel = declare_quorum_without_limit(&connection, &queue).await?;
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await
@@ -340,7 +367,10 @@ fn a_quorum_queue_without_a_limit_drops_a_message_given_back_20_times(
             .map_err(e)?
             .await
             .map_err(e)?;
-        let mut gone_at = None;
+        // Each take waits until the message is back from the last give-back; the give-back after which
+        // it never comes back is the one the broker dropped it at.
+        let raw = raw_brokers::RawRabbit::new(&url);
+        let mut dropped_after = None;
         for take in 1..=25 {
             let channel = connection.create_channel().await.map_err(e)?;
             let got = channel
@@ -348,23 +378,28 @@ fn a_quorum_queue_without_a_limit_drops_a_message_given_back_20_times(
                 .await
                 .map_err(e)?;
             if got.is_none() {
-                gone_at = Some(take);
-                break;
+                return Err(format!(
+                    "take {take} found the queue empty, the message ready before it"
+                ));
             }
             // Closing the channel gives the message back.
             channel.close(200, "given back".into()).await.map_err(e)?;
+            if ready_again(&raw, &queue, 1).await? == 0 {
+                dropped_after = Some(take);
+                break;
+            }
         }
         channel
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
             .await
             .map_err(e)?;
         let _ = connection.close(200, "done".into()).await;
-        // Delivered 21 times: the 21st give-back is over the default limit of 20.
-        match gone_at {
-            Some(22) => Ok(()),
+        // The 21st give-back is over the default limit of 20.
+        match dropped_after {
+            Some(21) => Ok(()),
             other => Err(format!(
-                "the message without a delivery limit was gone at take {other:?}, want 22 \
-                 (taken 21 times: RabbitMQ 4's default limit of 20 drops it at the 21st give-back)"
+                "the message without a delivery limit was dropped after give-back {other:?}, want \
+                 21 (RabbitMQ 4's default limit of 20)"
             )),
         }
     })
@@ -374,8 +409,6 @@ fn a_quorum_queue_without_a_limit_drops_a_message_given_back_20_times(
 /// (declared here with lapin): a quorum consumer of the topic starts (the refused redeclare falls back to
 /// the queue as it is, with a warning) and its dead letter lands in that DLQ, which still has no limit.
 fn an_earlier_versions_dlq_without_a_limit_is_used_as_it_is(url: String) -> Result<(), String> {
-    use lapin::options::QueueDeclareOptions;
-    use lapin::types::{AMQPValue, FieldTable, LongString};
     use lapin::{Connection, ConnectionProperties};
 
     runtime()?.block_on(async move {
@@ -395,23 +428,7 @@ fn an_earlier_versions_dlq_without_a_limit_is_used_as_it_is(url: String) -> Resu
         let connection = Connection::connect(&url, ConnectionProperties::default())
             .await
             .map_err(e)?;
-        let channel = connection.create_channel().await.map_err(e)?;
-        let mut args = FieldTable::default();
-        args.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString(LongString::from("quorum")),
-        );
-        channel
-            .queue_declare(
-                dlq.as_str().into(),
-                QueueDeclareOptions {
-                    durable: true,
-                    ..QueueDeclareOptions::default()
-                },
-                args,
-            )
-            .await
-            .map_err(e)?;
+        declare_quorum_without_limit(&connection, &dlq).await?;
         let _ = connection.close(200, "declared".into()).await;
 
         let broker = Broker::new(transport.clone());
